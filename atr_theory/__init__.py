@@ -1,0 +1,54 @@
+"""atr_theory: the verified core of atr-grpo (numpy, scipy, sympy, torch only).
+
+>>> import atr_theory as at
+>>> l, u = at.kl3_clip_range(0.07)
+>>> round(l, 3), round(u, 3)
+(0.671, 1.422)
+"""
+
+from .divergence import full_kl, is_kl3, kl1, kl2, kl3
+from .loss import AGGREGATIONS, FORMS, LossOutput, aggregate, method_names, policy_loss
+from .methods import METHODS, MethodResult, MethodSpec, TokenBatch, get_method, ratio_objective, register
+from .ranges import (
+    dcpo_clip_range,
+    is_kl3_clip_range,
+    kl1_clip_range,
+    kl2_clip_range,
+    kl3_clip_log_range,
+    kl3_clip_range,
+    kl3_delta_from_bound,
+    trgppo_clip_range,
+    trgppo_kl_range,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AGGREGATIONS",
+    "FORMS",
+    "METHODS",
+    "LossOutput",
+    "MethodResult",
+    "MethodSpec",
+    "TokenBatch",
+    "aggregate",
+    "dcpo_clip_range",
+    "full_kl",
+    "get_method",
+    "is_kl3",
+    "is_kl3_clip_range",
+    "kl1",
+    "kl1_clip_range",
+    "kl2",
+    "kl2_clip_range",
+    "kl3",
+    "kl3_clip_log_range",
+    "kl3_clip_range",
+    "kl3_delta_from_bound",
+    "method_names",
+    "policy_loss",
+    "ratio_objective",
+    "register",
+    "trgppo_clip_range",
+    "trgppo_kl_range",
+]

@@ -1,0 +1,247 @@
+r"""``policy_loss``: ratio -> method -> per-token objective -> aggregation -> metrics.
+
+The one loss function of the package: the bandit simulator and the LLM trainer both call it.
+
+>>> import torch, atr_theory as at
+>>> logp = torch.log(torch.tensor([[0.30, 0.20, 0.50]], requires_grad=False))
+>>> old = torch.log(torch.tensor([[0.20, 0.20, 0.25]]))
+>>> out = at.policy_loss(logp, old, torch.tensor([1.0]), torch.ones(1, 3, dtype=torch.bool), method="atr")
+>>> round(out.metrics["frac_masked"], 4)  # w = 2 lies outside [0.671, 1.422]; w = 1.5 too
+0.6667
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import torch
+
+from .divergence import kl3_from_log_ratio
+from .methods import METHODS, MethodResult, TokenBatch, get_method
+
+__all__ = ["policy_loss", "LossOutput", "AGGREGATIONS", "aggregate", "LOG_RATIO_CLAMP", "FORMS"]
+
+LOG_RATIO_CLAMP = 60.0
+"""log w is clamped to [-60, 60] before exponentiation (exp(60) ~ 1e26 is finite in float32 and far
+outside any trust region; verl clamps at 20). The clamp has zero gradient beyond it."""
+
+FORMS = ("min", "mask", "soft", "none")
+
+
+def _agg_dr_grpo(obj: torch.Tensor, m: torch.Tensor, max_length: int) -> torch.Tensor:
+    return (obj * m).sum() / (obj.shape[0] * max_length)
+
+
+def _agg_token_mean(obj: torch.Tensor, m: torch.Tensor, max_length: int) -> torch.Tensor:
+    return (obj * m).sum() / m.sum().clamp(min=1.0)
+
+
+def _agg_seq_mean_token_mean(obj: torch.Tensor, m: torch.Tensor, max_length: int) -> torch.Tensor:
+    return ((obj * m).sum(-1) / m.sum(-1).clamp(min=1.0)).mean()
+
+
+def _agg_seq_mean_token_sum(obj: torch.Tensor, m: torch.Tensor, max_length: int) -> torch.Tensor:
+    return (obj * m).sum(-1).mean()
+
+
+AGGREGATIONS = {
+    "dr_grpo": _agg_dr_grpo,  # Liu et al. 2025 (Dr. GRPO): sum / (B * max_length); the paper's backbone
+    "token_mean": _agg_token_mean,  # Yu et al. 2025 (DAPO): mean over all valid tokens of the batch
+    "seq_mean_token_mean": _agg_seq_mean_token_mean,  # Shao et al. 2024 (GRPO): per-sequence mean, then mean
+    "seq_mean_token_sum": _agg_seq_mean_token_sum,  # per-sequence sum, then mean
+}
+
+
+def aggregate(objective: torch.Tensor, mask: torch.Tensor, aggregation: str, max_length: int | None = None) -> torch.Tensor:
+    """Aggregate a (B, T) per-token quantity over valid tokens (see :data:`AGGREGATIONS`)."""
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {aggregation!r}; known: {', '.join(AGGREGATIONS)}")
+    m = mask.to(objective.dtype)
+    return AGGREGATIONS[aggregation](objective, m, objective.shape[-1] if max_length is None else max_length)
+
+
+@dataclass
+class LossOutput:
+    """Result of :func:`policy_loss`. ``metrics`` is computed on first access (no cost if unused)."""
+
+    loss: torch.Tensor
+    per_token: torch.Tensor
+    result: MethodResult = field(repr=False)
+    log_ratio: torch.Tensor = field(repr=False)
+    mask: torch.Tensor = field(repr=False)
+
+    @cached_property
+    def metrics(self) -> dict[str, float]:
+        """Fractions of valid tokens kept / masked / clipped low / clipped high, mean k3, ratio quantiles."""
+        with torch.no_grad():
+            m = self.mask
+            n = int(m.sum())
+            out: dict[str, float] = {"n_tokens": float(n)}
+            if n == 0:
+                keys = ("frac_kept", "frac_masked", "frac_clipped_low", "frac_clipped_high", "mean_k3")
+                out.update({k: 0.0 for k in keys})
+                out.update({k: 1.0 for k in ("ratio_mean", "ratio_min", "ratio_p05", "ratio_p50", "ratio_p95", "ratio_max")})
+                return out
+            frac = lambda b: float((b & m).sum()) / n  # noqa: E731
+            y = self.log_ratio[m].double()
+            w = torch.exp(y)
+            q = torch.quantile(w, torch.tensor([0.05, 0.5, 0.95], dtype=w.dtype))
+            out.update(
+                frac_kept=frac(self.result.kept),
+                frac_masked=1.0 - frac(self.result.kept),
+                frac_clipped_low=frac(self.result.clipped_low),
+                frac_clipped_high=frac(self.result.clipped_high),
+                mean_k3=float(kl3_from_log_ratio(y).mean()),
+                ratio_mean=float(w.mean()),
+                ratio_min=float(w.min()),
+                ratio_p05=float(q[0]),
+                ratio_p50=float(q[1]),
+                ratio_p95=float(q[2]),
+                ratio_max=float(w.max()),
+            )
+            return out
+
+
+def _check_tensor(name: str, t: Any, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if shape is not None and tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
+    return t
+
+
+def _check_params(method: str, defaults: dict[str, float], given: dict[str, Any]) -> dict[str, float]:
+    unknown = set(given) - set(defaults)
+    if unknown:
+        raise ValueError(
+            f"unknown parameter(s) {sorted(unknown)} for method {method!r}; its parameters are {sorted(defaults) or 'none'}"
+        )
+    params = {**defaults, **{k: float(v) for k, v in given.items()}}
+    for k, v in params.items():
+        if math.isnan(v):
+            raise ValueError(f"{k} must be a number, got NaN")
+    rules = {
+        "delta": (lambda v: 0 < v < math.inf, "a finite number > 0"),
+        "epsilon": (lambda v: 0 <= v < 1, "in [0, 1)"),
+        "epsilon_low": (lambda v: 0 <= v < 1, "in [0, 1) (the lower bound 1 - epsilon_low must stay > 0)"),
+        "epsilon_high": (lambda v: 0 <= v < math.inf, "a finite number >= 0"),
+        "dual_clip_c": (lambda v: 1 < v < math.inf, "a finite number > 1"),
+        "tau_pos": (lambda v: 0 < v < math.inf, "a finite number > 0"),
+        "tau_neg": (lambda v: 0 < v < math.inf, "a finite number > 0"),
+        "cov_ratio": (lambda v: 0 < v <= 1, "in (0, 1]"),
+        "cov_lb": (lambda v: math.isfinite(v), "finite"),
+        "cov_ub": (lambda v: math.isfinite(v), "finite"),
+        "kl_coef": (lambda v: 0 <= v < math.inf, "a finite number >= 0"),
+        "alpha": (lambda v: 0 <= v < math.inf, "a finite number >= 0"),
+    }
+    for k, v in params.items():
+        ok, expected = rules[k]
+        if not ok(v):
+            raise ValueError(f"{k} must be {expected}, got {v!r} (method {method!r})")
+    if "cov_lb" in params and params["cov_lb"] >= params["cov_ub"]:
+        raise ValueError(f"cov_lb must be < cov_ub, got cov_lb={params['cov_lb']} >= cov_ub={params['cov_ub']}")
+    return params
+
+
+def _check_logp(name: str, t: torch.Tensor, mask: torch.Tensor) -> None:
+    bad = ~torch.isfinite(t) & mask
+    if bool(bad.any()):
+        vals = t[bad]
+        kind = "NaN" if bool(torch.isnan(vals).any()) else ("+inf" if bool((vals > 0).any()) else "-inf")
+        idx = tuple(int(i) for i in torch.nonzero(bad)[0])
+        raise ValueError(f"{name} has {kind} at valid position {idx}; log-probs on unmasked tokens must be finite")
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    method: str = "atr",
+    form: str | None = None,
+    aggregation: str = "dr_grpo",
+    max_length: int | None = None,
+    old_full_logp: torch.Tensor | None = None,
+    full_logp: torch.Tensor | None = None,
+    *,
+    generator: torch.Generator | None = None,
+    token_weights: torch.Tensor | None = None,
+    kl_chunk_size: int | None = None,
+    **params: float,
+) -> LossOutput:
+    r"""Clipped policy-gradient loss of ``method`` (see :data:`atr_theory.METHODS`).
+
+    Parameters
+    ----------
+    logp, old_logp : (B, T) log-probabilities of the sampled tokens under pi_theta and pi_old.
+        ``old_logp`` is treated as a constant. Values on masked-out positions are ignored.
+    advantages : (B,) or (B, T).
+    mask : (B, T) bool or 0/1: which tokens count.
+    method : registered name; ``**params`` are that method's parameters (``delta``, ``epsilon``, ...).
+    form : ``"min"`` (PPO) or ``"mask"`` (paper Eq. 5); None = the method's default.
+    aggregation : ``dr_grpo`` (sum / (B * max_length)), ``token_mean``, ``seq_mean_token_mean``,
+        ``seq_mean_token_sum``. ``max_length`` (dr_grpo only) defaults to T.
+    old_full_logp, full_logp : (B, T, V), only for methods that need full distributions.
+    generator : torch.Generator for stochastic methods (clip_cov).
+    token_weights : optional (B, T) constant multiplier of the per-token objective (e.g. TRL's
+        vLLM importance-sampling correction).
+    kl_chunk_size : positions per chunk when computing full KLs.
+
+    Returns
+    -------
+    LossOutput with ``loss`` (scalar, minimise), ``per_token`` (B, T objective, 0 on padding) and
+    ``metrics`` (dict of floats).
+    """
+    spec = get_method(method)
+    if form is None:
+        form = spec.default_form
+    if form not in spec.forms:
+        raise ValueError(f"form {form!r} is not available for method {spec.name!r}; available: {list(spec.forms)}")
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {aggregation!r}; known: {', '.join(AGGREGATIONS)}")
+    values = _check_params(spec.name, dict(spec.params), params)
+
+    _check_tensor("logp", logp)
+    if logp.ndim != 2:
+        raise ValueError(f"logp must have shape (B, T), got {tuple(logp.shape)}")
+    shape = tuple(logp.shape)
+    _check_tensor("old_logp", old_logp, shape)
+    _check_tensor("mask", mask, shape)
+    _check_tensor("advantages", advantages)
+    if tuple(advantages.shape) not in ((shape[0],), shape):
+        raise ValueError(f"advantages must have shape ({shape[0]},) or {shape}, got {tuple(advantages.shape)}")
+    if max_length is not None and (int(max_length) != max_length or max_length < 1):
+        raise ValueError(f"max_length must be a positive integer, got {max_length!r}")
+    if token_weights is not None:
+        _check_tensor("token_weights", token_weights, shape)
+
+    m = mask.bool() if mask.dtype != torch.bool else mask
+    _check_logp("logp", logp, m)
+    _check_logp("old_logp", old_logp, m)
+    dtype = torch.promote_types(logp.dtype, torch.float32)
+    adv = advantages.to(dtype)
+    if adv.ndim == 1:
+        adv = adv.unsqueeze(-1).expand(shape)
+    if bool((~torch.isfinite(adv) & m).any()):
+        raise ValueError("advantages must be finite on valid tokens")
+
+    lp = torch.where(m, logp.to(dtype), torch.zeros((), dtype=dtype, device=logp.device))
+    olp = torch.where(m, old_logp.detach().to(dtype), torch.zeros((), dtype=dtype, device=logp.device))
+    log_ratio = torch.clamp(lp - olp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    adv = torch.where(m, adv.detach(), torch.zeros((), dtype=dtype, device=logp.device))
+    batch = TokenBatch(log_ratio, adv, m, lp, olp, form, generator, old_full_logp, full_logp, kl_chunk_size)
+    result = spec.fn(batch, **values)
+    objective = result.objective
+    if token_weights is not None:
+        objective = objective * token_weights.detach().to(dtype)
+    per_token = torch.where(m, objective, torch.zeros((), dtype=dtype, device=logp.device))
+    loss = -aggregate(per_token, m, aggregation, max_length)
+    return LossOutput(loss=loss, per_token=per_token, result=result, log_ratio=log_ratio.detach(), mask=m)
+
+
+def method_names() -> list[str]:
+    """Registered method names (aliases included), sorted."""
+    return sorted(METHODS)

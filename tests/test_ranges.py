@@ -1,0 +1,165 @@
+"""Ratio ranges against independent high-precision computations (mpmath at 50 digits, scipy brentq)."""
+
+import math
+
+import mpmath as mp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.optimize import brentq
+
+import atr_theory as at
+from atr_theory.ranges import bernoulli_kl_of_log_ratio
+
+mp.mp.dps = 50
+log_delta = st.floats(min_value=math.log(1e-12), max_value=math.log(50.0))
+
+
+def mp_lambert_range(delta: float):
+    z = -mp.exp(-1 - mp.mpf(delta))
+    return -mp.lambertw(z, 0).real, -mp.lambertw(z, -1).real
+
+
+def mp_k3(y):
+    y = mp.mpf(y)
+    return mp.exp(y) - 1 - y
+
+
+@pytest.mark.parametrize("delta", [1e-12, 1e-9, 1e-6, 1e-3, 0.01, 0.07, 0.2, 1.0, 5.0, 20.0, 50.0])
+def test_kl3_range_matches_mpmath_lambert_w(delta):
+    lo, hi = at.kl3_clip_range(delta)
+    L, U = mp_lambert_range(delta)
+    assert abs((lo - L) / L) < 1e-14
+    assert abs((hi - U) / U) < 1e-14
+    # the log-range carries the excursions 1 - l and u - 1 to full relative precision
+    ylo, yhi = at.kl3_clip_log_range(delta)
+    assert abs((ylo - mp.log(L)) / mp.log(L)) < 1e-13
+    assert abs((yhi - mp.log(U)) / mp.log(U)) < 1e-13
+
+
+def test_kl3_range_paper_numbers():
+    lo, hi = at.kl3_clip_range(0.07)
+    assert (round(lo, 3), round(hi, 3)) == (0.671, 1.422)
+    assert (round(1 - lo, 3), round(hi - 1, 3)) == (0.329, 0.422)  # the eps of the paper's Table 3
+
+
+@settings(max_examples=300, deadline=None)
+@given(log_delta)
+def test_kl3_range_is_asymmetric_for_every_delta(ld):
+    delta = math.exp(ld)
+    ylo, yhi = at.kl3_clip_log_range(delta)
+    lo, hi = at.kl3_clip_range(delta)
+    assert 0 < lo < 1 < hi
+    assert 1 - lo < hi - 1
+    # in log w the asymmetry is the other way round: the range reaches further below 0 than above
+    # (k3(e^y) = e^y - 1 - y grows exponentially for y > 0, linearly for y < 0)
+    assert -ylo > yhi
+    for y in (ylo, yhi):  # k3 at the bounds is delta, evaluated at 50 digits
+        assert abs(mp_k3(y) / delta - 1) < 1e-12
+
+
+@settings(max_examples=100, deadline=None)
+@given(log_delta, log_delta)
+def test_kl3_range_is_monotone_in_delta(a, b):
+    d1, d2 = sorted((math.exp(a), math.exp(b)))
+    if d1 == d2:
+        return
+    l1, u1 = at.kl3_clip_range(d1)
+    l2, u2 = at.kl3_clip_range(d2)
+    assert l2 <= l1 and u1 <= u2
+
+
+def test_kl3_range_vectorised_equals_scalar():
+    deltas = np.array([1e-10, 0.07, 3.0])
+    lo, hi = at.kl3_clip_range(deltas)
+    for d, a, b in zip(deltas, lo, hi):
+        assert (a, b) == pytest.approx(at.kl3_clip_range(float(d)), rel=1e-15)
+
+
+@settings(max_examples=200, deadline=None)
+@given(log_delta)
+def test_kl3_delta_from_bound_inverts_the_range(ld):
+    delta = math.exp(ld)
+    lo, hi = at.kl3_clip_range(delta)
+    for b in (lo, hi):
+        if b != 1.0:
+            assert at.kl3_delta_from_bound(b) == pytest.approx(delta, rel=1e-9 if delta < 1e-6 else 1e-12)
+
+
+def test_kl1_and_kl2_ranges_bound_their_estimators():
+    for delta in (1e-6, 0.07, 2.0):
+        lo, hi = at.kl1_clip_range(delta)
+        assert hi == math.inf and float(-mp.log(lo)) == pytest.approx(delta, rel=1e-14)
+        lo, hi = at.kl2_clip_range(delta)
+        assert float(mp.log(lo) ** 2 / 2) == pytest.approx(delta, rel=1e-13)
+        assert float(mp.log(hi) ** 2 / 2) == pytest.approx(delta, rel=1e-13)
+        assert lo * hi == pytest.approx(1.0, rel=1e-15)  # symmetric in log w
+
+
+@pytest.mark.parametrize("delta", [1e-10, 1e-4, 0.07, 0.5, 0.999, 1.0, 3.0, 40.0])
+def test_is_kl3_range_bounds_its_estimator(delta):
+    lo, hi = at.is_kl3_clip_range(delta)
+    f = lambda w: 1 - mp.mpf(w) + mp.mpf(w) * mp.log(w)
+    assert float(f(hi)) == pytest.approx(delta, rel=1e-12)
+    if delta < 1:
+        assert 0 < lo < 1 and float(f(lo)) == pytest.approx(delta, rel=1e-9)
+    else:
+        assert lo == 0.0  # 1 - w + w log w < 1 for every w in (0, 1): no lower bound
+    # compared with KL3 the whole range shifts down: lower l and lower u
+    l3, u3 = at.kl3_clip_range(delta)
+    assert lo < l3 and hi < u3
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(1e-6, 1.0), st.floats(1e-4, 1.0))
+def test_trgppo_roots_solve_binary_kl_and_match_brentq(p, delta):
+    ylo, yhi = at.ranges.trgppo_kl_log_range(p, delta)
+    ylo, yhi = float(ylo[0]), float(yhi[0])
+    lo, hi = math.exp(ylo), math.exp(yhi)
+    f = lambda y: float(bernoulli_kl_of_log_ratio(y, p)) - delta
+    a = ((1 - p) * math.log1p(-p) - delta) / p - 1.0 if p < 1 else -delta - 1.0
+    ref_lo = brentq(f, a, 0.0, xtol=1e-300, rtol=1e-15, maxiter=500)
+    assert ylo == pytest.approx(ref_lo, rel=1e-9, abs=1e-12)
+    if p < 1:
+        b = -math.log(p) * (1 - 1e-12)
+        if f(b) > 0:  # else the root lies within rounding of w = 1/p, where the KL diverges
+            ref_hi = brentq(f, 0.0, b, xtol=1e-300, rtol=1e-15, maxiter=500)
+            assert yhi == pytest.approx(ref_hi, rel=1e-9, abs=1e-12)
+        assert lo < 1 <= hi <= 1 / p * (1 + 1e-15)
+    # independent check at 50 digits: binary KL(p || p w) at the lower root equals delta
+    w = mp.exp(ylo)
+    kl = p * mp.log(1 / w) + (1 - mp.mpf(p)) * mp.log((1 - mp.mpf(p)) / (1 - p * w)) if p < 1 else -mp.log(w)
+    assert float(kl) == pytest.approx(delta, rel=1e-6)
+
+
+def test_trgppo_range_only_widens_ppo_range():
+    p = np.logspace(-6, 0, 50)
+    lo, hi = at.trgppo_clip_range(p, 0.07, 0.2)
+    assert np.all(lo <= 0.8) and np.all(hi >= 1.2)
+    # low-probability tokens get the widest range (Wang et al. 2019's point)
+    assert hi[0] > hi[-1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(1e-4, 1.0), st.floats(0.01, 0.3), st.floats(0.01, 0.3))
+def test_dcpo_bounds_solve_their_quadratics(p, el, eh):
+    lo, hi = at.dcpo_clip_range(np.array([p]), el, eh, ratio_cap=1e9)
+    lo, hi = float(lo[0]), float(hi[0])
+    # DCPO bounds the change of the probability itself: pi_new * |pi_new - p| / p = eps
+    assert p * hi * (hi - 1) == pytest.approx(eh, rel=1e-9)
+    if 1 - 4 * el / p >= 0:
+        assert p * lo * (1 - lo) == pytest.approx(el, rel=1e-9)
+    else:
+        assert lo == 0.5
+
+
+def test_ranges_reject_bad_delta():
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        for fn in (at.kl3_clip_range, at.kl1_clip_range, at.kl2_clip_range, at.is_kl3_clip_range):
+            with pytest.raises(ValueError, match="delta"):
+                fn(bad)
+    with pytest.raises(ValueError, match="p_old"):
+        at.trgppo_kl_range([0.0, 0.5], 0.07)
+    with pytest.raises(ValueError, match="bound"):
+        at.kl3_delta_from_bound(1.0)
