@@ -113,9 +113,7 @@ def _upcast(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
-def full_kl(
-    old_full_logp: torch.Tensor, full_logp: torch.Tensor, *, chunk_size: int | None = None
-) -> torch.Tensor:
+def full_kl(old_full_logp: torch.Tensor, full_logp: torch.Tensor, *, chunk_size: int | None = None) -> torch.Tensor:
     r"""``KL(pi_old(.|s) || pi(.|s)) = sum_a pi_old(a) (log pi_old(a) - log pi(a))`` per position.
 
     Inputs are (..., V) log-probabilities (normalised log-softmax outputs, or raw logits: both are

@@ -55,7 +55,9 @@ AGGREGATIONS = {
 }
 
 
-def aggregate(objective: torch.Tensor, mask: torch.Tensor, aggregation: str, max_length: int | None = None) -> torch.Tensor:
+def aggregate(
+    objective: torch.Tensor, mask: torch.Tensor, aggregation: str, max_length: int | None = None
+) -> torch.Tensor:
     """Aggregate a (B, T) per-token quantity over valid tokens (see :data:`AGGREGATIONS`)."""
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {aggregation!r}; known: {', '.join(AGGREGATIONS)}")
@@ -83,7 +85,9 @@ class LossOutput:
             if n == 0:
                 keys = ("frac_kept", "frac_masked", "frac_clipped_low", "frac_clipped_high", "mean_k3")
                 out.update({k: 0.0 for k in keys})
-                out.update({k: 1.0 for k in ("ratio_mean", "ratio_min", "ratio_p05", "ratio_p50", "ratio_p95", "ratio_max")})
+                out.update(
+                    {k: 1.0 for k in ("ratio_mean", "ratio_min", "ratio_p05", "ratio_p50", "ratio_p95", "ratio_max")}
+                )
                 return out
             frac = lambda b: float((b & m).sum()) / n  # noqa: E731
             y = self.log_ratio[m].double()

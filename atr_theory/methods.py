@@ -234,7 +234,9 @@ def trgppo(batch: TokenBatch, delta: float, epsilon: float) -> MethodResult:
     p_old = torch.exp(batch.old_logp.detach()).double().cpu().clamp(min=1e-300, max=1.0).numpy()
     lo, hi = ranges.trgppo_clip_range(p_old.reshape(-1), delta, epsilon)
     y = batch.log_ratio
-    lower = torch.as_tensor(lo.reshape(p_old.shape), dtype=y.dtype, device=y.device).clamp_min(torch.finfo(y.dtype).tiny)
+    lower = torch.as_tensor(lo.reshape(p_old.shape), dtype=y.dtype, device=y.device).clamp_min(
+        torch.finfo(y.dtype).tiny
+    )
     upper = torch.as_tensor(hi.reshape(p_old.shape), dtype=y.dtype, device=y.device)
     return ratio_objective(batch, lower, upper)
 
