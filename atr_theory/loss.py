@@ -223,27 +223,49 @@ def policy_loss(
         _check_tensor("token_weights", token_weights, shape)
 
     m = mask.bool() if mask.dtype != torch.bool else mask
-    _check_logp("logp", logp, m)
-    _check_logp("old_logp", old_logp, m)
     dtype = torch.promote_types(logp.dtype, torch.float32)
-    adv = advantages.to(dtype)
+    adv = advantages.detach().to(dtype)
     if adv.ndim == 1:
         adv = adv.unsqueeze(-1).expand(shape)
-    if bool((~torch.isfinite(adv) & m).any()):
-        raise ValueError("advantages must be finite on valid tokens")
-
-    lp = torch.where(m, logp.to(dtype), torch.zeros((), dtype=dtype, device=logp.device))
-    olp = torch.where(m, old_logp.detach().to(dtype), torch.zeros((), dtype=dtype, device=logp.device))
-    log_ratio = torch.clamp(lp - olp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    adv = torch.where(m, adv.detach(), torch.zeros((), dtype=dtype, device=logp.device))
+    all_valid = bool(m.all())
+    zero = torch.zeros((), dtype=dtype, device=logp.device)
+    if all_valid:
+        lp, olp = logp.to(dtype), old_logp.detach().to(dtype)
+    else:  # padding may hold anything (NaN, -inf): replace it before it can reach a gradient
+        lp = torch.where(m, logp.to(dtype), zero)
+        olp = torch.where(m, old_logp.detach().to(dtype), zero)
+    log_ratio = lp - olp
+    # one reduction validates every valid token (NaN and +-inf propagate into min/max) and decides
+    # whether the clamp is needed; the detailed scan runs only on the error path
+    y_min, y_max = torch.aminmax(log_ratio.detach())
+    adv_sum = (adv if all_valid else torch.where(m, adv, zero)).sum()
+    if not bool(torch.isfinite(y_min + y_max + adv_sum)):
+        _check_logp("logp", logp, m)
+        _check_logp("old_logp", old_logp, m)
+        if not bool(torch.isfinite(torch.where(m, adv, zero)).all()):
+            raise ValueError("advantages must be finite on valid tokens")
+        if not bool(torch.isfinite(y_min + y_max)):
+            raise ValueError("log-ratio logp - old_logp overflows; log-probs must be finite and <= 0")
+    if float(y_min) < -LOG_RATIO_CLAMP or float(y_max) > LOG_RATIO_CLAMP:
+        log_ratio = torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     batch = TokenBatch(log_ratio, adv, m, lp, olp, form, generator, old_full_logp, full_logp, kl_chunk_size)
     result = spec.fn(batch, **values)
     objective = result.objective
     if token_weights is not None:
         objective = objective * token_weights.detach().to(dtype)
-    per_token = torch.where(m, objective, torch.zeros((), dtype=dtype, device=logp.device))
-    loss = -aggregate(per_token, m, aggregation, max_length)
+    per_token = objective if all_valid else torch.where(m, objective, zero)
+    max_len = shape[1] if max_length is None else int(max_length)
+    loss = -_AGG_MASKED[aggregation](per_token, m, max_len)
     return LossOutput(loss=loss, per_token=per_token, result=result, log_ratio=log_ratio.detach(), mask=m)
+
+
+# aggregations of a per-token tensor that is already zero on padding (saves one pass)
+_AGG_MASKED = {
+    "dr_grpo": lambda x, m, L: x.sum() / (x.shape[0] * L),
+    "token_mean": lambda x, m, L: x.sum() / m.sum().clamp(min=1),
+    "seq_mean_token_mean": lambda x, m, L: (x.sum(-1) / m.sum(-1).clamp(min=1)).mean(),
+    "seq_mean_token_sum": lambda x, m, L: x.sum(-1).mean(),
+}
 
 
 def method_names() -> list[str]:

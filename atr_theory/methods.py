@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import MappingProxyType
 
 import torch
@@ -46,12 +47,32 @@ class TokenBatch:
 
 @dataclass
 class MethodResult:
-    """Per-token objective (to maximise) and which tokens kept / lost their gradient."""
+    """Per-token objective (to maximise) and which tokens kept / lost their gradient.
+
+    The boolean flags are computed lazily by ``flags()`` (metrics and tests need them, the training
+    step does not): ``kept`` = the token's objective depends on theta through w; ``clipped_low`` /
+    ``clipped_high`` = it lost that dependence because w was too low / too high (or, for penalty
+    methods, it was penalised).
+    """
 
     objective: torch.Tensor
-    kept: torch.Tensor
-    clipped_low: torch.Tensor
-    clipped_high: torch.Tensor
+    flags: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(repr=False)
+
+    @cached_property
+    def _resolved(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return tuple(f.detach() for f in self.flags())
+
+    @property
+    def kept(self) -> torch.Tensor:
+        return self._resolved[0]
+
+    @property
+    def clipped_low(self) -> torch.Tensor:
+        return self._resolved[1]
+
+    @property
+    def clipped_high(self) -> torch.Tensor:
+        return self._resolved[2]
 
 
 @dataclass(frozen=True)
@@ -125,29 +146,41 @@ def ratio_objective(
     ``lower``/``upper`` are floats or (B, T) tensors (per-token ranges: DCPO, TRGPPO).
     """
     y, adv = batch.log_ratio, batch.advantages
-    log_lo = torch.log(_bound_tensor(lower, y))
-    log_hi = torch.log(_bound_tensor(upper, y))
-    if batch.form == "mask":
-        keep = (y >= log_lo) & (y <= log_hi) if constraint is None else constraint
-        # exp of the kept log-ratios only: an overflowing w outside the constraint never reaches autograd
-        w_kept = torch.exp(torch.where(keep, y, torch.zeros_like(y)))
-        objective = torch.where(keep, w_kept * adv, adv)
-        return MethodResult(objective, keep, ~keep & (y < 0), ~keep & (y > 0))
+    # log w is clamped to +-LOG_RATIO_CLAMP upstream, so w = exp(y) is finite in float32 and a masked
+    # token's zero gradient stays 0 (never 0 * inf)
     w = torch.exp(y)
-    unclipped = w * adv
-    clipped = torch.exp(torch.clamp(y, min=log_lo, max=log_hi)) * adv
-    objective = torch.minimum(unclipped, clipped)
-    low = (y < log_lo) & (adv < 0)
-    high = (y > log_hi) & (adv > 0)
-    return MethodResult(objective, ~(low | high), low, high)
+    if batch.form == "mask":
+        if constraint is None:
+            with torch.no_grad():
+                constraint = (w >= lower) & (w <= upper)
+        keep = constraint
+        objective = torch.where(keep, w * adv, adv)
+        return MethodResult(objective, lambda: (keep, ~keep & (y < 0), ~keep & (y > 0)))
+    if isinstance(lower, torch.Tensor) or isinstance(upper, torch.Tensor):
+        clipped_w = torch.clamp(w, min=_bound_tensor(lower, y), max=_bound_tensor(upper, y))
+    else:
+        clipped_w = torch.clamp(w, min=lower, max=upper)
+    objective = torch.minimum(w * adv, clipped_w * adv)
+
+    def flags():
+        low = (w < lower) & (adv < 0)
+        high = (w > upper) & (adv > 0)
+        return ~(low | high), low, high
+
+    return MethodResult(objective, flags)
 
 
 def _dual_clip(result: MethodResult, adv: torch.Tensor, c: float) -> MethodResult:
     """Dual clip (Ye et al. 2020; verl ``clip_ratio_c``): for ``A < 0`` the objective is at least ``c A``."""
     floor = c * adv
-    capped = (adv < 0) & (result.objective < floor)
-    objective = torch.where(capped, floor, result.objective)
-    return MethodResult(objective, result.kept & ~capped, result.clipped_low, result.clipped_high | capped)
+    below = result.objective.detach() < floor
+    objective = torch.where((adv < 0) & below, floor, result.objective)
+
+    def flags():
+        capped = (adv < 0) & below
+        return result.kept & ~capped, result.clipped_low, result.clipped_high | capped
+
+    return MethodResult(objective, flags)
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -162,8 +195,9 @@ def _centred_cov(batch: TokenBatch) -> torch.Tensor:
 
 
 def _no_clip(objective: torch.Tensor, batch: TokenBatch) -> MethodResult:
-    none = torch.zeros_like(batch.mask)
-    return MethodResult(objective, torch.ones_like(batch.mask), none, none)
+    return MethodResult(
+        objective, lambda: (torch.ones_like(batch.mask), torch.zeros_like(batch.mask), torch.zeros_like(batch.mask))
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -257,7 +291,10 @@ def atr(batch: TokenBatch, delta: float) -> MethodResult:
     equivalent range ``[l, u] = kl3_clip_range(delta)`` (= clip_higher with ``(1 - l, u - 1)``).
     """
     lower, upper = ranges.kl3_clip_range(delta)
-    return ratio_objective(batch, lower, upper, kl3_from_log_ratio(batch.log_ratio) <= delta)
+    with torch.no_grad():
+        y = batch.log_ratio
+        constraint = (torch.expm1(y) - y <= delta) if batch.form == "mask" else None
+    return ratio_objective(batch, lower, upper, constraint)
 
 
 @register(
@@ -275,7 +312,7 @@ def kl1(batch: TokenBatch, delta: float) -> MethodResult:
     what :func:`kl2` gives with ``delta -> delta^2/2``.
     """
     lower, upper = ranges.kl1_clip_range(delta)
-    return ratio_objective(batch, lower, upper, -batch.log_ratio <= delta)
+    return ratio_objective(batch, lower, upper, (-batch.log_ratio <= delta).detach())
 
 
 @register(
@@ -288,7 +325,7 @@ def kl1(batch: TokenBatch, delta: float) -> MethodResult:
 def kl2(batch: TokenBatch, delta: float) -> MethodResult:
     r"""Keep ``w A`` while ``k2 = (log w)^2 / 2 <= delta`` (symmetric in ``log w``)."""
     lower, upper = ranges.kl2_clip_range(delta)
-    return ratio_objective(batch, lower, upper, 0.5 * batch.log_ratio**2 <= delta)
+    return ratio_objective(batch, lower, upper, (0.5 * batch.log_ratio.detach() ** 2 <= delta))
 
 
 @register(
@@ -307,7 +344,7 @@ def is_kl3(batch: TokenBatch, delta: float) -> MethodResult:
     delta = 0.07 against [0.671, 1.422]): it tolerates larger decreases and fewer increases of pi.
     """
     lower, upper = ranges.is_kl3_clip_range(delta)
-    return ratio_objective(batch, max(lower, 1e-300), upper, is_kl3_from_log_ratio(batch.log_ratio) <= delta)
+    return ratio_objective(batch, lower, upper, is_kl3_from_log_ratio(batch.log_ratio.detach()) <= delta)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -335,7 +372,7 @@ def clip_cov(batch: TokenBatch, epsilon: float, cov_ratio: float, cov_lb: float,
         drop[idx[perm.to(idx.device)]] = True
     drop = drop.reshape(candidates.shape)
     objective = torch.where(drop, base.objective.detach(), base.objective)
-    return MethodResult(objective, base.kept & ~drop, base.clipped_low, base.clipped_high | drop)
+    return MethodResult(objective, lambda: (base.kept & ~drop, base.clipped_low, base.clipped_high | drop))
 
 
 @register(
@@ -359,7 +396,7 @@ def kl_cov(batch: TokenBatch, cov_ratio: float, kl_coef: float) -> MethodResult:
     penalised = penalised.reshape(y.shape) & batch.mask
     objective = torch.where(penalised, objective - kl_coef * y.abs(), objective)
     none = torch.zeros_like(batch.mask)
-    return MethodResult(objective, torch.ones_like(batch.mask), none, penalised)
+    return MethodResult(objective, lambda: (torch.ones_like(batch.mask), none, penalised))
 
 
 @register(
@@ -476,4 +513,4 @@ def truly_ppo(batch: TokenBatch, delta: float, alpha: float) -> MethodResult:
     rollback = (kl.detach() >= delta) & (w * adv > adv)
     objective = torch.where(rollback, w * adv - alpha * kl, w * adv)
     none = torch.zeros_like(batch.mask)
-    return MethodResult(objective, torch.ones_like(batch.mask), none, rollback)
+    return MethodResult(objective, lambda: (torch.ones_like(batch.mask), none, rollback))

@@ -1,0 +1,407 @@
+"""policy_loss: values and gradients against independently written objectives, autograd and
+finite differences; robustness; the registry."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+import atr_theory as at
+
+torch.set_default_dtype(torch.float64)
+
+METHODS_MD = [
+    "clip",
+    "clip_higher",
+    "dual_clip",
+    "dcpo",
+    "clip_cov",
+    "kl_cov",
+    "sapo",
+    "trgppo",
+    "tr_ppo",
+    "truly_ppo",
+    "kl1",
+    "kl2",
+    "atr",
+    "kl3",
+    "is_kl3",
+    "gspo",
+    "atr_seq",
+]
+
+
+def _batch(seed: int, B: int = 3, T: int = 6, scale: float = 0.6):
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(B, T, generator=g) * 4 - 0.05
+    logp = (old + scale * torch.randn(B, T, generator=g)).clamp(max=0.0).requires_grad_(True)
+    adv = torch.randn(B, generator=g)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    return logp, old, adv, mask
+
+
+# --------------------------------------------------------------------------------------------
+# the mask form (paper Eq. 5) against a hand-written constraint in numpy float64
+# --------------------------------------------------------------------------------------------
+NUMPY_CONSTRAINTS = {
+    "atr": lambda w, d: w - 1 - np.log(w) <= d,
+    "kl1": lambda w, d: -np.log(w) <= d,
+    "kl2": lambda w, d: np.log(w) ** 2 / 2 <= d,
+    "is_kl3": lambda w, d: 1 - w + w * np.log(w) <= d,
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from(sorted(NUMPY_CONSTRAINTS)), st.floats(0.01, 0.5))
+def test_mask_form_gradient_is_zero_outside_and_A_w_dlogpi_inside(seed, method, delta):
+    logp, old, adv, mask = _batch(seed)
+    w = np.exp((logp - old).detach().numpy())
+    k = NUMPY_CONSTRAINTS[method](w, delta)
+    margin = np.abs(w - 1 - np.log(w) - delta)  # stay away from the boundary for the FD check
+    assume(margin.min() > 1e-6)
+    out = at.policy_loss(logp, old, adv, mask, method=method, form="mask", delta=delta, aggregation="token_mean")
+    (grad,) = torch.autograd.grad(out.loss, logp)
+    n = mask.sum().item()
+    expected = np.where(k, -adv.numpy()[:, None] * w / n, 0.0)
+    np.testing.assert_allclose(grad.numpy(), expected, rtol=1e-12, atol=1e-15)
+    # the value: w A inside, the frozen w_old A = A outside
+    np.testing.assert_allclose(
+        out.per_token.detach().numpy(), np.where(k, w, 1.0) * adv.numpy()[:, None], rtol=1e-12, atol=1e-14
+    )
+
+
+@pytest.mark.parametrize(
+    "method,params",
+    [
+        ("atr", {}),
+        ("kl2", {}),
+        ("is_kl3", {}),
+        ("clip", {}),
+        ("clip_higher", {}),
+        ("dual_clip", {}),
+        ("dcpo", {}),
+        ("trgppo", {}),
+        ("sapo", {}),
+        ("gspo", {"epsilon_low": 0.2, "epsilon_high": 0.3}),
+        ("atr_seq", {"delta": 0.3}),
+        ("kl_cov", {"cov_ratio": 0.2}),
+    ],
+)
+@pytest.mark.parametrize("form", [None, "min", "mask"])
+def test_gradient_matches_central_finite_differences(method, params, form):
+    spec = at.get_method(method)
+    if form is not None and form not in spec.forms:
+        pytest.skip(f"{method} has no {form} form")
+    logp, old, adv, mask = _batch(7, scale=0.4)
+    f = lambda lp: at.policy_loss(lp, old, adv, mask, method=method, form=form, **params).loss
+    (grad,) = torch.autograd.grad(f(logp), logp)
+    h = 1e-6
+    fd = torch.zeros_like(grad)
+    with torch.no_grad():
+        for idx in np.ndindex(*logp.shape):
+            e = torch.zeros_like(logp)
+            e[idx] = h
+            fd[idx] = (f(logp + e) - f(logp - e)) / (2 * h)
+    np.testing.assert_allclose(grad.numpy(), fd.numpy(), rtol=1e-5, atol=1e-8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10_000), st.floats(0.005, 1.0))
+def test_atr_min_form_equals_clip_higher_with_kl3_epsilons(seed, delta):
+    lo, hi = at.kl3_clip_range(delta)
+    logp, old, adv, mask = _batch(seed)
+    a = at.policy_loss(logp, old, adv, mask, method="atr", form="min", delta=delta)
+    b = at.policy_loss(logp, old, adv, mask, method="clip_higher", epsilon_low=1 - lo, epsilon_high=hi - 1)
+    (ga,) = torch.autograd.grad(a.loss, logp)
+    (gb,) = torch.autograd.grad(b.loss, logp)
+    assert a.loss.item() == pytest.approx(b.loss.item(), rel=1e-14, abs=1e-15)
+    np.testing.assert_allclose(ga.numpy(), gb.numpy(), rtol=1e-13, atol=1e-16)
+
+
+def test_min_form_value_is_ppo_objective_written_inline():
+    logp, old, adv, mask = _batch(3, B=4, T=50, scale=0.5)
+    eps_l, eps_h = 0.2, 0.28
+    w = torch.exp(logp - old)
+    A = adv[:, None]
+    ref = -(torch.minimum(w * A, torch.clamp(w, 1 - eps_l, 1 + eps_h) * A)).sum() / (4 * 50)
+    out = at.policy_loss(logp, old, adv, mask, method="clip_higher")
+    assert out.loss.item() == pytest.approx(ref.item(), rel=1e-14)
+    (g1,) = torch.autograd.grad(out.loss, logp)
+    (g2,) = torch.autograd.grad(ref, logp)
+    np.testing.assert_allclose(g1.numpy(), g2.numpy(), rtol=1e-13, atol=1e-16)
+
+
+def test_sapo_gradient_at_w_equal_1_is_the_vanilla_policy_gradient():
+    logp, _, adv, mask = _batch(11)
+    old = logp.detach().clone()  # on-policy: w == 1
+    out = at.policy_loss(logp, old, adv, mask, method="sapo", aggregation="token_mean")
+    (g,) = torch.autograd.grad(out.loss, logp)
+    vanilla = -(logp * adv[:, None]).sum() / mask.sum()  # REINFORCE surrogate, its gradient is -A / n
+    (gv,) = torch.autograd.grad(vanilla, logp)
+    np.testing.assert_allclose(g.numpy(), gv.numpy(), rtol=1e-14)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 10_000), st.floats(1.5, 10.0))
+def test_dual_clip_caps_negative_advantage_loss_at_c_abs_A(seed, c):
+    logp, old, adv, mask = _batch(seed, scale=3.0)  # large ratios
+    out = at.policy_loss(logp, old, adv, mask, method="dual_clip", dual_clip_c=c)
+    loss_tok = -out.per_token.detach()
+    A = adv[:, None].expand_as(loss_tok)
+    neg = A < 0
+    assert torch.all(loss_tok[neg] <= c * A[neg].abs() + 1e-12)
+    w = torch.exp(logp - old).detach()
+    capped = neg & (w > c)
+    np.testing.assert_allclose(loss_tok[capped].numpy(), (c * A[capped].abs()).numpy(), rtol=1e-14)
+    (g,) = torch.autograd.grad(out.loss, logp)
+    assert torch.all(g[capped] == 0)
+
+
+def test_gspo_uses_the_sequence_geometric_ratio():
+    logp, old, adv, mask = _batch(5, scale=0.01)
+    mask[1, 4:] = False
+    out = at.policy_loss(logp, old, adv, mask, method="gspo", aggregation="seq_mean_token_mean")
+    (g,) = torch.autograd.grad(out.loss, logp)
+    y = (logp - old).detach()
+    for i in range(3):
+        m = mask[i]
+        s = math.exp(float(y[i][m].mean()))
+        if 1 - 3e-4 <= s <= 1 + 4e-4:  # unclipped: d/dlogp_t of -s A / B = -s A / (|y| B)
+            np.testing.assert_allclose(g[i][m].numpy(), -s * adv[i].item() / (m.sum().item() * 3), rtol=1e-10)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.floats(0.01, 0.5))
+def test_atr_seq_keeps_only_sequences_whose_gspo_ratio_is_inside_the_kl3_range(seed, delta):
+    logp, old, adv, mask = _batch(seed, B=8, T=5, scale=0.5)
+    out = at.policy_loss(logp, old, adv, mask, method="atr_seq", delta=delta)
+    kept_seq = out.result.kept.all(-1)
+    y = (logp - old).detach()
+    s = torch.exp(y.mean(-1))
+    lo, hi = at.kl3_clip_range(delta)
+    assert torch.all((s[kept_seq] >= lo) & (s[kept_seq] <= hi))
+    # and the kept ones are exactly those with mean k3 <= delta (independent float64 numpy)
+    k3 = (np.exp(y.numpy()) - 1 - y.numpy()).mean(-1)
+    np.testing.assert_array_equal(kept_seq.numpy(), k3 <= delta)
+
+
+def test_tr_ppo_masks_positions_whose_full_kl_exceeds_delta():
+    g = torch.Generator().manual_seed(0)
+    B, T, V = 2, 7, 11
+    old_logits = torch.randn(B, T, V, generator=g)
+    new_logits = (old_logits + 0.6 * torch.randn(B, T, V, generator=g)).requires_grad_(True)
+    tok = torch.randint(0, V, (B, T), generator=g)
+    ofl, nfl = torch.log_softmax(old_logits, -1), torch.log_softmax(new_logits, -1)
+    lp, olp = nfl.gather(-1, tok[..., None])[..., 0], ofl.gather(-1, tok[..., None])[..., 0]
+    adv = torch.randn(B, generator=g)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    out = at.policy_loss(lp, olp, adv, mask, method="tr_ppo", delta=0.1, old_full_logp=ofl, full_logp=nfl)
+    po = np.exp(ofl.detach().numpy())
+    kl = (po * (np.log(po) - nfl.detach().numpy())).sum(-1)
+    np.testing.assert_array_equal(out.result.kept.numpy(), kl <= 0.1)
+    assert 0 < out.metrics["frac_kept"] < 1
+
+
+def test_full_kl_is_stable_and_chunking_does_not_change_it():
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(3, 5, 50, generator=g) * 30  # very peaked: many pi_old underflow to 0
+    b = torch.randn(3, 5, 50, generator=g) * 30
+    a[0, 0, :10] = -math.inf  # exact zeros of pi_old
+    kl = at.full_kl(torch.log_softmax(a, -1), torch.log_softmax(b, -1))
+    assert torch.isfinite(kl).all() and (kl >= 0).all()
+    kl_chunked = at.full_kl(a, b, chunk_size=4)
+    np.testing.assert_allclose(kl.numpy(), kl_chunked.numpy(), rtol=1e-12)
+    # against mpmath-free float64 reference on moderate logits
+    a2, b2 = a.clamp(-5, 5) / 10, b / 60
+    pa = torch.softmax(a2, -1)
+    ref = (pa * (torch.log(pa) - torch.log_softmax(b2, -1))).sum(-1)
+    np.testing.assert_allclose(at.full_kl(a2, b2).numpy(), ref.numpy(), rtol=1e-10)
+
+
+def test_clip_cov_is_reproducible_with_a_generator_and_drops_the_right_count():
+    logp, old, adv, mask = _batch(2, B=16, T=64, scale=0.1)
+    kw = dict(method="clip_cov", cov_ratio=0.01, cov_lb=-10.0, cov_ub=10.0)
+    a = at.policy_loss(logp, old, adv, mask, generator=torch.Generator().manual_seed(3), **kw)
+    b = at.policy_loss(logp, old, adv, mask, generator=torch.Generator().manual_seed(3), **kw)
+    c = at.policy_loss(logp, old, adv, mask, generator=torch.Generator().manual_seed(4), **kw)
+    base = at.policy_loss(logp, old, adv, mask, method="clip")
+    dropped_a = base.result.kept & ~a.result.kept
+    assert torch.equal(dropped_a, base.result.kept & ~b.result.kept)
+    assert not torch.equal(dropped_a, base.result.kept & ~c.result.kept)
+    assert int(dropped_a.sum()) == int(0.01 * 16 * 64)
+    (g,) = torch.autograd.grad(a.loss, logp)
+    assert torch.all(g[dropped_a] == 0)
+
+
+def test_kl_cov_penalises_the_top_covariance_tokens():
+    logp, old, adv, mask = _batch(4, B=8, T=25, scale=0.3)
+    out = at.policy_loss(logp, old, adv, mask, method="kl_cov", cov_ratio=0.05, kl_coef=2.0)
+    cov = (adv[:, None] - adv.mean()) * (logp.detach() - logp.detach().mean())
+    top = torch.zeros(200, dtype=torch.bool)
+    top[torch.argsort(cov.reshape(-1), descending=True)[:10]] = True
+    pen = out.result.clipped_high.reshape(-1)
+    assert torch.equal(pen, top)
+    y = (logp - old).detach().reshape(-1)
+    expected = torch.exp(y) * adv[:, None].expand(8, 25).reshape(-1) - 2.0 * y.abs() * top
+    np.testing.assert_allclose(out.per_token.detach().reshape(-1).numpy(), expected.numpy(), rtol=1e-13)
+
+
+# --------------------------------------------------------------------------------------------
+# aggregations against loops
+# --------------------------------------------------------------------------------------------
+def test_aggregations_match_python_loops():
+    g = torch.Generator().manual_seed(0)
+    obj = torch.randn(4, 9, generator=g)
+    mask = torch.rand(4, 9, generator=g) > 0.3
+    mask[2] = False
+    rows = [[obj[i, t].item() for t in range(9) if mask[i, t]] for i in range(4)]
+    flat = [v for r in rows for v in r]
+    assert at.aggregate(obj, mask, "dr_grpo", 16).item() == pytest.approx(sum(flat) / (4 * 16))
+    assert at.aggregate(obj, mask, "token_mean").item() == pytest.approx(sum(flat) / len(flat))
+    assert at.aggregate(obj, mask, "seq_mean_token_mean").item() == pytest.approx(
+        sum(sum(r) / len(r) if r else 0.0 for r in rows) / 4
+    )
+    assert at.aggregate(obj, mask, "seq_mean_token_sum").item() == pytest.approx(sum(sum(r) for r in rows) / 4)
+
+
+# --------------------------------------------------------------------------------------------
+# robustness: finite values and gradients for every method and form
+# --------------------------------------------------------------------------------------------
+def _all_method_forms():
+    for name in sorted(at.METHODS):
+        for form in at.METHODS[name].forms:
+            yield name, form
+
+
+def _full(B, T, V=6, seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.log_softmax(torch.randn(B, T, V, generator=g) * scale, -1)
+
+
+@pytest.mark.parametrize("name,form", list(_all_method_forms()))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_every_method_is_finite_on_extreme_inputs(name, form, dtype):
+    B, T = 3, 8
+    y = torch.linspace(-50, 50, B * T, dtype=dtype).reshape(B, T)
+    old = torch.full((B, T), -1e4, dtype=dtype)
+    old[0] = -0.5
+    logp = (old + y).clamp(max=0.0).requires_grad_(True)
+    adv = torch.tensor([3.0, -2.0, 0.0], dtype=dtype)
+    extra = {}
+    if at.METHODS[name].needs_full_distributions:
+        extra = dict(
+            old_full_logp=_full(B, T, seed=1, scale=20).to(dtype), full_logp=_full(B, T, seed=2, scale=20).to(dtype)
+        )
+    for mask in (torch.ones(B, T, dtype=torch.bool), torch.zeros(B, T, dtype=torch.bool)):
+        out = at.policy_loss(logp, old, adv, mask, method=name, form=form, **extra)
+        (g,) = torch.autograd.grad(out.loss, logp)
+        assert torch.isfinite(out.loss) and torch.isfinite(g).all(), (name, form)
+        assert all(math.isfinite(v) for v in out.metrics.values())
+        if not mask.any():
+            assert out.loss.item() == 0.0
+    # a batch of one token
+    one = at.policy_loss(
+        logp[:1, :1],
+        old[:1, :1],
+        adv[:1],
+        torch.ones(1, 1, dtype=torch.bool),
+        method=name,
+        form=form,
+        **({k: v[:1, :1] for k, v in extra.items()}),
+    )
+    assert torch.isfinite(one.loss)
+
+
+def test_padding_garbage_is_ignored():
+    logp, old, adv, mask = _batch(0)
+    mask[:, 4:] = False
+    clean = at.policy_loss(logp, old, adv, mask)
+    dirty_logp = logp.detach().clone()
+    dirty_logp[:, 4:] = math.nan
+    dirty_old = old.clone()
+    dirty_old[:, 4:] = math.inf
+    dirty = at.policy_loss(dirty_logp, dirty_old, adv, mask)
+    assert dirty.loss.item() == pytest.approx(clean.loss.item(), rel=1e-15)
+
+
+def test_metrics_report_fractions_and_quantiles():
+    logp, old, adv, mask = _batch(9, B=8, T=32, scale=0.5)
+    out = at.policy_loss(logp, old, adv, mask, method="atr")
+    m = out.metrics
+    w = torch.exp(logp - old).detach()
+    k3 = w - 1 - torch.log(w)
+    assert m["frac_kept"] == pytest.approx(float((k3 <= 0.07).double().mean()))
+    assert m["frac_kept"] + m["frac_masked"] == pytest.approx(1.0)
+    assert m["frac_clipped_low"] == pytest.approx(float(((k3 > 0.07) & (w < 1)).double().mean()))
+    assert m["mean_k3"] == pytest.approx(float(k3.mean()), rel=1e-12)
+    assert m["ratio_p50"] == pytest.approx(float(w.median()), rel=0.05)
+    assert m["ratio_min"] <= m["ratio_p05"] <= m["ratio_p50"] <= m["ratio_p95"] <= m["ratio_max"]
+
+
+# --------------------------------------------------------------------------------------------
+# the registry and bad input
+# --------------------------------------------------------------------------------------------
+def test_every_method_of_methods_md_is_registered_with_its_defaults():
+    for name in METHODS_MD:
+        assert name in at.METHODS
+    assert at.METHODS["kl3"] is at.METHODS["atr"]
+    assert dict(at.METHODS["clip"].params) == {"epsilon": 0.2}
+    assert dict(at.METHODS["clip_higher"].params) == {"epsilon_low": 0.2, "epsilon_high": 0.28}
+    assert dict(at.METHODS["dual_clip"].params) == {"epsilon": 0.2, "dual_clip_c": 3.0}
+    assert dict(at.METHODS["sapo"].params) == {"tau_pos": 1.0, "tau_neg": 1.05}
+    for name in ("atr", "kl1", "kl2", "is_kl3", "trgppo"):
+        assert at.METHODS[name].params["delta"] == 0.07
+    for name in ("atr", "kl1", "kl2", "is_kl3", "tr_ppo", "atr_seq"):
+        assert at.METHODS[name].default_form == "mask"
+    for name in ("clip", "clip_higher", "dual_clip", "dcpo", "clip_cov", "trgppo", "gspo"):
+        assert at.METHODS[name].default_form == "min"
+    for spec in at.METHODS.values():
+        assert spec.fn.__doc__ and spec.reference
+
+
+def _bad(**kw):
+    logp, old, adv, mask = _batch(0)
+    args = dict(logp=logp, old_logp=old, advantages=adv, mask=mask)
+    args.update(kw)
+    return at.policy_loss(**args)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(delta=0.0), "delta must be a finite number > 0"),
+        (dict(delta=-1.0), "delta"),
+        (dict(delta=math.nan), "delta"),
+        (dict(method="clip", epsilon=-0.1), "epsilon must be in"),
+        (dict(method="clip_higher", epsilon_low=1.0), "epsilon_low must be in"),
+        (dict(method="dual_clip", dual_clip_c=0.5), "dual_clip_c"),
+        (dict(method="sapo", tau_pos=0.0), "tau_pos"),
+        (dict(method="clip_cov", cov_lb=5.0, cov_ub=1.0), "cov_lb must be < cov_ub"),
+        (dict(method="nope"), "unknown method 'nope'; known methods: atr, atr_seq"),
+        (dict(aggregation="mean"), "unknown aggregation 'mean'; known: dr_grpo"),
+        (dict(method="clip", delta=0.1), r"unknown parameter\(s\) \['delta'\] for method 'clip'"),
+        (dict(method="sapo", form="mask"), "form 'mask' is not available for method 'sapo'"),
+        (dict(method="tr_ppo"), "needs the full distributions"),
+        (dict(old_logp=torch.zeros(3, 5)), r"old_logp must have shape \(3, 6\)"),
+        (dict(mask=torch.ones(2, 6)), "mask must have shape"),
+        (dict(advantages=torch.zeros(4)), "advantages must have shape"),
+        (dict(logp=torch.zeros(18)), r"logp must have shape \(B, T\)"),
+        (dict(max_length=0), "max_length must be a positive integer"),
+    ],
+)
+def test_bad_input_raises_value_error_naming_the_argument(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        _bad(**kwargs)
+
+
+@pytest.mark.parametrize("value,kind", [(math.nan, "NaN"), (math.inf, r"\+inf"), (-math.inf, "-inf")])
+@pytest.mark.parametrize("arg", ["logp", "old_logp"])
+def test_non_finite_log_probs_on_valid_tokens_raise(value, kind, arg):
+    logp, old, adv, mask = _batch(0)
+    t = (logp if arg == "logp" else old).detach().clone()
+    t[1, 2] = value
+    with pytest.raises(ValueError, match=rf"{arg} has {kind} at valid position \(1, 2\)"):
+        _bad(**{arg: t})
