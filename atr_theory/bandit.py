@@ -1,0 +1,196 @@
+r"""Tabular softmax bandit / one-step MDP simulator, vectorised over seeds, states and arms.
+
+Logits ``theta`` have shape (N, S, K): N independent runs (seeds), S states visited uniformly
+(``d(s) = 1/S``), K actions. ``pi(a|s) = softmax(theta[n, s])``. The surrogate of every method is
+computed by :func:`atr_theory.policy_loss` -- the simulator has no clipping formula of its own:
+each (run, state) is one "sequence" and each action (exact mode) or sampled action (sampled mode)
+one "token".
+
+* exact mode (the paper's Sec. 4 analysis):
+  ``J_n(theta) = sum_s d(s) sum_a pi_old(a|s) f(w(s,a), A(s,a))`` -- a finite sum, whose autograd
+  gradient is the exact full-batch policy gradient of the clipped objective.
+* sampled mode: G actions per state drawn from ``pi_old``, GRPO (group mean and std) or Dr.GRPO
+  (group mean only) advantages from the reward table.
+
+``theta_old`` stays fixed while ``theta`` takes ``inner_steps`` gradient steps on the same batch,
+so the ratio ``w`` moves away from 1 and clipping acts, as in PPO-style reuse of a rollout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from .loss import LossOutput, policy_loss
+
+__all__ = [
+    "entropy",
+    "kl_divergence",
+    "expected_return",
+    "exact_advantages",
+    "exact_surrogate",
+    "sampled_surrogate",
+    "gradient_step",
+    "TrainHistory",
+    "train",
+    "zipf_logits",
+]
+
+
+def entropy(theta: torch.Tensor) -> torch.Tensor:
+    """``H(pi) = -sum_a pi log pi`` over the last axis, from logits (stable for any K)."""
+    logp = torch.log_softmax(theta, -1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def kl_divergence(theta_old: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    """``KL(pi_old || pi)`` over the last axis, from logits."""
+    lo, ln = torch.log_softmax(theta_old, -1), torch.log_softmax(theta, -1)
+    return (lo.exp() * (lo - ln)).sum(-1)
+
+
+def expected_return(theta: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
+    """``sum_s d(s) sum_a pi(a|s) r(s,a)`` per run: (N, S, K) logits, (S, K) or (N, S, K) rewards -> (N,)."""
+    return (torch.softmax(theta, -1) * rewards).sum(-1).mean(-1)
+
+
+def exact_advantages(theta_old: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
+    """``A(s,a) = r(s,a) - V_old(s)`` with ``V_old(s) = sum_a pi_old(a|s) r(s,a)`` (true advantages)."""
+    r = rewards.expand_as(theta_old)
+    return r - (torch.softmax(theta_old, -1) * r).sum(-1, keepdim=True)
+
+
+def exact_surrogate(
+    theta: torch.Tensor, theta_old: torch.Tensor, advantages: torch.Tensor, method: str = "atr", **kw
+) -> tuple[torch.Tensor, LossOutput]:
+    r"""``-sum_n J_n(theta)`` (exact expectation over ``a ~ pi_old``) and the policy_loss output.
+
+    The gradient of the returned scalar w.r.t. ``theta[n]`` is exactly ``-grad J_n``: runs do not mix.
+    ``kw`` goes to :func:`policy_loss` (``delta``, ``epsilon``, ``form``, ...).
+    """
+    N, S, K = theta.shape
+    logp = torch.log_softmax(theta, -1).reshape(N * S, K)
+    old = torch.log_softmax(theta_old.detach(), -1).reshape(N * S, K)
+    mask = torch.ones(N * S, K, dtype=torch.bool, device=theta.device)
+    out = policy_loss(
+        logp,
+        old,
+        advantages.reshape(N * S, K),
+        mask,
+        method=method,
+        aggregation="seq_mean_token_sum",
+        token_weights=old.exp(),
+        **kw,
+    )
+    return out.loss * N, out
+
+
+def sampled_surrogate(
+    theta: torch.Tensor,
+    theta_old: torch.Tensor,
+    actions: torch.Tensor,
+    advantages: torch.Tensor,
+    method: str = "atr",
+    **kw,
+) -> tuple[torch.Tensor, LossOutput]:
+    """Monte-Carlo surrogate on sampled ``actions`` (N, S, G) with per-sample ``advantages`` (N, S, G)."""
+    N, S, G = actions.shape
+    logp = torch.log_softmax(theta, -1).gather(-1, actions).reshape(N * S, G)
+    old = torch.log_softmax(theta_old.detach(), -1).gather(-1, actions).reshape(N * S, G)
+    mask = torch.ones(N * S, G, dtype=torch.bool, device=theta.device)
+    out = policy_loss(
+        logp, old, advantages.reshape(N * S, G), mask, method=method, aggregation="seq_mean_token_mean", **kw
+    )
+    return out.loss * N, out
+
+
+def gradient_step(theta: torch.Tensor, loss: torch.Tensor, lr: float) -> torch.Tensor:
+    """One step of gradient descent on ``loss`` (= ascent on J) with learning rate ``lr``; returns a new leaf."""
+    (g,) = torch.autograd.grad(loss, theta)
+    return (theta.detach() - lr * g).requires_grad_(True)
+
+
+def zipf_logits(
+    N: int, S: int, K: int, exponent: float = 1.1, *, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Long-tailed initial logits: ``pi(a) ~ rank(a)^-exponent`` with a random rank per (run, state)."""
+    ranks = torch.argsort(torch.rand(N, S, K, generator=generator), -1).double() + 1.0
+    return -exponent * torch.log(ranks)
+
+
+@dataclass
+class TrainHistory:
+    """Per-iteration curves, each (iterations + 1, N): index 0 is the initial policy."""
+
+    entropy: list[torch.Tensor] = field(default_factory=list)
+    ret: list[torch.Tensor] = field(default_factory=list)
+    kl: list[torch.Tensor] = field(default_factory=list)
+    frac_masked: list[float] = field(default_factory=list)
+
+    def as_tensors(self) -> dict[str, torch.Tensor]:
+        return {"entropy": torch.stack(self.entropy), "return": torch.stack(self.ret), "kl": torch.stack(self.kl)}
+
+
+def train(
+    rewards: torch.Tensor,
+    theta0: torch.Tensor,
+    method: str = "atr",
+    *,
+    iterations: int = 50,
+    inner_steps: int = 4,
+    lr: float = 1.0,
+    mode: str = "exact",
+    group_size: int = 8,
+    advantage: str = "dr_grpo",
+    generator: torch.Generator | None = None,
+    progress: bool = False,
+    **method_params,
+) -> tuple[torch.Tensor, TrainHistory]:
+    r"""Run ``iterations`` outer steps of PPO-style policy optimisation with ``method``.
+
+    Each outer step freezes ``theta_old``, builds advantages (exact: ``r - V_old``; sampled: G draws
+    per state, ``advantage="grpo"`` divides by the group std, ``"dr_grpo"`` does not), then takes
+    ``inner_steps`` gradient steps of size ``lr`` on the clipped surrogate.
+    Returns the final logits and the history (entropy, return, KL(pi_old || pi) per outer step).
+    """
+    if mode not in ("exact", "sampled"):
+        raise ValueError(f"mode must be 'exact' or 'sampled', got {mode!r}")
+    if advantage not in ("grpo", "dr_grpo"):
+        raise ValueError(f"advantage must be 'grpo' or 'dr_grpo', got {advantage!r}")
+    theta = theta0.detach().clone().requires_grad_(True)
+    N, S, K = theta.shape
+    r = rewards.to(theta.dtype).expand(N, S, K)
+    hist = TrainHistory()
+    with torch.no_grad():
+        hist.entropy.append(entropy(theta).mean(-1))
+        hist.ret.append(expected_return(theta, r))
+        hist.kl.append(torch.zeros(N, dtype=theta.dtype))
+    for _ in tqdm(range(iterations), disable=not progress, desc=method, leave=False):
+        theta_old = theta.detach().clone()
+        if mode == "exact":
+            adv = exact_advantages(theta_old, r)
+        else:
+            probs = torch.softmax(theta_old, -1).reshape(N * S, K)
+            actions = torch.multinomial(probs, group_size, replacement=True, generator=generator).reshape(
+                N, S, group_size
+            )
+            rew = r.gather(-1, actions)
+            adv = rew - rew.mean(-1, keepdim=True)
+            if advantage == "grpo":
+                adv = adv / (rew.std(-1, keepdim=True) + 1e-6)
+        masked = []
+        for _ in range(inner_steps):
+            if mode == "exact":
+                loss, out = exact_surrogate(theta, theta_old, adv, method, **method_params)
+            else:
+                loss, out = sampled_surrogate(theta, theta_old, actions, adv, method, **method_params)
+            masked.append(1.0 - float(out.result.kept.double().mean()))
+            theta = gradient_step(theta, loss, lr)
+        with torch.no_grad():
+            hist.entropy.append(entropy(theta).mean(-1))
+            hist.ret.append(expected_return(theta, r))
+            hist.kl.append(kl_divergence(theta_old, theta).mean(-1))
+            hist.frac_masked.append(sum(masked) / len(masked))
+    return theta.detach(), hist
