@@ -24,6 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .loss import LossOutput, policy_loss
+from .methods import get_method
 
 __all__ = [
     "entropy",
@@ -36,6 +37,8 @@ __all__ = [
     "TrainHistory",
     "train",
     "zipf_logits",
+    "sum_mod_success_probability",
+    "train_episodic",
 ]
 
 
@@ -74,6 +77,12 @@ def exact_surrogate(
     logp = torch.log_softmax(theta, -1).reshape(N * S, K)
     old = torch.log_softmax(theta_old.detach(), -1).reshape(N * S, K)
     mask = torch.ones(N * S, K, dtype=torch.bool, device=theta.device)
+    if get_method(method).needs_full_distributions:  # every action of a state shares its distribution: O(K^2)
+        kw = {
+            **kw,
+            "full_logp": logp.unsqueeze(1).expand(N * S, K, K),
+            "old_full_logp": old.unsqueeze(1).expand(N * S, K, K),
+        }
     out = policy_loss(
         logp,
         old,
@@ -97,9 +106,18 @@ def sampled_surrogate(
 ) -> tuple[torch.Tensor, LossOutput]:
     """Monte-Carlo surrogate on sampled ``actions`` (N, S, G) with per-sample ``advantages`` (N, S, G)."""
     N, S, G = actions.shape
-    logp = torch.log_softmax(theta, -1).gather(-1, actions).reshape(N * S, G)
-    old = torch.log_softmax(theta_old.detach(), -1).gather(-1, actions).reshape(N * S, G)
+    full = torch.log_softmax(theta, -1)
+    full_old = torch.log_softmax(theta_old.detach(), -1)
+    logp = full.gather(-1, actions).reshape(N * S, G)
+    old = full_old.gather(-1, actions).reshape(N * S, G)
     mask = torch.ones(N * S, G, dtype=torch.bool, device=theta.device)
+    if get_method(method).needs_full_distributions:  # each sample's state distribution, (N*S, G, K)
+        K = theta.shape[-1]
+        kw = {
+            **kw,
+            "full_logp": full.unsqueeze(2).expand(N, S, G, K).reshape(N * S, G, K),
+            "old_full_logp": full_old.unsqueeze(2).expand(N, S, G, K).reshape(N * S, G, K),
+        }
     out = policy_loss(
         logp, old, advantages.reshape(N * S, G), mask, method=method, aggregation="seq_mean_token_mean", **kw
     )
@@ -183,9 +201,11 @@ def train(
         masked = []
         for _ in range(inner_steps):
             if mode == "exact":
-                loss, out = exact_surrogate(theta, theta_old, adv, method, **method_params)
+                loss, out = exact_surrogate(theta, theta_old, adv, method, generator=generator, **method_params)
             else:
-                loss, out = sampled_surrogate(theta, theta_old, actions, adv, method, **method_params)
+                loss, out = sampled_surrogate(
+                    theta, theta_old, actions, adv, method, generator=generator, **method_params
+                )
             masked.append(1.0 - float(out.result.kept.double().mean()))
             theta = gradient_step(theta, loss, lr)
         with torch.no_grad():
@@ -194,3 +214,85 @@ def train(
             hist.kl.append(kl_divergence(theta_old, theta).mean(-1))
             hist.frac_masked.append(sum(masked) / len(masked))
     return theta.detach(), hist
+
+
+# ----------------------------------------------------------------------------------------------
+# A multi-step episodic task with a verifiable terminal reward (RLVR in miniature)
+# ----------------------------------------------------------------------------------------------
+def sum_mod_success_probability(theta: torch.Tensor, target: int) -> torch.Tensor:
+    r"""Exact ``P(sum_t y_t = target mod V)`` for independent per-position softmax policies.
+
+    ``theta`` (N, T, V): logits of position t. Dynamic programming over positions on the distribution
+    of the partial sum mod V (a cyclic convolution per step): O(T V^2), no sampling.
+    """
+    N, T, V = theta.shape
+    probs = torch.softmax(theta, -1)
+    dist = torch.zeros(N, V, dtype=theta.dtype, device=theta.device)
+    dist[:, 0] = 1.0
+    idx = (torch.arange(V)[:, None] + torch.arange(V)[None, :]) % V  # idx[s, y] = (s + y) mod V
+    for t in range(T):
+        new = torch.zeros_like(dist)
+        new.scatter_add_(1, idx.reshape(1, -1).expand(N, -1), (dist[:, :, None] * probs[:, t, None, :]).reshape(N, -1))
+        dist = new
+    return dist[:, target % V]
+
+
+def train_episodic(
+    theta0: torch.Tensor,
+    target: int,
+    method: str = "atr",
+    *,
+    iterations: int = 50,
+    inner_steps: int = 4,
+    lr: float = 1.0,
+    group_size: int = 16,
+    aggregation: str = "dr_grpo",
+    generator: torch.Generator | None = None,
+    **method_params,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    r"""RLVR on a toy sequence task: T token choices from V, reward 1 iff ``sum y_t = target (mod V)``.
+
+    The policy is tabular per position: ``pi(y_t) = softmax(theta[n, t])`` (N runs). Each outer step
+    samples G sequences per run, gives each the Dr.GRPO advantage ``r - mean_G r``, and takes
+    ``inner_steps`` gradient steps on :func:`policy_loss` with B = N * G sequences of T tokens -- so
+    sequence-level methods (gspo, atr_seq) act on real sequences here.
+    Returns the final logits and the history: exact success probability, mean per-position entropy,
+    fraction of tokens masked, each (iterations + 1, N) (masked: (iterations, N)).
+    """
+    theta = theta0.detach().clone().requires_grad_(True)
+    N, T, V = theta.shape
+    spec = get_method(method)
+    hist = {
+        "success": [sum_mod_success_probability(theta.detach(), target)],
+        "entropy": [entropy(theta.detach()).mean(-1)],
+    }
+    masked_hist = []
+    for _ in range(iterations):
+        theta_old = theta.detach().clone()
+        probs = torch.softmax(theta_old, -1)  # (N, T, V)
+        flat = probs.unsqueeze(1).expand(N, group_size, T, V).reshape(-1, V)
+        y = torch.multinomial(flat, 1, generator=generator).reshape(N, group_size, T)
+        reward = ((y.sum(-1) % V) == (target % V)).to(theta.dtype)  # (N, G)
+        adv = (reward - reward.mean(-1, keepdim=True)).reshape(N * group_size)
+        masked = torch.zeros(N, dtype=theta.dtype)
+        for _ in range(inner_steps):
+            full = torch.log_softmax(theta, -1).unsqueeze(1).expand(N, group_size, T, V)
+            full_old = torch.log_softmax(theta_old, -1).unsqueeze(1).expand(N, group_size, T, V)
+            logp = full.gather(-1, y.unsqueeze(-1)).squeeze(-1).reshape(N * group_size, T)
+            old = full_old.gather(-1, y.unsqueeze(-1)).squeeze(-1).reshape(N * group_size, T)
+            kw = dict(method_params)
+            if spec.needs_full_distributions:
+                kw.update(
+                    full_logp=full.reshape(N * group_size, T, V), old_full_logp=full_old.reshape(N * group_size, T, V)
+                )
+            mask = torch.ones(N * group_size, T, dtype=torch.bool)
+            out = policy_loss(logp, old, adv, mask, method=method, aggregation=aggregation, generator=generator, **kw)
+            masked += 1.0 - out.result.kept.reshape(N, group_size * T).to(theta.dtype).mean(-1)
+            theta = gradient_step(theta, out.loss * N, lr)
+        masked_hist.append(masked / inner_steps)
+        with torch.no_grad():
+            hist["success"].append(sum_mod_success_probability(theta, target))
+            hist["entropy"].append(entropy(theta).mean(-1))
+    out_hist = {k: torch.stack(v) for k, v in hist.items()}
+    out_hist["frac_masked"] = torch.stack(masked_hist) if masked_hist else torch.zeros(0, N)
+    return theta.detach(), out_hist

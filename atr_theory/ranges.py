@@ -95,7 +95,8 @@ def _newton(f, fprime, y0: np.ndarray, max_iter: int = 100) -> np.ndarray:
     """Vectorised Newton iteration, stopped when every step is below a few ulp of y."""
     y = np.array(y0, dtype=float, copy=True)
     for _ in range(max_iter):
-        step = f(y) / fprime(y)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            step = f(y) / fprime(y)
         step = np.where(np.isfinite(step), step, 0.0)
         y = y - step
         if np.all(np.abs(step) <= 4 * np.finfo(float).eps * np.maximum(np.abs(y), 1e-300)):

@@ -105,7 +105,9 @@ def main():
         )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"copy_bandwidth_GBps": bw / 1e9, "threads": torch.get_num_threads(), "rows": rows}, indent=2))
+    out.write_text(
+        json.dumps({"copy_bandwidth_GBps": bw / 1e9, "threads": torch.get_num_threads(), "rows": rows}, indent=2)
+    )
     print(f"wrote {out}")
 
 

@@ -1,0 +1,138 @@
+"""What every sims/ script shares: the command line, figure style, and writing figures with their numbers."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+plt.rcParams.update(
+    {
+        "figure.dpi": 110,
+        "savefig.dpi": 200,
+        "font.size": 9,
+        "axes.titlesize": 10,
+        "axes.labelsize": 9,
+        "legend.fontsize": 7,
+        "axes.grid": True,
+        "grid.alpha": 0.3,
+    }
+)
+
+
+def parse_args(doc: str, argv: Sequence[str] | None = None, extra=None) -> argparse.Namespace:
+    """``--quick`` (small, < 1 min, for CI), ``--seed``, ``--out`` (default figures/)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a small version that runs in well under a minute")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="figures", help="output folder (default: figures/)")
+    if extra:
+        extra(ap)
+    args = ap.parse_args(argv)
+    args.out = Path(args.out)
+    args.out.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+def save_figure(fig, out: Path, name: str) -> list[Path]:
+    """Write ``name.png`` and ``name.pdf`` into ``out``; close the figure."""
+    paths = [out / f"{name}.png", out / f"{name}.pdf"]
+    fig.tight_layout()
+    for p in paths:
+        fig.savefig(p, bbox_inches="tight")
+    plt.close(fig)
+    return paths
+
+
+def write_csv(path: Path, rows: Iterable[dict]) -> Path:
+    """Rows of dicts -> CSV; the columns are the union of the keys, in order of first appearance."""
+    rows = list(rows)
+    fields = list(dict.fromkeys(k for row in rows for k in row))
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def write_json(path: Path, obj) -> Path:
+    path.write_text(json.dumps(obj, indent=1, default=float))
+    return path
+
+
+def mean_ci(x: np.ndarray, axis: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean and a 95% normal-approximation confidence band (1.96 standard errors) along ``axis``."""
+    x = np.asarray(x, dtype=float)
+    m = x.mean(axis)
+    se = x.std(axis, ddof=1) / np.sqrt(x.shape[axis]) if x.shape[axis] > 1 else np.zeros_like(m)
+    return m, m - 1.96 * se, m + 1.96 * se
+
+
+METHOD_COLORS = {
+    "clip": "#1f77b4",
+    "clip_higher": "#ff7f0e",
+    "atr": "#d62728",
+    "dual_clip": "#2ca02c",
+    "dcpo": "#9467bd",
+    "clip_cov": "#8c564b",
+    "kl_cov": "#e377c2",
+    "sapo": "#7f7f7f",
+    "trgppo": "#bcbd22",
+    "tr_ppo": "#17becf",
+    "truly_ppo": "#aec7e8",
+    "kl1": "#ffbb78",
+    "kl2": "#98df8a",
+    "is_kl3": "#ff9896",
+    "gspo": "#c5b0d5",
+    "atr_seq": "#8b0000",
+}
+
+
+def zipf_bandit_task(quick: bool, seed: int):
+    """The many-armed bandit of entropy_diff.py and bandit_training.py: Zipf initial policy per (seed, state),
+    reward 1 on 5 random arms per state. Returns (theta0, rewards, settings)."""
+    import torch
+
+    from atr_theory import bandit
+
+    N, S, K = (3, 2, 100) if quick else (16, 8, 1000)
+    settings = {
+        "N": N,
+        "S": S,
+        "K": K,
+        "iterations": 30 if quick else 300,
+        "inner_steps": 4,
+        "group_size": 16,
+        "lr": 20.0,
+        "advantage": "dr_grpo",
+        "mode": "sampled",
+    }
+    gen = torch.Generator().manual_seed(seed)
+    theta0 = bandit.zipf_logits(N, S, K, generator=gen)
+    r = torch.zeros(S, K, dtype=torch.float64)
+    for s in range(S):
+        r[s, torch.randperm(K, generator=gen)[:5]] = 1.0
+    return theta0, r, settings
+
+
+def run_zipf_bandit(theta0, r, settings, method: str, seed: int, **params):
+    """Train one method on the Zipf task; the same sampling seed for every method (paired comparisons)."""
+    import torch
+
+    from atr_theory import bandit
+
+    keys = ("iterations", "inner_steps", "group_size", "lr", "advantage", "mode")
+    return bandit.train(
+        r, theta0, method, generator=torch.Generator().manual_seed(seed + 1), **{k: settings[k] for k in keys}, **params
+    )
