@@ -1,0 +1,201 @@
+"""Datasets in one schema ``{problem, answer}`` and one prompt format (answer in ``\\boxed{}``).
+
+Every source loads from its hub id or from a local jsonl / json / parquet file with the same
+columns (``path``); a malformed row raises ValueError naming the file, the row and the column.
+
+============================  ===========================================  ==========================
+name                          hub id (config)                              columns -> problem, answer
+============================  ===========================================  ==========================
+dapo-math-17k                 BytedTsinghua-SIA/DAPO-Math-17k              prompt[0].content (task text
+                                                                           stripped), reward_model.ground_truth;
+                                                                           rows are duplicated ~100x: deduplicated
+dapo-math-17k-processed       open-r1/DAPO-Math-17k-Processed (en)         prompt, solution
+aime24                        HuggingFaceH4/aime_2024                      problem, answer
+aime25                        opencompass/AIME2025 (AIME2025-I + -II)      question, answer
+amc23                         math-ai/amc23                                question, answer
+openmathreasoning             nvidia/OpenMathReasoning (split cot)         problem, expected_answer (+ solution)
+openmathreasoning-mini        unsloth/OpenMathReasoning-mini               problem, expected_answer (+ solution)
+arithmetic                    generated offline (:func:`arithmetic_dataset`)  problem, answer
+============================  ===========================================  ==========================
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SYSTEM_PROMPT = "Solve the problem. Put the final answer in \\boxed{}."
+
+
+def format_prompt(problem: str) -> list[dict[str, str]]:
+    """The conversational prompt every trainer and evaluator uses."""
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": problem}]
+
+
+def format_completion(answer: str, solution: str | None = None) -> str:
+    """A target completion for SFT: an optional solution, then ``\\boxed{answer}``."""
+    boxed = f"\\boxed{{{answer}}}"
+    return f"{solution.strip()}\n{boxed}" if solution else boxed
+
+
+# ---------------------------------------------------------------------------------------------
+# the offline task
+# ---------------------------------------------------------------------------------------------
+def arithmetic_problem(rng: random.Random, max_operand: int = 9, ops: str = "+") -> dict[str, str]:
+    """``"What is a + b?"`` with its exact answer; ``ops`` from ``+-*``."""
+    a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
+    op = rng.choice(ops)
+    value = {"+": a + b, "-": a - b, "*": a * b}[op]
+    return {"problem": f"What is {a} {op} {b}?", "answer": str(value)}
+
+
+def arithmetic_dataset(n: int = 512, seed: int = 0, max_operand: int = 9, ops: str = "+"):
+    """A ``datasets.Dataset`` of generated arithmetic problems with verifiable answers."""
+    from datasets import Dataset
+
+    rng = random.Random(seed)
+    rows = [arithmetic_problem(rng, max_operand, ops) for _ in range(n)]
+    return Dataset.from_list(rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# hub / local sources
+# ---------------------------------------------------------------------------------------------
+def _get(row: dict, dotted: str) -> Any:
+    cur: Any = row
+    for part in dotted.split("."):
+        if part.isdigit():
+            cur = cur[int(part)]
+        else:
+            cur = cur[part]
+    return cur
+
+
+_DAPO_HEAD = re.compile(r"^.*?Answer: \$Answer.*?\n\n", re.S)
+_DAPO_TAIL = re.compile(r"\n\nRemember to put your answer.*$", re.S)
+
+
+def _strip_dapo_instructions(text: str) -> str:
+    """DAPO-Math-17k wraps each problem in task instructions; keep the problem."""
+    return _DAPO_TAIL.sub("", _DAPO_HEAD.sub("", text)).strip()
+
+
+@dataclass(frozen=True)
+class Source:
+    hub_id: str | None
+    problem: str
+    answer: str
+    solution: str | None = None
+    configs: tuple[str | None, ...] = (None,)
+    split: str = "train"
+    clean_problem: Callable[[str], str] | None = None
+    deduplicate: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+SOURCES: dict[str, Source] = {
+    "dapo-math-17k": Source(
+        "BytedTsinghua-SIA/DAPO-Math-17k",
+        "prompt.0.content",
+        "reward_model.ground_truth",
+        clean_problem=_strip_dapo_instructions,
+        deduplicate=True,
+    ),
+    "dapo-math-17k-processed": Source("open-r1/DAPO-Math-17k-Processed", "prompt", "solution", configs=("en",)),
+    "aime24": Source("HuggingFaceH4/aime_2024", "problem", "answer"),
+    "aime25": Source("opencompass/AIME2025", "question", "answer", configs=("AIME2025-I", "AIME2025-II"), split="test"),
+    "amc23": Source("math-ai/amc23", "question", "answer", split="test"),
+    "openmathreasoning": Source(
+        "nvidia/OpenMathReasoning", "problem", "expected_answer", solution="generated_solution", split="cot"
+    ),
+    "openmathreasoning-mini": Source(
+        "unsloth/OpenMathReasoning-mini", "problem", "expected_answer", solution="generated_solution", split="cot"
+    ),
+}
+
+
+def _read_local(path: Path):
+    from datasets import load_dataset
+
+    suffix = path.suffix.lower()
+    kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(suffix)
+    if kind is None:
+        raise ValueError(f"dataset file {path} must be .jsonl, .json or .parquet, got {suffix!r}")
+    return load_dataset(kind, data_files=str(path), split="train")
+
+
+def map_rows(rows, source: Source, origin: str) -> list[dict[str, str]]:
+    """Map raw rows to ``{problem, answer[, solution]}``; a bad row raises naming origin, row and column."""
+    out, seen = [], set()
+    for i, row in enumerate(rows):
+        rec = {}
+        for key, col in (("problem", source.problem), ("answer", source.answer), ("solution", source.solution)):
+            if col is None:
+                continue
+            try:
+                value = _get(row, col)
+            except (KeyError, IndexError, TypeError):
+                raise ValueError(
+                    f"{origin}: row {i} has no column {col!r} (needed for {key}); columns: {sorted(row)}"
+                ) from None
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                value = str(value)
+            if not isinstance(value, str) or not value.strip():
+                raise ValueError(f"{origin}: row {i}, column {col!r} must be a non-empty string, got {value!r}")
+            rec[key] = value.strip()
+        if source.clean_problem:
+            rec["problem"] = source.clean_problem(rec["problem"])
+        if source.deduplicate:
+            key = (rec["problem"], rec["answer"])
+            if key in seen:
+                continue
+            seen.add(key)
+        out.append(rec)
+    return out
+
+
+def load_source(name: str, path: str | Path | None = None, limit: int | None = None, seed: int = 0):
+    """Load a named source (see the module table) from ``path`` if given, else from its hub id.
+
+    ``name="arithmetic"`` generates the offline task (``limit`` rows, default 512).
+    Returns a ``datasets.Dataset`` with columns problem, answer (and solution where the source has one).
+    """
+    from datasets import Dataset, load_dataset
+
+    if name == "arithmetic":
+        return arithmetic_dataset(limit or 512, seed=seed)
+    if name not in SOURCES:
+        raise ValueError(f"unknown dataset {name!r}; known: arithmetic, {', '.join(SOURCES)}")
+    src = SOURCES[name]
+    if path is not None:
+        p = Path(path)
+        if not p.exists():
+            raise ValueError(f"dataset file {p} does not exist (dataset {name!r})")
+        rows = map_rows(_read_local(p), src, str(p))
+    else:
+        rows = []
+        for cfg in src.configs:
+            raw = load_dataset(src.hub_id, cfg, split=src.split)
+            rows += map_rows(raw, src, f"{src.hub_id}[{cfg or 'default'}]")
+    if limit:
+        rows = rows[:limit]
+    return Dataset.from_list(rows)
+
+
+def to_grpo_dataset(ds):
+    """Add the conversational ``prompt`` column TRL's GRPOTrainer expects (``answer`` goes to the reward)."""
+    return ds.map(lambda r: {"prompt": format_prompt(r["problem"])})
+
+
+def to_sft_dataset(ds):
+    """Conversational prompt-completion pairs for TRL's SFTTrainer (loss on the completion only)."""
+
+    def fmt(r):
+        completion = format_completion(r["answer"], r.get("solution"))
+        return {"prompt": format_prompt(r["problem"]), "completion": [{"role": "assistant", "content": completion}]}
+
+    return ds.map(fmt, remove_columns=list(ds.column_names))

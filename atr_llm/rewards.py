@@ -1,0 +1,97 @@
+"""Binary correctness reward with math-verify: 1 if the completion's final answer equals the gold one.
+
+Gold answers are parsed as ``$gold$``; the completion's last ``\\boxed{}`` (or a plain expression) is
+extracted. math-verify enforces its timeouts with SIGALRM, which works only on the main thread: on the
+main thread we use them; elsewhere (a trainer's worker thread) the grading runs in a one-process pool
+whose worker grades on its own main thread, and a result that does not arrive in time is graded wrong.
+A reward call never raises: unparsable output, timeouts and errors score 0 and are counted.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+
+STATUSES = ("correct", "wrong", "unparsable", "timeout", "error")
+
+
+def completion_text(completion) -> str:
+    """TRL passes completions as strings or as a list of chat messages: return the assistant text."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
+        return str(completion[-1].get("content", ""))
+    return str(completion)
+
+
+def grade(completion: str, gold: str, timeout_seconds: int | None = 5) -> str:
+    """One of :data:`STATUSES`. Must run on the main thread when ``timeout_seconds`` is set."""
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+    from math_verify.errors import TimeoutException
+
+    try:
+        gold_parsed = parse(f"${gold}$", parsing_timeout=timeout_seconds)
+        pred = parse(
+            completion,
+            extraction_config=[LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()],
+            parsing_timeout=timeout_seconds,
+        )
+        if not pred:
+            return "unparsable"
+        return "correct" if verify(gold_parsed, pred, timeout_seconds=timeout_seconds) else "wrong"
+    except TimeoutException:
+        return "timeout"
+    except Exception:  # noqa: BLE001 - a reward must never crash training
+        return "error"
+
+
+def _grade_batch(pairs: list[tuple[str, str]], timeout_seconds: int | None) -> list[str]:
+    return [grade(c, g, timeout_seconds) for c, g in pairs]
+
+
+class CorrectnessReward:
+    """``reward(prompts, completions, answer, **kw) -> list[float]`` for TRL, with counters.
+
+    ``stats`` counts the statuses since the last :meth:`pop_stats` (the trainer logs them).
+    """
+
+    __name__ = "correctness"
+
+    def __init__(self, timeout_seconds: int = 5, pool_timeout: float = 60.0):
+        self.timeout_seconds = timeout_seconds
+        self.pool_timeout = pool_timeout
+        self.stats: Counter = Counter()
+        self._pool: ProcessPoolExecutor | None = None
+
+    def _grade_all(self, pairs: list[tuple[str, str]]) -> list[str]:
+        if threading.current_thread() is threading.main_thread():
+            return _grade_batch(pairs, self.timeout_seconds)
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(max_workers=1)
+        future = self._pool.submit(_grade_batch, pairs, self.timeout_seconds)
+        try:
+            return future.result(timeout=self.pool_timeout + self.timeout_seconds * len(pairs))
+        except FutureTimeout:
+            return ["timeout"] * len(pairs)
+        except Exception:  # noqa: BLE001
+            return ["error"] * len(pairs)
+
+    def __call__(self, prompts=None, completions=None, answer=None, **kwargs) -> list[float]:
+        completions = completions or []
+        answers = answer if answer is not None else kwargs.get("solution", [""] * len(completions))
+        pairs = [(completion_text(c), str(a)) for c, a in zip(completions, answers)]
+        try:
+            statuses = self._grade_all(pairs)
+        except Exception:  # noqa: BLE001
+            statuses = ["error"] * len(pairs)
+        self.stats.update(statuses)
+        return [1.0 if s == "correct" else 0.0 for s in statuses]
+
+    def pop_stats(self) -> dict[str, float]:
+        """Fractions of each status since the last call (empty dict if nothing was graded)."""
+        n = sum(self.stats.values())
+        out = {f"reward/{k}_frac": self.stats[k] / n for k in STATUSES} if n else {}
+        self.stats.clear()
+        return out

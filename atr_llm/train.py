@@ -1,0 +1,182 @@
+"""``python -m atr_llm.train``: formatting SFT, then GRPO with any clipping method of atr_theory.
+
+TRL conventions: dataclass arguments (``ScriptArguments``, :class:`~atr_llm.trainer.ATRGRPOConfig`,
+``trl.ModelConfig``), ``--config FILE.yaml`` for presets (``atr_llm/configs/``), any field overridable
+on the command line. Several GPUs: ``accelerate launch -m atr_llm.train --config ...``.
+
+    python -m atr_llm.train --config atr_llm/configs/cpu-tiny.yaml             # offline CPU demo
+    python -m atr_llm.train --config atr_llm/configs/cpu-tiny.yaml --max_steps 4 --output_dir runs/x
+    python -m atr_llm.train --config atr_llm/configs/qwen3-1.7b-atr.yaml       # the paper's run (GPU)
+    python -m atr_llm.train --config ... --resume_from_checkpoint runs/x/checkpoint-20
+
+Bad configurations (unknown method, delta <= 0, a missing dataset file, Unsloth without CUDA) fail
+before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class ScriptArguments:
+    """Data, model source and stages."""
+
+    dataset_name: str = field(
+        default="arithmetic", metadata={"help": "arithmetic, dapo-math-17k, dapo-math-17k-processed, ..."}
+    )
+    dataset_path: str | None = field(default=None, metadata={"help": "local jsonl/parquet with the source's columns"})
+    dataset_limit: int | None = field(default=None, metadata={"help": "use the first N rows (arithmetic: generate N)"})
+    tiny: bool = field(default=False, metadata={"help": "build the offline tiny Qwen3 + local tokenizer"})
+    backend: str = field(default="trl", metadata={"help": "'trl' or 'unsloth' (CUDA only)"})
+    sft_steps: int = field(default=0, metadata={"help": "formatting SFT steps before RL (0 = none)"})
+    sft_dataset_name: str | None = field(default=None, metadata={"help": "SFT data (default: dataset_name)"})
+    sft_dataset_path: str | None = field(default=None)
+    sft_learning_rate: float = field(default=3e-3)
+    sft_batch_size: int = field(default=32)
+    reward_timeout_seconds: int = field(default=5)
+
+
+def parse(argv=None):
+    from trl import ModelConfig, TrlParser
+
+    from .trainer import ATRGRPOConfig
+
+    parser = TrlParser((ScriptArguments, ATRGRPOConfig, ModelConfig))
+    return parser.parse_args_and_config(args=argv)
+
+
+def check_before_loading(script_args, training_args) -> None:
+    """Everything that can be checked without a model: method, its parameters, data files, backend."""
+    from .data import SOURCES
+    from .trainer import validate_method_config
+
+    validate_method_config(training_args)
+    for name, path in (
+        (script_args.dataset_name, script_args.dataset_path),
+        (script_args.sft_dataset_name, script_args.sft_dataset_path),
+    ):
+        if name is not None and name != "arithmetic" and name not in SOURCES:
+            raise ValueError(f"unknown dataset {name!r}; known: arithmetic, {', '.join(SOURCES)}")
+        if path is not None and not Path(path).exists():
+            raise ValueError(f"dataset file {path} does not exist: fix --dataset_path / --sft_dataset_path")
+    if script_args.backend not in ("trl", "unsloth"):
+        raise ValueError(f"backend must be 'trl' or 'unsloth', got {script_args.backend!r}")
+    if script_args.backend == "unsloth":
+        from .unsloth_backend import require_unsloth
+
+        require_unsloth()
+
+
+def load_model_and_tokenizer(script_args, model_args, training_args):
+    from .tiny import build_tiny_model, build_tiny_tokenizer
+
+    if script_args.tiny:
+        tok = build_tiny_tokenizer(seed=training_args.seed)
+        return build_tiny_model(tok, seed=training_args.seed), tok
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    name = model_args.model_name_or_path
+    if not name:
+        raise ValueError("set --model_name_or_path (a hub id such as Qwen/Qwen3-1.7B or a local folder) or --tiny")
+    tok = AutoTokenizer.from_pretrained(name, trust_remote_code=model_args.trust_remote_code)
+    if tok.pad_token is None or tok.pad_token_id == tok.eos_token_id:
+        tok.pad_token = "<|endoftext|>" if "<|endoftext|>" in tok.get_vocab() else tok.eos_token
+    dtype = model_args.dtype if getattr(model_args, "dtype", None) not in (None, "auto") else "auto"
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, trust_remote_code=model_args.trust_remote_code)
+    return model, tok
+
+
+def main(argv=None) -> dict:
+    from trl import get_peft_config
+
+    from .data import load_source, to_grpo_dataset
+    from .rewards import CorrectnessReward
+    from .trainer import ATRGRPOTrainer
+
+    script_args, training_args, model_args = parse(argv)
+    check_before_loading(script_args, training_args)
+    out = Path(training_args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    train_ds = load_source(
+        script_args.dataset_name, script_args.dataset_path, script_args.dataset_limit, seed=training_args.seed
+    )
+
+    if script_args.backend == "unsloth":
+        from .unsloth_backend import load_unsloth_model, unsloth_trainer_class
+
+        model, tok = load_unsloth_model(model_args, training_args)
+        trainer_cls = unsloth_trainer_class()
+    else:
+        model, tok = load_model_and_tokenizer(script_args, model_args, training_args)
+        trainer_cls = ATRGRPOTrainer
+    peft_config = get_peft_config(model_args)
+
+    resuming = training_args.resume_from_checkpoint is not None
+    if script_args.sft_steps > 0 and not resuming:
+        from .sft import run_sft
+
+        sft_ds = load_source(
+            script_args.sft_dataset_name or script_args.dataset_name,
+            script_args.sft_dataset_path,
+            script_args.dataset_limit,
+            seed=training_args.seed + 1,
+        )
+        model = run_sft(
+            model,
+            tok,
+            sft_ds,
+            out / "sft",
+            max_steps=script_args.sft_steps,
+            learning_rate=script_args.sft_learning_rate,
+            batch_size=script_args.sft_batch_size,
+            seed=training_args.seed,
+            peft_config=peft_config,
+        )
+        if peft_config is not None:  # RL trains a fresh adapter on top of the merged SFT weights
+            model = model.merge_and_unload()
+
+    reward = CorrectnessReward(timeout_seconds=script_args.reward_timeout_seconds)
+    trainer = trainer_cls(
+        model=model,
+        reward_funcs=[reward],
+        args=training_args,
+        train_dataset=to_grpo_dataset(train_ds),
+        processing_class=tok,
+        peft_config=peft_config,
+    )
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_model(str(out / "final"))
+    summary = summarise(trainer.state.log_history)
+    (out / "train_summary.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary, indent=1))
+    return summary
+
+
+def summarise(log_history: list[dict]) -> dict:
+    """Mean reward over the first and last quarter of logged steps, and the constraint's masked fraction."""
+    steps = [h for h in log_history if "reward" in h]
+    if not steps:
+        return {"logged_steps": 0}
+    q = max(1, len(steps) // 4)
+    mean = lambda rows, k: sum(r.get(k, 0.0) for r in rows) / len(rows)  # noqa: E731
+    return {
+        "logged_steps": len(steps),
+        "reward_first_quarter": mean(steps[:q], "reward"),
+        "reward_last_quarter": mean(steps[-q:], "reward"),
+        "frac_masked_mean": mean(steps, "clip/frac_masked"),
+        "ratio_max_mean": mean(steps, "clip/ratio_max"),
+        "entropy_last": steps[-1].get("entropy"),
+        "completion_length_last": steps[-1].get("completions/mean_length"),
+    }
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ValueError as e:  # a configuration error: say what to fix, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

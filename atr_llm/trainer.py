@@ -1,0 +1,240 @@
+"""``ATRGRPOTrainer``: TRL's GRPOTrainer with the loss delegated to :func:`atr_theory.policy_loss`.
+
+Only the loss changes. TRL still generates, scores, computes group advantages, old log-probs and (with
+vLLM) the importance-sampling ratio; the trainer hands per-token log-probs, old log-probs, advantages
+and the completion mask to ``atr_theory.policy_loss`` -- no clipping or ratio formula lives here.
+
+**Inert clipping.** TRL computes old log-probs only when ``gradient_accumulation_steps`` is *not* a
+multiple of ``steps_per_generation * num_iterations`` (or vLLM importance sampling is on). Otherwise it
+uses ``old = logp.detach()``: every ratio is exactly 1 and every clipping rule is a no-op. The trainer
+detects this at start-up and warns; our presets set ``num_iterations: 2`` so each generated batch is
+used for two optimizer passes and the second pass sees ``w != 1``.
+
+Methods that need full distributions (``tr_ppo``, ``truly_ppo``) recompute the completion logits
+(one extra forward per generation batch, and the (B, T, V) old log-probs are kept until the batch is
+used: costly, see benchmarks/loss_overhead.py).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+from trl import GRPOConfig, GRPOTrainer
+
+import atr_theory as at
+
+# TRL's loss_type -> our aggregation
+LOSS_TYPE_AGGREGATION = {
+    "dr_grpo": "dr_grpo",
+    "grpo": "seq_mean_token_mean",
+    "bnpo": "token_mean",
+    "dapo": "token_mean",
+}
+# method parameters that GRPOConfig already has (TRL's meaning for its own losses; ours here)
+_SHARED = ("epsilon", "epsilon_high", "delta")
+
+
+@dataclass
+class ATRGRPOConfig(GRPOConfig):
+    """GRPOConfig plus the clipping method and its parameters (None = the method's default).
+
+    ``delta`` is the divergence threshold of atr/kl1/kl2/is_kl3/trgppo/tr_ppo/truly_ppo/atr_seq (TRL's own
+    two-sided-clipping ``delta`` is not used: the loss is ours). ``epsilon`` / ``epsilon_high`` keep their
+    TRL meaning for clip-type methods.
+    """
+
+    method: str = field(default="atr", metadata={"help": f"clipping method: {', '.join(sorted(at.METHODS))}"})
+    form: str | None = field(
+        default=None, metadata={"help": "'min' (PPO) or 'mask' (paper Eq. 5); default: the method's"}
+    )
+    epsilon_low: float | None = field(default=None, metadata={"help": "lower clip range (clip_higher, dcpo, gspo)"})
+    dual_clip_c: float | None = field(default=None, metadata={"help": "dual-clip constant c > 1"})
+    tau_pos: float | None = field(default=None, metadata={"help": "SAPO temperature for A > 0"})
+    tau_neg: float | None = field(default=None, metadata={"help": "SAPO temperature for A <= 0"})
+    cov_ratio: float | None = field(default=None, metadata={"help": "Clip-Cov / KL-Cov token fraction"})
+    cov_lb: float | None = field(default=None, metadata={"help": "Clip-Cov covariance lower bound"})
+    cov_ub: float | None = field(default=None, metadata={"help": "Clip-Cov covariance upper bound"})
+    kl_coef: float | None = field(default=None, metadata={"help": "KL-Cov penalty coefficient"})
+    alpha: float | None = field(default=None, metadata={"help": "Truly-PPO rollback coefficient"})
+    kl_chunk_size: int = field(default=64, metadata={"help": "positions per chunk for full-distribution KLs"})
+    method_seed: int = field(default=0, metadata={"help": "seed of the generator of stochastic methods (clip_cov)"})
+
+
+def method_params(args) -> dict[str, float]:
+    """The registered parameters of ``args.method``, read from the config (None -> the method's default)."""
+    spec = at.get_method(args.method)
+    out = {}
+    for name in spec.params:
+        value = getattr(args, name, None)
+        if name == "epsilon" and spec.name == "gspo":
+            value = None
+        if value is not None:
+            out[name] = float(value)
+    return out
+
+
+def validate_method_config(args) -> None:
+    """Fail fast (before any model is loaded) on an unknown method, a bad form or a bad parameter."""
+    spec = at.get_method(args.method)
+    if args.form is not None and args.form not in spec.forms:
+        raise ValueError(f"form {args.form!r} is not available for method {spec.name!r}; available: {list(spec.forms)}")
+    if args.loss_type not in LOSS_TYPE_AGGREGATION:
+        raise ValueError(f"loss_type {args.loss_type!r} is not supported; use one of {list(LOSS_TYPE_AGGREGATION)}")
+    # a dry run of the loss on a dummy batch validates every parameter with policy_loss's own messages
+    lp = torch.full((1, 2), -1.0)
+    extra = {}
+    if spec.needs_full_distributions:
+        extra = dict(
+            old_full_logp=torch.log_softmax(torch.zeros(1, 2, 3), -1),
+            full_logp=torch.log_softmax(torch.zeros(1, 2, 3), -1),
+        )
+    at.policy_loss(
+        lp,
+        lp,
+        torch.ones(1),
+        torch.ones(1, 2, dtype=torch.bool),
+        method=spec.name,
+        form=args.form,
+        **method_params(args),
+        **extra,
+    )
+
+
+def clipping_is_inert(args) -> bool:
+    """True when TRL will not compute old log-probs, so ``w == 1`` and no clipping rule can act."""
+    generate_every = args.steps_per_generation * args.num_iterations
+    is_correction = bool(
+        getattr(args, "use_vllm", False) and getattr(args, "vllm_importance_sampling_correction", False)
+    )
+    return args.gradient_accumulation_steps % generate_every == 0 and not is_correction
+
+
+def inert_clipping_message(args) -> str:
+    return (
+        f"Clipping is inert with this configuration: gradient_accumulation_steps={args.gradient_accumulation_steps} is a "
+        f"multiple of steps_per_generation * num_iterations = {args.steps_per_generation} * {args.num_iterations}, so TRL "
+        "never computes old log-probs and uses the current ones instead: every likelihood ratio w is exactly 1 and "
+        f"method {args.method!r} behaves like plain policy gradient. To make clipping act, reuse each generated batch: "
+        "set num_iterations >= 2 (our presets use 2), or steps_per_generation > gradient_accumulation_steps."
+    )
+
+
+class ATRLossMixin:
+    """The overrides, as a mixin so they can sit on TRL's GRPOTrainer or on Unsloth's patched one."""
+
+    def __init__(self, *args, **kwargs):
+        config = kwargs.get("args")
+        if config is None or not isinstance(config, ATRGRPOConfig):
+            raise ValueError("ATRGRPOTrainer needs args=ATRGRPOConfig(...)")
+        validate_method_config(config)
+        super().__init__(*args, **kwargs)
+        self.method_spec = at.get_method(self.args.method)
+        self.method_kwargs = method_params(self.args)
+        self._method_generator = torch.Generator().manual_seed(self.args.method_seed)
+        if self.args.beta != 0.0 and self.args.use_bias_correction_kl:
+            warnings.warn("use_bias_correction_kl is ignored by ATRGRPOTrainer", stacklevel=2)
+        self.clipping_inert = clipping_is_inert(self.args)
+        if self.clipping_inert:
+            warnings.warn(inert_clipping_message(self.args), stacklevel=2)
+
+    # ---- full distributions (tr_ppo, truly_ppo) -------------------------------------------------
+    def _completion_full_logps(self, model, input_ids, attention_mask, logits_to_keep):
+        """(B, T, V) log-softmax of the completion positions, temperature-scaled as TRL does."""
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+        logits = logits[:, -logits_to_keep - 1 : -1, :] / self.temperature
+        return torch.log_softmax(logits.float(), dim=-1)
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        if self.method_spec.needs_full_distributions and output.get("old_per_token_logps") is not None:
+            ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+            mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+            with torch.no_grad():
+                output["old_full_logps"] = self._completion_full_logps(
+                    self.model, ids, mask, output["completion_ids"].size(1)
+                )
+        return output
+
+    # ---- the loss -------------------------------------------------------------------------------
+    def _compute_loss(self, model, inputs):
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        logits_to_keep = completion_ids.size(1)
+        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+
+        full_kw = {}
+        if self.method_spec.needs_full_distributions:
+            full = self._completion_full_logps(model, input_ids, attention_mask, logits_to_keep)
+            per_token_logps = full.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+            entropies = -(full.exp() * full).sum(-1).detach()
+            old_full = inputs.get("old_full_logps")
+            full_kw = dict(
+                full_logp=full,
+                old_full_logp=full.detach() if old_full is None else old_full,
+                kl_chunk_size=self.args.kl_chunk_size,
+            )
+        else:
+            res = self._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, compute_entropy=True
+            )
+            per_token_logps, entropies = res[0], res[1]  # TRL returns 2 or 3 values depending on its version
+        old_per_token_logps = inputs.get("old_per_token_logps")
+        if old_per_token_logps is None:
+            old_per_token_logps = per_token_logps.detach()
+
+        token_weights = None
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            token_weights = inputs["importance_sampling_ratio"].expand_as(per_token_logps)
+
+        aggregation = LOSS_TYPE_AGGREGATION[self.loss_type]
+        out = at.policy_loss(
+            per_token_logps,
+            old_per_token_logps,
+            inputs["advantages"],
+            mask.bool(),
+            method=self.method_spec.name,
+            form=self.args.form,
+            aggregation=aggregation,
+            max_length=self.max_completion_length,
+            generator=self._method_generator,
+            token_weights=token_weights,
+            **full_kw,
+            **self.method_kwargs,
+        )
+        loss = out.loss
+        if self.beta != 0.0:  # TRL's k3 penalty towards the reference model, aggregated the same way
+            ref = inputs["ref_per_token_logps"]
+            per_token_kl = torch.exp(ref - per_token_logps) - (ref - per_token_logps) - 1
+            loss = loss + self.beta * at.aggregate(per_token_kl, mask.bool(), aggregation, self.max_completion_length)
+
+        mode = "train" if self.model.training else "eval"
+        if self.loss_type == "dapo":  # TRL: token sum over the whole generation batch's token count
+            normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+            if mode == "train":
+                normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+            loss = loss * mask.sum().clamp(min=1.0) / normalizer
+        elif mode == "train":
+            loss = loss / self.current_gradient_accumulation_steps
+
+        metrics = self._metrics[mode]
+        n_tok = mask.sum().clamp(min=1.0)
+        metrics["entropy"].append(self.accelerator.gather((entropies * mask).sum() / n_tok).nanmean().item())
+        for key, value in out.metrics.items():
+            if key != "n_tokens" and math.isfinite(value):
+                metrics[f"clip/{key}"].append(value)
+        return loss
+
+    def log(self, logs: dict[str, float], *args, **kwargs) -> None:
+        for func in getattr(self, "reward_funcs", []):
+            if hasattr(func, "pop_stats"):
+                logs.update(func.pop_stats())
+        super().log(logs, *args, **kwargs)
+
+
+class ATRGRPOTrainer(ATRLossMixin, GRPOTrainer):
+    """GRPOTrainer whose loss is ``atr_theory.policy_loss(method=args.method, ...)``."""

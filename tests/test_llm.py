@@ -1,0 +1,302 @@
+"""atr_llm on the offline tiny Qwen3: TRL as the oracle, every method, resume, bad configs, data, rewards."""
+
+import json
+import threading
+import warnings
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+trl = pytest.importorskip("trl")
+pytest.importorskip("math_verify")
+
+import atr_theory as at  # noqa: E402
+from atr_llm import data, rewards, tiny, train  # noqa: E402
+from atr_llm.trainer import (  # noqa: E402
+    ATRGRPOConfig,
+    ATRGRPOTrainer,
+    clipping_is_inert,
+    method_params,
+    validate_method_config,
+)
+
+CONFIGS = Path(__file__).resolve().parents[1] / "atr_llm" / "configs"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny.build_tiny_tokenizer()
+
+
+def _common(tmp_path, **kw):
+    base = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=8,
+        use_cpu=True,
+        report_to="none",
+        loss_type="dr_grpo",
+        beta=0.0,
+        num_iterations=2,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        learning_rate=1e-3,
+    )
+    base.update(kw)
+    return base
+
+
+def _batch(tok, B=8, P=6, T=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "prompt_ids": torch.randint(5, len(tok), (B, P), generator=g),
+        "prompt_mask": torch.ones(B, P, dtype=torch.long),
+        "completion_ids": torch.randint(5, len(tok), (B, T), generator=g),
+        "completion_mask": (torch.rand(B, T, generator=g) > 0.2).long(),
+        "advantages": torch.randn(B, generator=g),
+        "num_items_in_batch": torch.tensor(40.0),
+    }
+
+
+def _loss_and_grads(trainer, model, inputs):
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    loss = trainer._compute_loss(model, inputs)
+    params = [p for p in model.parameters() if p.requires_grad]
+    return loss, torch.autograd.grad(loss, params, allow_unused=True)
+
+
+@pytest.mark.parametrize(
+    "ours,theirs",
+    [
+        ({"method": "clip", "epsilon": 0.2}, {"epsilon": 0.2}),
+        ({"method": "clip_higher", "epsilon_low": 0.2, "epsilon_high": 0.28}, {"epsilon": 0.2, "epsilon_high": 0.28}),
+        ({"method": "clip", "epsilon": 0.2, "loss_type": "grpo"}, {"epsilon": 0.2, "loss_type": "grpo"}),
+        ({"method": "clip", "epsilon": 0.2, "loss_type": "bnpo"}, {"epsilon": 0.2, "loss_type": "bnpo"}),
+    ],
+)
+def test_loss_equals_trls_own_loss_on_the_same_batch(tmp_path, tok, ours, theirs):
+    """TRL as the oracle: same model, same batch (with old log-probs != new ones), same loss and gradient."""
+    model = tiny.build_tiny_model(tok)
+    ds = data.to_grpo_dataset(data.arithmetic_dataset(16))
+    reward = rewards.CorrectnessReward()
+    ours_cfg = ATRGRPOConfig(
+        **_common(tmp_path, **{k: v for k, v in ours.items() if k == "loss_type"}),
+        **{k: v for k, v in ours.items() if k != "loss_type"},
+    )
+    theirs_cfg = trl.GRPOConfig(**_common(tmp_path, **theirs))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a = ATRGRPOTrainer(model=model, reward_funcs=[reward], args=ours_cfg, train_dataset=ds, processing_class=tok)
+        b = trl.GRPOTrainer(model=model, reward_funcs=[reward], args=theirs_cfg, train_dataset=ds, processing_class=tok)
+    inputs = _batch(tok)
+    with torch.no_grad():
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+        msk = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+        lp = a._get_per_token_logps_and_entropies(model, ids, msk, 8)[0]
+    inputs["old_per_token_logps"] = lp + 0.4 * torch.randn(lp.shape, generator=torch.Generator().manual_seed(1))
+    la, ga = _loss_and_grads(a, model, inputs)
+    lb, gb = _loss_and_grads(b, model, inputs)
+    assert la.item() == pytest.approx(lb.item(), rel=1e-6, abs=1e-9)
+    for x, y in zip(ga, gb):
+        if x is not None:
+            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-8)
+    # and the ratios really were away from 1, so clipping acted on some tokens
+    assert a._metrics["train"]["clip/frac_masked"][-1] > 0
+
+
+@pytest.mark.parametrize("method", sorted(m for m in at.METHODS if m != "kl3"))
+def test_every_method_trains_a_few_steps_on_the_tiny_model(tmp_path, tok, method):
+    model = tiny.build_tiny_model(tok)
+    ds = data.to_grpo_dataset(data.arithmetic_dataset(32))
+    cfg = ATRGRPOConfig(method=method, **_common(tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = ATRGRPOTrainer(
+            model=model, reward_funcs=[rewards.CorrectnessReward()], args=cfg, train_dataset=ds, processing_class=tok
+        )
+        trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert logs and all(torch.isfinite(torch.tensor(h["loss"])) for h in logs)
+    assert "clip/frac_kept" in logs[-1] and "entropy" in logs[-1]
+    assert not trainer.clipping_inert
+
+
+def test_inert_clipping_is_detected(tmp_path):
+    inert = ATRGRPOConfig(
+        **_common(tmp_path, num_iterations=1, gradient_accumulation_steps=4, per_device_train_batch_size=4)
+    )
+    assert clipping_is_inert(inert)
+    active = ATRGRPOConfig(
+        **_common(tmp_path, num_iterations=2, gradient_accumulation_steps=4, per_device_train_batch_size=4)
+    )
+    assert not clipping_is_inert(active)
+
+
+def test_inert_clipping_warns_in_words_a_user_understands(tmp_path, tok):
+    cfg = ATRGRPOConfig(**_common(tmp_path, num_iterations=1))
+    with pytest.warns(
+        UserWarning, match="Clipping is inert.*every likelihood ratio w is exactly 1.*num_iterations >= 2"
+    ):
+        ATRGRPOTrainer(
+            model=tiny.build_tiny_model(tok),
+            reward_funcs=[rewards.CorrectnessReward()],
+            args=cfg,
+            train_dataset=data.to_grpo_dataset(data.arithmetic_dataset(8)),
+            processing_class=tok,
+        )
+
+
+def test_every_preset_parses_validates_and_has_active_clipping():
+    files = sorted(CONFIGS.glob("*.yaml"))
+    assert len(files) >= 2 * 7 + 1
+    for f in files:
+        cpu = ["--bf16", "false", "--use_cpu", "true"]  # the GPU presets ask for bf16; parse them on this CPU
+        script_args, training_args, model_args = train.parse(["--config", str(f), "--output_dir", "/tmp/unused", *cpu])
+        validate_method_config(training_args)
+        assert not clipping_is_inert(training_args), f
+        if f.name.startswith("qwen3"):
+            assert model_args.lora_r == 32 and model_args.lora_alpha == 64 and training_args.learning_rate == 5e-6
+    _, a, _ = train.parse(
+        [
+            "--config",
+            str(CONFIGS / "qwen3-1.7b-atr.yaml"),
+            "--output_dir",
+            "/tmp/unused",
+            "--bf16",
+            "false",
+            "--use_cpu",
+            "true",
+        ]
+    )
+    assert a.method == "atr" and method_params(a) == {"delta": 0.07}
+
+
+@pytest.mark.parametrize(
+    "extra,match",
+    [
+        (["--method", "nope"], "unknown method 'nope'"),
+        (["--method", "atr", "--delta", "0"], "delta must be a finite number > 0"),
+        (["--method", "atr", "--delta", "-0.1"], "delta must be a finite number > 0"),
+        (["--dataset_name", "dapo-math-17k", "--dataset_path", "/nonexistent/file.parquet"], "does not exist"),
+        (["--method", "sapo", "--form", "mask"], "form 'mask' is not available"),
+        (["--backend", "unsloth"], "CUDA|unsloth"),
+    ],
+)
+def test_bad_configs_fail_before_any_model_is_loaded(tmp_path, monkeypatch, extra, match):
+    def boom(*a, **k):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(train, "load_model_and_tokenizer", boom)
+    monkeypatch.setattr(tiny, "build_tiny_model", boom)
+    argv = ["--config", str(CONFIGS / "cpu-tiny.yaml"), "--output_dir", str(tmp_path), *extra]
+    with pytest.raises(ValueError, match=match):
+        train.main(argv)
+
+
+def test_cli_runs_and_resume_continues_where_it_stopped(tmp_path):
+    out = tmp_path / "run"
+    base = [
+        "--config",
+        str(CONFIGS / "cpu-tiny.yaml"),
+        "--output_dir",
+        str(out),
+        "--sft_steps",
+        "5",
+        "--dataset_limit",
+        "64",
+        "--save_steps",
+        "2",
+        "--logging_steps",
+        "1",
+    ]
+    train.main(base + ["--max_steps", "4"])
+    ckpt = out / "checkpoint-4"
+    assert ckpt.exists() and (out / "train_summary.json").exists()
+    train.main(base + ["--max_steps", "6", "--resume_from_checkpoint", str(ckpt)])
+    state = json.loads((out / "checkpoint-6" / "trainer_state.json").read_text())
+    steps = [h["step"] for h in state["log_history"] if "loss" in h]
+    assert state["global_step"] == 6
+    assert steps == [1, 2, 3, 4, 5, 6]  # steps 1-4 come from the checkpoint, 5-6 were trained after resuming
+
+
+# ------------------------------------------------------------------ data and rewards
+def test_arithmetic_answers_are_correct():
+    for row in data.arithmetic_dataset(50, ops="+-*"):
+        a, op, b = row["problem"][len("What is ") : -1].split()
+        assert str(eval(f"{a}{op}{b}")) == row["answer"]  # noqa: S307 - our own generated digits
+
+
+def test_dapo_rows_are_stripped_and_deduplicated(tmp_path):
+    text = (
+        "Solve the following math problem step by step. The last line of your response should be of the form "
+        "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\nWhat is $1+1$?\n\n"
+        'Remember to put your answer on its own line after "Answer:".'
+    )
+    row = {"prompt": [{"role": "user", "content": text}], "reward_model": {"ground_truth": "2", "style": "rule"}}
+    f = tmp_path / "dapo.jsonl"
+    f.write_text("\n".join(json.dumps(row) for _ in range(100)) + "\n")
+    ds = data.load_source("dapo-math-17k", f)
+    assert len(ds) == 1 and ds[0]["problem"] == "What is $1+1$?" and ds[0]["answer"] == "2"
+
+
+def test_local_benchmark_files_map_to_one_schema(tmp_path):
+    f = tmp_path / "aime25.jsonl"
+    f.write_text(json.dumps({"question": "Find x.", "answer": 70}) + "\n")
+    ds = data.load_source("aime25", f)
+    assert ds[0] == {"problem": "Find x.", "answer": "70"}
+    prompt = data.to_grpo_dataset(ds)[0]["prompt"]
+    assert prompt[0]["role"] == "system" and "\\boxed{}" in prompt[0]["content"]
+
+
+def test_a_malformed_row_names_the_file_the_row_and_the_column(tmp_path):
+    f = tmp_path / "amc.jsonl"
+    f.write_text(
+        json.dumps({"question": "ok", "answer": "1"}) + "\n" + json.dumps({"question": "", "answer": "2"}) + "\n"
+    )
+    with pytest.raises(ValueError, match=r"amc.jsonl: row 1, column 'question' must be a non-empty string"):
+        data.load_source("amc23", f)
+    g = tmp_path / "amc2.jsonl"
+    g.write_text(json.dumps({"problem": "x", "answer": "1"}) + "\n")
+    with pytest.raises(ValueError, match=r"amc2.jsonl: row 0 has no column 'question'"):
+        data.load_source("amc23", g)
+
+
+def test_reward_grades_and_counts_and_never_raises():
+    r = rewards.CorrectnessReward()
+    out = r(
+        completions=[
+            "so \\boxed{12}",
+            "\\boxed{13}",
+            "no answer here",
+            None,
+            [{"role": "assistant", "content": "\\boxed{12}"}],
+        ],
+        answer=["12", "12", "12", "12", "12"],
+    )
+    assert out == [1.0, 0.0, 0.0, 0.0, 1.0]
+    stats = r.pop_stats()
+    assert stats["reward/correct_frac"] == pytest.approx(0.4) and stats["reward/unparsable_frac"] > 0
+    # off the main thread math-verify's signal timeouts cannot work: grading goes through a process
+    result = {}
+    t = threading.Thread(
+        target=lambda: result.update(v=r(completions=["\\boxed{1/2}", "\\boxed{0.5}"], answer=["\\frac{1}{2}", "1/2"]))
+    )
+    t.start()
+    t.join(60)
+    assert result["v"] == [1.0, 1.0]
+
+
+def test_tiny_tokenizer_and_model_are_wired_for_generation(tok):
+    assert tok.pad_token_id != tok.eos_token_id
+    text = tok.apply_chat_template(data.format_prompt("What is 1 + 2?"), tokenize=False, add_generation_prompt=True)
+    assert text.endswith("<|im_start|>assistant\n")
+    assert tok.decode(tok("\\boxed{3}")["input_ids"]) == "\\boxed{3}"
+    model = tiny.build_tiny_model(tok)
+    assert model.generation_config.eos_token_id == tok.eos_token_id
+    ids = tok(text, return_tensors="pt")
+    out = model.generate(**ids, max_new_tokens=5, do_sample=False)
+    assert out.shape[1] <= ids["input_ids"].shape[1] + 5
