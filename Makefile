@@ -1,12 +1,13 @@
 # One install command, one test command (see README).
 PY ?= python3
 PIP = $(PY) -m pip
+PINS_VENV ?= .venv-pins
 
-.PHONY: install demo test lint figures bench
+.PHONY: install demo test test-pins lint figures bench
 
 install:
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e ".[dev]"
+	$(PIP) install --quiet -e ".[dev,llm]"
 
 # the main job: check every theorem of the paper and write figures/theorem_report.{md,json}
 demo: install
@@ -16,8 +17,18 @@ test: install
 	$(PY) -m ruff check .
 	$(PY) -m pytest atr_theory tests
 
+# the trainer tests again, with the trl/transformers/datasets versions unsloth pins (ci/unsloth-pins.txt)
+test-pins:
+	$(PY) -m venv $(PINS_VENV)
+	$(PINS_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(PINS_VENV)/bin/python -m pip install --quiet -e ".[dev,llm]" -c ci/unsloth-pins.txt
+	$(PINS_VENV)/bin/python -c "import trl, transformers, datasets; print('pinned:', trl.__version__, transformers.__version__, datasets.__version__)"
+	$(PINS_VENV)/bin/python -m pytest tests/test_llm.py tests/test_loss.py -q -p no:cacheprovider
+
 figures: install
-	for s in sims/*.py; do $(PY) $$s || exit 1; done
+	for s in sims/*.py; do case $$s in */_common.py) ;; *) $(PY) $$s || exit 1;; esac; done
 
 bench: install
 	$(PY) benchmarks/loss_overhead.py
+	$(PY) benchmarks/bandit_throughput.py
+	$(PY) benchmarks/trainer_step.py

@@ -26,8 +26,8 @@ def completion_text(completion) -> str:
     return str(completion)
 
 
-def grade(completion: str, gold: str, timeout_seconds: int | None = 5) -> str:
-    """One of :data:`STATUSES`. Must run on the main thread when ``timeout_seconds`` is set."""
+def grade_with_answer(completion: str, gold: str, timeout_seconds: int | None = 5) -> tuple[str, str | None]:
+    """``(status, extracted answer)``; status is one of :data:`STATUSES`. Main thread only when timeouts are set."""
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
     from math_verify.errors import TimeoutException
 
@@ -39,12 +39,19 @@ def grade(completion: str, gold: str, timeout_seconds: int | None = 5) -> str:
             parsing_timeout=timeout_seconds,
         )
         if not pred:
-            return "unparsable"
-        return "correct" if verify(gold_parsed, pred, timeout_seconds=timeout_seconds) else "wrong"
+            return "unparsable", None
+        extracted = str(pred[-1])
+        ok = verify(gold_parsed, pred, timeout_seconds=timeout_seconds)
+        return ("correct" if ok else "wrong"), extracted
     except TimeoutException:
-        return "timeout"
+        return "timeout", None
     except Exception:  # noqa: BLE001 - a reward must never crash training
-        return "error"
+        return "error", None
+
+
+def grade(completion: str, gold: str, timeout_seconds: int | None = 5) -> str:
+    """One of :data:`STATUSES`. Must run on the main thread when ``timeout_seconds`` is set."""
+    return grade_with_answer(completion, gold, timeout_seconds)[0]
 
 
 def _grade_batch(pairs: list[tuple[str, str]], timeout_seconds: int | None) -> list[str]:

@@ -27,6 +27,22 @@ def run_sft(
     from trl import SFTConfig, SFTTrainer
 
     from .data import to_sft_dataset
+    from .trainer import trl_logps_kernel_available
+
+    if not trl_logps_kernel_available() and peft_config is None:
+        model = plain_sft(
+            model,
+            tokenizer,
+            dataset,
+            max_steps=max_steps,
+            learning_rate=learning_rate,
+            batch_size=batch_size,
+            seed=seed,
+        )
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(str(output_dir))
+        tokenizer.save_pretrained(str(output_dir))
+        return model
 
     args = SFTConfig(
         output_dir=str(output_dir),
@@ -55,6 +71,48 @@ def run_sft(
     trainer.save_model(str(output_dir))
     tokenizer.save_pretrained(str(output_dir))
     return trainer.model
+
+
+def plain_sft(model, tokenizer, dataset, *, max_steps: int, learning_rate: float, batch_size: int, seed: int = 0):
+    """The same completion-only SFT as a plain torch loop (AdamW, warm-up + cosine), for TRL releases whose
+    SFTTrainer needs Triton and cannot run on a CPU-only install (TRL <= 1.15)."""
+    import math
+    import random
+
+    import torch
+
+    from .data import format_completion, format_prompt
+
+    rng = random.Random(seed)
+    rows = list(dataset)
+    examples = []
+    for r in rows:
+        prompt = tokenizer.apply_chat_template(format_prompt(r["problem"]), tokenize=False, add_generation_prompt=True)
+        p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        c_ids = tokenizer(
+            format_completion(r["answer"], r.get("solution")) + tokenizer.eos_token, add_special_tokens=False
+        )["input_ids"]
+        examples.append((p_ids + c_ids, [-100] * len(p_ids) + c_ids))
+    opt = torch.optim.AdamW(model.parameters(), lr=learning_rate)
+    warm = max(1, max_steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt,
+        lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, max_steps - warm))),
+    )
+    model.train()
+    pad = tokenizer.pad_token_id
+    for _ in range(max_steps):
+        batch = [examples[rng.randrange(len(examples))] for _ in range(batch_size)]
+        L = max(len(x) for x, _ in batch)
+        ids = torch.tensor([x + [pad] * (L - len(x)) for x, _ in batch])
+        labels = torch.tensor([y + [-100] * (L - len(y)) for _, y in batch])
+        att = (torch.arange(L)[None, :] < torch.tensor([len(x) for x, _ in batch])[:, None]).long()
+        loss = model(input_ids=ids, attention_mask=att, labels=labels).loss
+        loss.backward()
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+    return model
 
 
 def _cuda() -> bool:

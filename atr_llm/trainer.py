@@ -122,8 +122,62 @@ def inert_clipping_message(args) -> str:
     )
 
 
+def trl_logps_kernel_available() -> bool:
+    """False for TRL releases (<= 1.15) whose per-token log-prob path needs Triton, absent on CPU-only installs."""
+    try:
+        import trl.trainer.utils as trl_utils
+    except ImportError:  # pragma: no cover
+        return False
+    return getattr(trl_utils, "_ChunkedLogProbFunction", True) is not None
+
+
+def plain_logps_and_entropies(
+    model, input_ids, attention_mask, logits_to_keep, temperature=1.0, batch_size=None, compute_entropy=False
+):
+    """Per-token log-probs (and entropies) of the last ``logits_to_keep`` tokens from a plain forward:
+    ``log_softmax(logits / temperature)`` gathered at the next token. Batched by ``batch_size`` rows."""
+    batch_size = batch_size or input_ids.size(0)
+    logps, ents = [], []
+    for start in range(0, input_ids.size(0), batch_size):
+        ids = input_ids[start : start + batch_size]
+        logits = model(input_ids=ids, attention_mask=attention_mask[start : start + batch_size]).logits
+        lsm = torch.log_softmax(logits[:, -logits_to_keep - 1 : -1, :].float() / temperature, dim=-1)
+        logps.append(lsm.gather(-1, ids[:, -logits_to_keep:].unsqueeze(-1)).squeeze(-1))
+        if compute_entropy:
+            ents.append(-(lsm.exp() * lsm).sum(-1))
+    return torch.cat(logps), (torch.cat(ents) if compute_entropy else None)
+
+
 class ATRLossMixin:
     """The overrides, as a mixin so they can sit on TRL's GRPOTrainer or on Unsloth's patched one."""
+
+    def _get_per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        **kwargs,
+    ):
+        """TRL's fused path where it works; a plain forward where TRL's needs Triton and has none (CPU, TRL <= 1.15)."""
+        if trl_logps_kernel_available():
+            return super()._get_per_token_logps_and_entropies(
+                model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size=batch_size,
+                compute_entropy=compute_entropy,
+                compute_aux_loss=compute_aux_loss,
+                **kwargs,
+            )
+        logps, ents = plain_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, self.temperature, batch_size, compute_entropy
+        )
+        return logps, ents, None
 
     def __init__(self, *args, **kwargs):
         config = kwargs.get("args")

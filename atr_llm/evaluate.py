@@ -1,0 +1,476 @@
+"""Mean@K and Pass@K on AMC 2023, AIME 2024 and AIME 2025, in the paper's Table 2 layout.
+
+    python -m atr_llm.evaluate --model Qwen/Qwen3-1.7B --adapter runs/qwen3-1.7b-atr/final \\
+        --benchmarks amc23,aime24,aime25 --n 8 --temperature 0.3 --top_p 0.95 --max_tokens 32768
+    python -m atr_llm.evaluate --checkpoints runs/qwen3-1.7b-atr --every 1 --model Qwen/Qwen3-1.7B ...
+    python -m atr_llm.evaluate --tiny-model runs/cpu-tiny/final --benchmarks arith \\
+        --benchmark_path arith=atr_llm/data/arithmetic_bench.jsonl --n 8 --max_tokens 12   # offline
+
+Generation: vLLM when it is installed and a GPU is present, else transformers' ``generate`` in batches.
+Grading: math-verify in a process pool (its timeouts need a main thread; each worker grades on its own);
+a completion without a parsable answer, or whose grading times out, is graded wrong (and counted).
+Every sample goes to ``samples.jsonl`` (benchmark, problem id, sample index, completion, extracted
+answer, correct, status); a rerun skips the samples already written, so an interrupted run resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import re
+import sys
+from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+PAPER_BENCHMARKS = {"amc23": "AMC2023", "aime24": "AIME2024", "aime25": "AIME2025"}
+
+
+# ---------------------------------------------------------------------------------------------
+# metrics
+# ---------------------------------------------------------------------------------------------
+def _check_nck(n: int, c: int, k: int) -> None:
+    if not (isinstance(n, int) and isinstance(c, int) and isinstance(k, int)):
+        raise ValueError(f"n, c, k must be integers, got n={n!r}, c={c!r}, k={k!r}")
+    if n < 1 or not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"need n >= 1, 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    r"""Unbiased Pass@k from ``n`` samples of which ``c`` are correct (Chen et al. 2021, Eq. 1):
+    ``1 - C(n - c, k) / C(n, k)``, computed as ``1 - prod_{i = n-c+1}^{n} (1 - k / i)`` -- no large
+    binomials, stable for any n.
+
+    >>> pass_at_k(8, 1, 8), round(pass_at_k(10, 3, 2), 6)
+    (1.0, 0.533333)
+    """
+    _check_nck(n, c, k)
+    if n - c < k:
+        return 1.0
+    log_fail = sum(math.log1p(-k / i) for i in range(n - c + 1, n + 1))
+    return float(-math.expm1(log_fail))
+
+
+def mean_at_k(n: int, c: int, k: int) -> float:
+    r"""Mean@k: the expected accuracy of k samples drawn without replacement from the n generated,
+    ``c / n`` (unbiased; with n = k it is the plain average over the k samples, the paper's Mean@8)."""
+    _check_nck(n, c, k)
+    return c / n
+
+
+# ---------------------------------------------------------------------------------------------
+# generation
+# ---------------------------------------------------------------------------------------------
+def _vllm_available() -> bool:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return False
+        import vllm  # noqa: F401
+
+        return True
+    except ImportError:
+        return False
+
+
+class HFGenerator:
+    """transformers ``generate`` in batches (CPU or GPU), chat template applied."""
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        temperature: float,
+        top_p: float,
+        max_tokens: int,
+        batch_size: int = 16,
+        seed: int = 0,
+    ):
+        import torch
+
+        self.model, self.tok = model.eval(), tokenizer
+        self.kw = dict(
+            do_sample=temperature > 0,
+            temperature=temperature if temperature > 0 else None,
+            top_p=top_p,
+            max_new_tokens=max_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+        self.batch_size = batch_size
+        self.torch = torch
+        torch.manual_seed(seed)
+
+    def __call__(self, prompts: list[list[dict]]) -> list[str]:
+        torch = self.torch
+        texts = [self.tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+        out = []
+        self.tok.padding_side = "left"
+        for i in range(0, len(texts), self.batch_size):
+            enc = self.tok(texts[i : i + self.batch_size], return_tensors="pt", padding=True).to(self.model.device)
+            with torch.no_grad():
+                gen = self.model.generate(**enc, **self.kw)
+            out += self.tok.batch_decode(gen[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+        return out
+
+
+class VLLMGenerator:  # pragma: no cover - needs a GPU
+    def __init__(
+        self, model_path: str, adapter: str | None, *, temperature: float, top_p: float, max_tokens: int, seed: int = 0
+    ):
+        from vllm import LLM, SamplingParams
+
+        self.llm = LLM(model=model_path, enable_lora=adapter is not None, seed=seed)
+        self.params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens)
+        self.lora = None
+        if adapter:
+            from vllm.lora.request import LoRARequest
+
+            self.lora = LoRARequest("adapter", 1, adapter)
+
+    def __call__(self, prompts: list[list[dict]]) -> list[str]:
+        outs = self.llm.chat(prompts, self.params, lora_request=self.lora, use_tqdm=False)
+        return [o.outputs[0].text for o in outs]
+
+
+# ---------------------------------------------------------------------------------------------
+# grading in a process pool
+# ---------------------------------------------------------------------------------------------
+def _grade_one(args):
+    from atr_llm.rewards import grade_with_answer
+
+    completion, gold, timeout = args
+    return grade_with_answer(completion, gold, timeout)
+
+
+def grade_many(
+    pairs: list[tuple[str, str]],
+    timeout_seconds: int = 5,
+    workers: int = 2,
+    *,
+    grader=_grade_one,
+    future_timeout: float | None = None,
+) -> list[tuple[str, str | None]]:
+    """Grade (completion, gold) pairs in worker processes; a grade that does not return within
+    ``future_timeout`` (default ``10 * timeout_seconds + 30`` s) counts as ``timeout``."""
+    if not pairs:
+        return []
+    results = []
+    wait = 10 * timeout_seconds + 30 if future_timeout is None else future_timeout
+    pool = ProcessPoolExecutor(max_workers=workers)
+    try:
+        futures = [pool.submit(grader, (c, g, timeout_seconds)) for c, g in pairs]
+        for f in futures:
+            try:
+                results.append(f.result(timeout=wait))
+            except FutureTimeout:
+                results.append(("timeout", None))
+            except Exception:  # noqa: BLE001
+                results.append(("error", None))
+    finally:
+        for p in list(getattr(pool, "_processes", {}).values()):  # a stuck grader must not hang the run
+            p.kill()
+        pool.shutdown(wait=False, cancel_futures=True)
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# the evaluation loop (resumable)
+# ---------------------------------------------------------------------------------------------
+def load_benchmark(name: str, path: str | None):
+    from atr_llm.data import load_source
+
+    source = name if name in ("amc23", "aime24", "aime25") else "amc23"  # a local file with amc23's columns
+    if path is None and name not in PAPER_BENCHMARKS:
+        raise ValueError(
+            f"benchmark {name!r} needs a local file: --benchmark_path {name}=FILE (columns question, answer)"
+        )
+    return load_source(source, path)
+
+
+def read_samples(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut by an interruption: regenerate it
+                continue
+    return rows
+
+
+def evaluate_benchmarks(
+    generate,
+    benchmarks: dict,
+    out_dir: Path,
+    *,
+    n: int,
+    timeout_seconds: int = 5,
+    chunk_problems: int = 8,
+    workers: int = 2,
+) -> list[dict]:
+    """Generate ``n`` samples per problem (skipping the ones in ``samples.jsonl``), grade, append."""
+    from atr_llm.data import format_prompt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "samples.jsonl"
+    done = {(r["benchmark"], r["problem_id"], r["sample_index"]) for r in read_samples(path)}
+    todo = []
+    for bench, ds in benchmarks.items():
+        for pid, row in enumerate(ds):
+            for s in range(n):
+                if (bench, pid, s) not in done:
+                    todo.append((bench, pid, s, row["problem"], row["answer"]))
+    bar = tqdm(total=len(todo), desc=f"samples ({len(done)} already done)", disable=not todo)
+    step = max(1, chunk_problems * n)
+    for i in range(0, len(todo), step):
+        chunk = todo[i : i + step]
+        completions = generate([format_prompt(t[3]) for t in chunk])
+        graded = grade_many([(c, t[4]) for c, t in zip(completions, chunk)], timeout_seconds, workers)
+        with path.open("a") as f:
+            for t, c, (status, extracted) in zip(chunk, completions, graded):
+                f.write(
+                    json.dumps(
+                        {
+                            "benchmark": t[0],
+                            "problem_id": t[1],
+                            "sample_index": t[2],
+                            "completion": c,
+                            "extracted_answer": extracted,
+                            "correct": status == "correct",
+                            "status": status,
+                        }
+                    )
+                    + "\n"
+                )
+        bar.update(len(chunk))
+    bar.close()
+    return read_samples(path)
+
+
+def summarise_samples(rows: list[dict], ks: list[int]) -> dict:
+    """Per benchmark and averaged: Mean@k and Pass@k (%) for each k, plus status counts."""
+    by = defaultdict(lambda: defaultdict(list))
+    status = defaultdict(lambda: defaultdict(int))
+    for r in rows:
+        by[r["benchmark"]][r["problem_id"]].append(bool(r["correct"]))
+        status[r["benchmark"]][r["status"]] += 1
+    out = {}
+    for bench, problems in by.items():
+        res = {}
+        for k in ks:
+            valid = [(len(v), sum(v)) for v in problems.values() if len(v) >= k]
+            if not valid:
+                continue
+            res[f"mean@{k}"] = 100 * sum(mean_at_k(n, c, k) for n, c in valid) / len(valid)
+            res[f"pass@{k}"] = 100 * sum(pass_at_k(n, c, k) for n, c in valid) / len(valid)
+        res["problems"] = len(problems)
+        res["status"] = dict(status[bench])
+        out[bench] = res
+    benches = [b for b in out if b != "average"]
+    avg = {}
+    for key in {k for b in benches for k in out[b] if "@" in k}:
+        vals = [out[b][key] for b in benches if key in out[b]]
+        if len(vals) == len(benches):
+            avg[key] = sum(vals) / len(vals)
+    out["average"] = avg
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# tables and figures
+# ---------------------------------------------------------------------------------------------
+def table2(results_by_step: dict[int, dict], k: int, label: str) -> tuple[list[str], list[str]]:
+    """One row in the paper's Table 2 layout, "final (best)" over checkpoints; Markdown and CSV cells."""
+    steps = sorted(results_by_step)
+    final = results_by_step[steps[-1]]
+    benches = [b for b in final if b != "average"] + ["average"]
+    md, cs = [label], [label]
+    for b in benches:
+        for metric in (f"mean@{k}", f"pass@{k}"):
+            vals = [results_by_step[s].get(b, {}).get(metric) for s in steps]
+            vals = [v for v in vals if v is not None]
+            f = final.get(b, {}).get(metric)
+            best = max(vals) if vals else None
+            md.append("-" if f is None else f"{f:.2f} ({best:.2f})")
+            cs.append("" if f is None else f"{f:.4f}")
+            cs.append("" if best is None else f"{best:.4f}")
+    return md, cs
+
+
+def write_reports(results_by_step: dict[int, dict], out_dir: Path, k: int, label: str, ks: list[int]) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = sorted(results_by_step)
+    final = results_by_step[steps[-1]]
+    benches = [b for b in final if b != "average"] + ["average"]
+    names = [PAPER_BENCHMARKS.get(b, b) if b != "average" else "Average" for b in benches]
+    md_row, csv_row = table2(results_by_step, k, label)
+    header = "| Method | " + " | ".join(f"{n} Mean@{k} (%) | {n} Pass@{k} (%)" for n in names) + " |"
+    sep = "|---" * (1 + 2 * len(names)) + "|"
+    md = "\n".join(
+        [f"final (best over {len(steps)} checkpoint(s))", "", header, sep, "| " + " | ".join(md_row) + " |", ""]
+    )
+    paths = [
+        out_dir / "table2.md",
+        out_dir / "table2.csv",
+        out_dir / "pass_mean_at_k.png",
+        out_dir / "pass_mean_at_k.json",
+    ]
+    paths[0].write_text(md)
+    with paths[1].open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(
+            ["method"] + [f"{n}_{m}@{k}_{fb}" for n in names for m in ("mean", "pass") for fb in ("final", "best")]
+        )
+        w.writerow(csv_row)
+    curve = {b: {kk: (final[b].get(f"mean@{kk}"), final[b].get(f"pass@{kk}")) for kk in ks} for b in benches}
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    for b, name in zip(benches, names):
+        xs = [kk for kk in ks if curve[b][kk][0] is not None]
+        axes[0].plot(xs, [curve[b][kk][0] for kk in xs], marker="o", label=name)
+        axes[1].plot(xs, [curve[b][kk][1] for kk in xs], marker="o", label=name)
+    for ax, t in zip(axes, ("Mean@K (%)", "Pass@K (%)")):
+        ax.set(xscale="log", xlabel="K (samples per problem)", ylabel=t, title=f"{t} vs K ({label}, final checkpoint)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(paths[2], dpi=150)
+    fig.savefig(out_dir / "pass_mean_at_k.pdf")
+    plt.close(fig)
+    paths[3].write_text(
+        json.dumps({"label": label, "by_step": {str(s): results_by_step[s] for s in steps}, "curve": curve}, indent=1)
+    )
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------
+def _checkpoints(run_dir: Path, every: int) -> list[tuple[int, Path]]:
+    found = sorted(
+        (int(m.group(1)), p) for p in run_dir.glob("checkpoint-*") if (m := re.match(r"checkpoint-(\d+)$", p.name))
+    )
+    chosen = found[::every]
+    if found and found[-1] not in chosen:
+        chosen.append(found[-1])
+    return chosen
+
+
+def build_generator(args, checkpoint: Path | None):
+    """(generate function) for the base model + optional adapter / checkpoint."""
+    if _vllm_available() and not args.no_vllm and not args.tiny_model:  # pragma: no cover
+        adapter = str(checkpoint) if checkpoint is not None else args.adapter
+        return VLLMGenerator(
+            args.model,
+            adapter,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            max_tokens=args.max_tokens,
+            seed=args.seed,
+        )
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = (
+        str(checkpoint)
+        if checkpoint is not None and (checkpoint / "config.json").exists()
+        else (args.tiny_model or args.model)
+    )
+    tok = AutoTokenizer.from_pretrained(args.tiny_model or args.model)
+    model = AutoModelForCausalLM.from_pretrained(src)
+    adapter = (
+        str(checkpoint) if checkpoint is not None and (checkpoint / "adapter_config.json").exists() else args.adapter
+    )
+    if adapter:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter)
+    return HFGenerator(
+        model,
+        tok,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_tokens=args.max_tokens,
+        batch_size=args.batch_size,
+        seed=args.seed,
+    )
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="base model: hub id or local folder")
+    ap.add_argument(
+        "--tiny-model", "--tiny_model", dest="tiny_model", default=None, help="a saved tiny model folder (offline)"
+    )
+    ap.add_argument("--adapter", default=None, help="LoRA adapter folder")
+    ap.add_argument("--checkpoints", default=None, help="a training run folder: evaluate its checkpoint-* folders")
+    ap.add_argument("--every", type=int, default=1, help="with --checkpoints: every Nth checkpoint (the last always)")
+    ap.add_argument("--benchmarks", default="amc23,aime24,aime25")
+    ap.add_argument(
+        "--benchmark_path", action="append", default=[], help="NAME=FILE: load a benchmark from a local file"
+    )
+    ap.add_argument("--n", type=int, default=8, help="samples per problem")
+    ap.add_argument("--k", type=int, default=None, help="K of the table (default: n)")
+    ap.add_argument("--temperature", type=float, default=0.3)
+    ap.add_argument("--top_p", type=float, default=0.95)
+    ap.add_argument("--max_tokens", type=int, default=32768)
+    ap.add_argument("--batch_size", type=int, default=16)
+    ap.add_argument("--grading_timeout", type=int, default=5)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--no_vllm", action="store_true")
+    ap.add_argument("--label", default=None, help="row label of the table (default: the model/run name)")
+    ap.add_argument("--output_dir", default="runs/eval")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    if args.model is None and args.tiny_model is None:
+        ap.error("give --model (hub id or folder) or --tiny-model")
+    if args.n < 1:
+        ap.error(f"--n must be >= 1, got {args.n}")
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    paths = dict(p.split("=", 1) for p in args.benchmark_path)
+    names = [b for b in args.benchmarks.split(",") if b]
+    benchmarks = {b: load_benchmark(b, paths.get(b)) for b in names}
+    k = args.k or args.n
+    ks = [2**i for i in range(int(math.log2(args.n)) + 1)]
+    out = Path(args.output_dir)
+    runs = _checkpoints(Path(args.checkpoints), args.every) if args.checkpoints else [(0, None)]
+    if args.checkpoints and not runs:
+        raise ValueError(f"no checkpoint-* folders in {args.checkpoints}")
+    results_by_step = {}
+    for step, ckpt in runs:
+        sub = out / (f"step-{step}" if ckpt is not None else "model")
+        gen = build_generator(args, ckpt)
+        rows = evaluate_benchmarks(
+            gen, benchmarks, sub, n=args.n, timeout_seconds=args.grading_timeout, workers=args.workers
+        )
+        results_by_step[step] = summarise_samples(rows, ks)
+        (sub / "summary.json").write_text(json.dumps(results_by_step[step], indent=1))
+    label = args.label or Path(args.checkpoints or args.adapter or args.tiny_model or args.model).name
+    written = write_reports(results_by_step, out, k, label, ks)
+    print((out / "table2.md").read_text())
+    print("wrote", *written)
+    return results_by_step
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,168 @@
+"""Evaluation: Pass@k / Mean@k against brute-force enumeration, grading, resumable end-to-end runs."""
+
+import itertools
+import json
+import math
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("transformers")
+pytest.importorskip("math_verify")
+
+from atr_llm import evaluate as ev  # noqa: E402
+from atr_llm import tiny  # noqa: E402
+
+BENCH = "atr_llm/data/arithmetic_bench.jsonl"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 10).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n), st.integers(1, n))))
+def test_pass_at_k_equals_brute_force_enumeration(nck):
+    n, c, k = nck
+    flags = [1] * c + [0] * (n - c)
+    subsets = list(itertools.combinations(range(n), k))
+    brute_pass = sum(any(flags[i] for i in s) for s in subsets) / len(subsets)
+    brute_mean = sum(sum(flags[i] for i in s) / k for s in subsets) / len(subsets)
+    assert ev.pass_at_k(n, c, k) == pytest.approx(brute_pass, abs=1e-12)
+    assert ev.mean_at_k(n, c, k) == pytest.approx(brute_mean, abs=1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 1024).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n), st.integers(1, n))))
+def test_pass_at_k_is_finite_and_in_unit_interval_for_large_n(nck):
+    n, c, k = nck
+    p = ev.pass_at_k(n, c, k)
+    assert math.isfinite(p) and 0.0 <= p <= 1.0
+    if c == 0:
+        assert p == 0.0
+    assert ev.pass_at_k(n, c, k) >= ev.pass_at_k(n, c, max(1, k // 2)) - 1e-15  # monotone in k
+
+
+@pytest.mark.parametrize("n,c,k", [(0, 0, 1), (5, 6, 1), (5, 2, 0), (5, 2, 6), (5, -1, 1)])
+def test_metrics_reject_bad_counts(n, c, k):
+    with pytest.raises(ValueError, match="need n >= 1"):
+        ev.pass_at_k(n, c, k)
+
+
+def _slow_grader(args):
+    time.sleep(5)
+    return ("correct", "x")
+
+
+def test_unparsable_is_wrong_and_a_grading_timeout_is_wrong_and_counted():
+    res = ev.grade_many([("no answer at all", "3"), ("\\boxed{3}", "3")], timeout_seconds=2)
+    assert res[0][0] == "unparsable" and res[1] == ("correct", "3")
+    t0 = time.time()
+    res = ev.grade_many([("\\boxed{3}", "3")], grader=_slow_grader, future_timeout=0.5)
+    assert res == [("timeout", None)] and time.time() - t0 < 4.5
+    rows = [
+        {"benchmark": "b", "problem_id": 0, "sample_index": i, "correct": s == "correct", "status": s}
+        for i, s in enumerate(["correct", "timeout", "unparsable", "wrong"])
+    ]
+    summary = ev.summarise_samples(rows, [1, 2, 4])
+    assert summary["b"]["mean@4"] == pytest.approx(25.0)
+    assert summary["b"]["status"] == {"correct": 1, "timeout": 1, "unparsable": 1, "wrong": 1}
+
+
+def test_offline_run_writes_jsonl_table_figure_and_resumes_without_regenerating(tmp_path):
+    model_dir = tiny.save_tiny(tmp_path / "tiny")
+    bench = {"arith": ev.load_benchmark("arith", BENCH)}
+    args = ev.parse_args(
+        [
+            "--tiny-model",
+            str(model_dir),
+            "--benchmarks",
+            "arith",
+            "--n",
+            "4",
+            "--max_tokens",
+            "6",
+            "--output_dir",
+            str(tmp_path / "ev"),
+        ]
+    )
+    gen = ev.build_generator(args, None)
+    calls = []
+
+    def interrupted(prompts):
+        calls.append(len(prompts))
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the run dies after the first chunk was written
+        return gen(prompts)
+
+    with pytest.raises(KeyboardInterrupt):
+        ev.evaluate_benchmarks(interrupted, bench, tmp_path / "ev" / "model", n=4, chunk_problems=2)
+    first = ev.read_samples(tmp_path / "ev" / "model" / "samples.jsonl")
+    assert len(first) == 8
+    regenerated = []
+
+    def counting(prompts):
+        regenerated.append(len(prompts))
+        return gen(prompts)
+
+    rows = ev.evaluate_benchmarks(counting, bench, tmp_path / "ev" / "model", n=4, chunk_problems=2)
+    assert sum(regenerated) == 12 * 4 - 8  # only what was missing
+    assert len(rows) == 48 and len({(r["problem_id"], r["sample_index"]) for r in rows}) == 48
+    assert set(rows[0]) >= {
+        "benchmark",
+        "problem_id",
+        "sample_index",
+        "completion",
+        "extracted_answer",
+        "correct",
+        "status",
+    }
+    # the CLI on the same folder finds everything done and writes the table and the figure
+    res = ev.main(
+        [
+            "--tiny-model",
+            str(model_dir),
+            "--benchmarks",
+            "arith",
+            "--benchmark_path",
+            f"arith={BENCH}",
+            "--n",
+            "4",
+            "--max_tokens",
+            "6",
+            "--output_dir",
+            str(tmp_path / "ev"),
+        ]
+    )
+    assert "pass@4" in res[0]["arith"]
+    md = (tmp_path / "ev" / "table2.md").read_text()
+    assert "Mean@4 (%)" in md and "Average" in md and "(" in md
+    assert (tmp_path / "ev" / "pass_mean_at_k.png").stat().st_size > 5000
+    assert json.loads((tmp_path / "ev" / "pass_mean_at_k.json").read_text())["curve"]
+
+
+def test_checkpoints_table_reports_final_and_best(tmp_path):
+    run = tmp_path / "run"
+    for step in (10, 20):
+        tiny.save_tiny(run / f"checkpoint-{step}", seed=step)
+    res = ev.main(
+        [
+            "--tiny-model",
+            str(run / "checkpoint-10"),
+            "--checkpoints",
+            str(run),
+            "--benchmarks",
+            "arith",
+            "--benchmark_path",
+            f"arith={BENCH}",
+            "--n",
+            "2",
+            "--max_tokens",
+            "4",
+            "--output_dir",
+            str(tmp_path / "ev"),
+        ]
+    )
+    assert sorted(res) == [10, 20]
+    row = (tmp_path / "ev" / "table2.md").read_text().splitlines()[-1]
+    final = res[20]["arith"]["mean@2"]
+    best = max(res[10]["arith"]["mean@2"], final)
+    assert f"{final:.2f} ({best:.2f})" in row
