@@ -31,27 +31,17 @@ outside any trust region; verl clamps at 20). The clamp has zero gradient beyond
 FORMS = ("min", "mask", "soft", "none")
 
 
-def _agg_dr_grpo(obj: torch.Tensor, m: torch.Tensor, max_length: int) -> torch.Tensor:
-    return (obj * m).sum() / (obj.shape[0] * max_length)
-
-
-def _agg_token_mean(obj: torch.Tensor, m: torch.Tensor, max_length: int) -> torch.Tensor:
-    return (obj * m).sum() / m.sum().clamp(min=1.0)
-
-
-def _agg_seq_mean_token_mean(obj: torch.Tensor, m: torch.Tensor, max_length: int) -> torch.Tensor:
-    return ((obj * m).sum(-1) / m.sum(-1).clamp(min=1.0)).mean()
-
-
-def _agg_seq_mean_token_sum(obj: torch.Tensor, m: torch.Tensor, max_length: int) -> torch.Tensor:
-    return (obj * m).sum(-1).mean()
-
-
+# Each aggregation takes a (B, T) per-token quantity that is already zero on padding, the mask and
+# max_length, and returns the scalar.
 AGGREGATIONS = {
-    "dr_grpo": _agg_dr_grpo,  # Liu et al. 2025 (Dr. GRPO): sum / (B * max_length); the paper's backbone
-    "token_mean": _agg_token_mean,  # Yu et al. 2025 (DAPO): mean over all valid tokens of the batch
-    "seq_mean_token_mean": _agg_seq_mean_token_mean,  # Shao et al. 2024 (GRPO): per-sequence mean, then mean
-    "seq_mean_token_sum": _agg_seq_mean_token_sum,  # per-sequence sum, then mean
+    # Liu et al. 2025 (Dr. GRPO): sum / (B * max_length); the paper's backbone
+    "dr_grpo": lambda x, m, L: x.sum() / (x.shape[0] * L),
+    # Yu et al. 2025 (DAPO): mean over all valid tokens of the batch
+    "token_mean": lambda x, m, L: x.sum() / m.sum().clamp(min=1),
+    # Shao et al. 2024 (GRPO): per-sequence mean, then mean over sequences
+    "seq_mean_token_mean": lambda x, m, L: (x.sum(-1) / m.sum(-1).clamp(min=1)).mean(),
+    # per-sequence sum, then mean over sequences
+    "seq_mean_token_sum": lambda x, m, L: x.sum(-1).mean(),
 }
 
 
@@ -62,7 +52,7 @@ def aggregate(
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {aggregation!r}; known: {', '.join(AGGREGATIONS)}")
     m = mask.to(objective.dtype)
-    return AGGREGATIONS[aggregation](objective, m, objective.shape[-1] if max_length is None else max_length)
+    return AGGREGATIONS[aggregation](objective * m, m, objective.shape[-1] if max_length is None else max_length)
 
 
 @dataclass
@@ -255,17 +245,8 @@ def policy_loss(
         objective = objective * token_weights.detach().to(dtype)
     per_token = objective if all_valid else torch.where(m, objective, zero)
     max_len = shape[1] if max_length is None else int(max_length)
-    loss = -_AGG_MASKED[aggregation](per_token, m, max_len)
+    loss = -AGGREGATIONS[aggregation](per_token, m.to(dtype), max_len)
     return LossOutput(loss=loss, per_token=per_token, result=result, log_ratio=log_ratio.detach(), mask=m)
-
-
-# aggregations of a per-token tensor that is already zero on padding (saves one pass)
-_AGG_MASKED = {
-    "dr_grpo": lambda x, m, L: x.sum() / (x.shape[0] * L),
-    "token_mean": lambda x, m, L: x.sum() / m.sum().clamp(min=1),
-    "seq_mean_token_mean": lambda x, m, L: (x.sum(-1) / m.sum(-1).clamp(min=1)).mean(),
-    "seq_mean_token_sum": lambda x, m, L: x.sum(-1).mean(),
-}
 
 
 def method_names() -> list[str]:
