@@ -107,8 +107,8 @@ def test_loss_equals_trls_own_loss_on_the_same_batch(tmp_path, tok, ours, theirs
     lb, gb = _loss_and_grads(b, model, inputs)
     assert la.item() == pytest.approx(lb.item(), rel=1e-6, abs=1e-9)
     for x, y in zip(ga, gb):
-        if x is not None:
-            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-7)  # float32, different summation order
+        if x is not None:  # float32 with a different summation order: compare per tensor, relative to its norm
+            assert float(torch.linalg.vector_norm(x - y)) <= 1e-4 * float(torch.linalg.vector_norm(y)) + 1e-9
     # and the ratios really were away from 1, so clipping acted on some tokens
     assert a._metrics["train"]["clip/frac_masked"][-1] > 0
 
