@@ -264,14 +264,13 @@ def dcpo(batch: TokenBatch, epsilon_low: float, epsilon_high: float, dual_clip_c
 )
 def trgppo(batch: TokenBatch, delta: float, epsilon: float) -> MethodResult:
     r"""Per-token range ``[min(l_KL(p), 1-eps), max(u_KL(p), 1+eps)]`` where ``l_KL, u_KL`` are the
-    extreme ratios with binary ``KL(p || p w) <= delta``, ``p = pi_old(token)`` (roots found on CPU in float64)."""
-    p_old = torch.exp(batch.old_logp.detach()).double().cpu().clamp(min=1e-300, max=1.0).numpy()
-    lo, hi = ranges.trgppo_clip_range(p_old.reshape(-1), delta, epsilon)
+    extreme ratios with binary ``KL(p || p w) <= delta``, ``p = pi_old(token)`` (Newton in float64 on the
+    batch's device, :func:`atr_theory.ranges.trgppo_kl_log_range_torch`)."""
+    p_old = torch.exp(batch.old_logp.detach().double()).clamp(min=1e-300, max=1.0)
+    y_lo, y_hi = ranges.trgppo_kl_log_range_torch(p_old, delta)
     y = batch.log_ratio
-    lower = torch.as_tensor(lo.reshape(p_old.shape), dtype=y.dtype, device=y.device).clamp_min(
-        torch.finfo(y.dtype).tiny
-    )
-    upper = torch.as_tensor(hi.reshape(p_old.shape), dtype=y.dtype, device=y.device)
+    lower = torch.minimum(torch.exp(y_lo), torch.tensor(1.0 - epsilon, dtype=torch.float64)).to(y.dtype)
+    upper = torch.maximum(torch.exp(y_hi), torch.tensor(1.0 + epsilon, dtype=torch.float64)).to(y.dtype)
     return ratio_objective(batch, lower, upper)
 
 

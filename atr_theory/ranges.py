@@ -314,3 +314,46 @@ def dcpo_clip_range(
     lo = 0.5 + 0.5 * np.sqrt(np.maximum(1.0 - 4.0 * eps_l / p, 0.0))
     hi = np.minimum(0.5 + 0.5 * np.sqrt(1.0 + 4.0 * eps_u / p), ratio_cap)
     return lo, hi
+
+
+def trgppo_kl_log_range_torch(p_old, delta: float, max_iter: int = 60):
+    r"""Torch version of :func:`trgppo_kl_log_range` (any device, float64 inside): Newton's method on
+    convex monotone reparametrisations, started where the function is positive so every step is safe.
+
+    Lower root, in ``y``: ``f(y) = -p y + q [log q - log1p(-p e^y)] - delta`` (``q = 1 - p``) is convex and
+    decreasing on ``y < 0`` and ``f >= -p y + q log q - delta``, so ``y0 = (q log q - delta)/p - 1`` has ``f > 0``.
+    Upper root, in ``v = log(1 - p e^y)``: ``g(v) = -p log((1 - e^v)/p) + q log q - q v - delta`` is convex
+    and decreasing on ``v < log q`` with ``g >= p log p + q log q - q v - delta``; start where that is > 0.
+    Both iterations then converge monotonically (and fast: ``f``, ``g`` are near-linear far out).
+    """
+    import torch
+
+    check_positive("delta", delta, allow_array=False)
+    p = torch.as_tensor(p_old).to(torch.float64)
+    if bool(((p <= 0) | (p > 1) | ~torch.isfinite(p)).any()):
+        raise ValueError("p_old must lie in (0, 1]")
+    q = 1.0 - p
+    interior = q > 0
+    ps = torch.where(interior, p, torch.full_like(p, 0.5)).clamp_min(1e-250)
+    qs = 1.0 - ps
+    qlogq = qs * torch.log(qs)
+    y = (qlogq - delta) / ps - 1.0
+    for _ in range(max_iter):
+        t = (-torch.expm1(torch.log(ps) + y)).clamp_min(1e-300)  # 1 - p e^y
+        f = -ps * y + qlogq - qs * torch.log(t) - delta
+        fp = -ps + qs * ps * torch.exp(y) / t
+        y = torch.minimum(y - f / fp, torch.zeros_like(y))
+        if bool((f.abs() <= 1e-15 * (ps * y.abs() + qlogq.abs() + delta)).all()):  # residual at rounding level
+            break
+    v = (ps * torch.log(ps) + qlogq - delta) / qs - 1.0
+    for _ in range(max_iter):
+        ev = torch.exp(v)
+        g = -ps * torch.log((-torch.expm1(v)) / ps) + qlogq - qs * v - delta
+        gp = ps * ev / (-torch.expm1(v)) - qs
+        v = torch.minimum(v - g / gp, torch.log(qs))
+        if bool((g.abs() <= 1e-15 * (qs * v.abs() + qlogq.abs() + delta + 1.0)).all()):
+            break
+    y_hi = torch.log(-torch.expm1(v) / ps)  # e^y = (1 - e^v) / p
+    y_lo = torch.where(interior, y, torch.full_like(y, -float(delta)))  # p = 1: k1 = -y <= delta
+    y_hi = torch.where(interior, y_hi, torch.zeros_like(y_hi))
+    return y_lo, y_hi

@@ -163,3 +163,14 @@ def test_ranges_reject_bad_delta():
         at.trgppo_kl_range([0.0, 0.5], 0.07)
     with pytest.raises(ValueError, match="bound"):
         at.kl3_delta_from_bound(1.0)
+
+
+@pytest.mark.parametrize("delta", [1e-6, 0.07, 1.0, 5.0])
+def test_trgppo_torch_newton_matches_the_bisection(delta):
+    import torch
+
+    p = np.concatenate([np.logspace(-12, 0, 300), [1.0, 0.5, 0.999]])
+    a_lo, a_hi = at.ranges.trgppo_kl_log_range(p, delta)
+    b_lo, b_hi = at.ranges.trgppo_kl_log_range_torch(torch.tensor(p), delta)
+    np.testing.assert_allclose(b_lo.numpy(), a_lo, rtol=1e-9, atol=1e-300)
+    np.testing.assert_allclose(b_hi.numpy(), a_hi, rtol=1e-8, atol=1e-15)  # both lose digits where the root is ~0
