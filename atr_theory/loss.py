@@ -82,7 +82,8 @@ class LossOutput:
             frac = lambda b: float((b & m).sum()) / n  # noqa: E731
             y = self.log_ratio[m].double()
             w = torch.exp(y)
-            q = torch.quantile(w, torch.tensor([0.05, 0.5, 0.95], dtype=w.dtype))
+            ws = torch.sort(w).values  # (torch.quantile refuses more than 2^24 elements)
+            q = [float(ws[min(n - 1, max(0, round(f * (n - 1))))]) for f in (0.05, 0.5, 0.95)]
             out.update(
                 frac_kept=frac(self.result.kept),
                 frac_masked=1.0 - frac(self.result.kept),
