@@ -22,11 +22,11 @@ import math
 import re
 import sys
 from collections import defaultdict
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 
 from tqdm.auto import tqdm
+
+from .rewards import grade_many
 
 PAPER_BENCHMARKS = {"amc23": "AMC2023", "aime24": "AIME2024", "aime25": "AIME2025"}
 
@@ -138,47 +138,6 @@ class VLLMGenerator:  # pragma: no cover - needs a GPU
     def __call__(self, prompts: list[list[dict]]) -> list[str]:
         outs = self.llm.chat(prompts, self.params, lora_request=self.lora, use_tqdm=False)
         return [o.outputs[0].text for o in outs]
-
-
-# ---------------------------------------------------------------------------------------------
-# grading in a process pool
-# ---------------------------------------------------------------------------------------------
-def _grade_one(args):
-    from atr_llm.rewards import grade_with_answer
-
-    completion, gold, timeout = args
-    return grade_with_answer(completion, gold, timeout)
-
-
-def grade_many(
-    pairs: list[tuple[str, str]],
-    timeout_seconds: int = 5,
-    workers: int = 2,
-    *,
-    grader=_grade_one,
-    future_timeout: float | None = None,
-) -> list[tuple[str, str | None]]:
-    """Grade (completion, gold) pairs in worker processes; a grade that does not return within
-    ``future_timeout`` (default ``10 * timeout_seconds + 30`` s) counts as ``timeout``."""
-    if not pairs:
-        return []
-    results = []
-    wait = 10 * timeout_seconds + 30 if future_timeout is None else future_timeout
-    pool = ProcessPoolExecutor(max_workers=workers)
-    try:
-        futures = [pool.submit(grader, (c, g, timeout_seconds)) for c, g in pairs]
-        for f in futures:
-            try:
-                results.append(f.result(timeout=wait))
-            except FutureTimeout:
-                results.append(("timeout", None))
-            except Exception:  # noqa: BLE001
-                results.append(("error", None))
-    finally:
-        for p in list(getattr(pool, "_processes", {}).values()):  # a stuck grader must not hang the run
-            p.kill()
-        pool.shutdown(wait=False, cancel_futures=True)
-    return results
 
 
 # ---------------------------------------------------------------------------------------------

@@ -54,8 +54,41 @@ def grade(completion: str, gold: str, timeout_seconds: int | None = 5) -> str:
     return grade_with_answer(completion, gold, timeout_seconds)[0]
 
 
-def _grade_batch(pairs: list[tuple[str, str]], timeout_seconds: int | None) -> list[str]:
-    return [grade(c, g, timeout_seconds) for c, g in pairs]
+def _grade_one(args: tuple[str, str, int | None]) -> tuple[str, str | None]:
+    completion, gold, timeout = args
+    return grade_with_answer(completion, gold, timeout)
+
+
+def grade_many(
+    pairs: list[tuple[str, str]],
+    timeout_seconds: int = 5,
+    workers: int = 2,
+    *,
+    grader=_grade_one,
+    future_timeout: float | None = None,
+) -> list[tuple[str, str | None]]:
+    """``(status, extracted)`` for each (completion, gold) pair, graded in worker processes (each grades on
+    its own main thread, so math-verify's timeouts work). A grade that does not return within
+    ``future_timeout`` (default ``10 * timeout_seconds + 30`` s) counts as ``timeout``; its worker is killed."""
+    if not pairs:
+        return []
+    results = []
+    wait = 10 * timeout_seconds + 30 if future_timeout is None else future_timeout
+    pool = ProcessPoolExecutor(max_workers=workers)
+    try:
+        futures = [pool.submit(grader, (c, g, timeout_seconds)) for c, g in pairs]
+        for f in futures:
+            try:
+                results.append(f.result(timeout=wait))
+            except FutureTimeout:
+                results.append(("timeout", None))
+            except Exception:  # noqa: BLE001
+                results.append(("error", None))
+    finally:
+        for proc in list(getattr(pool, "_processes", {}).values()):  # a stuck grader must not hang the run
+            proc.kill()
+        pool.shutdown(wait=False, cancel_futures=True)
+    return results
 
 
 class CorrectnessReward:
@@ -66,24 +99,15 @@ class CorrectnessReward:
 
     __name__ = "correctness"
 
-    def __init__(self, timeout_seconds: int = 5, pool_timeout: float = 60.0):
+    def __init__(self, timeout_seconds: int = 5, workers: int = 2):
         self.timeout_seconds = timeout_seconds
-        self.pool_timeout = pool_timeout
+        self.workers = workers
         self.stats: Counter = Counter()
-        self._pool: ProcessPoolExecutor | None = None
 
     def _grade_all(self, pairs: list[tuple[str, str]]) -> list[str]:
         if threading.current_thread() is threading.main_thread():
-            return _grade_batch(pairs, self.timeout_seconds)
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(max_workers=1)
-        future = self._pool.submit(_grade_batch, pairs, self.timeout_seconds)
-        try:
-            return future.result(timeout=self.pool_timeout + self.timeout_seconds * len(pairs))
-        except FutureTimeout:
-            return ["timeout"] * len(pairs)
-        except Exception:  # noqa: BLE001
-            return ["error"] * len(pairs)
+            return [grade(c, g, self.timeout_seconds) for c, g in pairs]
+        return [status for status, _ in grade_many(pairs, self.timeout_seconds, self.workers)]
 
     def __call__(self, prompts=None, completions=None, answer=None, **kwargs) -> list[float]:
         completions = completions or []

@@ -131,6 +131,12 @@ def trl_logps_kernel_available() -> bool:
     return getattr(trl_utils, "_ChunkedLogProbFunction", True) is not None
 
 
+def completion_log_softmax(model, input_ids, attention_mask, logits_to_keep, temperature=1.0):
+    """(B, T, V) ``log_softmax(logits / temperature)`` at the positions that predict the last ``logits_to_keep`` tokens."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+    return torch.log_softmax(logits[:, -logits_to_keep - 1 : -1, :].float() / temperature, dim=-1)
+
+
 def plain_logps_and_entropies(
     model, input_ids, attention_mask, logits_to_keep, temperature=1.0, batch_size=None, compute_entropy=False
 ):
@@ -140,8 +146,9 @@ def plain_logps_and_entropies(
     logps, ents = [], []
     for start in range(0, input_ids.size(0), batch_size):
         ids = input_ids[start : start + batch_size]
-        logits = model(input_ids=ids, attention_mask=attention_mask[start : start + batch_size]).logits
-        lsm = torch.log_softmax(logits[:, -logits_to_keep - 1 : -1, :].float() / temperature, dim=-1)
+        lsm = completion_log_softmax(
+            model, ids, attention_mask[start : start + batch_size], logits_to_keep, temperature
+        )
         logps.append(lsm.gather(-1, ids[:, -logits_to_keep:].unsqueeze(-1)).squeeze(-1))
         if compute_entropy:
             ents.append(-(lsm.exp() * lsm).sum(-1))
@@ -197,9 +204,7 @@ class ATRLossMixin:
     # ---- full distributions (tr_ppo, truly_ppo) -------------------------------------------------
     def _completion_full_logps(self, model, input_ids, attention_mask, logits_to_keep):
         """(B, T, V) log-softmax of the completion positions, temperature-scaled as TRL does."""
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
-        logits = logits[:, -logits_to_keep - 1 : -1, :] / self.temperature
-        return torch.log_softmax(logits.float(), dim=-1)
+        return completion_log_softmax(model, input_ids, attention_mask, logits_to_keep, self.temperature)
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
