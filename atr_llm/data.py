@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +94,6 @@ class Source:
     split: str = "train"
     clean_problem: Callable[[str], str] | None = None
     deduplicate: bool = False
-    extra: dict = field(default_factory=dict)
 
 
 SOURCES: dict[str, Source] = {

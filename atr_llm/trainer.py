@@ -33,8 +33,6 @@ LOSS_TYPE_AGGREGATION = {
     "bnpo": "token_mean",
     "dapo": "token_mean",
 }
-# method parameters that GRPOConfig already has (TRL's meaning for its own losses; ours here)
-_SHARED = ("epsilon", "epsilon_high", "delta")
 
 
 @dataclass

@@ -33,7 +33,6 @@ from ._validate import check_nonnegative, check_positive, check_probability
 
 __all__ = [
     "expm1_minus_x",
-    "kl3_of_log_ratio",
     "kl3_clip_range",
     "kl3_clip_log_range",
     "kl3_delta_from_bound",
@@ -75,9 +74,6 @@ def expm1_minus_x(y: Any) -> np.ndarray:
         ys = np.where(small, y, 0.0)
         out = np.where(small, _series(ys, lambda n: 1.0 / math.factorial(n)), out)
     return out
-
-
-kl3_of_log_ratio = expm1_minus_x
 
 
 def is_kl3_of_log_ratio(y: Any) -> np.ndarray:

@@ -62,8 +62,9 @@ def main(argv=None):
     p_list = [1e-4, 1e-2, 0.3, 0.9]
     trg = {}
     for i, p in enumerate(p_list):
-        l = np.array([at.trgppo_kl_range(p, float(x))[0][0] for x in deltas])
-        u = np.array([at.trgppo_kl_range(p, float(x))[1][0] for x in deltas])
+        bounds = [at.trgppo_kl_range(p, float(x)) for x in deltas]  # one root pair per delta
+        l = np.array([b[0][0] for b in bounds])
+        u = np.array([b[1][0] for b in bounds])
         trg[p] = (l, u)
         ax.plot(deltas, l, color=f"C{i}", label=f"p_old = {p:g}")
         ax.plot(deltas, u, color=f"C{i}", ls="--")
