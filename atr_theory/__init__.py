@@ -6,9 +6,24 @@
 (0.671, 1.422)
 """
 
-from .divergence import full_kl, is_kl3, kl1, kl2, kl3
-from .loss import AGGREGATIONS, FORMS, LossOutput, aggregate, method_names, policy_loss
-from .methods import METHODS, MethodResult, MethodSpec, TokenBatch, get_method, ratio_objective, register
+from .divergence import entropy_from_log_probs, full_kl, is_kl3, kl1, kl2, kl3, kl3_from_log_ratio
+from .loss import AGGREGATIONS, LossOutput, aggregate, check_aggregation, policy_loss
+from .methods import (
+    FORMS,
+    METHODS,
+    MethodResult,
+    MethodSpec,
+    Param,
+    Relation,
+    ResolvedMethod,
+    TokenBatch,
+    get_method,
+    method_names,
+    ratio_objective,
+    register,
+    resolve,
+    unregister,
+)
 from .ranges import (
     dcpo_clip_range,
     is_kl3_clip_range,
@@ -32,6 +47,14 @@ __all__ = [
     "MethodSpec",
     "TokenBatch",
     "aggregate",
+    "check_aggregation",
+    "entropy_from_log_probs",
+    "kl3_from_log_ratio",
+    "Param",
+    "Relation",
+    "ResolvedMethod",
+    "resolve",
+    "unregister",
     "dcpo_clip_range",
     "full_kl",
     "get_method",

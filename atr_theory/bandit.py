@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
+from .divergence import entropy_from_log_probs, full_kl
 from .loss import LossOutput, policy_loss
 from .methods import get_method
 
@@ -44,14 +45,12 @@ __all__ = [
 
 def entropy(theta: torch.Tensor) -> torch.Tensor:
     """``H(pi) = -sum_a pi log pi`` over the last axis, from logits (stable for any K)."""
-    logp = torch.log_softmax(theta, -1)
-    return -(logp.exp() * logp).sum(-1)
+    return entropy_from_log_probs(torch.log_softmax(theta, -1))
 
 
 def kl_divergence(theta_old: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
-    """``KL(pi_old || pi)`` over the last axis, from logits."""
-    lo, ln = torch.log_softmax(theta_old, -1), torch.log_softmax(theta, -1)
-    return (lo.exp() * (lo - ln)).sum(-1)
+    """``KL(pi_old || pi)`` over the last axis, from logits (:func:`atr_theory.divergence.full_kl`)."""
+    return full_kl(theta_old, theta)
 
 
 def expected_return(theta: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:

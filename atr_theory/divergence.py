@@ -15,12 +15,11 @@ forms are the numerically preferred ones: ``k3`` from ``y`` is ``expm1(y) - y`` 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 import torch
-
-from .ranges import expm1_minus_x, is_kl3_of_log_ratio
 
 __all__ = [
     "kl1",
@@ -31,8 +30,40 @@ __all__ = [
     "kl2_from_log_ratio",
     "kl3_from_log_ratio",
     "is_kl3_from_log_ratio",
+    "entropy_from_log_probs",
     "full_kl",
 ]
+
+# numpy: below |y| < 0.5 the estimators are summed as Taylor series (no cancellation in e^y - 1 - y)
+_SERIES_CUTOFF = 0.5
+_SERIES_TERMS = 24  # 0.5**24 / 24! ~ 1e-31: far below double precision
+
+
+def _series(y: np.ndarray, coeff) -> np.ndarray:
+    """sum_{n=2}^{N} coeff(n) * y**n, evaluated by Horner's rule."""
+    acc = np.zeros_like(y)
+    for n in range(_SERIES_TERMS, 1, -1):
+        acc = (acc + coeff(n)) * y
+    return acc * y
+
+
+def _numpy_with_series(y: Any, direct, coeff) -> np.ndarray:
+    """``direct(y)``, replaced by ``sum_{n>=2} coeff(n) y^n`` where ``|y| < 0.5``."""
+    y = np.asarray(y, dtype=float)
+    small = np.abs(y) < _SERIES_CUTOFF
+    out = direct(y)
+    if np.any(small):
+        out = np.where(small, _series(np.where(small, y, 0.0), coeff), out)
+    return out
+
+
+def _torch_with_taylor(y: torch.Tensor, direct, c3: float, c4_divisor: float) -> torch.Tensor:
+    """``direct(y)``, replaced by ``y^2 (1/2 + c3 y + y^2 / c4_divisor)`` where ``|y| < 1e-3`` (gradients flow
+    through both branches)."""
+    small = y.abs() < 1e-3
+    ys = torch.where(small, y, torch.zeros_like(y))
+    series = ys * ys * (0.5 + ys * (c3 + ys / c4_divisor))
+    return torch.where(small, series, direct(torch.where(small, torch.ones_like(y), y)))
 
 
 def _is_torch(x: Any) -> bool:
@@ -50,29 +81,28 @@ def kl2_from_log_ratio(y: Any) -> Any:
 
 
 def kl3_from_log_ratio(y: Any) -> Any:
-    r"""``k3 = e^y - 1 - y``, computed without cancellation for small ``|y|``.
+    r"""``k3 = e^y - 1 - y`` (paper Eq. 6 in ``y = log w``), computed without cancellation for small ``|y|``.
 
-    torch: ``expm1(y) - y`` for ``|y| >= 1e-3`` (error < 1e-13 relative in float64) and the Taylor
-    polynomial ``y^2/2 + y^3/6 + y^4/24`` below; gradients flow through both branches.
+    numpy: the series ``sum_{n>=2} y^n / n!`` for ``|y| < 0.5`` (exact to the last digit);
+    torch: ``expm1(y) - y`` for ``|y| >= 1e-3`` (error < 1e-13 relative in float64) and
+    ``y^2/2 + y^3/6 + y^4/24`` below; gradients flow through both branches.
+
+    >>> float(kl3_from_log_ratio(1e-8))  # y^2 / 2, exact to the last digit
+    5.000000016666667e-17
     """
-    if not _is_torch(y):
-        return expm1_minus_x(y)
-    small = y.abs() < 1e-3
-    ys = torch.where(small, y, torch.zeros_like(y))
-    series = ys * ys * (0.5 + ys * (1.0 / 6.0 + ys / 24.0))
-    yl = torch.where(small, torch.ones_like(y), y)
-    return torch.where(small, series, torch.expm1(yl) - yl)
+    if _is_torch(y):
+        return _torch_with_taylor(y, lambda t: torch.expm1(t) - t, 1.0 / 6.0, 24.0)
+    return _numpy_with_series(y, lambda t: np.expm1(t) - t, lambda n: 1.0 / math.factorial(n))
 
 
 def is_kl3_from_log_ratio(y: Any) -> Any:
-    r"""``w log w - w + 1 = e^y (y - 1) + 1``; Taylor ``y^2/2 + y^3/3 + y^4/8`` for small ``|y|`` in torch."""
-    if not _is_torch(y):
-        return is_kl3_of_log_ratio(y)
-    small = y.abs() < 1e-3
-    ys = torch.where(small, y, torch.zeros_like(y))
-    series = ys * ys * (0.5 + ys * (1.0 / 3.0 + ys / 8.0))
-    yl = torch.where(small, torch.ones_like(y), y)
-    return torch.where(small, series, torch.exp(yl) * (yl - 1.0) + 1.0)
+    r"""``w log w - w + 1 = e^y (y - 1) + 1 = sum_{n>=2} (n-1) y^n / n!`` (IS-weighted KL3, paper Table 3).
+
+    numpy: the series for ``|y| < 0.5``; torch: Taylor ``y^2/2 + y^3/3 + y^4/8`` for ``|y| < 1e-3``.
+    """
+    if _is_torch(y):
+        return _torch_with_taylor(y, lambda t: torch.exp(t) * (t - 1.0) + 1.0, 1.0 / 3.0, 8.0)
+    return _numpy_with_series(y, lambda t: np.exp(t) * (t - 1.0) + 1.0, lambda n: (n - 1) / math.factorial(n))
 
 
 def _log(w: Any) -> Any:
@@ -106,6 +136,19 @@ def kl3(w: Any) -> Any:
 def is_kl3(w: Any) -> Any:
     """``w k3(1/w) = 1 - w + w log w``: importance-weighted KL3, estimates ``KL(pi || pi_old)``."""
     return is_kl3_from_log_ratio(_log(w))
+
+
+def entropy_from_log_probs(log_probs: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    r"""Shannon entropy ``H = -sum_a pi(a) log pi(a)`` of normalised log-probabilities along ``dim``.
+
+    ``log_probs`` is a log-softmax output (torch). Entries with ``pi(a) = 0`` (``-inf``) contribute 0,
+    never ``0 * -inf = NaN``.
+
+    >>> round(float(entropy_from_log_probs(torch.log(torch.tensor([0.5, 0.5, 0.0])))), 6)  # log 2
+    0.693147
+    """
+    p_log_p = torch.where(torch.isneginf(log_probs), torch.zeros_like(log_probs), log_probs.exp() * log_probs)
+    return -p_log_p.sum(dim)
 
 
 def _upcast(x: torch.Tensor) -> torch.Tensor:

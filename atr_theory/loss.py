@@ -12,7 +12,6 @@ The one loss function of the package: the bandit simulator and the LLM trainer b
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -20,16 +19,13 @@ from typing import Any
 import torch
 
 from .divergence import kl3_from_log_ratio
-from .methods import METHODS, MethodResult, TokenBatch, get_method
+from .methods import FORMS, MethodResult, TokenBatch, resolve
 
-__all__ = ["policy_loss", "LossOutput", "AGGREGATIONS", "aggregate", "LOG_RATIO_CLAMP", "FORMS"]
+__all__ = ["policy_loss", "LossOutput", "AGGREGATIONS", "aggregate", "check_aggregation", "LOG_RATIO_CLAMP", "FORMS"]
 
 LOG_RATIO_CLAMP = 60.0
 """log w is clamped to [-60, 60] before exponentiation (exp(60) ~ 1e26 is finite in float32 and far
 outside any trust region; verl clamps at 20). The clamp has zero gradient beyond it."""
-
-FORMS = ("min", "mask", "soft", "none")
-
 
 # Each aggregation takes a (B, T) per-token quantity that is already zero on padding, the mask and
 # max_length, and returns the scalar.
@@ -45,14 +41,20 @@ AGGREGATIONS = {
 }
 
 
+def check_aggregation(aggregation: str) -> str:
+    """``aggregation`` if it names an entry of :data:`AGGREGATIONS`, else ValueError listing them."""
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {aggregation!r}; known: {', '.join(AGGREGATIONS)}")
+    return aggregation
+
+
 def aggregate(
     objective: torch.Tensor, mask: torch.Tensor, aggregation: str, max_length: int | None = None
 ) -> torch.Tensor:
     """Aggregate a (B, T) per-token quantity over valid tokens (see :data:`AGGREGATIONS`)."""
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(f"unknown aggregation {aggregation!r}; known: {', '.join(AGGREGATIONS)}")
     m = mask.to(objective.dtype)
-    return AGGREGATIONS[aggregation](objective * m, m, objective.shape[-1] if max_length is None else max_length)
+    L = objective.shape[-1] if max_length is None else max_length
+    return AGGREGATIONS[check_aggregation(aggregation)](objective * m, m, L)
 
 
 @dataclass
@@ -108,39 +110,6 @@ def _check_tensor(name: str, t: Any, shape: tuple[int, ...] | None = None) -> to
     return t
 
 
-def _check_params(method: str, defaults: dict[str, float], given: dict[str, Any]) -> dict[str, float]:
-    unknown = set(given) - set(defaults)
-    if unknown:
-        raise ValueError(
-            f"unknown parameter(s) {sorted(unknown)} for method {method!r}; its parameters are {sorted(defaults) or 'none'}"
-        )
-    params = {**defaults, **{k: float(v) for k, v in given.items()}}
-    for k, v in params.items():
-        if math.isnan(v):
-            raise ValueError(f"{k} must be a number, got NaN")
-    rules = {
-        "delta": (lambda v: 0 < v < math.inf, "a finite number > 0"),
-        "epsilon": (lambda v: 0 <= v < 1, "in [0, 1)"),
-        "epsilon_low": (lambda v: 0 <= v < 1, "in [0, 1) (the lower bound 1 - epsilon_low must stay > 0)"),
-        "epsilon_high": (lambda v: 0 <= v < math.inf, "a finite number >= 0"),
-        "dual_clip_c": (lambda v: 1 < v < math.inf, "a finite number > 1"),
-        "tau_pos": (lambda v: 0 < v < math.inf, "a finite number > 0"),
-        "tau_neg": (lambda v: 0 < v < math.inf, "a finite number > 0"),
-        "cov_ratio": (lambda v: 0 < v <= 1, "in (0, 1]"),
-        "cov_lb": (lambda v: math.isfinite(v), "finite"),
-        "cov_ub": (lambda v: math.isfinite(v), "finite"),
-        "kl_coef": (lambda v: 0 <= v < math.inf, "a finite number >= 0"),
-        "alpha": (lambda v: 0 <= v < math.inf, "a finite number >= 0"),
-    }
-    for k, v in params.items():
-        ok, expected = rules[k]
-        if not ok(v):
-            raise ValueError(f"{k} must be {expected}, got {v!r} (method {method!r})")
-    if "cov_lb" in params and params["cov_lb"] >= params["cov_ub"]:
-        raise ValueError(f"cov_lb must be < cov_ub, got cov_lb={params['cov_lb']} >= cov_ub={params['cov_ub']}")
-    return params
-
-
 def _check_logp(name: str, t: torch.Tensor, mask: torch.Tensor) -> None:
     bad = ~torch.isfinite(t) & mask
     if bool(bad.any()):
@@ -190,14 +159,8 @@ def policy_loss(
     LossOutput with ``loss`` (scalar, minimise), ``per_token`` (B, T objective, 0 on padding) and
     ``metrics`` (dict of floats).
     """
-    spec = get_method(method)
-    if form is None:
-        form = spec.default_form
-    if form not in spec.forms:
-        raise ValueError(f"form {form!r} is not available for method {spec.name!r}; available: {list(spec.forms)}")
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(f"unknown aggregation {aggregation!r}; known: {', '.join(AGGREGATIONS)}")
-    values = _check_params(spec.name, dict(spec.params), params)
+    choice = resolve(method, form, **params)
+    check_aggregation(aggregation)
 
     _check_tensor("logp", logp)
     if logp.ndim != 2:
@@ -239,8 +202,8 @@ def policy_loss(
             raise ValueError("log-ratio logp - old_logp overflows; log-probs must be finite and <= 0")
     if float(y_min) < -LOG_RATIO_CLAMP or float(y_max) > LOG_RATIO_CLAMP:
         log_ratio = torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    batch = TokenBatch(log_ratio, adv, m, lp, olp, form, generator, old_full_logp, full_logp, kl_chunk_size)
-    result = spec.fn(batch, **values)
+    batch = TokenBatch(log_ratio, adv, m, lp, olp, choice.form, generator, old_full_logp, full_logp, kl_chunk_size)
+    result = choice.spec.fn(batch, **choice.params)
     objective = result.objective
     if token_weights is not None:
         objective = objective * token_weights.detach().to(dtype)
@@ -248,8 +211,3 @@ def policy_loss(
     max_len = shape[1] if max_length is None else int(max_length)
     loss = -AGGREGATIONS[aggregation](per_token, m.to(dtype), max_len)
     return LossOutput(loss=loss, per_token=per_token, result=result, log_ratio=log_ratio.detach(), mask=m)
-
-
-def method_names() -> list[str]:
-    """Registered method names (aliases included), sorted."""
-    return sorted(METHODS)

@@ -15,18 +15,40 @@ Adding a rule: write one function decorated with :func:`register`; nothing else 
 
 from __future__ import annotations
 
+import inspect
 import math
+import numbers
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from types import MappingProxyType
+from typing import Any
 
+import numpy as np
 import torch
 
 from . import ranges
 from .divergence import full_kl, is_kl3_from_log_ratio, kl3_from_log_ratio
 
-__all__ = ["METHODS", "MethodSpec", "TokenBatch", "MethodResult", "register", "get_method", "ratio_objective"]
+__all__ = [
+    "FORMS",
+    "METHODS",
+    "MethodResult",
+    "MethodSpec",
+    "Param",
+    "Relation",
+    "ResolvedMethod",
+    "TokenBatch",
+    "get_method",
+    "method_names",
+    "ratio_objective",
+    "register",
+    "resolve",
+    "unregister",
+]
+
+FORMS = ("min", "mask", "soft", "none")
+"""``min``: PPO's pessimistic min; ``mask``: the paper's Eq. 5; ``soft``: a smooth gate; ``none``: no clipping."""
 
 
 @dataclass
@@ -76,16 +98,90 @@ class MethodResult:
 
 
 @dataclass(frozen=True)
+class Param:
+    r"""One method parameter, declared once: its default, its domain and a one-line help text.
+
+    The domain is a finite real number with optional bounds: ``gt`` / ``ge`` (lower, open / closed)
+    and ``lt`` / ``le`` (upper). Everything that validates, documents or exposes a parameter
+    (``policy_loss``, the trainer config and its ``--help``, the presets, the README's methods table)
+    reads it from here.
+
+    >>> Param(0.07, gt=0, help="KL3 threshold").check("delta", 0.0, "atr")
+    Traceback (most recent call last):
+    ...
+    ValueError: delta must be a finite number > 0 (KL3 threshold), got 0.0 (method 'atr')
+    """
+
+    default: float
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
+    help: str = ""
+
+    def with_default(self, default: float) -> Param:
+        """The same parameter (domain, help) with another default, for a method that uses another value."""
+        return replace(self, default=default)
+
+    @property
+    def domain(self) -> str:
+        """The domain in words: ``'a finite number > 0'``, ``'in [0, 1)'``, ``'finite'``."""
+        lo = (self.gt, "(") if self.gt is not None else (self.ge, "[") if self.ge is not None else None
+        hi = (self.lt, ")") if self.lt is not None else (self.le, "]") if self.le is not None else None
+        if lo and hi:
+            return f"in {lo[1]}{lo[0]:g}, {hi[0]:g}{hi[1]}"
+        if lo:
+            return f"a finite number {'>' if lo[1] == '(' else '>='} {lo[0]:g}"
+        if hi:
+            return f"a finite number {'<' if hi[1] == ')' else '<='} {hi[0]:g}"
+        return "a finite number"
+
+    def check(self, name: str, value: Any, method: str) -> float:
+        """``float(value)`` if it is a real number (not a bool, string or tensor) inside the domain, else ValueError."""
+        where = f"(method {method!r})"
+        if isinstance(value, bool) or not isinstance(value, (numbers.Real, np.floating, np.integer)):
+            raise ValueError(f"{name} must be a real number, got {type(value).__name__} {value!r} {where}")
+        v = float(value)
+        ok = math.isfinite(v)
+        ok = ok and (self.gt is None or v > self.gt) and (self.ge is None or v >= self.ge)
+        ok = ok and (self.lt is None or v < self.lt) and (self.le is None or v <= self.le)
+        if not ok:
+            what = f" ({self.help})" if self.help else ""
+            raise ValueError(f"{name} must be {self.domain}{what}, got {value!r} {where}")
+        return v
+
+
+@dataclass(frozen=True)
+class Relation:
+    """A condition between parameters of one method, e.g. ``cov_lb < cov_ub``."""
+
+    text: str
+    holds: Callable[[Mapping[str, float]], bool]
+
+
+@dataclass(frozen=True)
 class MethodSpec:
-    """A registered method: its function, parameters with defaults, forms and reference."""
+    """A registered method: its function, parameters, forms and reference."""
 
     name: str
     fn: Callable[..., MethodResult]
-    params: Mapping[str, float] = field(default_factory=dict)
+    params: Mapping[str, Param] = field(default_factory=dict)
     default_form: str = "min"
     forms: tuple[str, ...] = ("min", "mask")
     reference: str = ""
     needs_full_distributions: bool = False
+    relations: tuple[Relation, ...] = ()
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def defaults(self) -> dict[str, float]:
+        """``{parameter: default}``."""
+        return {k: p.default for k, p in self.params.items()}
+
+    @property
+    def summary(self) -> str:
+        """The first line of the method's docstring."""
+        return (self.fn.__doc__ or "").strip().split("\n")[0]
 
 
 METHODS: dict[str, MethodSpec] = {}
@@ -94,26 +190,55 @@ METHODS: dict[str, MethodSpec] = {}
 def register(
     name: str,
     *,
-    params: Mapping[str, float],
+    params: Mapping[str, Param],
     default_form: str,
     forms: tuple[str, ...],
     reference: str,
     needs_full_distributions: bool = False,
     aliases: tuple[str, ...] = (),
+    relations: tuple[Relation, ...] = (),
 ) -> Callable[[Callable[..., MethodResult]], Callable[..., MethodResult]]:
-    """Decorator: register ``fn`` under ``name`` (and ``aliases``) in :data:`METHODS`."""
+    """Decorator: register ``fn`` under ``name`` (and ``aliases``) in :data:`METHODS`.
+
+    ``params`` maps each parameter of ``fn`` (after the batch) to its :class:`Param`; the function's
+    signature must name exactly those parameters.
+    """
+    for key, p in params.items():
+        if not isinstance(p, Param):
+            raise TypeError(f"parameter {key!r} of method {name!r} must be declared as Param(...), got {p!r}")
+    if default_form not in forms or not set(forms) <= set(FORMS):
+        raise ValueError(f"method {name!r}: forms {forms} must be among {FORMS} and include {default_form!r}")
 
     def deco(fn: Callable[..., MethodResult]) -> Callable[..., MethodResult]:
+        signature = list(inspect.signature(fn).parameters)[1:]
+        if signature != list(params):
+            raise ValueError(f"method {name!r}: the function takes {signature}, the declaration lists {list(params)}")
         spec = MethodSpec(
-            name, fn, MappingProxyType(dict(params)), default_form, forms, reference, needs_full_distributions
+            name,
+            fn,
+            MappingProxyType(dict(params)),
+            default_form,
+            forms,
+            reference,
+            needs_full_distributions,
+            tuple(relations),
+            tuple(aliases),
         )
         for key in (name, *aliases):
             if key in METHODS:
                 raise ValueError(f"method {key!r} is already registered")
+        for key in (name, *aliases):
             METHODS[key] = spec
         return fn
 
     return deco
+
+
+def unregister(name: str) -> None:
+    """Remove a method and its aliases from :data:`METHODS` (for plugins and tests)."""
+    spec = get_method(name)
+    for key in (spec.name, *spec.aliases):
+        METHODS.pop(key, None)
 
 
 def get_method(name: str) -> MethodSpec:
@@ -122,6 +247,67 @@ def get_method(name: str) -> MethodSpec:
         return METHODS[name]
     except (KeyError, TypeError):
         raise ValueError(f"unknown method {name!r}; known methods: {', '.join(sorted(METHODS))}") from None
+
+
+def method_names(aliases: bool = True) -> list[str]:
+    """Registered method names, sorted; ``aliases=False`` lists each method once (under its own name)."""
+    return sorted(k for k, spec in METHODS.items() if aliases or k == spec.name)
+
+
+@dataclass(frozen=True)
+class ResolvedMethod:
+    """A validated choice: the method's spec, its form and every parameter's value."""
+
+    spec: MethodSpec
+    form: str
+    params: Mapping[str, float]
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+def resolve(method: str, form: str | None = None, **params: Any) -> ResolvedMethod:
+    r"""Validate a method choice once: name, form, parameter names, each value's domain, relations.
+
+    ``form=None`` picks the method's default form; parameters not given take their declared defaults.
+    :func:`atr_theory.policy_loss` and the trainer's config both call this (the trainer at config
+    time, before any model is loaded).
+
+    >>> r = resolve("atr")
+    >>> r.name, r.form, dict(r.params)
+    ('atr', 'mask', {'delta': 0.07})
+    >>> resolve("clip", epsilon=1.5)
+    Traceback (most recent call last):
+    ...
+    ValueError: epsilon must be in [0, 1) (PPO clip range: keep w in [1 - epsilon, 1 + epsilon]), got 1.5 (method 'clip')
+    """
+    spec = get_method(method)
+    if form is None:
+        form = spec.default_form
+    if form not in spec.forms:
+        raise ValueError(f"form {form!r} is not available for method {spec.name!r}; available: {list(spec.forms)}")
+    unknown = set(params) - set(spec.params)
+    if unknown:
+        raise ValueError(
+            f"unknown parameter(s) {sorted(unknown)} for method {spec.name!r}; "
+            f"its parameters are {sorted(spec.params) or 'none'}"
+        )
+    values = {k: p.check(k, params.get(k, p.default), spec.name) for k, p in spec.params.items()}
+    for rel in spec.relations:
+        if not rel.holds(values):
+            shown = ", ".join(f"{k}={values[k]!r}" for k in values)
+            raise ValueError(f"method {spec.name!r} needs {rel.text}, got {shown}")
+    return ResolvedMethod(spec, form, MappingProxyType(values))
+
+
+# Parameters shared by several methods: declared here once, each method may change the default.
+DELTA = Param(0.07, gt=0, help="divergence threshold delta: keep w while the divergence <= delta (paper Eq. 5)")
+EPSILON = Param(0.2, ge=0, lt=1, help="PPO clip range: keep w in [1 - epsilon, 1 + epsilon]")
+EPSILON_LOW = Param(0.2, ge=0, lt=1, help="lower clip range: keep w >= 1 - epsilon_low")
+EPSILON_HIGH = Param(0.28, ge=0, help="upper clip range: keep w <= 1 + epsilon_high")
+DUAL_CLIP_C = Param(3.0, gt=1, help="dual clip: for A < 0 the loss is at most -c A")
+COV_RATIO = Param(2e-4, gt=0, le=1, help="fraction of valid tokens selected by the covariance rule")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -205,7 +391,7 @@ def _no_clip(objective: torch.Tensor, batch: TokenBatch) -> MethodResult:
 # ----------------------------------------------------------------------------------------------
 @register(
     "clip",
-    params={"epsilon": 0.2},
+    params={"epsilon": EPSILON},
     default_form="min",
     forms=("min", "mask"),
     reference="Schulman et al. 2017 (PPO); Shao et al. 2024 (GRPO); TRL loss_type grpo family",
@@ -217,7 +403,7 @@ def clip(batch: TokenBatch, epsilon: float) -> MethodResult:
 
 @register(
     "clip_higher",
-    params={"epsilon_low": 0.2, "epsilon_high": 0.28},
+    params={"epsilon_low": EPSILON_LOW, "epsilon_high": EPSILON_HIGH},
     default_form="min",
     forms=("min", "mask"),
     reference="Yu et al. 2025 (DAPO), Clip-Higher; TRL epsilon_high",
@@ -229,7 +415,7 @@ def clip_higher(batch: TokenBatch, epsilon_low: float, epsilon_high: float) -> M
 
 @register(
     "dual_clip",
-    params={"epsilon": 0.2, "dual_clip_c": 3.0},
+    params={"epsilon": EPSILON, "dual_clip_c": DUAL_CLIP_C},
     default_form="min",
     forms=("min", "mask"),
     reference="Ye et al. 2020 (dual-clip PPO); verl 'vanilla' policy loss with clip_ratio_c",
@@ -242,7 +428,11 @@ def dual_clip(batch: TokenBatch, epsilon: float, dual_clip_c: float) -> MethodRe
 
 @register(
     "dcpo",
-    params={"epsilon_low": 0.16, "epsilon_high": 0.2, "dual_clip_c": 3.0},
+    params={
+        "epsilon_low": EPSILON_LOW.with_default(0.16),
+        "epsilon_high": EPSILON_HIGH.with_default(0.2),
+        "dual_clip_c": DUAL_CLIP_C,
+    },
     default_form="min",
     forms=("min", "mask"),
     reference="Yang et al. 2025 (DCPO, arXiv 2509.02333); lime-RL/DCPO clip_type='dynamic'",
@@ -257,7 +447,7 @@ def dcpo(batch: TokenBatch, epsilon_low: float, epsilon_high: float, dual_clip_c
 
 @register(
     "trgppo",
-    params={"delta": 0.07, "epsilon": 0.2},
+    params={"delta": DELTA, "epsilon": EPSILON},
     default_form="min",
     forms=("min", "mask"),
     reference="Wang et al. 2019 (TRGPPO), wangyuhuix/TRGPPO; paper Table 1 'Full KL-guided clipping'",
@@ -276,7 +466,7 @@ def trgppo(batch: TokenBatch, delta: float, epsilon: float) -> MethodResult:
 
 @register(
     "atr",
-    params={"delta": 0.07},
+    params={"delta": DELTA},
     default_form="mask",
     forms=("mask", "min"),
     reference="this paper: ATR-GRPO, Eq. 5 with C = KL3 <= delta; Thm 3.2",
@@ -292,13 +482,13 @@ def atr(batch: TokenBatch, delta: float) -> MethodResult:
     lower, upper = ranges.kl3_clip_range(delta)
     with torch.no_grad():
         y = batch.log_ratio
-        constraint = (torch.expm1(y) - y <= delta) if batch.form == "mask" else None
+        constraint = (kl3_from_log_ratio(y) <= delta) if batch.form == "mask" else None
     return ratio_objective(batch, lower, upper, constraint)
 
 
 @register(
     "kl1",
-    params={"delta": 0.07},
+    params={"delta": DELTA},
     default_form="mask",
     forms=("mask", "min"),
     reference="Schulman 2020, 'Approximating KL Divergence' (k1); paper Table 3",
@@ -316,7 +506,7 @@ def kl1(batch: TokenBatch, delta: float) -> MethodResult:
 
 @register(
     "kl2",
-    params={"delta": 0.07},
+    params={"delta": DELTA},
     default_form="mask",
     forms=("mask", "min"),
     reference="Schulman 2020, 'Approximating KL Divergence' (k2); paper Table 3",
@@ -329,7 +519,7 @@ def kl2(batch: TokenBatch, delta: float) -> MethodResult:
 
 @register(
     "is_kl3",
-    params={"delta": 0.07},
+    params={"delta": DELTA},
     default_form="mask",
     forms=("mask", "min"),
     reference="paper Table 3 'IS-weighted KL3'; derivation in atr_theory.ranges.is_kl3_clip_range",
@@ -351,7 +541,13 @@ def is_kl3(batch: TokenBatch, delta: float) -> MethodResult:
 # ----------------------------------------------------------------------------------------------
 @register(
     "clip_cov",
-    params={"epsilon": 0.2, "cov_ratio": 2e-4, "cov_lb": 1.0, "cov_ub": 5.0},
+    params={
+        "epsilon": EPSILON,
+        "cov_ratio": COV_RATIO,
+        "cov_lb": Param(1.0, help="Clip-Cov: lower bound of the centred cov(A, log pi) of a droppable token"),
+        "cov_ub": Param(5.0, help="Clip-Cov: upper bound of the centred cov(A, log pi) of a droppable token"),
+    },
+    relations=(Relation("cov_lb < cov_ub", lambda p: p["cov_lb"] < p["cov_ub"]),),
     default_form="min",
     forms=("min", "mask"),
     reference="Cui et al. 2025 (arXiv 2505.22617), Clip-Cov; verl 'clip_cov' policy loss",
@@ -376,7 +572,10 @@ def clip_cov(batch: TokenBatch, epsilon: float, cov_ratio: float, cov_lb: float,
 
 @register(
     "kl_cov",
-    params={"cov_ratio": 2e-3, "kl_coef": 1.0},
+    params={
+        "cov_ratio": COV_RATIO.with_default(2e-3),
+        "kl_coef": Param(1.0, ge=0, help="KL-Cov: coefficient of the |log w| penalty on the selected tokens"),
+    },
     default_form="none",
     forms=("none",),
     reference="Cui et al. 2025 (arXiv 2505.22617), KL-Cov; verl 'kl_cov' policy loss",
@@ -400,7 +599,10 @@ def kl_cov(batch: TokenBatch, cov_ratio: float, kl_coef: float) -> MethodResult:
 
 @register(
     "sapo",
-    params={"tau_pos": 1.0, "tau_neg": 1.05},
+    params={
+        "tau_pos": Param(1.0, gt=0, help="SAPO gate temperature for tokens with A > 0"),
+        "tau_neg": Param(1.05, gt=0, help="SAPO gate temperature for tokens with A <= 0"),
+    },
     default_form="soft",
     forms=("soft",),
     reference="Gao et al. 2025 (SAPO, arXiv 2511.20347); TRL loss_type 'sapo'; verl 'sapo'",
@@ -426,7 +628,7 @@ def _sequence_log_ratio(batch: TokenBatch) -> torch.Tensor:
 
 @register(
     "gspo",
-    params={"epsilon_low": 3e-4, "epsilon_high": 4e-4},
+    params={"epsilon_low": EPSILON_LOW.with_default(3e-4), "epsilon_high": EPSILON_HIGH.with_default(4e-4)},
     default_form="min",
     forms=("min", "mask"),
     reference="Zheng et al. 2025 (GSPO); TRL importance_sampling_level='sequence'",
@@ -439,7 +641,7 @@ def gspo(batch: TokenBatch, epsilon_low: float, epsilon_high: float) -> MethodRe
 
 @register(
     "atr_seq",
-    params={"delta": 0.07},
+    params={"delta": DELTA},
     default_form="mask",
     forms=("mask",),
     reference="ours (the paper's future work): sequence-level approximate trust region with KL3",
@@ -474,7 +676,7 @@ def _require_full(batch: TokenBatch, name: str) -> None:
 
 @register(
     "tr_ppo",
-    params={"delta": 0.07},
+    params={"delta": DELTA},
     default_form="mask",
     forms=("mask",),
     reference="Wang et al. 2020 (Truly PPO); paper Eq. 3 (KL-based clipping)",
@@ -495,7 +697,7 @@ def tr_ppo(batch: TokenBatch, delta: float) -> MethodResult:
 
 @register(
     "truly_ppo",
-    params={"delta": 0.07, "alpha": 5.0},
+    params={"delta": DELTA, "alpha": Param(5.0, ge=0, help="Truly PPO: rollback coefficient")},
     default_form="none",
     forms=("none",),
     reference="Wang et al. 2020 (Truly PPO, TR-PPO-RB), wangyuhuix/TrulyPPO",

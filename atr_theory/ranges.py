@@ -30,15 +30,14 @@ import numpy as np
 from scipy.special import lambertw
 
 from ._validate import check_nonnegative, check_positive, check_probability
+from .divergence import is_kl3_from_log_ratio, kl3_from_log_ratio
 
 __all__ = [
-    "expm1_minus_x",
     "kl3_clip_range",
     "kl3_clip_log_range",
     "kl3_delta_from_bound",
     "kl1_clip_range",
     "kl2_clip_range",
-    "is_kl3_of_log_ratio",
     "is_kl3_clip_range",
     "bernoulli_kl_of_log_ratio",
     "trgppo_kl_range",
@@ -46,45 +45,6 @@ __all__ = [
     "trgppo_clip_range",
     "dcpo_clip_range",
 ]
-
-_SERIES_CUTOFF = 0.5
-_SERIES_TERMS = 24  # 0.5**24 / 24! ~ 1e-31: far below double precision
-
-
-def _series(y: np.ndarray, coeff) -> np.ndarray:
-    """sum_{n=2}^{N} coeff(n) * y**n, evaluated by Horner's rule."""
-    acc = np.zeros_like(y)
-    for n in range(_SERIES_TERMS, 1, -1):
-        acc = (acc + coeff(n)) * y
-    return acc * y
-
-
-def expm1_minus_x(y: Any) -> np.ndarray:
-    r"""``e^y - 1 - y`` without cancellation: Taylor series ``sum_{n>=2} y^n/n!`` for ``|y| < 0.5``.
-
-    This is the KL3 estimator written in the log-ratio: ``k3(w) = w - 1 - log w = e^y - 1 - y``.
-
-    >>> float(expm1_minus_x(1e-8))  # y^2 / 2, exact to the last digit
-    5.000000016666667e-17
-    """
-    y = np.asarray(y, dtype=float)
-    small = np.abs(y) < _SERIES_CUTOFF
-    out = np.expm1(y) - y
-    if np.any(small):
-        ys = np.where(small, y, 0.0)
-        out = np.where(small, _series(ys, lambda n: 1.0 / math.factorial(n)), out)
-    return out
-
-
-def is_kl3_of_log_ratio(y: Any) -> np.ndarray:
-    r"""IS-weighted KL3 in the log-ratio: ``1 - w + w log w = e^y (y - 1) + 1 = sum_{n>=2} (n-1) y^n / n!``."""
-    y = np.asarray(y, dtype=float)
-    small = np.abs(y) < _SERIES_CUTOFF
-    out = np.exp(y) * (y - 1.0) + 1.0
-    if np.any(small):
-        ys = np.where(small, y, 0.0)
-        out = np.where(small, _series(ys, lambda n: (n - 1) / math.factorial(n)), out)
-    return out
 
 
 def _newton(f, fprime, y0: np.ndarray, max_iter: int = 100) -> np.ndarray:
@@ -122,7 +82,7 @@ def kl3_clip_log_range(delta: Any) -> tuple[Any, Any]:
     small = d < 1e-3
     lo0 = np.log(np.where(small, series_lo, w0))
     hi0 = np.log(np.where(small, series_hi, wm1))
-    f = lambda y: expm1_minus_x(y) - d  # noqa: E731
+    f = lambda y: kl3_from_log_ratio(y) - d  # noqa: E731
     fp = np.expm1
     y_lo = _newton(f, fp, lo0)
     y_hi = _newton(f, fp, hi0)
@@ -170,7 +130,7 @@ def kl3_delta_from_bound(bound: Any) -> Any:
     b = check_positive("bound", bound)
     if np.any(np.asarray(b) == 1.0):
         raise ValueError(f"bound must differ from 1 (1 is the centre of every range), got {bound!r}")
-    out = expm1_minus_x(np.log(b))
+    out = kl3_from_log_ratio(np.log(b))
     return float(out) if np.ndim(out) == 0 else out
 
 
@@ -214,7 +174,7 @@ def is_kl3_clip_range(delta: Any) -> tuple[Any, Any]:
     s = np.sqrt(2.0 * d)
     hi0 = np.where(small, s, np.log(w_u))
     lo0 = np.where(small | ~np.isfinite(np.log(w_l)), -s, np.log(w_l))
-    f = lambda y: is_kl3_of_log_ratio(y) - d  # noqa: E731
+    f = lambda y: is_kl3_from_log_ratio(y) - d  # noqa: E731
     fp = lambda y: y * np.exp(y)  # noqa: E731
     y_hi = _newton(f, fp, hi0)
     y_lo = _newton(f, fp, np.where(d < 1.0, lo0, -1.0))

@@ -21,6 +21,7 @@ Two objectives are considered for a ratio range [l, u]:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import mpmath as mp
@@ -32,7 +33,14 @@ from .bandit import entropy, exact_surrogate
 from .ranges import kl3_clip_range
 
 __all__ = [
+    "THEOREMS",
+    "Theorem",
+    "evaluate",
     "Check",
+    "ratio",
+    "inline_objective",
+    "event_epsilon",
+    "event_indicator",
     "random_instances",
     "softmax_pg_direction",
     "kept_indicator",
@@ -86,7 +94,8 @@ def random_instances(
     return theta, theta_old, adv
 
 
-def _ratio(theta: torch.Tensor, theta_old: torch.Tensor) -> torch.Tensor:
+def ratio(theta: torch.Tensor, theta_old: torch.Tensor) -> torch.Tensor:
+    """``w = pi(a|s) / pi_old(a|s)`` from logits, (N, S, K)."""
     return torch.exp(torch.log_softmax(theta, -1) - torch.log_softmax(theta_old, -1))
 
 
@@ -113,7 +122,7 @@ def kept_indicator(w: torch.Tensor, adv: torch.Tensor, lower: float, upper: floa
     raise ValueError(f"objective must be 'clip' or 'min', got {objective!r}")
 
 
-def _inline_objective(theta, theta_old, adv, lower, upper, objective):
+def inline_objective(theta, theta_old, adv, lower, upper, objective):
     """Independently written ``sum_n sum_s (1/S) sum_a pi_old (clip(w) A | min(w A, clip(w) A))``."""
     lo = torch.log_softmax(theta_old.detach(), -1)
     w = torch.exp(torch.log_softmax(theta, -1) - lo)
@@ -125,7 +134,7 @@ def _inline_objective(theta, theta_old, adv, lower, upper, objective):
 def one_step(theta, theta_old, adv, lower: float, upper: float, objective: str, eta: float) -> torch.Tensor:
     """``theta + eta * grad J(theta)``, the gradient by autograd of the inline objective."""
     th = theta.detach().clone().requires_grad_(True)
-    (g,) = torch.autograd.grad(_inline_objective(th, theta_old, adv, lower, upper, objective), th)
+    (g,) = torch.autograd.grad(inline_objective(th, theta_old, adv, lower, upper, objective), th)
     return theta.detach() + eta * g
 
 
@@ -143,10 +152,10 @@ def check_gradient_equivalence(theta, theta_old, adv, lower: float, upper: float
     (:func:`kept_indicator`): ``C' = {A > 0, w <= u} u {A < 0, w >= l}``.
     """
     S = theta.shape[1]
-    w = _ratio(theta, theta_old)
+    w = ratio(theta, theta_old)
     predicted = softmax_pg_direction(theta, adv * kept_indicator(w, adv, lower, upper, "clip")) / S
     th = theta.detach().clone().requires_grad_(True)
-    (exact,) = torch.autograd.grad(_inline_objective(th, theta_old, adv, lower, upper, objective), th)
+    (exact,) = torch.autograd.grad(inline_objective(th, theta_old, adv, lower, upper, objective), th)
     th2 = theta.detach().clone().requires_grad_(True)
     loss, _ = exact_surrogate(
         th2, theta_old, adv, "clip_higher", form="mask", epsilon_low=1 - lower, epsilon_high=upper - 1
@@ -256,7 +265,7 @@ def _updates(theta, theta_old, adv, delta, event, objective, eta):
 def _logit_difference_formulas(theta, theta_old, adv, delta, event, objective, eta):
     """Paper's Thm 4.1 prediction and the corrected one (sign: - for X-, + for X+)."""
     S = theta.shape[1]
-    w = _ratio(theta, theta_old)
+    w = ratio(theta, theta_old)
     ind = event_indicator(w, delta, event).to(adv.dtype)
     sign = -1.0 if event == "X-" else 1.0
     paper = sign * eta / S * softmax_pg_direction(theta, adv * ind)
@@ -306,10 +315,342 @@ def check_entropy_difference(
     S = theta.shape[1]
     pi = torch.softmax(theta, -1)
     logpi = torch.log_softmax(theta, -1)
-    w = _ratio(theta, theta_old)
+    w = ratio(theta, theta_old)
     ind = event_indicator(w, delta, event).to(adv.dtype)
     sign = 1.0 if event == "X-" else -1.0
     paper = sign * eta / S * _centred_cov(pi, adv * ind, logpi)
     _, dtheta = _logit_difference_formulas(theta, theta_old, adv, delta, event, objective, eta)
     corrected = -(pi * dtheta * (logpi + entropy(theta).unsqueeze(-1))).sum(-1)
     return Check(paper, exact, corrected)
+
+
+# ----------------------------------------------------------------------------------------------
+# The theorems as records: statement, conditions, corrected statement, check, tolerance
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Theorem:
+    """One statement of the paper and how it is checked.
+
+    ``statement`` is the paper's wording; ``conditions`` the setting of the check; ``corrected`` the
+    statement that replaces it where it fails as written (None: nothing to correct); ``tolerance`` the
+    bound on the relative error below which it holds (exact statements 1e-8; first-order ones 0.05,
+    plus the O(eta^2) test); ``run(theorem, n, generator, seed)`` returns the report row (see
+    :func:`evaluate`).
+    """
+
+    id: str
+    name: str
+    statement: str
+    conditions: str
+    corrected: str | None
+    tolerance: float
+    run: Callable[..., dict]
+    objective: str | None = None
+    event: str | None = None
+
+
+_KS = (2, 3, 5, 10, 30, 100)
+_SS = (1, 3)
+_DELTAS = (0.02, 0.07, 0.2)
+_SPREADS = (0.3, 0.6)
+
+
+def _configs():
+    for K in _KS:
+        for S in _SS:
+            for d in _DELTAS:
+                for sp in _SPREADS:
+                    yield K, S, d, sp
+
+
+def _instances(n_total, gen, event=None, min_count=1):
+    """Yield (config, theta, theta_old, adv) batches over every (K, S, delta, spread) configuration;
+    for an event, keep instances where it is non-empty."""
+    configs = list(_configs())
+    per = max(1, math.ceil(1.05 * n_total / len(configs)))  # margin: event filtering can fall short
+    for K, S, d, sp in configs:
+        th, tho, A = random_instances(per * (20 if event else 1), K, S=S, spread=sp, generator=gen)
+        if event:
+            ind = event_indicator(ratio(th, tho), d, event).reshape(th.shape[0], -1).sum(-1) >= min_count
+            th, tho, A = th[ind][:per], tho[ind][:per], A[ind][:per]
+        if th.shape[0]:
+            yield (K, S, d, sp), th, tho, A
+
+
+def _tolist(x):
+    return [[float(v) for v in row] for row in x.reshape(-1, x.shape[-1]).tolist()]
+
+
+def _counterexample(cfg, th, tho, A, idx, extra):
+    K, S, d, _ = cfg
+    return {
+        "K": K,
+        "S": S,
+        "delta": d,
+        **extra,
+        "theta": _tolist(th[idx]),
+        "theta_old": _tolist(tho[idx]),
+        "advantages": _tolist(A[idx]),
+    }
+
+
+def _summarise(errs):
+    """errs: list of (abs_err, scale, cfg, th, tho, A, extra) per batch -> global numbers + per-instance rel error."""
+    abs_all = torch.cat([e[0] for e in errs])
+    scale_all = torch.cat([e[1] for e in errs])
+    valid = scale_all > 1e-3 * scale_all.max()
+    rel = torch.where(valid, abs_all / scale_all.clamp_min(1e-300), torch.zeros_like(abs_all))
+    return {
+        "instances": int(abs_all.numel()),
+        "max_abs_error": float(abs_all.max()),
+        "max_rel_error": float(rel.max()),
+        "global_rel_error": float(abs_all.max() / scale_all.max()),
+    }, rel
+
+
+def _worst(errs, rel, prefer_small_k=True, threshold=1e-8):
+    """The worst instance, preferring the smallest K among instances that fail by more than threshold."""
+    offset, best = 0, None
+    for abs_e, _scale, cfg, th, tho, A, extra in errs:
+        r = rel[offset : offset + abs_e.numel()]
+        offset += abs_e.numel()
+        if r.numel() == 0:
+            continue
+        i = int(r.argmax())
+        key = (cfg[0] if prefer_small_k and float(r[i]) > threshold else 10**9, -float(r[i]))
+        if best is None or key < best[0]:
+            best = (key, _counterexample(cfg, th, tho, A, i, {**extra, "rel_error": float(r[i])}))
+    return best[1] if best else None
+
+
+def _error_rows(check: Callable[..., Check], instances, extra_of) -> tuple[list, list]:
+    """Errors of the paper's and the corrected prediction per batch, with what a counterexample needs."""
+    errs, cerrs = [], []
+    for cfg, th, tho, A in instances:
+        c, extra = check(cfg, th, tho, A), extra_of(cfg)
+        scale = c.exact.abs().reshape(th.shape[0], -1).amax(-1)
+        errs.append((c.abs_error(), scale, cfg, th, tho, A, extra))
+        cerrs.append((c.corrected_abs_error(), scale, cfg, th, tho, A, extra))
+    return errs, cerrs
+
+
+def _exact_statement_row(thm: Theorem, errs, cerrs) -> dict:
+    """Report row of a statement that must hold to ``thm.tolerance`` (relative) on every instance."""
+    s, rel = _summarise(errs)
+    cs, _ = _summarise(cerrs)
+    holds = s["max_rel_error"] < thm.tolerance
+    return {
+        "id": thm.id,
+        "name": thm.name,
+        "statement": thm.statement,
+        "objective": thm.objective,
+        "holds_as_stated": holds,
+        **s,
+        "sign_agreement": None,
+        "counterexample": None if holds else _worst(errs, rel),
+        "conditions": thm.conditions,
+        "corrected_statement": None if holds else thm.corrected,
+        "corrected_holds": None if holds else cs["max_rel_error"] < thm.tolerance,
+        "corrected_max_abs_error": None if holds else cs["max_abs_error"],
+        "corrected_max_rel_error": None if holds else cs["max_rel_error"],
+    }
+
+
+def _run_gradient_equivalence(thm: Theorem, n: int, gen: torch.Generator, seed: int) -> dict:
+    def check(cfg, th, tho, A):
+        lo, hi = kl3_clip_range(cfg[2])
+        return check_gradient_equivalence(th, tho, A, lo, hi, thm.objective)
+
+    def extra(cfg):
+        lo, hi = kl3_clip_range(cfg[2])
+        return {"lower": lo, "upper": hi, "objective": thm.objective}
+
+    return _exact_statement_row(thm, *_error_rows(check, _instances(n, gen), extra))
+
+
+def _run_logit_difference(thm: Theorem, n: int, gen: torch.Generator, seed: int, eta: float = 0.1) -> dict:
+    event = thm.event
+    check = lambda cfg, th, tho, A: check_logit_difference(th, tho, A, cfg[2], event, thm.objective, eta)
+    extra = lambda cfg: {
+        "epsilon": event_epsilon(cfg[2], event),
+        "eta": eta,
+        "objective": thm.objective,
+        "event": event,
+    }
+    return _exact_statement_row(thm, *_error_rows(check, _instances(n, gen, event), extra))
+
+
+THM32_DELTAS = np.concatenate(
+    [np.logspace(-12, -3, 10), np.linspace(0.01, 0.5, 12), np.array([1.0, 2.0, 5.0, 10.0, 50.0])]
+)
+
+
+def _run_equivalence_and_asymmetry(thm: Theorem, n: int, gen: torch.Generator, seed: int) -> dict:
+    n_ratios = max(20, n // len(THM32_DELTAS))
+    rows = check_equivalence_and_asymmetry(THM32_DELTAS, n_ratios=n_ratios, seed=seed)["rows"]
+    worst_paper = max(rows, key=lambda x: x["paper_formula_excursion_rel_err"])
+    holds = all(x["asymmetric"] and x["bounds_ordered"] and x["equivalence_on_random_ratios"] for x in rows)
+    return {
+        "id": thm.id,
+        "name": thm.name,
+        "statement": thm.statement,
+        "holds_as_stated": holds,
+        "instances": len(rows) * (1 + n_ratios),
+        "max_abs_error": max(abs(x["package_rel_err"]) for x in rows),
+        "max_rel_error": max(x["package_rel_err"] for x in rows),
+        "sign_agreement": float(np.mean([x["asymmetric"] for x in rows])),
+        "counterexample": None,
+        "conditions": thm.conditions,
+        "corrected_statement": None,
+        "corrected_holds": None,
+        "numerical_note": (
+            "Mathematically exact. Evaluated naively in double precision (scipy.special.lambertw), the closed "
+            f"form loses the excursions 1 - l, u - 1 near the branch point: relative error "
+            f"{worst_paper['paper_formula_excursion_rel_err']:.2g} at delta = {worst_paper['delta']:.3g}. "
+            "atr_theory.kl3_clip_range (Newton-polished in log w) is accurate to "
+            f"{max(x['package_rel_err'] for x in rows):.2g} relative on the whole grid."
+        ),
+        "rows": rows,
+    }
+
+
+def _run_entropy_difference(thm: Theorem, n: int, gen: torch.Generator, seed: int, eta: float = 1e-3) -> dict:
+    """A first-order statement holds if its global relative error is below ``thm.tolerance`` and is O(eta^2):
+    halving eta (same instances) divides the error by 3 to 5."""
+    event, objective = thm.event, thm.objective
+    o = {"paper": [], "corrected": [], "paper_half": [], "corrected_half": [], "sign_paper": [], "sign_corr": []}
+    for cfg, th, tho, A in _instances(n, gen, event):
+        extra = {"epsilon": event_epsilon(cfg[2], event), "eta": eta, "objective": objective, "event": event}
+        for suffix, e in (("", eta), ("_half", eta / 2)):
+            c = check_entropy_difference(th, tho, A, cfg[2], event, objective, e)
+            scale = c.exact.abs().reshape(th.shape[0], -1).amax(-1)
+            o["paper" + suffix].append((c.abs_error(), scale, cfg, th, tho, A, {**extra, "eta": e}))
+            o["corrected" + suffix].append((c.corrected_abs_error(), scale, cfg, th, tho, A, {**extra, "eta": e}))
+            if not suffix:
+                big = c.exact.abs() > 1e-3 * c.exact.abs().max()
+                o["sign_paper"].append((torch.sign(c.predicted) == torch.sign(c.exact))[big])
+                o["sign_corr"].append((torch.sign(c.corrected) == torch.sign(c.exact))[big])
+    s, rel = _summarise(o["paper"])
+    s_half, _ = _summarise(o["paper_half"])
+    cs, _ = _summarise(o["corrected"])
+    cs_half, _ = _summarise(o["corrected_half"])
+    paper_ratio = s["max_abs_error"] / max(s_half["max_abs_error"], 1e-300)
+    corr_ratio = cs["max_abs_error"] / max(cs_half["max_abs_error"], 1e-300)
+    sign_p = float(torch.cat(o["sign_paper"]).double().mean())
+    sign_c = float(torch.cat(o["sign_corr"]).double().mean())
+    holds = s["global_rel_error"] < thm.tolerance and 3.0 < paper_ratio < 5.0
+    corr_holds = cs["global_rel_error"] < thm.tolerance and 3.0 < corr_ratio < 5.0
+    return {
+        "id": thm.id,
+        "name": thm.name,
+        "statement": thm.statement,
+        "objective": objective,
+        "holds_as_stated": holds,
+        **s,
+        "eta": eta,
+        "error_ratio_when_eta_halved": paper_ratio,
+        "sign_agreement": sign_p,
+        "counterexample": None if holds else _worst(o["paper"], rel),
+        "conditions": thm.conditions,
+        "corrected_statement": None if holds else thm.corrected,
+        "corrected_holds": None if holds else corr_holds,
+        "corrected_max_abs_error": cs["max_abs_error"],
+        "corrected_global_rel_error": cs["global_rel_error"],
+        "corrected_error_ratio_when_eta_halved": corr_ratio,
+        "corrected_sign_agreement": sign_c,
+    }
+
+
+_OBJECTIVE_LABEL = {"clip": "pure-clip", "min": "ppo-min"}
+_OBJECTIVE_CONDITION = {
+    "clip": "the paper's (appendix) pure-clip objective",
+    "min": "PPO's min objective E[min(w A, clip(w, l, u) A)] (PPO/GRPO/TRL/verl)",
+}
+
+
+def _theorem_3_1(objective: str) -> Theorem:
+    return Theorem(
+        id=f"thm3.1-gradient-equivalence-{_OBJECTIVE_LABEL[objective]}",
+        name="Thm 3.1 Gradient Equivalence ("
+        + (
+            "the appendix pure-clip objective"
+            if objective == "clip"
+            else "the PPO min objective used by PPO/GRPO/TRL/verl"
+        )
+        + ")",
+        statement="grad L^ratio(theta) = grad L^ratio_general(theta) with C = {l <= w <= u} (Gradient Equivalence)",
+        conditions="L^ratio = E[clip(w, l, u) A] (pure clip); any l < 1 < u"
+        if objective == "clip"
+        else "holds only if no token has (A > 0 and w < l) or (A < 0 and w > u)",
+        corrected="grad E[min(wA, clip(w,l,u)A)] = grad L_general with C' = {A > 0: w <= u} u {A < 0: w >= l}: "
+        "PPO's min freezes only the optimistic side",
+        tolerance=1e-8,
+        run=_run_gradient_equivalence,
+        objective=objective,
+    )
+
+
+def _theorem_4_1(event: str, objective: str) -> Theorem:
+    sign, side = ("-", "A < 0") if event == "X-" else ("+", "A > 0")
+    return Theorem(
+        id=f"thm4.1-logit-difference-{event}-{_OBJECTIVE_LABEL[objective]}",
+        name=f"Thm 4.1 Policy Logits Difference under {event} ({_OBJECTIVE_LABEL[objective]} objective)",
+        statement=f"Under {event}: Delta theta_{{s,a}} = {sign}eta d(s) pi(a|s) [A 1_{{{event}}}(a) - "
+        f"E_{{a'~pi}}[A 1_{{{event}}}(a')]]",
+        conditions=(
+            "one exact gradient step of size eta from the same theta^k, softmax logits, d(s) = 1/S, "
+            f"{'1 + eps = u' if event == 'X-' else '1 - eps = l'}; {_OBJECTIVE_CONDITION[objective]}"
+        ),
+        corrected=f"with PPO's min objective replace 1_{{{event}}}(a) by 1_{{{event}}}(a) 1[{side}]",
+        tolerance=1e-8,
+        run=_run_logit_difference,
+        objective=objective,
+        event=event,
+    )
+
+
+def _theorem_4_2(event: str, objective: str) -> Theorem:
+    sign = "+" if event == "X-" else "-"
+    return Theorem(
+        id=f"thm4.2-entropy-difference-{event}-{_OBJECTIVE_LABEL[objective]}",
+        name=f"Thm 4.2 Entropy Difference under {event} ({_OBJECTIVE_LABEL[objective]} objective)",
+        statement=f"Under {event}: Delta H = {sign}eta d(s) Cov_{{a~pi}}(A 1_{{{event}}}(a), log pi(a|s))",
+        conditions="first order in eta (checked at eta = 1e-3 and 5e-4); exact = entropies of the two "
+        "updated softmax policies in float64",
+        corrected=(
+            f"Delta H = {sign}eta d(s) Cov_pi(pi(a) [A 1_X(a) - E_pi[A 1_X]], log pi(a)) "
+            "+ O(eta^2): the factor pi(a) of Delta theta_a (Thm 4.1) is dropped in the last step of the "
+            "paper's proof"
+            + (" (with 1_X 1[A<0] / 1_X 1[A>0] for the PPO min objective)" if objective == "min" else "")
+        ),
+        tolerance=0.05,
+        run=_run_entropy_difference,
+        objective=objective,
+        event=event,
+    )
+
+
+THEOREMS: tuple[Theorem, ...] = (
+    _theorem_3_1("clip"),
+    _theorem_3_1("min"),
+    Theorem(
+        id="thm3.2-equivalence-and-asymmetry",
+        name="Thm 3.2 Equivalence and Asymmetry of the KL3 range",
+        statement="KL3 <= delta  <=>  l <= w <= u with l = -W0(-e^{-1-delta}), u = -W_{-1}(-e^{-1-delta}), "
+        "0 < l < 1 < u; and 1 - l < u - 1 (Equivalence and Asymmetry)",
+        conditions="any delta > 0 (checked for delta in [1e-12, 50] against mpmath bisection at 60 digits)",
+        corrected=None,
+        tolerance=1e-8,
+        run=_run_equivalence_and_asymmetry,
+    ),
+    *(_theorem_4_1(event, objective) for event in ("X-", "X+") for objective in ("clip", "min")),
+    *(_theorem_4_2(event, objective) for event in ("X-", "X+") for objective in ("clip", "min")),
+)
+"""Every statement of the paper's Secs. 3-4, in the order the report lists them."""
+
+
+def evaluate(theorem: Theorem, n: int, generator: torch.Generator, seed: int = 0) -> dict:
+    """Check ``theorem`` on about ``n`` random instances drawn from ``generator``; the report row (a dict
+    with ``holds_as_stated``, error sizes, a counterexample where it fails, the corrected statement and
+    whether it holds)."""
+    return theorem.run(theorem, n, generator, seed)

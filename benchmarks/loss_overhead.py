@@ -56,7 +56,7 @@ def part1(B, T, repeats):
     maskf = mask.float()
     peer = lambda lp: inline_ppo_clip(lp, old, adv, maskf)
     results = {}
-    names = sorted(n for n, s in at.METHODS.items() if not s.needs_full_distributions and n != "kl3")
+    names = [n for n in at.method_names(aliases=False) if not at.METHODS[n].needs_full_distributions]
     for name in names:
         fn = lambda lp, name=name: at.policy_loss(lp, old, adv, mask, method=name).loss
         reps = max(3, repeats // 5) if name == "trgppo" else repeats

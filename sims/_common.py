@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -14,8 +13,6 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 plt.rcParams.update(
     {
@@ -79,24 +76,13 @@ def mean_ci(x: np.ndarray, axis: int = 0) -> tuple[np.ndarray, np.ndarray, np.nd
     return m, m - 1.96 * se, m + 1.96 * se
 
 
-METHOD_COLORS = {
-    "clip": "#1f77b4",
-    "clip_higher": "#ff7f0e",
-    "atr": "#d62728",
-    "dual_clip": "#2ca02c",
-    "dcpo": "#9467bd",
-    "clip_cov": "#8c564b",
-    "kl_cov": "#e377c2",
-    "sapo": "#7f7f7f",
-    "trgppo": "#bcbd22",
-    "tr_ppo": "#17becf",
-    "truly_ppo": "#aec7e8",
-    "kl1": "#ffbb78",
-    "kl2": "#98df8a",
-    "is_kl3": "#ff9896",
-    "gspo": "#c5b0d5",
-    "atr_seq": "#8b0000",
-}
+def method_color(name: str) -> str:
+    """A fixed colour per registered method: ``tab20`` by registration order (every method has one, new ones too)."""
+    import atr_theory as at
+
+    canonical = list(dict.fromkeys(spec.name for spec in at.METHODS.values()))
+    index = canonical.index(at.get_method(name).name)
+    return matplotlib.colors.to_hex(plt.get_cmap("tab20")(index % 20))
 
 
 def zipf_bandit_task(quick: bool, seed: int):

@@ -14,11 +14,21 @@
 
 from __future__ import annotations
 
+if __package__ in (None, ""):  # run as `python sims/<name>.py`: make the repo root (and so `sims`) importable
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import numpy as np
 import torch
-from _common import (
-    METHOD_COLORS,
+from tqdm.auto import tqdm
+
+import atr_theory as at
+from atr_theory import bandit
+from sims._common import (
     mean_ci,
+    method_color,
     parse_args,
     plt,
     run_zipf_bandit,
@@ -27,10 +37,6 @@ from _common import (
     write_json,
     zipf_bandit_task,
 )
-from tqdm.auto import tqdm
-
-import atr_theory as at
-from atr_theory import bandit
 
 
 def final_stats(h) -> dict:
@@ -102,7 +108,7 @@ def episodic(args, ax_s, ax_h):
     target = 3
     gen = torch.Generator().manual_seed(args.seed)
     theta0 = 0.5 * torch.randn(N, T, V, generator=gen, dtype=torch.float64)
-    methods = [m for m in sorted(at.METHODS) if m != "kl3"]
+    methods = at.method_names(aliases=False)
     rows, curves = [], []
     for m in tqdm(methods, desc="episodic"):
         _, h = bandit.train_episodic(
@@ -120,7 +126,7 @@ def episodic(args, ax_s, ax_h):
         em, _, _ = mean_ci(e, axis=1)
         main = m in ("clip", "clip_higher", "atr", "atr_seq", "gspo")
         style = dict(
-            color=METHOD_COLORS.get(m),
+            color=method_color(m),
             lw=2.0 if main else 0.9,
             label=m,
             ls="--" if m in ("clip_higher", "gspo") else "-",
@@ -186,7 +192,7 @@ def main(argv=None):
             for e in ep_rows
         ]
     ).T
-    ax.barh(names, m, xerr=err, color=[METHOD_COLORS.get(n, "gray") for n in names])
+    ax.barh(names, m, xerr=err, color=[method_color(n) for n in names])
     ax.set(
         xlabel="success probability averaged over training (area under the curve)",
         title="(e) episodic task: sample efficiency",

@@ -9,10 +9,16 @@
 
 from __future__ import annotations
 
+if __package__ in (None, ""):  # run as `python sims/<name>.py`: make the repo root (and so `sims`) importable
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import numpy as np
-from _common import parse_args, plt, save_figure, write_csv
 
 import atr_theory as at
+from sims._common import parse_args, plt, save_figure, write_csv
 
 
 def main(argv=None):

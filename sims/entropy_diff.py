@@ -13,11 +13,21 @@
 
 from __future__ import annotations
 
+if __package__ in (None, ""):  # run as `python sims/<name>.py`: make the repo root (and so `sims`) importable
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import numpy as np
 import torch
-from _common import (
-    METHOD_COLORS,
+from tqdm.auto import tqdm
+
+import atr_theory as at
+from atr_theory import theorems as T
+from sims._common import (
     mean_ci,
+    method_color,
     parse_args,
     plt,
     run_zipf_bandit,
@@ -26,16 +36,12 @@ from _common import (
     write_json,
     zipf_bandit_task,
 )
-from tqdm.auto import tqdm
-
-import atr_theory as at
-from atr_theory import theorems as T
 
 SEQUENCE_LEVEL = ("gspo", "atr_seq")  # trained in sims/bandit_training.py's episodic task instead
 
 
 def token_level_methods() -> list[str]:
-    return [m for m in sorted(at.METHODS) if m != "kl3" and m not in SEQUENCE_LEVEL]
+    return [m for m in at.method_names(aliases=False) if m not in SEQUENCE_LEVEL]
 
 
 def scatter_part(args, axes):
@@ -47,7 +53,7 @@ def scatter_part(args, axes):
         pts = {"paper": ([], []), "corrected": ([], [])}
         for K in (3, 5, 10, 30):
             th, tho, A = T.random_instances(n * 4, K, generator=gen)
-            ind = T.event_indicator(T._ratio(th, tho), delta, event).any(-1)[:, 0]
+            ind = T.event_indicator(T.ratio(th, tho), delta, event).any(-1)[:, 0]
             th, tho, A = th[ind][:n], tho[ind][:n], A[ind][:n]
             c = T.check_entropy_difference(th, tho, A, delta, event, "clip", eta)
             ex, pa, co = (x[:, 0].numpy() / eta for x in (c.exact, c.predicted, c.corrected))
@@ -94,7 +100,7 @@ def training_part(args, ax_h, ax_r):
         re, rl, rh = mean_ci(t["return"], axis=1)
         main = m in ("clip", "clip_higher", "atr")
         style = dict(
-            color=METHOD_COLORS.get(m),
+            color=method_color(m),
             lw=2.0 if main else 0.9,
             alpha=1.0 if main else 0.7,
             label=m,

@@ -348,12 +348,12 @@ def test_every_method_of_methods_md_is_registered_with_its_defaults():
     for name in METHODS_MD:
         assert name in at.METHODS
     assert at.METHODS["kl3"] is at.METHODS["atr"]
-    assert dict(at.METHODS["clip"].params) == {"epsilon": 0.2}
-    assert dict(at.METHODS["clip_higher"].params) == {"epsilon_low": 0.2, "epsilon_high": 0.28}
-    assert dict(at.METHODS["dual_clip"].params) == {"epsilon": 0.2, "dual_clip_c": 3.0}
-    assert dict(at.METHODS["sapo"].params) == {"tau_pos": 1.0, "tau_neg": 1.05}
+    assert at.METHODS["clip"].defaults == {"epsilon": 0.2}
+    assert at.METHODS["clip_higher"].defaults == {"epsilon_low": 0.2, "epsilon_high": 0.28}
+    assert at.METHODS["dual_clip"].defaults == {"epsilon": 0.2, "dual_clip_c": 3.0}
+    assert at.METHODS["sapo"].defaults == {"tau_pos": 1.0, "tau_neg": 1.05}
     for name in ("atr", "kl1", "kl2", "is_kl3", "trgppo"):
-        assert at.METHODS[name].params["delta"] == 0.07
+        assert at.METHODS[name].defaults["delta"] == 0.07
     for name in ("atr", "kl1", "kl2", "is_kl3", "tr_ppo", "atr_seq"):
         assert at.METHODS[name].default_form == "mask"
     for name in ("clip", "clip_higher", "dual_clip", "dcpo", "clip_cov", "trgppo", "gspo"):
@@ -379,7 +379,7 @@ def _bad(**kw):
         (dict(method="clip_higher", epsilon_low=1.0), "epsilon_low must be in"),
         (dict(method="dual_clip", dual_clip_c=0.5), "dual_clip_c"),
         (dict(method="sapo", tau_pos=0.0), "tau_pos"),
-        (dict(method="clip_cov", cov_lb=5.0, cov_ub=1.0), "cov_lb must be < cov_ub"),
+        (dict(method="clip_cov", cov_lb=5.0, cov_ub=1.0), "needs cov_lb < cov_ub"),
         (dict(method="nope"), "unknown method 'nope'; known methods: atr, atr_seq"),
         (dict(aggregation="mean"), "unknown aggregation 'mean'; known: dr_grpo"),
         (dict(method="clip", delta=0.1), r"unknown parameter\(s\) \['delta'\] for method 'clip'"),

@@ -2,22 +2,26 @@
 are reproducible with the same seed."""
 
 import csv
-import importlib.util
+import importlib
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-SIMS = Path(__file__).resolve().parents[1] / "sims"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load(name):
-    sys.path.insert(0, str(SIMS))
-    spec = importlib.util.spec_from_file_location(name, SIMS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module(f"sims.{name}")
+
+
+def test_a_sim_script_runs_as_a_file_from_any_directory(tmp_path):
+    """`python sims/clip_ranges.py` (the README's command) works as well as `import sims.clip_ranges`."""
+    script = ROOT / "sims" / "clip_ranges.py"
+    subprocess.run([sys.executable, str(script), "--quick", "--out", str(tmp_path)], check=True, cwd=tmp_path)
+    assert (tmp_path / "clip_ranges.png").stat().st_size > 10_000
 
 
 @pytest.mark.parametrize(

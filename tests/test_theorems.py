@@ -28,7 +28,7 @@ def _inst(seed, n=64, K=6, S=2, spread=0.5):
 
 def _with_event(seed, delta, event, n=400, K=6, S=1):
     th, tho, A = _inst(seed, n=n, K=K, S=S)
-    ind = T.event_indicator(T._ratio(th, tho), delta, event).reshape(n, -1).any(-1)
+    ind = T.event_indicator(T.ratio(th, tho), delta, event).reshape(n, -1).any(-1)
     return th[ind], tho[ind], A[ind]
 
 
@@ -48,7 +48,7 @@ def test_thm31_gradient_equivalence_fails_for_the_ppo_min_objective_and_the_corr
     tho = torch.tensor([[[0.0, 0.0]]])
     th = torch.tensor([[[-0.9, 0.0]]])  # w = (0.578, 1.42) -> action 0 below l
     A = torch.tensor([[[1.0, -0.5]]])
-    w = T._ratio(th, tho)
+    w = T.ratio(th, tho)
     assert w[0, 0, 0] < lo
     c = T.check_gradient_equivalence(th, tho, A, lo, hi, "min")
     assert float(c.abs_error().max()) > 0.05  # the paper's claim misses by O(1)
@@ -68,7 +68,7 @@ def test_thm31_general_gradient_via_policy_loss_equals_inline_autograd_of_pure_c
     loss, _ = at.bandit.exact_surrogate(thl, tho, A, "clip_higher", form="mask", epsilon_low=0.2, epsilon_high=0.3)
     (g_lib,) = torch.autograd.grad(-loss, thl)
     thi = th.clone().requires_grad_(True)
-    (g_inline,) = torch.autograd.grad(T._inline_objective(thi, tho, A, lo, hi, "clip"), thi)
+    (g_inline,) = torch.autograd.grad(T.inline_objective(thi, tho, A, lo, hi, "clip"), thi)
     np.testing.assert_allclose(g_lib.numpy(), g_inline.numpy(), rtol=1e-11, atol=1e-14)
 
 
@@ -157,7 +157,7 @@ def test_thm42_counterexample_with_three_actions():
     gen = torch.Generator().manual_seed(11)
     th, tho, A = T.random_instances(4000, 3, generator=gen)
     c = T.check_entropy_difference(th, tho, A, delta, event, "clip", 1e-3)
-    ind = T.event_indicator(T._ratio(th, tho), delta, event).any(-1)[:, 0]
+    ind = T.event_indicator(T.ratio(th, tho), delta, event).any(-1)[:, 0]
     flip = ind & (torch.sign(c.predicted[:, 0]) != torch.sign(c.exact[:, 0])) & (c.exact[:, 0].abs() > 1e-6)
     assert bool(flip.any())
     found = int(torch.nonzero(flip)[0])
@@ -166,15 +166,8 @@ def test_thm42_counterexample_with_three_actions():
 
 # ---------------------------------------------------------------- the report
 def test_verify_theorems_quick_report_is_complete_and_reproducible(tmp_path):
-    import importlib.util
-    import sys
-    from pathlib import Path
+    from sims import verify_theorems as mod
 
-    path = Path(__file__).resolve().parents[1] / "sims" / "verify_theorems.py"
-    spec = importlib.util.spec_from_file_location("verify_theorems", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["verify_theorems"] = mod
-    spec.loader.exec_module(mod)
     mod.main(["--n", "150", "--out", str(tmp_path / "a")])
     mod.main(["--n", "150", "--out", str(tmp_path / "b")])
     a = (tmp_path / "a" / "theorem_report.json").read_text()
@@ -208,3 +201,15 @@ def test_verify_theorems_quick_report_is_complete_and_reproducible(tmp_path):
     assert not any(v for k, v in held.items() if k.startswith("thm4.2"))
     md = (tmp_path / "a" / "theorem_report.md").read_text()
     assert md.index("Findings") < md.index("All statements")
+    # the report is the records, in order, with each record's own texts
+    assert [r["id"] for r in report] == [t.id for t in T.THEOREMS]
+    for r, thm in zip(report, T.THEOREMS):
+        assert r["statement"] == thm.statement and r["conditions"] == thm.conditions
+        if thm.objective == "min":
+            assert "pure-clip" not in r["conditions"]
+
+
+def test_every_theorem_record_names_a_tolerance_and_a_correction_where_it_can_fail():
+    for thm in T.THEOREMS:
+        assert thm.statement and thm.conditions and 0 < thm.tolerance < 1
+        assert thm.corrected or thm.id.startswith("thm3.2")
