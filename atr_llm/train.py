@@ -50,11 +50,10 @@ def parse(argv=None):
 
 
 def check_before_loading(script_args, training_args) -> None:
-    """Everything that can be checked without a model: method, its parameters, data files, backend."""
+    """Everything that can be checked without a model and that the configs do not check themselves: data
+    files and backend. (The method, its form and parameters were validated when ATRGRPOConfig was built.)"""
     from .data import SOURCES
-    from .trainer import validate_method_config
 
-    validate_method_config(training_args)
     for name, path in (
         (script_args.dataset_name, script_args.dataset_path),
         (script_args.sft_dataset_name, script_args.sft_dataset_path),

@@ -17,6 +17,7 @@ used: costly, see benchmarks/loss_overhead.py).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -35,70 +36,138 @@ LOSS_TYPE_AGGREGATION = {
 }
 
 
-@dataclass
-class ATRGRPOConfig(GRPOConfig):
-    """GRPOConfig plus the clipping method and its parameters (None = the method's default).
-
-    ``delta`` is the divergence threshold of atr/kl1/kl2/is_kl3/trgppo/tr_ppo/truly_ppo/atr_seq (TRL's own
-    two-sided-clipping ``delta`` is not used: the loss is ours). ``epsilon`` / ``epsilon_high`` keep their
-    TRL meaning for clip-type methods.
-    """
-
-    method: str = field(default="atr", metadata={"help": f"clipping method: {', '.join(sorted(at.METHODS))}"})
-    form: str | None = field(
-        default=None, metadata={"help": "'min' (PPO) or 'mask' (paper Eq. 5); default: the method's"}
-    )
-    epsilon_low: float | None = field(default=None, metadata={"help": "lower clip range (clip_higher, dcpo, gspo)"})
-    dual_clip_c: float | None = field(default=None, metadata={"help": "dual-clip constant c > 1"})
-    tau_pos: float | None = field(default=None, metadata={"help": "SAPO temperature for A > 0"})
-    tau_neg: float | None = field(default=None, metadata={"help": "SAPO temperature for A <= 0"})
-    cov_ratio: float | None = field(default=None, metadata={"help": "Clip-Cov / KL-Cov token fraction"})
-    cov_lb: float | None = field(default=None, metadata={"help": "Clip-Cov covariance lower bound"})
-    cov_ub: float | None = field(default=None, metadata={"help": "Clip-Cov covariance upper bound"})
-    kl_coef: float | None = field(default=None, metadata={"help": "KL-Cov penalty coefficient"})
-    alpha: float | None = field(default=None, metadata={"help": "Truly-PPO rollback coefficient"})
-    kl_chunk_size: int = field(default=64, metadata={"help": "positions per chunk for full-distribution KLs"})
-    method_seed: int = field(default=0, metadata={"help": "seed of the generator of stochastic methods (clip_cov)"})
+# A method parameter becomes a config field of the same name, except where TRL's GRPOConfig already has
+# a field of that name with another meaning: TRL's `delta` is its two-sided ratio clamp, the paper's
+# delta is a divergence threshold.
+CONFIG_FIELD = {"delta": "divergence_delta"}
+# TRL fields whose meaning our parameter of the same name keeps (the clip range of clip-type rules);
+# their TRL default counts as "not set" (then the method's own default applies).
+SHARED_WITH_TRL = ("epsilon", "epsilon_high")
+# TRL options that act inside TRL's loss, which ours replaces: refused unless at their neutral value
+TRL_LOSS_OPTIONS_NOT_IMPLEMENTED = {
+    "delta": (None, "TRL's two-sided clamp of the ratio; the paper's divergence threshold is --divergence_delta"),
+    "top_entropy_quantile": (1.0, "TRL's entropy masking of the policy loss"),
+    "off_policy_mask_threshold": (None, "TRL's off-policy sequence masking"),
+    "importance_sampling_level": ("token", "TRL's sequence-level ratio (use --method gspo)"),
+}
+_TRL_FIELDS = {f.name: f for f in dataclasses.fields(GRPOConfig)}
 
 
-def method_params(args) -> dict[str, float]:
-    """The registered parameters of ``args.method``, read from the config (None -> the method's default)."""
-    spec = at.get_method(args.method)
+def config_field(param: str) -> str:
+    """The ATRGRPOConfig field that holds method parameter ``param``."""
+    return CONFIG_FIELD.get(param, param)
+
+
+def _unset_value(name: str):
+    """The value of config field ``name`` that means "not set": TRL's default for a shared field, else None."""
+    return _TRL_FIELDS[name].default if name in SHARED_WITH_TRL else None
+
+
+def method_config_fields() -> dict[str, dict]:
+    """``{field name: {"param", "default", "help"}}`` for every parameter of every registered method,
+    built from the registry alone (the Param's help and domain, and which methods use it with which default)."""
+    users: dict[str, list[tuple[str, at.Param]]] = {}
+    for name in at.method_names(aliases=False):
+        for param, decl in at.METHODS[name].params.items():
+            users.setdefault(param, []).append((name, decl))
     out = {}
-    for name in spec.params:
-        value = getattr(args, name, None)
-        if name == "epsilon" and spec.name == "gspo":
-            value = None
-        if value is not None:
-            out[name] = float(value)
+    for param, used_by in users.items():
+        name = config_field(param)
+        if name in _TRL_FIELDS and name not in SHARED_WITH_TRL:
+            raise ValueError(
+                f"method parameter {param!r} collides with TRL's GRPOConfig field {name!r}: map it in CONFIG_FIELD "
+                "or, if it means the same, list it in SHARED_WITH_TRL"
+            )
+        helps = list(dict.fromkeys(d.help for _, d in used_by))
+        domains = list(dict.fromkeys(d.domain for _, d in used_by))
+        defaults = ", ".join(f"{m} {d.default:g}" for m, d in used_by)
+        shared = (
+            f" (TRL's field; its default {_TRL_FIELDS[name].default} = the method's default)"
+            if name in _TRL_FIELDS
+            else ""
+        )
+        out[name] = {
+            "param": param,
+            "default": _unset_value(name),
+            "help": f"{'; '.join(helps)}. Must be {' / '.join(domains)}. Defaults: {defaults}{shared}",
+        }
     return out
 
 
-def validate_method_config(args) -> None:
-    """Fail fast (before any model is loaded) on an unknown method, a bad form or a bad parameter."""
+def _add_method_fields(cls):
+    """Give ``cls`` one optional float field per method parameter (from the registry), then make it a dataclass."""
+    annotations = dict(cls.__dict__.get("__annotations__", {}))
+    for name, spec in method_config_fields().items():
+        annotations[name] = "float | None"
+        setattr(cls, name, field(default=spec["default"], metadata={"help": spec["help"]}))
+    cls.__annotations__ = annotations
+    return dataclass(cls)
+
+
+@_add_method_fields
+class ATRGRPOConfig(GRPOConfig):
+    """GRPOConfig plus the clipping method, its form and its parameters.
+
+    Every parameter of every registered method is a field here (generated from ``atr_theory.METHODS``;
+    None = the method's default). ``divergence_delta`` is the paper's delta (TRL's own ``delta``, a
+    two-sided ratio clamp, is refused: our loss does not implement it); ``epsilon`` / ``epsilon_high``
+    keep their TRL meaning for clip-type methods. The whole choice is validated when the config is
+    built (``resolved_method``), before any model is loaded; a parameter set for a method that does not
+    use it is refused, naming it.
+    """
+
+    method: str = field(default="atr", metadata={"help": f"clipping method: {', '.join(at.method_names())}"})
+    form: str | None = field(
+        default=None, metadata={"help": "'min' (PPO) or 'mask' (paper Eq. 5); default: the method's"}
+    )
+    kl_chunk_size: int = field(default=64, metadata={"help": "positions per chunk for full-distribution KLs"})
+    method_seed: int = field(default=0, metadata={"help": "seed of the generator of stochastic methods (clip_cov)"})
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_method_config(self)
+
+    @property
+    def resolved_method(self) -> at.ResolvedMethod:
+        """The validated method, form and parameter values (``atr_theory.resolve``)."""
+        return at.resolve(self.method, self.form, **method_params(self))
+
+
+def _is_set(args, name: str) -> bool:
+    value = getattr(args, name, None)
+    return value is not None and value != _unset_value(name)
+
+
+def method_params(args) -> dict[str, float]:
+    """The parameters of ``args.method`` that the config sets (the others take the method's default)."""
     spec = at.get_method(args.method)
-    if args.form is not None and args.form not in spec.forms:
-        raise ValueError(f"form {args.form!r} is not available for method {spec.name!r}; available: {list(spec.forms)}")
+    return {p: getattr(args, config_field(p)) for p in spec.params if _is_set(args, config_field(p))}
+
+
+def check_method_config(args) -> at.ResolvedMethod:
+    """Fail fast (before any model is loaded): the method choice through ``atr_theory.resolve``, the loss
+    type, parameters set for a method that does not use them, and TRL loss options our loss does not implement."""
+    spec = at.get_method(args.method)
+    given = method_params(args)
+    for param, value in given.items():  # each value first, under the name the user typed
+        spec.params[param].check(config_field(param), value, spec.name)
+    resolved = at.resolve(args.method, args.form, **given)
     if args.loss_type not in LOSS_TYPE_AGGREGATION:
         raise ValueError(f"loss_type {args.loss_type!r} is not supported; use one of {list(LOSS_TYPE_AGGREGATION)}")
-    # a dry run of the loss on a dummy batch validates every parameter with policy_loss's own messages
-    lp = torch.full((1, 2), -1.0)
-    extra = {}
-    if spec.needs_full_distributions:
-        extra = dict(
-            old_full_logp=torch.log_softmax(torch.zeros(1, 2, 3), -1),
-            full_logp=torch.log_softmax(torch.zeros(1, 2, 3), -1),
-        )
-    at.policy_loss(
-        lp,
-        lp,
-        torch.ones(1),
-        torch.ones(1, 2, dtype=torch.bool),
-        method=spec.name,
-        form=args.form,
-        **method_params(args),
-        **extra,
-    )
+    own = {config_field(p) for p in resolved.spec.params}
+    stray = [name for name in method_config_fields() if name not in own and _is_set(args, name)]
+    if stray:
+        shown = ", ".join(f"{n}={getattr(args, n)!r}" for n in stray)
+        own_shown = ", ".join(sorted(own)) or "none"
+        raise ValueError(f"{shown} set, but method {resolved.name!r} does not use it (its parameters: {own_shown})")
+    for name, (neutral, what) in TRL_LOSS_OPTIONS_NOT_IMPLEMENTED.items():
+        value = getattr(args, name, neutral)
+        if value != neutral:
+            raise ValueError(
+                f"{name}={value!r} is set, but ATRGRPOTrainer's loss does not implement it ({what}); "
+                f"leave it at {neutral!r}"
+            )
+    return resolved
 
 
 def clipping_is_inert(args) -> bool:
@@ -149,7 +218,7 @@ def plain_logps_and_entropies(
         )
         logps.append(lsm.gather(-1, ids[:, -logits_to_keep:].unsqueeze(-1)).squeeze(-1))
         if compute_entropy:
-            ents.append(-(lsm.exp() * lsm).sum(-1))
+            ents.append(at.entropy_from_log_probs(lsm))
     return torch.cat(logps), (torch.cat(ents) if compute_entropy else None)
 
 
@@ -188,10 +257,9 @@ class ATRLossMixin:
         config = kwargs.get("args")
         if config is None or not isinstance(config, ATRGRPOConfig):
             raise ValueError("ATRGRPOTrainer needs args=ATRGRPOConfig(...)")
-        validate_method_config(config)
         super().__init__(*args, **kwargs)
-        self.method_spec = at.get_method(self.args.method)
-        self.method_kwargs = method_params(self.args)
+        self.atr_method = self.args.resolved_method  # validated when the config was built
+        self.method_spec = self.atr_method.spec
         self._method_generator = torch.Generator().manual_seed(self.args.method_seed)
         if self.args.beta != 0.0 and self.args.use_bias_correction_kl:
             warnings.warn("use_bias_correction_kl is ignored by ATRGRPOTrainer", stacklevel=2)
@@ -228,7 +296,7 @@ class ATRLossMixin:
         if self.method_spec.needs_full_distributions:
             full = self._completion_full_logps(model, input_ids, attention_mask, logits_to_keep)
             per_token_logps = full.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
-            entropies = -(full.exp() * full).sum(-1).detach()
+            entropies = at.entropy_from_log_probs(full.detach())
             old_full = inputs.get("old_full_logps")
             full_kw = dict(
                 full_logp=full,
@@ -254,19 +322,19 @@ class ATRLossMixin:
             old_per_token_logps,
             inputs["advantages"],
             mask.bool(),
-            method=self.method_spec.name,
-            form=self.args.form,
+            method=self.atr_method.name,
+            form=self.atr_method.form,
             aggregation=aggregation,
             max_length=self.max_completion_length,
             generator=self._method_generator,
             token_weights=token_weights,
             **full_kw,
-            **self.method_kwargs,
+            **self.atr_method.params,
         )
         loss = out.loss
         if self.beta != 0.0:  # TRL's k3 penalty towards the reference model, aggregated the same way
             ref = inputs["ref_per_token_logps"]
-            per_token_kl = torch.exp(ref - per_token_logps) - (ref - per_token_logps) - 1
+            per_token_kl = at.kl3_from_log_ratio(ref - per_token_logps)  # k3 with w = pi_ref / pi
             loss = loss + self.beta * at.aggregate(per_token_kl, mask.bool(), aggregation, self.max_completion_length)
 
         mode = "train" if self.model.training else "eval"

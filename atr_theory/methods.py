@@ -180,8 +180,9 @@ class MethodSpec:
 
     @property
     def summary(self) -> str:
-        """The first line of the method's docstring."""
-        return (self.fn.__doc__ or "").strip().split("\n")[0]
+        """The first paragraph of the method's docstring, on one line."""
+        first = (self.fn.__doc__ or "").strip().split("\n\n")[0]
+        return " ".join(first.split())
 
 
 METHODS: dict[str, MethodSpec] = {}

@@ -17,9 +17,9 @@ from atr_llm.trainer import (  # noqa: E402
     ATRGRPOConfig,
     ATRGRPOTrainer,
     clipping_is_inert,
+    method_config_fields,
     method_params,
     trl_logps_kernel_available,
-    validate_method_config,
 )
 
 CONFIGS = Path(__file__).resolve().parents[1] / "atr_llm" / "configs"
@@ -80,8 +80,9 @@ def _loss_and_grads(trainer, model, inputs):
     ],
 )
 def test_loss_equals_trls_own_loss_on_the_same_batch(tmp_path, tok, ours, theirs):
-    """TRL as the oracle: same model, same batch (with old log-probs != new ones), same loss and gradient."""
-    model = tiny.build_tiny_model(tok)
+    """TRL as the oracle: same model, same batch (with old log-probs != new ones), same loss and gradient.
+    The model is float64, so only the float32 log-prob/loss arithmetic differs (a float32 model: up to 3e-4)."""
+    model = tiny.build_tiny_model(tok).double()
     ds = data.to_grpo_dataset(data.arithmetic_dataset(16))
     reward = rewards.CorrectnessReward()
     ours_cfg = ATRGRPOConfig(
@@ -105,10 +106,13 @@ def test_loss_equals_trls_own_loss_on_the_same_batch(tmp_path, tok, ours, theirs
     inputs["old_per_token_logps"] = lp + 0.4 * torch.randn(lp.shape, generator=torch.Generator().manual_seed(1))
     la, ga = _loss_and_grads(a, model, inputs)
     lb, gb = _loss_and_grads(b, model, inputs)
-    assert la.item() == pytest.approx(lb.item(), rel=1e-6, abs=1e-9)
-    for x, y in zip(ga, gb):
-        if x is not None:  # float32 with a different summation order: compare per tensor, relative to its norm
-            assert float(torch.linalg.vector_norm(x - y)) <= 1e-4 * float(torch.linalg.vector_norm(y)) + 1e-9
+    assert la.item() == pytest.approx(lb.item(), rel=1e-6, abs=1e-12)
+    worst = max(
+        float(torch.linalg.vector_norm(x - y)) / max(float(torch.linalg.vector_norm(y)), 1e-30)
+        for x, y in zip(ga, gb)
+        if x is not None
+    )
+    assert worst <= 3e-5  # seen: up to 3e-6 (TRL's log-probs are float32); a wrong formula moves it by >1e-2
     # and the ratios really were away from 1, so clipping acted on some tokens
     assert a._metrics["train"]["clip/frac_masked"][-1] > 0
 
@@ -161,7 +165,7 @@ def test_every_preset_parses_validates_and_has_active_clipping():
     for f in files:
         cpu = ["--bf16", "false", "--use_cpu", "true"]  # the GPU presets ask for bf16; parse them on this CPU
         script_args, training_args, model_args = train.parse(["--config", str(f), "--output_dir", "/tmp/unused", *cpu])
-        validate_method_config(training_args)
+        assert training_args.resolved_method.name == training_args.method
         assert not clipping_is_inert(training_args), f
         if f.name.startswith("qwen3"):
             assert model_args.lora_r == 32 and model_args.lora_alpha == 64 and training_args.learning_rate == 5e-6
@@ -184,8 +188,14 @@ def test_every_preset_parses_validates_and_has_active_clipping():
     "extra,match",
     [
         (["--method", "nope"], "unknown method 'nope'"),
-        (["--method", "atr", "--delta", "0"], "delta must be a finite number > 0"),
-        (["--method", "atr", "--delta", "-0.1"], "delta must be a finite number > 0"),
+        (["--method", "atr", "--divergence_delta", "0"], "divergence_delta must be a finite number > 0"),
+        (["--method", "atr", "--divergence_delta", "-0.1"], "divergence_delta must be a finite number > 0"),
+        (["--method", "atr", "--delta", "0.2"], "delta=0.2 is set.*TRL's two-sided clamp.*--divergence_delta"),
+        (["--method", "atr", "--tau_pos", "2"], "tau_pos=2.0 set, but method 'atr' does not use it"),
+        (["--method", "clip", "--epsilon", "1.5"], "epsilon must be in \\[0, 1\\)"),
+        (["--method", "clip_cov", "--cov_lb", "6"], "needs cov_lb < cov_ub"),
+        (["--top_entropy_quantile", "0.2"], "top_entropy_quantile=0.2 is set.*does not implement"),
+        (["--importance_sampling_level", "sequence"], "importance_sampling_level='sequence'.*gspo"),
         (["--dataset_name", "dapo-math-17k", "--dataset_path", "/nonexistent/file.parquet"], "does not exist"),
         (["--method", "sapo", "--form", "mask"], "form 'mask' is not available"),
         (["--backend", "unsloth"], "CUDA|unsloth"),
@@ -305,3 +315,20 @@ def test_tiny_tokenizer_and_model_are_wired_for_generation(tok):
     ids = tok(text, return_tensors="pt")
     out = model.generate(**ids, max_new_tokens=5, do_sample=False)
     assert out.shape[1] <= ids["input_ids"].shape[1] + 5
+
+
+def test_regenerating_the_presets_reproduces_the_committed_files_byte_for_byte():
+    from atr_llm import presets
+
+    expected = {f"{m}-{run}.yaml": presets.preset_text(m, run) for m in presets.MODELS for run in presets.RUNS}
+    committed = {p.name: p.read_text() for p in CONFIGS.glob("qwen3-*.yaml")}
+    assert committed == expected, "stale presets: run `python -m atr_llm.presets`"
+
+
+def test_every_method_parameter_is_a_config_field_with_the_registrys_help():
+    fields = method_config_fields()
+    for name in at.method_names(aliases=False):
+        for param, decl in at.METHODS[name].params.items():
+            field_name = "divergence_delta" if param == "delta" else param
+            assert fields[field_name]["param"] == param and decl.help in fields[field_name]["help"]
+    assert "delta" not in fields  # TRL's delta (a two-sided clamp) is not the paper's delta

@@ -1,0 +1,12 @@
+"""Test isolation: a script's main() may set torch's default dtype (the sims work in float64); no test
+may see what an earlier one left behind."""
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_default_dtype():
+    dtype = torch.get_default_dtype()
+    yield
+    torch.set_default_dtype(dtype)

@@ -1,0 +1,135 @@
+"""One declaration per idea: a method's parameters live in the registry alone, and everything else
+(policy_loss's validation, the trainer config and its CLI, the presets, the README's table) follows."""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import atr_theory as at
+from atr_theory import docs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _throwaway(batch, sharpness):
+    """Throwaway rule: objective ``w A / sharpness``."""
+    return at.methods._no_clip(torch.exp(batch.log_ratio) * batch.advantages / sharpness, batch)
+
+
+@pytest.fixture
+def throwaway():
+    at.register(
+        "throwaway",
+        params={"sharpness": at.Param(2.0, gt=0, le=10, help="throwaway sharpness")},
+        default_form="none",
+        forms=("none",),
+        reference="a test",
+    )(_throwaway)
+    try:
+        yield
+    finally:
+        at.unregister("throwaway")
+    assert "throwaway" not in at.METHODS
+
+
+def _batch(B=3, T=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    logp = -torch.rand(B, T, generator=g, dtype=torch.float64) - 0.1
+    return logp, logp + 0.1 * torch.randn(B, T, generator=g, dtype=torch.float64), torch.randn(B, generator=g)
+
+
+def test_a_new_method_with_a_new_parameter_needs_nothing_but_its_registration(throwaway):
+    logp, old, adv = _batch()
+    mask = torch.ones_like(logp, dtype=torch.bool)
+    out = at.policy_loss(logp, old, adv, mask, method="throwaway", sharpness=4.0)
+    w = torch.exp(logp - old)
+    expected = -(w * adv[:, None] / 4.0).sum() / logp.numel()  # dr_grpo with max_length = T
+    assert float(out.loss) == pytest.approx(float(expected), rel=1e-12)
+    assert at.resolve("throwaway").params["sharpness"] == 2.0
+    for bad in (0.0, 11.0, float("nan"), "3", True):
+        with pytest.raises(ValueError, match="sharpness must be"):
+            at.policy_loss(logp, old, adv, mask, method="throwaway", sharpness=bad)
+    assert "`throwaway`" in docs.methods_markdown() and "throwaway sharpness" not in docs.methods_markdown()
+
+
+def test_a_new_method_reaches_the_trainer_config_and_the_cli_unedited():
+    """In a fresh process (config fields are built from the registry when atr_llm.trainer is imported)."""
+    pytest.importorskip("trl")
+    script = textwrap.dedent(
+        """
+        import torch, atr_theory as at
+        from atr_theory.methods import _no_clip
+
+        @at.register("throwaway", params={"sharpness": at.Param(2.0, gt=0, help="throwaway sharpness")},
+                     default_form="none", forms=("none",), reference="a test")
+        def throwaway(batch, sharpness):
+            "w A / sharpness"
+            return _no_clip(torch.exp(batch.log_ratio) * batch.advantages / sharpness, batch)
+
+        from transformers import HfArgumentParser
+        from atr_llm import train
+        from atr_llm.trainer import ATRGRPOConfig
+        base = ["--output_dir", "/tmp/unused", "--use_cpu", "true", "--bf16", "false", "--loss_type", "dr_grpo"]
+        _, args, _ = train.parse(base + ["--method", "throwaway", "--sharpness", "3"])
+        assert dict(args.resolved_method.params) == {"sharpness": 3.0}, args.resolved_method
+        assert "throwaway sharpness" in HfArgumentParser(ATRGRPOConfig).format_help()
+        for argv, match in ((["--method", "throwaway", "--sharpness", "-1"], "sharpness must be a finite number > 0"),
+                            (["--method", "atr", "--sharpness", "3"], "sharpness=3.0 set, but method 'atr' does not")):
+            try:
+                train.parse(base + argv)
+            except ValueError as e:
+                assert match in str(e), str(e)
+            else:
+                raise AssertionError(argv)
+        print("OK")
+        """
+    )
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
+
+
+def test_the_readme_methods_table_is_the_registry():
+    text = (ROOT / "README.md").read_text()
+    assert docs.readme_with_table(text) == text, "stale README table: run `python -m atr_theory.docs`"
+
+
+@pytest.mark.parametrize("value", [True, "0.07", torch.tensor(0.07), None, [0.07]])
+def test_a_parameter_that_is_not_a_real_number_is_refused_naming_it(value):
+    with pytest.raises(ValueError, match="delta must be a real number"):
+        at.resolve("atr", delta=value)
+
+
+def test_numpy_and_integer_parameters_are_accepted_as_numbers():
+    assert at.resolve("atr", delta=np.float32(0.5)).params["delta"] == 0.5
+    assert at.resolve("dual_clip", dual_clip_c=3).params["dual_clip_c"] == 3.0
+
+
+def test_a_registration_whose_function_does_not_take_its_declared_parameters_is_refused():
+    with pytest.raises(ValueError, match="the function takes"):
+        at.register("bad", params={"x": at.Param(1.0)}, default_form="none", forms=("none",), reference="-")(
+            lambda batch, y: None
+        )
+    with pytest.raises(TypeError, match="Param"):
+        at.register("bad", params={"x": 1.0}, default_form="none", forms=("none",), reference="-")
+    assert "bad" not in at.METHODS
+
+
+def test_every_parameter_domain_is_described_and_enforced_at_its_bounds():
+    for name in at.method_names(aliases=False):
+        spec = at.METHODS[name]
+        at.resolve(name)  # the declared defaults lie in their domains
+        for key, p in spec.params.items():
+            assert p.help, (name, key)
+            for bound, inside in ((p.gt, False), (p.ge, True), (p.lt, False), (p.le, True)):
+                if bound is None:
+                    continue
+                if inside:
+                    p.check(key, bound, name)
+                else:
+                    with pytest.raises(ValueError, match=f"{key} must be"):
+                        p.check(key, bound, name)
