@@ -62,14 +62,17 @@ def build_tiny_tokenizer(vocab_size: int = 512, seed: int = 0):
     return fast
 
 
-def build_tiny_model(tokenizer, *, hidden_size: int = 64, layers: int = 2, seed: int = 0):
-    """A tiny ``Qwen3ForCausalLM`` (about 0.1M parameters) matching ``tokenizer``; eos/pad wired in."""
+def build_tiny_model(
+    tokenizer, *, vocab_size: int | None = None, hidden_size: int = 64, layers: int = 2, seed: int = 0
+):
+    """A tiny ``Qwen3ForCausalLM`` matching ``tokenizer`` (``vocab_size`` embedding rows, default
+    ``len(tokenizer)``; about 0.1M parameters with the toy tokenizer); eos/pad wired in."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3Config
 
     torch.manual_seed(seed)
     config = Qwen3Config(
-        vocab_size=len(tokenizer),
+        vocab_size=vocab_size or len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
         num_hidden_layers=layers,
@@ -89,12 +92,26 @@ def build_tiny_model(tokenizer, *, hidden_size: int = 64, layers: int = 2, seed:
     return model
 
 
-def save_tiny(out: str | Path, seed: int = 0) -> Path:
+def build_tokenizer_and_model(vocab: str = "toy", seed: int = 0, **model_kw):
+    """``vocab="toy"``: the in-memory BPE of a few hundred tokens and a model with that many rows;
+    ``vocab="qwen3"``: Qwen3's real tokenizer (:func:`atr_llm.tokenizer.qwen3_tokenizer`) and a small
+    Qwen3-architecture model with Qwen3's 151,936 embedding rows (tied to the output layer)."""
+    if vocab == "toy":
+        tok = build_tiny_tokenizer(seed=seed)
+        return tok, build_tiny_model(tok, seed=seed, **model_kw)
+    if vocab == "qwen3":
+        from .tokenizer import QWEN3_VOCAB_ROWS, qwen3_tokenizer
+
+        tok = qwen3_tokenizer()
+        return tok, build_tiny_model(tok, vocab_size=QWEN3_VOCAB_ROWS, seed=seed, **model_kw)
+    raise ValueError(f"tiny vocabulary must be 'toy' or 'qwen3', got {vocab!r}")
+
+
+def save_tiny(out: str | Path, seed: int = 0, vocab: str = "toy") -> Path:
     """Build the tiny tokenizer and model and save both to ``out``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    tok = build_tiny_tokenizer(seed=seed)
-    model = build_tiny_model(tok, seed=seed)
+    tok, model = build_tokenizer_and_model(vocab, seed=seed)
     tok.save_pretrained(out)
     model.save_pretrained(out)
     return out
@@ -104,8 +121,9 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default="runs/tiny-qwen3")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--vocab", choices=("toy", "qwen3"), default="toy", help="qwen3: Qwen3's real tokenizer")
     args = ap.parse_args(argv)
-    print("wrote", save_tiny(args.out, args.seed))
+    print("wrote", save_tiny(args.out, args.seed, args.vocab))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,10 @@ class ScriptArguments:
     dataset_path: str | None = field(default=None, metadata={"help": "local jsonl/parquet with the source's columns"})
     dataset_limit: int | None = field(default=None, metadata={"help": "use the first N rows (arithmetic: generate N)"})
     tiny: bool = field(default=False, metadata={"help": "build the offline tiny Qwen3 + local tokenizer"})
+    tiny_vocab: str = field(
+        default="toy",
+        metadata={"help": "--tiny's vocabulary: 'toy' (a few hundred BPE tokens) or 'qwen3' (Qwen3's real tokenizer, 151,936 rows)"},
+    )
     backend: str = field(default="trl", metadata={"help": "'trl' or 'unsloth' (CUDA only)"})
     sft_steps: int = field(default=0, metadata={"help": "formatting SFT steps before RL (0 = none)"})
     sft_dataset_name: str | None = field(default=None, metadata={"help": "SFT data (default: dataset_name)"})
@@ -62,6 +66,8 @@ def check_before_loading(script_args, training_args) -> None:
             raise ValueError(f"unknown dataset {name!r}; known: arithmetic, {', '.join(SOURCES)}")
         if path is not None and not Path(path).exists():
             raise ValueError(f"dataset file {path} does not exist: fix --dataset_path / --sft_dataset_path")
+    if script_args.tiny_vocab not in ("toy", "qwen3"):
+        raise ValueError(f"tiny_vocab must be 'toy' or 'qwen3', got {script_args.tiny_vocab!r}")
     if script_args.backend not in ("trl", "unsloth"):
         raise ValueError(f"backend must be 'trl' or 'unsloth', got {script_args.backend!r}")
     if script_args.backend == "unsloth":
@@ -71,11 +77,11 @@ def check_before_loading(script_args, training_args) -> None:
 
 
 def load_model_and_tokenizer(script_args, model_args, training_args):
-    from .tiny import build_tiny_model, build_tiny_tokenizer
+    from .tiny import build_tokenizer_and_model
 
     if script_args.tiny:
-        tok = build_tiny_tokenizer(seed=training_args.seed)
-        return build_tiny_model(tok, seed=training_args.seed), tok
+        tok, model = build_tokenizer_and_model(script_args.tiny_vocab, seed=training_args.seed)
+        return model, tok
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     name = model_args.model_name_or_path

