@@ -44,13 +44,34 @@ class ScriptArguments:
     reward_timeout_seconds: int = field(default=5)
 
 
+USAGE = """\
+python -m atr_llm.train needs a config or arguments. To start:
+
+  python -m atr_llm.train --config atr_llm/configs/cpu-tiny.yaml      # offline CPU demo (a few minutes)
+  python -m atr_llm.train --config atr_llm/configs/qwen3-1.7b-atr.yaml  # the paper's ATR run (CUDA GPU)
+  python -m atr_llm.train --help                                      # every option (TRL's and ours)
+
+Presets for every method of the paper's Tables 2-3: atr_llm/configs/qwen3-{1.7b,8b}-<run>.yaml."""
+
+
 def parse(argv=None):
+    """Parse TRL-style arguments (``--config FILE.yaml`` and ``--field value``); configuration errors,
+    including a bf16 (GPU) preset on a machine without CUDA, come back as one ValueError naming the fix."""
     from trl import ModelConfig, TrlParser
 
     from .trainer import ATRGRPOConfig
 
     parser = TrlParser((ScriptArguments, ATRGRPOConfig, ModelConfig))
-    return parser.parse_args_and_config(args=argv)
+    try:
+        return parser.parse_args_and_config(args=argv)
+    except ValueError as e:
+        if "bf16" in str(e) and "use_cpu" in str(e):  # transformers' check, reworded for this package
+            raise ValueError(
+                "this configuration asks for bf16 on a GPU, and no CUDA device is available here: run it on a "
+                "CUDA machine, or on CPU with --bf16 false --use_cpu true (slow at Qwen3 scale; the CPU demo is "
+                "--config atr_llm/configs/cpu-tiny.yaml)"
+            ) from None
+        raise
 
 
 def check_before_loading(script_args, training_args) -> None:
@@ -180,6 +201,9 @@ def summarise(log_history: list[dict]) -> dict:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) == 1:
+        print(USAGE)
+        sys.exit(0)
     try:
         main()
     except ValueError as e:  # a configuration error: say what to fix, no traceback

@@ -49,6 +49,8 @@ TRL_LOSS_OPTIONS_NOT_IMPLEMENTED = {
     "top_entropy_quantile": (1.0, "TRL's entropy masking of the policy loss"),
     "off_policy_mask_threshold": (None, "TRL's off-policy sequence masking"),
     "importance_sampling_level": ("token", "TRL's sequence-level ratio (use --method gspo)"),
+    "entropy_coef": (0.0, "TRL's entropy bonus"),
+    "use_adaptive_entropy": (False, "TRL's adaptive entropy bonus"),
 }
 _TRL_FIELDS = {f.name: f for f in dataclasses.fields(GRPOConfig)}
 
@@ -261,8 +263,11 @@ class ATRLossMixin:
         self.atr_method = self.args.resolved_method  # validated when the config was built
         self.method_spec = self.atr_method.spec
         self._method_generator = torch.Generator().manual_seed(self.args.method_seed)
-        if self.args.beta != 0.0 and self.args.use_bias_correction_kl:
-            warnings.warn("use_bias_correction_kl is ignored by ATRGRPOTrainer", stacklevel=2)
+        if getattr(self, "aux_loss_enabled", False):  # a Mixture-of-Experts model whose router loss TRL adds
+            raise ValueError(
+                f"router_aux_loss_coef={self.router_aux_loss_coef}: this model's router auxiliary loss is not added by "
+                "ATRGRPOTrainer's loss; set router_aux_loss_coef=0 to train without it"
+            )
         self.clipping_inert = clipping_is_inert(self.args)
         if self.clipping_inert:
             warnings.warn(inert_clipping_message(self.args), stacklevel=2)
@@ -335,6 +340,8 @@ class ATRLossMixin:
         if self.beta != 0.0:  # TRL's k3 penalty towards the reference model, aggregated the same way
             ref = inputs["ref_per_token_logps"]
             per_token_kl = at.kl3_from_log_ratio(ref - per_token_logps)  # k3 with w = pi_ref / pi
+            if getattr(self.args, "use_bias_correction_kl", False):  # TRL >= 1.16: weighted by w = pi / pi_old
+                per_token_kl = per_token_kl * torch.exp(per_token_logps - old_per_token_logps)
             loss = loss + self.beta * at.aggregate(per_token_kl, mask.bool(), aggregation, self.max_completion_length)
 
         mode = "train" if self.model.training else "eval"

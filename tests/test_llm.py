@@ -1,5 +1,6 @@
 """atr_llm on the offline tiny Qwen3: TRL as the oracle, every method, resume, bad configs, data, rewards."""
 
+import dataclasses
 import json
 import threading
 import warnings
@@ -77,6 +78,11 @@ def _loss_and_grads(trainer, model, inputs):
         ({"method": "clip_higher", "epsilon_low": 0.2, "epsilon_high": 0.28}, {"epsilon": 0.2, "epsilon_high": 0.28}),
         ({"method": "clip", "epsilon": 0.2, "loss_type": "grpo"}, {"epsilon": 0.2, "loss_type": "grpo"}),
         ({"method": "clip", "epsilon": 0.2, "loss_type": "bnpo"}, {"epsilon": 0.2, "loss_type": "bnpo"}),
+        *(
+            ({"method": "clip", "beta": 0.04, **bc}, {"beta": 0.04, **bc})
+            for bc in ({"use_bias_correction_kl": True}, {"use_bias_correction_kl": False})
+            if "use_bias_correction_kl" in {f.name for f in dataclasses.fields(trl.GRPOConfig)}
+        ),
     ],
 )
 def test_loss_equals_trls_own_loss_on_the_same_batch(tmp_path, tok, ours, theirs):
@@ -103,17 +109,23 @@ def test_loss_equals_trls_own_loss_at_qwen3s_real_vocabulary(tmp_path, qwen3_tok
 
 
 def _compare_with_trl(tmp_path, tok, model, ours, theirs):
+    ours = dict(ours)
     ds = data.to_grpo_dataset(data.arithmetic_dataset(16))
     reward = rewards.CorrectnessReward()
+    # beta != 0 would make TRL load a reference model from the hub: build with 0, set the trainers' beta after
+    beta = ours.pop("beta", 0.0) if "beta" in ours else 0.0
+    theirs = {k: v for k, v in theirs.items() if k != "beta"}
+    trl_owned = {"loss_type", "use_bias_correction_kl"}
     ours_cfg = ATRGRPOConfig(
-        **_common(tmp_path, **{k: v for k, v in ours.items() if k == "loss_type"}),
-        **{k: v for k, v in ours.items() if k != "loss_type"},
+        **_common(tmp_path, **{k: v for k, v in ours.items() if k in trl_owned}),
+        **{k: v for k, v in ours.items() if k not in trl_owned},
     )
     theirs_cfg = trl.GRPOConfig(**_common(tmp_path, **theirs))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         a = ATRGRPOTrainer(model=model, reward_funcs=[reward], args=ours_cfg, train_dataset=ds, processing_class=tok)
         b = trl.GRPOTrainer(model=model, reward_funcs=[reward], args=theirs_cfg, train_dataset=ds, processing_class=tok)
+    a.beta = b.beta = beta
     if not trl_logps_kernel_available():
         # this TRL's log-prob path needs Triton (none on CPU): give the stock trainer the same plain
         # log-probs as ours, so what is compared is TRL's loss formula against policy_loss
@@ -124,6 +136,7 @@ def _compare_with_trl(tmp_path, tok, model, ours, theirs):
         msk = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
         lp = a._get_per_token_logps_and_entropies(model, ids, msk, 8)[0]
     inputs["old_per_token_logps"] = lp + 0.4 * torch.randn(lp.shape, generator=torch.Generator().manual_seed(1))
+    inputs["ref_per_token_logps"] = lp + 0.3 * torch.randn(lp.shape, generator=torch.Generator().manual_seed(2))
     la, ga = _loss_and_grads(a, model, inputs)
     lb, gb = _loss_and_grads(b, model, inputs)
     assert la.item() == pytest.approx(lb.item(), rel=1e-6, abs=1e-12)
@@ -216,6 +229,8 @@ def test_every_preset_parses_validates_and_has_active_clipping():
         (["--method", "clip_cov", "--cov_lb", "6"], "needs cov_lb < cov_ub"),
         (["--top_entropy_quantile", "0.2"], "top_entropy_quantile=0.2 is set.*does not implement"),
         (["--importance_sampling_level", "sequence"], "importance_sampling_level='sequence'.*gspo"),
+        (["--entropy_coef", "0.01"], "entropy_coef=0.01 is set.*entropy bonus"),
+        (["--bf16", "true", "--use_cpu", "false"], "bf16 on a GPU, and no CUDA device"),
         (["--dataset_name", "dapo-math-17k", "--dataset_path", "/nonexistent/file.parquet"], "does not exist"),
         (["--method", "sapo", "--form", "mask"], "form 'mask' is not available"),
         (["--backend", "unsloth"], "CUDA|unsloth"),
@@ -352,3 +367,11 @@ def test_every_method_parameter_is_a_config_field_with_the_registrys_help():
             field_name = "divergence_delta" if param == "delta" else param
             assert fields[field_name]["param"] == param and decl.help in fields[field_name]["help"]
     assert "delta" not in fields  # TRL's delta (a two-sided clamp) is not the paper's delta
+
+
+def test_the_cli_without_arguments_says_what_to_run():
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "atr_llm.train"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "cpu-tiny.yaml" in res.stdout and "--help" in res.stdout
