@@ -33,7 +33,9 @@ class ScriptArguments:
     tiny: bool = field(default=False, metadata={"help": "build the offline tiny Qwen3 + local tokenizer"})
     tiny_vocab: str = field(
         default="toy",
-        metadata={"help": "--tiny's vocabulary: 'toy' (a few hundred BPE tokens) or 'qwen3' (Qwen3's real tokenizer, 151,936 rows)"},
+        metadata={
+            "help": "--tiny's vocabulary: 'toy' (a few hundred BPE tokens) or 'qwen3' (Qwen3's real tokenizer, 151,936 rows)"
+        },
     )
     backend: str = field(default="trl", metadata={"help": "'trl' or 'unsloth' (CUDA only)"})
     sft_steps: int = field(default=0, metadata={"help": "formatting SFT steps before RL (0 = none)"})

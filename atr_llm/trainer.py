@@ -4,9 +4,10 @@ Only the loss changes. TRL still generates, scores, computes group advantages, o
 vLLM) the importance-sampling ratio; the trainer hands per-token log-probs, old log-probs, advantages
 and the completion mask to ``atr_theory.policy_loss`` -- no clipping or ratio formula lives here.
 
-**Inert clipping.** TRL computes old log-probs only when ``gradient_accumulation_steps`` is *not* a
-multiple of ``steps_per_generation * num_iterations`` (or vLLM importance sampling is on). Otherwise it
-uses ``old = logp.detach()``: every ratio is exactly 1 and every clipping rule is a no-op. The trainer
+**Inert clipping.** When ``gradient_accumulation_steps`` is a multiple of ``steps_per_generation *
+num_iterations`` no optimizer step separates generation from the loss: TRL uses ``old = logp.detach()``
+(or, with vLLM importance sampling, computes old log-probs with the same parameters), every ratio is 1
+and every clipping rule is a no-op. The logged ``clip/frac_ratio_moved`` shows it per step. The trainer
 detects this at start-up and warns; our presets set ``num_iterations: 2`` so each generated batch is
 used for two optimizer passes and the second pass sees ``w != 1``.
 
@@ -173,19 +174,28 @@ def check_method_config(args) -> at.ResolvedMethod:
 
 
 def clipping_is_inert(args) -> bool:
-    """True when TRL will not compute old log-probs, so ``w == 1`` and no clipping rule can act."""
+    """True when every ratio ``w = pi / pi_old`` is 1 (up to forward-pass noise), so no clipping rule can act.
+
+    That is the case whenever ``gradient_accumulation_steps`` is a multiple of ``steps_per_generation *
+    num_iterations``: every use of a generated batch falls inside one optimizer step, so no update separates
+    generation from the loss. TRL then either skips old log-probs (``old = logp.detach()``) or -- with vLLM
+    importance sampling -- computes them with the very parameters the loss sees.
+    """
     generate_every = args.steps_per_generation * args.num_iterations
-    is_correction = bool(
-        getattr(args, "use_vllm", False) and getattr(args, "vllm_importance_sampling_correction", False)
-    )
-    return args.gradient_accumulation_steps % generate_every == 0 and not is_correction
+    return args.gradient_accumulation_steps % generate_every == 0
 
 
 def inert_clipping_message(args) -> str:
+    vllm = bool(getattr(args, "use_vllm", False) and getattr(args, "vllm_importance_sampling_correction", False))
+    how = (
+        "TRL computes old log-probs for vLLM's importance sampling, but with the very parameters the loss sees"
+        if vllm
+        else "TRL never computes old log-probs and uses the current ones instead"
+    )
     return (
         f"Clipping is inert with this configuration: gradient_accumulation_steps={args.gradient_accumulation_steps} is a "
-        f"multiple of steps_per_generation * num_iterations = {args.steps_per_generation} * {args.num_iterations}, so TRL "
-        "never computes old log-probs and uses the current ones instead: every likelihood ratio w is exactly 1 and "
+        f"multiple of steps_per_generation * num_iterations = {args.steps_per_generation} * {args.num_iterations}, so "
+        f"{how}: every likelihood ratio w is exactly 1 and "
         f"method {args.method!r} behaves like plain policy gradient. To make clipping act, reuse each generated batch: "
         "set num_iterations >= 2 (our presets use 2), or steps_per_generation > gradient_accumulation_steps."
     )

@@ -23,6 +23,10 @@ from .methods import FORMS, MethodResult, TokenBatch, resolve
 
 __all__ = ["policy_loss", "LossOutput", "AGGREGATIONS", "aggregate", "check_aggregation", "LOG_RATIO_CLAMP", "FORMS"]
 
+RATIO_NOISE_TOL = 1e-4
+"""``|log w|`` below this counts as "ratio 1 up to forward-pass noise" (metric ``frac_ratio_moved``): two float32
+forward passes of the same parameters differ by ~1e-6 in log-probability."""
+
 LOG_RATIO_CLAMP = 60.0
 """log w is clamped to [-60, 60] before exponentiation (exp(60) ~ 1e26 is finite in float32 and far
 outside any trust region; verl clamps at 20). The clamp has zero gradient beyond it."""
@@ -69,13 +73,21 @@ class LossOutput:
 
     @cached_property
     def metrics(self) -> dict[str, float]:
-        """Fractions of valid tokens kept / masked / clipped low / clipped high, mean k3, ratio quantiles."""
+        """Fractions of valid tokens kept / masked / clipped low / clipped high / whose ratio moved away from 1
+        (``|log w| > RATIO_NOISE_TOL``), mean k3, ratio quantiles."""
         with torch.no_grad():
             m = self.mask
             n = int(m.sum())
             out: dict[str, float] = {"n_tokens": float(n)}
             if n == 0:
-                keys = ("frac_kept", "frac_masked", "frac_clipped_low", "frac_clipped_high", "mean_k3")
+                keys = (
+                    "frac_kept",
+                    "frac_masked",
+                    "frac_clipped_low",
+                    "frac_clipped_high",
+                    "frac_ratio_moved",
+                    "mean_k3",
+                )
                 out.update({k: 0.0 for k in keys})
                 out.update(
                     {k: 1.0 for k in ("ratio_mean", "ratio_min", "ratio_p05", "ratio_p50", "ratio_p95", "ratio_max")}
@@ -91,6 +103,7 @@ class LossOutput:
                 frac_masked=1.0 - frac(self.result.kept),
                 frac_clipped_low=frac(self.result.clipped_low),
                 frac_clipped_high=frac(self.result.clipped_high),
+                frac_ratio_moved=float((y.abs() > RATIO_NOISE_TOL).double().mean()),
                 mean_k3=float(kl3_from_log_ratio(y).mean()),
                 ratio_mean=float(w.mean()),
                 ratio_min=float(w.min()),

@@ -163,7 +163,7 @@ def test_every_method_trains_a_few_steps_on_the_tiny_model(tmp_path, tok, method
         trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h]
     assert logs and all(torch.isfinite(torch.tensor(h["loss"])) for h in logs)
-    assert "clip/frac_kept" in logs[-1] and "entropy" in logs[-1]
+    assert "clip/frac_kept" in logs[-1] and "entropy" in logs[-1] and "clip/frac_ratio_moved" in logs[-1]
     assert not trainer.clipping_inert
 
 
@@ -176,6 +176,20 @@ def test_inert_clipping_is_detected(tmp_path):
         **_common(tmp_path, num_iterations=2, gradient_accumulation_steps=4, per_device_train_batch_size=4)
     )
     assert not clipping_is_inert(active)
+
+
+def test_inert_clipping_is_detected_with_vllm_importance_sampling_too():
+    """TRL computes old log-probs for vLLM's IS correction, but in the aligned case with the parameters the
+    loss sees: the ratio is still 1 and the warning must say so."""
+    from types import SimpleNamespace
+
+    from atr_llm.trainer import inert_clipping_message
+
+    vllm = dict(use_vllm=True, vllm_importance_sampling_correction=True, method="atr")
+    aligned = SimpleNamespace(gradient_accumulation_steps=4, steps_per_generation=4, num_iterations=1, **vllm)
+    reused = SimpleNamespace(gradient_accumulation_steps=4, steps_per_generation=4, num_iterations=2, **vllm)
+    assert clipping_is_inert(aligned) and not clipping_is_inert(reused)
+    assert "with the very parameters the loss sees" in inert_clipping_message(aligned)
 
 
 def test_inert_clipping_warns_in_words_a_user_understands(tmp_path, tok):

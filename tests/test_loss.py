@@ -405,3 +405,14 @@ def test_non_finite_log_probs_on_valid_tokens_raise(value, kind, arg):
     t[1, 2] = value
     with pytest.raises(ValueError, match=rf"{arg} has {kind} at valid position \(1, 2\)"):
         _bad(**{arg: t})
+
+
+def test_frac_ratio_moved_counts_tokens_whose_ratio_left_one_beyond_float_noise():
+    logp = torch.log(torch.tensor([[0.5, 0.25, 0.125, 0.5]], dtype=torch.float64))
+    mask = torch.tensor([[True, True, True, False]])
+    same = at.policy_loss(logp, logp + 1e-7, torch.ones(1), mask).metrics
+    assert same["frac_ratio_moved"] == 0.0
+    moved = at.policy_loss(
+        logp, logp + torch.tensor([[0.0, 1e-3, -0.2, 5.0]], dtype=torch.float64), torch.ones(1), mask
+    )
+    assert moved.metrics["frac_ratio_moved"] == pytest.approx(2 / 3)  # the padded token does not count
