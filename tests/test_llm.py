@@ -322,10 +322,35 @@ def test_a_malformed_row_names_the_file_the_row_and_the_column(tmp_path):
         json.dumps({"question": "ok", "answer": "1"}) + "\n" + json.dumps({"question": "", "answer": "2"}) + "\n"
     )
     with pytest.raises(ValueError, match=r"amc.jsonl: row 1, column 'question' must be a non-empty string"):
-        data.load_source("amc23", f)
+        data.load_source("amc23-40", f)
     g = tmp_path / "amc2.jsonl"
     g.write_text(json.dumps({"problem": "x", "answer": "1"}) + "\n")
     with pytest.raises(ValueError, match=r"amc2.jsonl: row 0 has no column 'question'"):
+        data.load_source("amc23-40", g)
+
+
+def test_amc23_is_the_papers_83_problem_set_in_its_real_schema(tmp_path):
+    """AI-MO/aimo-validation-amc: id, problem, answer (a float), url; 83 rows. The paper's AMC percentages are
+    multiples of 1/83; the 40-problem math-ai/amc23 stays available as amc23-40."""
+    rows = [
+        {"id": i, "problem": f"Problem {i}?", "answer": float(i * 7), "url": f"https://example.org/{i}"}
+        for i in range(83)
+    ]
+    f = tmp_path / "amc.parquet"
+    import pandas as pd
+
+    pd.DataFrame(rows).to_parquet(f)
+    ds = data.load_source("amc23", f)
+    assert len(ds) == data.SOURCES["amc23"].n_problems == 83
+    assert ds[3] == {"problem": "Problem 3?", "answer": "21"}  # 21.0 -> "21"
+    assert data.SOURCES["amc23"].hub_id == "AI-MO/aimo-validation-amc"
+    assert data.SOURCES["amc23-40"].n_problems == 40
+    for paper_percent in (48.19, 60.24, 69.88, 80.72):  # Table 2's AMC numbers: k/83, not k/40
+        assert min(abs(100 * k / 83 - paper_percent) for k in range(84)) < 0.006
+        assert min(abs(100 * k / 40 - paper_percent) for k in range(41)) > 0.1  # 20x the rounding
+    g = tmp_path / "amc-short.parquet"
+    pd.DataFrame(rows[:80]).to_parquet(g)
+    with pytest.warns(UserWarning, match="amc23 has 83 problems, this file/hub copy has 80"):
         data.load_source("amc23", g)
 
 

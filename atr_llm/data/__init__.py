@@ -12,7 +12,9 @@ dapo-math-17k                 BytedTsinghua-SIA/DAPO-Math-17k              promp
 dapo-math-17k-processed       open-r1/DAPO-Math-17k-Processed (en)         prompt, solution
 aime24                        HuggingFaceH4/aime_2024                      problem, answer
 aime25                        opencompass/AIME2025 (AIME2025-I + -II)      question, answer
-amc23                         math-ai/amc23                                question, answer
+amc23                         AI-MO/aimo-validation-amc (83 problems:      problem, answer (a number)
+                              AMC 12 2022-2023, the paper's AMC2023)
+amc23-40                      math-ai/amc23 (40 problems, another set)     question, answer
 openmathreasoning             nvidia/OpenMathReasoning (split cot)         problem, expected_answer (+ solution)
 openmathreasoning-mini        unsloth/OpenMathReasoning-mini               problem, expected_answer (+ solution)
 arithmetic                    generated offline (:func:`arithmetic_dataset`)  problem, answer
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import random
 import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +97,7 @@ class Source:
     split: str = "train"
     clean_problem: Callable[[str], str] | None = None
     deduplicate: bool = False
+    n_problems: int | None = None  # a benchmark's known size: loading another count warns
 
 
 SOURCES: dict[str, Source] = {
@@ -105,9 +109,13 @@ SOURCES: dict[str, Source] = {
         deduplicate=True,
     ),
     "dapo-math-17k-processed": Source("open-r1/DAPO-Math-17k-Processed", "prompt", "solution", configs=("en",)),
-    "aime24": Source("HuggingFaceH4/aime_2024", "problem", "answer"),
-    "aime25": Source("opencompass/AIME2025", "question", "answer", configs=("AIME2025-I", "AIME2025-II"), split="test"),
-    "amc23": Source("math-ai/amc23", "question", "answer", split="test"),
+    "aime24": Source("HuggingFaceH4/aime_2024", "problem", "answer", n_problems=30),
+    "aime25": Source(
+        "opencompass/AIME2025", "question", "answer", configs=("AIME2025-I", "AIME2025-II"), split="test", n_problems=30
+    ),
+    # The paper's AMC percentages are multiples of 1/83 (48.19 = 40/83, 80.72 = 67/83): the 83-problem set
+    "amc23": Source("AI-MO/aimo-validation-amc", "problem", "answer", n_problems=83),
+    "amc23-40": Source("math-ai/amc23", "question", "answer", split="test", n_problems=40),
     "openmathreasoning": Source(
         "nvidia/OpenMathReasoning", "problem", "expected_answer", solution="generated_solution", split="cot"
     ),
@@ -141,7 +149,9 @@ def map_rows(rows, source: Source, origin: str) -> list[dict[str, str]]:
                 raise ValueError(
                     f"{origin}: row {i} has no column {col!r} (needed for {key}); columns: {sorted(row)}"
                 ) from None
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if isinstance(value, float) and value.is_integer():
+                value = str(int(value))  # AMC answers are stored as floats: 142.0 -> "142"
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 value = str(value)
             if not isinstance(value, str) or not value.strip():
                 raise ValueError(f"{origin}: row {i}, column {col!r} must be a non-empty string, got {value!r}")
@@ -182,6 +192,8 @@ def load_source(name: str, path: str | Path | None = None, limit: int | None = N
             rows += map_rows(raw, src, f"{src.hub_id}[{cfg or 'default'}]")
     if limit:
         rows = rows[:limit]
+    elif src.n_problems is not None and len(rows) != src.n_problems:
+        warnings.warn(f"{name} has {src.n_problems} problems, this file/hub copy has {len(rows)}", stacklevel=2)
     return Dataset.from_list(rows)
 
 
