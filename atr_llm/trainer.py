@@ -332,6 +332,7 @@ class ATRLossMixin:
             token_weights = inputs["importance_sampling_ratio"].expand_as(per_token_logps)
 
         aggregation = LOSS_TYPE_AGGREGATION[self.loss_type]
+        max_length = self.max_completion_length if aggregation == "dr_grpo" else None  # only dr_grpo uses it
         out = at.policy_loss(
             per_token_logps,
             old_per_token_logps,
@@ -340,7 +341,7 @@ class ATRLossMixin:
             method=self.atr_method.name,
             form=self.atr_method.form,
             aggregation=aggregation,
-            max_length=self.max_completion_length,
+            max_length=max_length,
             generator=self._method_generator,
             token_weights=token_weights,
             **full_kw,
@@ -352,7 +353,7 @@ class ATRLossMixin:
             per_token_kl = at.kl3_from_log_ratio(ref - per_token_logps)  # k3 with w = pi_ref / pi
             if getattr(self.args, "use_bias_correction_kl", False):  # TRL >= 1.16: weighted by w = pi / pi_old
                 per_token_kl = per_token_kl * torch.exp(per_token_logps - old_per_token_logps)
-            loss = loss + self.beta * at.aggregate(per_token_kl, mask.bool(), aggregation, self.max_completion_length)
+            loss = loss + self.beta * at.aggregate(per_token_kl, mask.bool(), aggregation, max_length)
 
         mode = "train" if self.model.training else "eval"
         if self.loss_type == "dapo":  # TRL: token sum over the whole generation batch's token count

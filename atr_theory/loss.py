@@ -160,7 +160,7 @@ def policy_loss(
     method : registered name; ``**params`` are that method's parameters (``delta``, ``epsilon``, ...).
     form : ``"min"`` (PPO) or ``"mask"`` (paper Eq. 5); None = the method's default.
     aggregation : ``dr_grpo`` (sum / (B * max_length)), ``token_mean``, ``seq_mean_token_mean``,
-        ``seq_mean_token_sum``. ``max_length`` (dr_grpo only) defaults to T.
+        ``seq_mean_token_sum``. ``max_length`` (dr_grpo only, >= T) defaults to T.
     old_full_logp, full_logp : (B, T, V), only for methods that need full distributions.
     generator : torch.Generator for stochastic methods (clip_cov).
     token_weights : optional (B, T) constant multiplier of the per-token objective (e.g. TRL's
@@ -179,15 +179,31 @@ def policy_loss(
     if logp.ndim != 2:
         raise ValueError(f"logp must have shape (B, T), got {tuple(logp.shape)}")
     shape = tuple(logp.shape)
+    if 0 in shape:
+        raise ValueError(f"logp is empty (shape {shape}): a batch needs at least one sequence and one position")
     _check_tensor("old_logp", old_logp, shape)
     _check_tensor("mask", mask, shape)
     _check_tensor("advantages", advantages)
     if tuple(advantages.shape) not in ((shape[0],), shape):
         raise ValueError(f"advantages must have shape ({shape[0]},) or {shape}, got {tuple(advantages.shape)}")
-    if max_length is not None and (int(max_length) != max_length or max_length < 1):
-        raise ValueError(f"max_length must be a positive integer, got {max_length!r}")
     if token_weights is not None:
         _check_tensor("token_weights", token_weights, shape)
+    given = {"logp": logp, "old_logp": old_logp, "mask": mask, "advantages": advantages, "token_weights": token_weights}
+    for name, t in given.items():
+        if t is not None and t.device != logp.device:
+            raise ValueError(f"{name} is on {t.device}, logp on {logp.device}: put every tensor on one device")
+    for name in ("logp", "old_logp", "advantages", "token_weights"):
+        t = given[name]
+        if t is not None and not t.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
+        bad = mask[(mask != 0) & (mask != 1)][0].item()
+        raise ValueError(f"mask must be boolean or hold only 0 and 1, got the value {bad!r}")
+    if max_length is not None:
+        if isinstance(max_length, bool) or int(max_length) != max_length or max_length < shape[1]:
+            raise ValueError(f"max_length must be an integer >= T = {shape[1]}, got {max_length!r}")
+        if aggregation != "dr_grpo":
+            raise ValueError(f"max_length is used by aggregation 'dr_grpo' only, not by {aggregation!r}; leave it None")
 
     m = mask.bool() if mask.dtype != torch.bool else mask
     dtype = torch.promote_types(logp.dtype, torch.float32)
@@ -196,21 +212,26 @@ def policy_loss(
         adv = adv.unsqueeze(-1).expand(shape)
     all_valid = bool(m.all())
     zero = torch.zeros((), dtype=dtype, device=logp.device)
+    weights = None if token_weights is None else token_weights.detach().to(dtype)
     if all_valid:
         lp, olp = logp.to(dtype), old_logp.detach().to(dtype)
-    else:  # padding may hold anything (NaN, -inf): replace it before it can reach a gradient
+    else:  # padding may hold anything (NaN, -inf): replace it before it can reach a value or a gradient
         lp = torch.where(m, logp.to(dtype), zero)
         olp = torch.where(m, old_logp.detach().to(dtype), zero)
+        adv = torch.where(m, adv, zero)
+        weights = None if weights is None else torch.where(m, weights, zero)
     log_ratio = lp - olp
     # one reduction validates every valid token (NaN and +-inf propagate into min/max) and decides
     # whether the clamp is needed; the detailed scan runs only on the error path
     y_min, y_max = torch.aminmax(log_ratio.detach())
-    adv_sum = (adv if all_valid else torch.where(m, adv, zero)).sum()
-    if not bool(torch.isfinite(y_min + y_max + adv_sum)):
+    check = y_min + y_max + adv.sum() + (0.0 if weights is None else weights.sum())
+    if not bool(torch.isfinite(check)):
         _check_logp("logp", logp, m)
         _check_logp("old_logp", old_logp, m)
-        if not bool(torch.isfinite(torch.where(m, adv, zero)).all()):
+        if not bool(torch.isfinite(adv).all()):
             raise ValueError("advantages must be finite on valid tokens")
+        if weights is not None and not bool(torch.isfinite(weights).all()):
+            raise ValueError("token_weights must be finite on valid tokens")
         if not bool(torch.isfinite(y_min + y_max)):
             raise ValueError("log-ratio logp - old_logp overflows; log-probs must be finite and <= 0")
     if float(y_min) < -LOG_RATIO_CLAMP or float(y_max) > LOG_RATIO_CLAMP:
@@ -218,8 +239,8 @@ def policy_loss(
     batch = TokenBatch(log_ratio, adv, m, lp, olp, choice.form, generator, old_full_logp, full_logp, kl_chunk_size)
     result = choice.spec.fn(batch, **choice.params)
     objective = result.objective
-    if token_weights is not None:
-        objective = objective * token_weights.detach().to(dtype)
+    if weights is not None:
+        objective = objective * weights
     per_token = objective if all_valid else torch.where(m, objective, zero)
     max_len = shape[1] if max_length is None else int(max_length)
     loss = -AGGREGATIONS[aggregation](per_token, m.to(dtype), max_len)

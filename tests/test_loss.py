@@ -389,7 +389,23 @@ def _bad(**kw):
         (dict(mask=torch.ones(2, 6)), "mask must have shape"),
         (dict(advantages=torch.zeros(4)), "advantages must have shape"),
         (dict(logp=torch.zeros(18)), r"logp must have shape \(B, T\)"),
-        (dict(max_length=0), "max_length must be a positive integer"),
+        (dict(max_length=0), "max_length must be an integer >= T"),
+        (dict(max_length=5), r"max_length must be an integer >= T = 6, got 5"),
+        (dict(max_length=8, aggregation="token_mean"), "max_length is used by aggregation 'dr_grpo' only"),
+        (dict(mask=torch.full((3, 6), 0.5)), "mask must be boolean or hold only 0 and 1, got the value 0.5"),
+        (dict(mask=-torch.ones(3, 6)), "mask must be boolean or hold only 0 and 1, got the value -1"),
+        (dict(mask=torch.full((3, 6), math.nan)), "mask must be boolean or hold only 0 and 1, got the value nan"),
+        (dict(logp=torch.zeros(3, 6, dtype=torch.long)), "logp must be a floating-point tensor, got dtype torch.int64"),
+        (dict(old_logp=torch.zeros(3, 6, dtype=torch.bool)), "old_logp must be a floating-point tensor"),
+        (
+            dict(logp=torch.zeros(0, 6), old_logp=torch.zeros(0, 6), mask=torch.ones(0, 6), advantages=torch.zeros(0)),
+            "logp is empty",
+        ),
+        (dict(logp=torch.zeros(3, 0), old_logp=torch.zeros(3, 0), mask=torch.ones(3, 0)), "logp is empty"),
+        (dict(token_weights=torch.full((3, 6), math.nan)), "token_weights must be finite on valid tokens"),
+        (dict(delta="0.07"), "delta must be a real number, got str"),
+        (dict(delta=True), "delta must be a real number, got bool"),
+        (dict(delta=torch.tensor(0.07)), "delta must be a real number, got Tensor"),
     ],
 )
 def test_bad_input_raises_value_error_naming_the_argument(kwargs, match):
@@ -416,3 +432,38 @@ def test_frac_ratio_moved_counts_tokens_whose_ratio_left_one_beyond_float_noise(
         logp, logp + torch.tensor([[0.0, 1e-3, -0.2, 5.0]], dtype=torch.float64), torch.ones(1), mask
     )
     assert moved.metrics["frac_ratio_moved"] == pytest.approx(2 / 3)  # the padded token does not count
+
+
+@pytest.mark.parametrize("method", ["gspo", "clip_cov", "kl_cov", "atr_seq", "atr", "clip"])
+def test_non_finite_values_on_padding_change_nothing(method):
+    """policy_loss promises that padding is ignored: NaN / inf advantages and token weights there must not
+    reach the loss, the gradient or a method's token selection (GSPO's sequence ratio, Clip-/KL-Cov's covariance)."""
+    logp, old, adv, _ = _batch(3, B=4, T=7)
+    adv_t = adv[:, None].expand(4, 7).clone()
+    mask = torch.ones(4, 7, dtype=torch.bool)
+    mask[:, 5:] = False
+    weights = torch.ones(4, 7)
+    kw = dict(method=method, generator=None)
+
+    def run(a, w):
+        lp = logp.detach().clone().requires_grad_(True)
+        g = torch.Generator().manual_seed(0)
+        out = at.policy_loss(lp, old, a, mask, token_weights=w, **{**kw, "generator": g})
+        out.loss.backward()
+        return out.loss.detach(), lp.grad, out.metrics
+
+    clean = run(adv_t, weights)
+    dirty_adv, dirty_w = adv_t.clone(), weights.clone()
+    dirty_adv[:, 5:] = math.nan
+    dirty_adv[0, 6] = math.inf
+    dirty_w[:, 5:] = math.nan
+    dirty = run(dirty_adv, dirty_w)
+    assert torch.isfinite(clean[0]) and torch.equal(clean[0], dirty[0])
+    assert torch.equal(clean[1], dirty[1]) and bool(torch.isfinite(dirty[1]).all())
+    assert clean[2] == dirty[2]
+
+
+def test_tensors_on_two_devices_are_refused_naming_them():
+    logp, old, adv, mask = _batch(0)
+    with pytest.raises(ValueError, match="advantages is on meta, logp on cpu"):
+        at.policy_loss(logp, old, adv.to("meta"), mask)

@@ -174,3 +174,19 @@ def test_trgppo_torch_newton_matches_the_bisection(delta):
     b_lo, b_hi = at.ranges.trgppo_kl_log_range_torch(torch.tensor(p), delta)
     np.testing.assert_allclose(b_lo.numpy(), a_lo, rtol=1e-9, atol=1e-300)
     np.testing.assert_allclose(b_hi.numpy(), a_hi, rtol=1e-8, atol=1e-15)  # both lose digits where the root is ~0
+
+
+@pytest.mark.parametrize("delta", [700.0, 744.0, 745.0, 1e3, 1e6])
+def test_kl3_range_stays_finite_for_huge_delta(delta):
+    """Lambert W's argument -e^{-1-delta} underflows beyond delta ~ 708; the upper bound must not become inf/nan."""
+    import warnings
+
+    import mpmath as mp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        y_lo, y_hi = at.kl3_clip_log_range(delta)
+        lo, hi = at.kl3_clip_range(delta)
+    root = float(mp.findroot(lambda y: mp.expm1(y) - y - delta, mp.log(delta + 1) + 1))
+    assert y_hi == pytest.approx(root, rel=1e-14) and hi == pytest.approx(math.exp(root), rel=1e-13)
+    assert y_lo == pytest.approx(-(1 + delta), rel=1e-14) and 0.0 <= lo < 1e-300
