@@ -2,8 +2,11 @@
 PY ?= python3
 PIP = $(PY) -m pip
 PINS_VENV ?= .venv-pins
+VERL_VENV ?= .venv-verl
+# verl's loss code runs on CPU; its package needs only these (ray is stubbed in the test, never called)
+VERL_PKGS = verl==0.9.1 omegaconf antlr4-python3-runtime==4.9.3 tensordict==0.10.0 codetiming orjson cloudpickle pyvers
 
-.PHONY: install demo test test-pins lint figures bench
+.PHONY: install demo test test-pins test-verl lint figures bench
 
 install:
 	$(PIP) install --quiet torch==2.13.0
@@ -24,6 +27,12 @@ test-pins:
 	$(PINS_VENV)/bin/python -m pip install --quiet -e ".[dev,llm]" -c ci/unsloth-pins.txt
 	$(PINS_VENV)/bin/python -c "import trl, transformers, datasets; print('pinned:', trl.__version__, transformers.__version__, datasets.__version__)"
 	$(PINS_VENV)/bin/python -m pytest tests/test_llm.py tests/test_loss.py -q -p no:cacheprovider
+
+# verl 0.9.1's own policy losses as the oracle of atr_theory.policy_loss (tests/test_verl_oracle.py)
+test-verl:
+	$(PY) -m venv --system-site-packages $(VERL_VENV)
+	$(VERL_VENV)/bin/python -m pip install --quiet --no-deps $(VERL_PKGS)
+	$(VERL_VENV)/bin/python -m pytest tests/test_verl_oracle.py -q -p no:cacheprovider
 
 figures: install
 	for s in sims/*.py; do case $$s in */_common.py) ;; *) $(PY) $$s || exit 1;; esac; done

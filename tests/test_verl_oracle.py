@@ -1,0 +1,252 @@
+"""verl 0.9.1's own policy losses (``verl.trainer.ppo.core_algos``) as the oracle of ``atr_theory.policy_loss``.
+
+Runs where verl is importable: ``make test-verl`` builds a virtualenv with ``pip install --no-deps verl==0.9.1``
+and its few pure-Python needs (verl's package ``__init__`` imports ray, which the loss code never uses: a stub
+module stands in for it, see :func:`_import_verl`). Batches are float64, padded, with per-sequence or
+per-token advantages and log-ratios within verl's +-20 clamp.
+
+Where the two differ by design, a test says so and pins the difference:
+* GSPO with *per-token* advantages: verl implements GSPO-token (``s_t = sg[s] pi_t / sg[pi_t]``: each token's
+  gradient carries its own advantage); ours spreads the sequence ratio's gradient evenly over the tokens (the
+  sequence-level GSPO of Zheng et al.). With per-sequence advantages -- GRPO's -- both agree.
+* Clip-Cov: the same tokens lose their gradient, but verl also zeroes their loss *value*; ours keeps the value
+  (detached), so only gradients are compared.
+* SAPO: verl always aggregates seq-mean-token-mean; ours honours the requested aggregation.
+* verl's ``seq-mean-*`` modes leave fully padded sequences out of the batch size; ours counts them (the batches
+  here have none).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+
+import atr_theory as at
+
+
+def _import_verl():
+    """``verl.trainer.ppo.core_algos`` and ``ActorConfig``, with a stub for ray (imported by verl's
+    ``__init__`` through ``protocol.py``, never called by the loss functions)."""
+    if "ray" not in sys.modules:
+
+        class _Anything:
+            def __init__(self, *a, **k):
+                pass
+
+            def __call__(self, *a, **k):
+                return a[0] if len(a) == 1 and callable(a[0]) and not k else _Anything()
+
+            def __getattr__(self, name):
+                return _Anything()
+
+            def __getitem__(self, item):
+                return _Anything()
+
+            def __mro_entries__(self, bases):
+                return (object,)
+
+            def __or__(self, other):
+                return _Anything()
+
+            __ror__ = __or__
+
+        class _StubModule(types.ModuleType):
+            def __getattr__(self, name):
+                if name.startswith("__"):
+                    raise AttributeError(name)
+                return _Anything()
+
+        for name in ("ray", "ray.util", "ray.util.placement_group", "ray.util.scheduling_strategies", "ray.actor"):
+            sys.modules[name] = _StubModule(name)
+    from verl.trainer.ppo import core_algos
+    from verl.workers.config import ActorConfig
+
+    return core_algos, ActorConfig
+
+
+try:
+    core_algos, ActorConfig = _import_verl()
+except ImportError:  # pragma: no cover - the main environment has no verl: `make test-verl` runs this file
+    pytest.skip("verl is not installed (make test-verl)", allow_module_level=True)
+
+AGGREGATIONS = {  # ours -> verl's loss_agg_mode (dr_grpo: seq-mean-token-sum-norm with the horizon T)
+    "dr_grpo": "seq-mean-token-sum-norm",
+    "token_mean": "token-mean",
+    "seq_mean_token_mean": "seq-mean-token-mean",
+    "seq_mean_token_sum": "seq-mean-token-sum",
+}
+SEEDS = range(12)
+
+
+def _batch(seed: int, per_token: bool, B: int = 6, T: int = 9, scale: float = 0.5):
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3 - 0.05
+    logp = old + scale * torch.randn(B, T, generator=g, dtype=torch.float64)
+    lengths = torch.randint(2, T + 1, (B,), generator=g)
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    adv = (
+        torch.randn(B, T, generator=g, dtype=torch.float64)
+        if per_token
+        else torch.randn(B, 1, generator=g, dtype=torch.float64).expand(B, T)
+    )
+    return logp, old, adv.contiguous(), mask
+
+
+def _config(loss_mode: str, **kw) -> ActorConfig:
+    from verl.workers.config.actor import PolicyLossConfig
+
+    policy_keys = {"clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef"}
+    policy = PolicyLossConfig(loss_mode=loss_mode, **{k: v for k, v in kw.items() if k in policy_keys})
+    actor = {k: v for k, v in kw.items() if k not in policy_keys}
+    return ActorConfig(strategy="fsdp", rollout_n=4, ppo_micro_batch_size_per_gpu=1, policy_loss=policy, **actor)
+
+
+def _ours(logp, old, adv, mask, method, aggregation, **params):
+    lp = logp.clone().requires_grad_(True)
+    out = at.policy_loss(lp, old, adv, mask, method=method, aggregation=aggregation, **params)
+    (grad,) = torch.autograd.grad(out.loss, lp)
+    return out.loss.detach(), grad
+
+
+def _verl(logp, old, adv, mask, loss_mode, agg_mode, **cfg):
+    lp = logp.clone().requires_grad_(True)
+    fn = core_algos.get_policy_loss_fn(loss_mode)
+    loss, metrics = fn(old, lp, adv, mask.to(torch.float64), agg_mode, _config(loss_mode, **cfg))
+    (grad,) = torch.autograd.grad(loss, lp)
+    return loss.detach(), grad, metrics
+
+
+def _close(a, b, aggregation=None):
+    """Equal to float64 rounding; verl's seq-mean-token-mean divides by ``n_tokens + 1e-8``, which moves each
+    O(1) per-sequence term by up to 1e-8 (absolute; the total can be much smaller than its terms)."""
+    if aggregation == "seq_mean_token_mean":
+        return torch.allclose(a, b, rtol=0.0, atol=2e-8)
+    return torch.allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
+# (our method and parameters, verl loss_mode and config)
+RATIO_RULES = [
+    (
+        ("clip", {"epsilon": 0.2}),
+        ("vanilla", {"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 1e12}),
+    ),
+    (
+        ("clip_higher", {"epsilon_low": 0.2, "epsilon_high": 0.28}),
+        ("vanilla", {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 1e12}),
+    ),
+    (
+        ("dual_clip", {"epsilon": 0.2, "dual_clip_c": 3.0}),
+        ("vanilla", {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0}),
+    ),
+    (
+        ("dual_clip", {"epsilon": 0.1, "dual_clip_c": 1.5}),
+        ("vanilla", {"clip_ratio_low": 0.1, "clip_ratio_high": 0.1, "clip_ratio_c": 1.5}),
+    ),
+]
+
+
+@pytest.mark.parametrize("aggregation", list(AGGREGATIONS))
+@pytest.mark.parametrize("ours,theirs", RATIO_RULES, ids=lambda x: x[0] if isinstance(x[0], str) else None)
+@pytest.mark.parametrize("per_token", [False, True])
+def test_ratio_clipping_rules_equal_verls_vanilla_loss(ours, theirs, aggregation, per_token):
+    acted = 0
+    for seed in SEEDS:
+        batch = _batch(seed, per_token, scale=1.0)
+        lo, go = _ours(*batch, ours[0], aggregation, **ours[1])
+        lv, gv, metrics = _verl(*batch, theirs[0], AGGREGATIONS[aggregation], **theirs[1])
+        assert _close(lo, lv, aggregation) and _close(go, gv, aggregation), (seed, float(lo), float(lv))
+        acted += metrics["actor/pg_clipfrac"] > 0
+    assert acted > 0  # clipping acted on some batches
+
+
+@pytest.mark.parametrize("aggregation", list(AGGREGATIONS))
+def test_gspo_with_per_sequence_advantages_equals_verls_gspo(aggregation):
+    acted = 0
+    for seed in SEEDS:
+        batch = _batch(seed, per_token=False, scale=5e-4)  # GSPO's ranges are 3e-4 / 4e-4 wide
+        lo, go = _ours(*batch, "gspo", aggregation, epsilon_low=3e-4, epsilon_high=4e-4)
+        lv, gv, metrics = _verl(*batch, "gspo", AGGREGATIONS[aggregation], clip_ratio_low=3e-4, clip_ratio_high=4e-4)
+        assert _close(lo, lv, aggregation) and _close(go, gv, aggregation), seed
+        acted += metrics["actor/pg_clipfrac"] > 0
+    assert 0 < acted < len(SEEDS)
+
+
+def test_gspo_with_per_token_advantages_differs_from_verls_gspo_token_as_documented():
+    """verl's GSPO-token gives token t the gradient ``-A_t s / n`` (its own advantage); ours gives every token of
+    the sequence ``-mean_t(A_t) s / n``: the same loss value, different gradients."""
+    logp, old, adv, mask = _batch(0, per_token=True, scale=1e-5)  # ratios ~1: no clipping on either side
+    lo, go = _ours(logp, old, adv, mask, "gspo", "seq_mean_token_mean", epsilon_low=0.2, epsilon_high=0.2)
+    lv, gv, _ = _verl(logp, old, adv, mask, "gspo", "seq-mean-token-mean", clip_ratio_low=0.2, clip_ratio_high=0.2)
+    assert _close(lo, lv, "seq_mean_token_mean")
+    assert float((go - gv).abs().max()) > 1e-2
+    m = mask.to(torch.float64)
+    n = m.sum(-1, keepdim=True)
+    s = torch.exp(((logp - old) * m).sum(-1, keepdim=True) / n)
+    B = logp.shape[0]
+    assert torch.allclose(gv, -adv * s / n / B * m, rtol=1e-9)  # GSPO-token
+    mean_adv = (adv * m).sum(-1, keepdim=True) / n
+    assert torch.allclose(go, -mean_adv * s / n / B * m, rtol=1e-9)  # sequence-level GSPO
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+def test_sapo_equals_verls_sapo(per_token):
+    for seed in SEEDS:
+        batch = _batch(seed, per_token, scale=1.0)
+        lo, go = _ours(*batch, "sapo", "seq_mean_token_mean", tau_pos=1.0, tau_neg=1.05)
+        lv, gv, _ = _verl(*batch, "sapo", "token-mean", tau_pos=1.0, tau_neg=1.05)  # verl ignores the mode
+        assert _close(lo, lv, "seq_mean_token_mean") and _close(go, gv, "seq_mean_token_mean"), seed
+
+
+@pytest.mark.parametrize("aggregation", list(AGGREGATIONS))
+def test_clip_cov_drops_the_same_tokens_as_verl(aggregation):
+    """Same candidates, same random draw (verl uses torch's global generator, ours a generator seeded alike):
+    the same gradients. Loss values differ by design (verl zeroes the dropped tokens' value)."""
+    dropped = 0
+    for seed in SEEDS:
+        batch = _batch(seed, per_token=True, B=8, T=12, scale=0.4)
+        params = dict(epsilon=0.2, cov_ratio=0.05, cov_lb=0.0, cov_ub=2.0)
+        lp = batch[0].clone().requires_grad_(True)
+        out = at.policy_loss(
+            lp,
+            *batch[1:],
+            method="clip_cov",
+            aggregation=aggregation,
+            generator=torch.Generator().manual_seed(seed),
+            **params,
+        )
+        (go,) = torch.autograd.grad(out.loss, lp)
+        torch.manual_seed(seed)
+        lv, gv, metrics = _verl(
+            *batch,
+            "clip_cov",
+            AGGREGATIONS[aggregation],
+            clip_ratio=0.2,
+            clip_ratio_low=0.2,
+            clip_ratio_high=0.2,
+            clip_cov_ratio=0.05,
+            clip_cov_lb=0.0,
+            clip_cov_ub=2.0,
+        )
+        assert _close(go, gv, aggregation), seed
+        dropped += metrics["actor/pg_clipfrac"] > 0
+    assert dropped > 0
+
+
+@pytest.mark.parametrize("aggregation", list(AGGREGATIONS))
+def test_kl_cov_equals_verls_kl_cov(aggregation):
+    for seed in SEEDS:
+        batch = _batch(seed, per_token=True, B=8, T=12, scale=0.4)  # continuous advantages: no covariance ties
+        lo, go = _ours(*batch, "kl_cov", aggregation, cov_ratio=0.05, kl_coef=2.0)
+        lv, gv, _ = _verl(*batch, "kl_cov", AGGREGATIONS[aggregation], kl_cov_ratio=0.05, ppo_kl_coef=2.0)
+        assert _close(lo, lv, aggregation) and _close(go, gv, aggregation), seed
+
+
+def test_a_wrong_formula_fails_the_oracle():
+    """The oracle has teeth: clip_higher with its two epsilons swapped disagrees with verl."""
+    batch = _batch(1, per_token=False, scale=1.0)
+    lo, go = _ours(*batch, "clip_higher", "token_mean", epsilon_low=0.28, epsilon_high=0.2)
+    lv, gv, _ = _verl(*batch, "vanilla", "token-mean", clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=1e12)
+    assert not (_close(lo, lv) and _close(go, gv))
