@@ -367,8 +367,12 @@ class ATRLossMixin:
         metrics = self._metrics[mode]
         n_tok = mask.sum().clamp(min=1.0)
         metrics["entropy"].append(self.accelerator.gather((entropies * mask).sum() / n_tok).nanmean().item())
-        for key, value in out.metrics.items():
-            if key != "n_tokens" and math.isfinite(value):
+        keys = [k for k in out.metrics if k != "n_tokens"]
+        local = torch.tensor([out.metrics[k] for k in keys], dtype=torch.float32, device=self.accelerator.device)
+        local = torch.where(torch.isfinite(local), local, torch.full_like(local, math.nan))
+        across = self.accelerator.gather(local.unsqueeze(0)).nanmean(0)  # the mean over processes
+        for key, value in zip(keys, across.tolist()):
+            if math.isfinite(value):
                 metrics[f"clip/{key}"].append(value)
         return loss
 

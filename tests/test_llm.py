@@ -414,3 +414,27 @@ def test_the_cli_without_arguments_says_what_to_run():
 
     res = subprocess.run([sys.executable, "-m", "atr_llm.train"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "cpu-tiny.yaml" in res.stdout and "--help" in res.stdout
+
+
+@pytest.mark.slow
+def test_two_processes_train_and_log_clip_metrics_averaged_over_processes(tmp_path):
+    """`accelerate launch --cpu --num_processes 2`: the run trains, checkpoints, and logs the clip metrics
+    (gathered and averaged over the two processes before logging)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("accelerate") is None:
+        pytest.skip("accelerate's launcher is not on PATH")
+    out = tmp_path / "run"
+    cmd = [
+        "accelerate", "launch", "--cpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+        "--dynamo_backend", "no", "-m", "atr_llm.train", "--config", str(CONFIGS / "cpu-tiny.yaml"),
+        "--output_dir", str(out), "--max_steps", "3", "--sft_steps", "0", "--logging_steps", "1",
+        "--save_steps", "3", "--dataset_limit", "64", "--per_device_train_batch_size", "8",
+    ]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[1])
+    assert res.returncode == 0, res.stderr[-3000:]
+    state = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())
+    logs = [h for h in state["log_history"] if "loss" in h]
+    assert [h["step"] for h in logs] == [1, 2, 3]
+    assert all(0.0 <= h["clip/frac_kept"] <= 1.0 and "clip/frac_ratio_moved" in h for h in logs)
