@@ -7,6 +7,7 @@ V = 151,936 on (B, T) = (2, 512), chunked; time and peak extra memory per token 
 each measured in a fresh subprocess (peak RSS).
 
     python benchmarks/loss_overhead.py [--quick] [--out figures/loss_overhead.json]
+    python benchmarks/loss_overhead.py --device cuda --part1-only --out figures/loss_overhead_cuda.json
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def inline_ppo_clip(logp, old_logp, adv, mask, eps_low=0.2, eps_high=0.2):
     return (per_token_loss * mask).sum() / (logp.size(0) * logp.size(1))
 
 
-def make_inputs(B, T, seed=0, scale=0.3):
+def make_inputs(B, T, seed=0, scale=0.3, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     old = -torch.rand(B, T, generator=g) * 3 - 0.01
     logp = (old + scale * torch.randn(B, T, generator=g)).clamp(max=0.0)
@@ -40,19 +41,26 @@ def make_inputs(B, T, seed=0, scale=0.3):
     # completions of random length (T/4 .. T), padded: both sides pay for the mask
     lengths = torch.randint(T // 4, T + 1, (B,), generator=g)
     mask = torch.arange(T)[None, :] < lengths[:, None]
-    return logp, old, adv, mask
+    return tuple(x.to(device) for x in (logp, old, adv, mask))
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
 
 
 def time_call(fn, logp0):
     logp = logp0.clone().requires_grad_(True)
+    _sync(logp.device)
     t0 = time.perf_counter()
     loss = fn(logp)
     loss.backward()
+    _sync(logp.device)
     return time.perf_counter() - t0
 
 
-def part1(B, T, repeats):
-    logp0, old, adv, mask = make_inputs(B, T)
+def part1(B, T, repeats, device="cpu"):
+    logp0, old, adv, mask = make_inputs(B, T, device=device)
     maskf = mask.float()
     peer = lambda lp: inline_ppo_clip(lp, old, adv, maskf)
     results = {}
@@ -127,8 +135,19 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     ap.add_argument("--out", default="figures/loss_overhead.json")
+    ap.add_argument("--device", default="cpu", help="where part 1 runs (cuda: synchronised around each call)")
+    ap.add_argument("--part1-only", action="store_true", help="skip part 2 (full distributions)")
     args = ap.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
+    if args.part1_only:
+        B, T = (8, 256) if args.quick else (64, 4096)
+        r1 = part1(B, T, 5 if args.quick else 25, args.device)
+        device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+        result = {"sizes": {"part1": [B, T]}, "device": device, "torch": torch.__version__, "part1": r1}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.out}")
+        return
     if args.quick:
         r1 = part1(8, 256, 5)
         r2 = part2(1, 16, 4096, 8, 2)

@@ -1,0 +1,475 @@
+"""One command for one GPU: training steps of ATRGRPOTrainer against stock ``trl.GRPOTrainer`` on a randomly
+initialised Qwen3-1.7B architecture, with the paper's LoRA and Table 4's batch geometry.
+
+No hub access: the model is ``Qwen3ForCausalLM`` built from the published Qwen3-1.7B sizes
+(:data:`QWEN3_1_7B`) with random weights, the tokenizer is Qwen3's real one built offline
+(:func:`atr_llm.tokenizer.qwen3_tokenizer`), the prompts are the package's arithmetic task. A random model
+earns no task reward, so the reward is a deterministic function of the completion's token ids (it has
+spread, so advantages and gradients are not zero); what is measured is cost, not learning.
+
+Each case (trainer kind x backend) runs in a fresh process with the same seed, model, LoRA initialisation
+and data: bf16, LoRA r = 32, alpha = 64 on all linear layers, gradient checkpointing, per-device batch 8,
+gradient accumulation 4, 8 generations per prompt, ``num_iterations: 2``, ``loss_type: dr_grpo``.
+Reported per case: step time split into generation (``_generate_and_score_completions``: sampling, rewards,
+old log-probs), forward + backward and optimizer; completion tokens generated per second and tokens
+trained per second; peak GPU memory. Across cases: the first micro-batch's loss and the gradient of the
+first optimizer step (where w = 1 exactly, so every clipping rule gives the same loss) compared with the
+first case, and whether the cases sampled the same completions.
+
+    python benchmarks/gpu_step.py                         # 20 steps per case, completions up to 1,536 tokens
+    python benchmarks/gpu_step.py --max-completion-length 512 --steps 20
+    python benchmarks/gpu_step.py --tiny --steps 2        # the same code on CPU with a tiny model (CI smoke test)
+    python benchmarks/gpu_wheels.py                       # the wheels a GPU machine needs beyond torch & co.
+
+Writes ``figures/gpu_step.json`` (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+# Qwen/Qwen3-1.7B's config.json (published sizes); the weights are random here.
+QWEN3_1_7B = dict(
+    vocab_size=151_936,
+    hidden_size=2048,
+    intermediate_size=6144,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=40_960,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+)
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# Table 4 of the paper (per device); num_iterations 2 as in our presets so that clipping acts
+TABLE4 = dict(per_device_train_batch_size=8, gradient_accumulation_steps=4, num_generations=8, learning_rate=5e-6)
+
+
+def synthetic_reward(completion_ids, **_) -> list[float]:
+    """A deterministic reward in [0, 1] with spread: (sum of the completion's token ids mod 11) / 10."""
+    return [float(sum(ids) % 11) / 10.0 for ids in completion_ids]
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+class StepTimer:
+    """Wall-clock time (device-synchronised) of the parts of each optimizer step."""
+
+    def __init__(self):
+        self.steps: list[dict] = []  # one record per optimizer step (see make_callback)
+        self.generation_calls: list[dict] = []  # seconds and completion tokens per generation call
+        self._gen_s = 0.0
+        self._gen_tokens = 0
+        self._trained_tokens = 0
+        self.first_loss: float | None = None
+        self.first_completions: str | None = None
+
+
+def _peak_gib() -> float | None:
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+
+
+def make_callback(timer: StepTimer, grad_path: Path | None):
+    """A transformers TrainerCallback filling ``timer`` and printing one ``CASE-STEP {json}`` line per optimizer
+    step (so a case stopped by a time limit still reports its steps), and saving the first step's gradient."""
+    import torch
+    from transformers import TrainerCallback
+
+    class _Cb(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            _sync()
+            self._t0 = time.perf_counter()
+            self._t_opt = self._opt_s = float("nan")
+            timer._gen_s, timer._gen_tokens, timer._trained_tokens = 0.0, 0, 0
+
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
+            if state.global_step == 0 and grad_path is not None:
+                grads = {
+                    n: p.grad.detach().float().cpu() for n, p in model.named_parameters() if p.grad is not None
+                }
+                torch.save(grads, grad_path)
+            _sync()
+            self._t_opt = time.perf_counter()
+
+        def on_optimizer_step(self, args, state, control, **kw):
+            _sync()
+            self._opt_s = time.perf_counter() - self._t_opt
+
+        def on_step_end(self, args, state, control, **kw):
+            _sync()
+            rec = {
+                "step": state.global_step,
+                "step_s": time.perf_counter() - self._t0,
+                "generation_s": timer._gen_s,
+                "optimizer_s": self._opt_s,
+                "generated_tokens": timer._gen_tokens,
+                "trained_tokens": timer._trained_tokens,
+                "peak_gpu_memory_GiB": _peak_gib(),
+                "first_microbatch_loss": timer.first_loss,
+                "first_completions_sha": timer.first_completions,
+            }
+            timer.steps.append(rec)
+            print("CASE-STEP " + json.dumps(rec), flush=True)
+
+    return _Cb()
+
+
+def instrument(trainer, timer: StepTimer) -> None:
+    """Wrap the trainer's generation and loss to time them and record the first loss and completions."""
+    gen = trainer._generate_and_score_completions
+    compute_loss = trainer.compute_loss
+
+    def timed_generation(inputs):
+        _sync()
+        t0 = time.perf_counter()
+        out = gen(inputs)
+        _sync()
+        dt = time.perf_counter() - t0
+        n = int(out["completion_mask"].sum())
+        timer.generation_calls.append({"s": dt, "completion_tokens": n})
+        timer._gen_s += dt
+        timer._gen_tokens += n
+        if timer.first_completions is None:
+            timer.first_completions = hashlib.sha256(out["completion_ids"].cpu().numpy().tobytes()).hexdigest()[:16]
+        return out
+
+    def recorded_loss(model, inputs, *args, **kwargs):
+        loss = compute_loss(model, inputs, *args, **kwargs)
+        if timer.first_loss is None:
+            timer.first_loss = float(loss.detach().float())
+        timer._trained_tokens += int(inputs["prompt_mask"].sum() + inputs["completion_mask"].sum())
+        return loss
+
+    trainer._generate_and_score_completions = timed_generation
+    trainer.compute_loss = recorded_loss
+
+
+def build_model(tiny: bool, seed: int):
+    """Qwen3-1.7B's architecture with random bf16 weights on the GPU (``tiny``: the CPU smoke-test model)."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3Config
+
+    from atr_llm.tiny import build_tokenizer_and_model
+    from atr_llm.tokenizer import qwen3_tokenizer
+
+    if tiny:
+        return build_tokenizer_and_model("toy", seed=seed)
+    tok = qwen3_tokenizer()
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        **QWEN3_1_7B, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None
+    )
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, do_sample=True
+    )
+    return tok, model
+
+
+def unsloth_model(model, tok, args):
+    """Save the random model and load it back with Unsloth's FastLanguageModel and its LoRA (bf16, no 4-bit)."""
+    import torch
+    from unsloth import FastLanguageModel
+
+    path = tempfile.mkdtemp()
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    del model
+    torch.cuda.empty_cache()
+    model, _ = FastLanguageModel.from_pretrained(
+        model_name=path,
+        max_seq_length=256 + args.max_completion_length,
+        dtype=torch.bfloat16,
+        load_in_4bit=False,
+        fast_inference=False,
+    )
+    model = FastLanguageModel.get_peft_model(
+        model,
+        r=32,
+        lora_alpha=64,
+        lora_dropout=0.0,
+        target_modules=LORA_TARGETS,
+        use_gradient_checkpointing="unsloth",
+        random_state=args.seed,
+    )
+    return model, None
+
+
+def reinit_lora(model, seed: int) -> None:
+    """Every case starts from the same adapter: lora_A drawn from a generator seeded by the module's path
+    (the part from ``layers.``), lora_B zero, whichever library built the adapter."""
+    import torch
+
+    for name, p in model.named_parameters():
+        if "lora_A" not in name and "lora_B" not in name:
+            continue
+        key = name[name.find("layers.") :]
+        g = torch.Generator().manual_seed(seed * 1_000_003 + int(hashlib.sha256(key.encode()).hexdigest()[:8], 16))
+        with torch.no_grad():
+            if "lora_A" in name:
+                bound = 1.0 / p.shape[1] ** 0.5  # peft's kaiming-uniform(a=sqrt 5) bound
+                p.copy_((torch.rand(p.shape, generator=g, dtype=torch.float32) * 2 - 1) * bound)
+            else:
+                p.zero_()
+
+
+def one_case(kind: str, backend: str, args, grad_path: Path) -> dict:
+    """Train ``args.steps`` optimizer steps of one trainer kind ('stock' or an atr_theory method) and measure."""
+    import warnings
+
+    if backend == "unsloth":
+        import unsloth  # noqa: F401  (first: it patches trl and transformers when imported)
+    import torch
+    import trl
+    from peft import LoraConfig
+
+    from atr_llm import data
+    from atr_llm.trainer import ATRGRPOConfig, ATRGRPOTrainer
+
+    cuda = torch.cuda.is_available() and not args.tiny
+    tok, model = build_model(args.tiny, args.seed)
+    peft_config = LoraConfig(r=32, lora_alpha=64, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
+    if backend == "unsloth":
+        model, peft_config = unsloth_model(model, tok, args)
+    common = dict(
+        output_dir=tempfile.mkdtemp(),
+        max_steps=args.steps,
+        max_completion_length=args.max_completion_length,
+        num_iterations=2,
+        loss_type="dr_grpo",
+        scale_rewards="none",
+        beta=0.0,
+        temperature=1.0,
+        top_p=1.0,
+        weight_decay=0.001,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=args.seed,
+        bf16=cuda,
+        use_cpu=not cuda,
+        gradient_checkpointing=True,
+        **TABLE4,
+    )
+    if args.tiny:
+        common.update(per_device_train_batch_size=4, num_generations=4, gradient_accumulation_steps=2)
+    prompts = data.to_grpo_dataset(data.arithmetic_dataset(256, seed=args.seed))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if kind == "stock":  # with unsloth imported, trl.GRPOTrainer is Unsloth's generated UnslothGRPOTrainer
+            cfg = trl.GRPOConfig(**common)
+            cls = trl.GRPOTrainer
+        else:
+            cfg = ATRGRPOConfig(method=kind, **common)
+            if backend == "unsloth":
+                from atr_llm.unsloth_backend import unsloth_trainer_class
+
+                cls = unsloth_trainer_class()
+            else:
+                cls = ATRGRPOTrainer
+        trainer = cls(
+            model=model,
+            reward_funcs=[synthetic_reward],
+            args=cfg,
+            train_dataset=prompts,
+            processing_class=tok,
+            peft_config=peft_config,
+        )
+    reinit_lora(trainer.model, args.seed)
+    timer = StepTimer()
+    instrument(trainer, timer)
+    trainer.add_callback(make_callback(timer, grad_path))
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    trainer.train()
+    n_trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    logged = [{k: v for k, v in r.items() if isinstance(v, (int, float))} for r in trainer.state.log_history]
+    extra = {"wall_s": time.perf_counter() - t0, "trainable_parameters": n_trainable, "logged": logged}
+    return summarise(kind, backend, timer.steps, extra)
+
+
+
+def summarise(kind: str, backend: str, steps: list[dict], extra: dict | None = None) -> dict:
+    """Per-case totals from the per-step records. The first generation (CUDA / kernel warm-up) is reported
+    apart: ``*_after_first`` averages leave out step 1."""
+    row = {"kind": kind, "backend": backend, "steps": len(steps), "per_step": steps, **(extra or {})}
+    if not steps:
+        return row
+    later = steps[1:] or steps
+
+    def mean(key, rs):
+        return sum(r[key] for r in rs) / len(rs)
+
+    gen_steps = [r for r in later if r["generation_s"] > 0]
+    fb = [r["step_s"] - r["generation_s"] - r["optimizer_s"] for r in later]
+    row.update(
+        step_s_mean_after_first=mean("step_s", later),
+        generation_s_per_call_after_first=mean("generation_s", gen_steps) if gen_steps else None,
+        generated_tokens_per_s_after_first=(
+            sum(r["generated_tokens"] for r in gen_steps) / sum(r["generation_s"] for r in gen_steps)
+            if gen_steps and all(r["generated_tokens"] is not None for r in gen_steps)
+            else None
+        ),
+        forward_backward_s_per_step=sum(fb) / len(fb),
+        optimizer_s_per_step=mean("optimizer_s", later),
+        trained_tokens_per_s=(
+            sum(r["trained_tokens"] for r in later) / max(sum(fb), 1e-9)
+            if all(r["trained_tokens"] is not None for r in later)
+            else None
+        ),
+        peak_gpu_memory_GiB=max((r["peak_gpu_memory_GiB"] or 0) for r in steps) or None,
+        first_microbatch_loss=steps[0]["first_microbatch_loss"],
+        first_completions_sha=steps[0]["first_completions_sha"],
+    )
+    return row
+
+
+def parse_steps(stdout: str) -> list[dict]:
+    """The ``CASE-STEP`` records a case printed."""
+    return [json.loads(ln[len("CASE-STEP ") :]) for ln in stdout.splitlines() if ln.startswith("CASE-STEP ")]
+
+
+def compare_first_steps(rows: list[dict], grad_paths: list[Path]) -> dict:
+    """First micro-batch loss and first-step LoRA gradient of every case against the first case."""
+    import torch
+
+    ref_grad = torch.load(grad_paths[0]) if grad_paths[0].exists() else None
+    out = {}
+    for row, path in zip(rows[1:], grad_paths[1:]):
+        name = f"{row['kind']}/{row['backend']} vs {rows[0]['kind']}/{rows[0]['backend']}"
+        entry = {
+            "same_completions": row["first_completions_sha"] == rows[0]["first_completions_sha"],
+            "loss_abs_diff": abs(row["first_microbatch_loss"] - rows[0]["first_microbatch_loss"]),
+        }
+        if ref_grad is not None and path.exists():
+            g = torch.load(path)
+            common = sorted(set(g) & set(ref_grad))
+            a = torch.cat([ref_grad[n].flatten() for n in common]).double()
+            b = torch.cat([g[n].flatten() for n in common]).double()
+            entry.update(
+                grad_tensors_compared=len(common),
+                grad_rel_diff=float((a - b).norm() / a.norm().clamp_min(1e-30)),
+                grad_norm=float(a.norm()),
+            )
+        out[name] = entry
+    return out
+
+
+def environment() -> dict:
+    import importlib.metadata as md
+
+    import torch
+
+    env = {"python": sys.version.split()[0], "torch": torch.__version__}
+    for name in ("transformers", "trl", "peft", "accelerate", "datasets", "unsloth", "unsloth_zoo"):
+        try:
+            env[name] = md.version(name)
+        except md.PackageNotFoundError:
+            env[name] = None
+    env["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return env
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=20, help="optimizer steps per case (default 20)")
+    ap.add_argument("--max-completion-length", type=int, default=1536, help="Table 4: 1536")
+    ap.add_argument("--kinds", default="stock,atr", help="comma list: 'stock' (trl.GRPOTrainer) and/or methods")
+    ap.add_argument("--backends", default="trl", help="comma list of 'trl' and 'unsloth'")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tiny", action="store_true", help="a tiny model on CPU (smoke test of this script)")
+    ap.add_argument("--out", default="figures/gpu_step.json")
+    ap.add_argument("--case-timeout", type=float, default=None, help="seconds before a case is stopped")
+    ap.add_argument("--case", help=argparse.SUPPRESS)  # internal: kind,backend,grad_path in this process
+    args = ap.parse_args(argv)
+
+    if args.case:
+        kind, backend, grad_path = args.case.split(",")
+        try:
+            row = one_case(kind, backend, args, Path(grad_path))
+        except Exception as e:  # reported in the JSON, the other cases still run
+            row = {"kind": kind, "backend": backend, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
+        print("CASE-RESULT " + json.dumps(row))
+        return row
+
+    import torch
+
+    if not args.tiny and not torch.cuda.is_available():
+        sys.exit("gpu_step.py needs a CUDA GPU (none found); --tiny runs the same code on CPU with a tiny model")
+    tmp = Path(tempfile.mkdtemp())
+    rows, grads = [], []
+    for backend in args.backends.split(","):
+        for kind in args.kinds.split(","):
+            grad_path = tmp / f"grad-{kind}-{backend}.pt"
+            cmd = [sys.executable, __file__, "--case", f"{kind},{backend},{grad_path}"] + [
+                a for a in (argv if argv is not None else sys.argv[1:])
+            ]
+            print(f"== {kind} / {backend}", flush=True)
+            try:
+                res = subprocess.run(
+                    cmd, capture_output=True, text=True, timeout=args.case_timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+                )
+            except subprocess.TimeoutExpired as e:
+                so = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+                res = subprocess.CompletedProcess(cmd, -9, so, f"stopped after {e.timeout} s (--case-timeout)")
+            lines = [ln for ln in res.stdout.splitlines() if ln.startswith("CASE-RESULT ")]
+            if not lines:
+                row = summarise(kind, backend, parse_steps(res.stdout))
+                row.update(error=f"exit {res.returncode}", trace=res.stderr[-4000:])
+            else:
+                row = json.loads(lines[-1][len("CASE-RESULT ") :])
+            rows.append(row)
+            grads.append(grad_path)
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps({"partial": True, "cases": rows}, indent=1))
+            if "error" in row:
+                print(f"   failed: {row['error']} after {row['steps']} steps\n{row.get('trace', '')[-2000:]}", flush=True)
+            if row.get("steps"):
+                gen = row["generation_s_per_call_after_first"]
+                print(
+                    f"   {row['steps']} steps: step {row['step_s_mean_after_first']:.2f} s (generation "
+                    f"{gen if gen is None else round(gen, 2)} s per call, fwd+bwd {row['forward_backward_s_per_step']:.2f} s, "
+                    f"optimizer {row['optimizer_s_per_step']:.3f} s); {row['trained_tokens_per_s']} trained tok/s; "
+                    f"peak {row['peak_gpu_memory_GiB']} GiB; first loss {row['first_microbatch_loss']}",
+                    flush=True,
+                )
+    ok = [(r, g) for r, g in zip(rows, grads) if r.get("steps")]
+    result = {
+        "command": "python benchmarks/gpu_step.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "environment": environment(),
+        "model": "tiny (CPU smoke test)" if args.tiny else {"architecture": "Qwen3-1.7B, random init", **QWEN3_1_7B},
+        "geometry": {**TABLE4, "num_iterations": 2, "max_completion_length": args.max_completion_length},
+        "lora": {"r": 32, "alpha": 64, "targets": LORA_TARGETS},
+        "cases": rows,
+        "first_step_agreement": compare_first_steps([r for r, _ in ok], [g for _, g in ok]) if len(ok) > 1 else {},
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(json.dumps(result["first_step_agreement"], indent=1))
+    print("wrote", args.out)
+    return result
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    main()

