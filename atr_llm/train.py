@@ -118,7 +118,35 @@ def load_model_and_tokenizer(script_args, model_args, training_args):
     return model, tok
 
 
+def requested_backend(argv=None) -> str:
+    """``--backend`` from the command line, else from the ``--config`` file, else 'trl' (read before anything imports
+    trl's trainer: Unsloth must be imported first to patch it)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for i, a in enumerate(argv):
+        if a == "--backend" and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith("--backend="):
+            return a.split("=", 1)[1]
+    for i, a in enumerate(argv):
+        path = (
+            argv[i + 1]
+            if a == "--config" and i + 1 < len(argv)
+            else a.split("=", 1)[1]
+            if a.startswith("--config=")
+            else None
+        )
+        if path and Path(path).exists():
+            import yaml
+
+            return str((yaml.safe_load(Path(path).read_text()) or {}).get("backend", "trl"))
+    return "trl"
+
+
 def main(argv=None) -> dict:
+    if requested_backend(argv) == "unsloth":  # before trl's GRPOTrainer / GRPOConfig are imported anywhere
+        from .unsloth_backend import require_unsloth
+
+        require_unsloth()
     from trl import get_peft_config
 
     from .data import load_source, to_grpo_dataset

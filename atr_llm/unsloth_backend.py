@@ -1,20 +1,43 @@
 """Unsloth backend (``--backend unsloth``, CUDA only). Imported lazily: nothing here runs without it.
 
-Unsloth rewrites TRL's GRPOTrainer (``UnslothGRPOTrainer``) and its ``compute_loss`` never calls
-``_compute_loss``: it computes the loss itself from hidden states. So the override sits in
-``compute_loss``: our subclass computes per-token log-probs with a plain forward of the (LoRA) model
-and hands them to ``atr_theory.policy_loss`` through :class:`~atr_llm.trainer.ATRGRPOTrainer`'s
-``_compute_loss``. This path could not be exercised on this project's CPU machines; it is written
-against Unsloth 2026.10's public patching API and fails with a clear message when unavailable.
+What Unsloth 2026.10.9 / unsloth_zoo 2026.10.9 do, read from their source (with the trl 1.15.0 they pin):
+
+- ``import unsloth`` rebinds ``trl.GRPOTrainer`` / ``trl.GRPOConfig`` to generated classes (``UnslothGRPOTrainer``,
+  a copy of TRL's source, and a config with ``unsloth_num_chunks``, ``unsloth_grpo_mini_batch``, ...). So unsloth is
+  imported before :mod:`atr_llm.trainer` (``python -m atr_llm.train`` does it when it sees ``backend: unsloth``),
+  and :class:`~atr_llm.trainer.ATRGRPOConfig` then carries Unsloth's fields and defaults.
+- Unsloth's training forward ignores the 2-D attention mask: its own ``_get_per_token_logps_and_entropies``
+  left-packs each row (``unsloth_zoo.rl_replacements.left_pack_padding``: left padding moved to the right, where
+  causal attention never sees it) and returns log-probs detached, ``entropies=None``, in a layout ``max_left_pad``
+  columns wider than TRL's. None of that fits ``atr_theory.policy_loss``.
+- ``UNSLOTH_RETURN_HIDDEN_STATES=1`` makes the model return its last hidden states (after the final norm) in
+  ``.logits``; unsloth_zoo's ``chunked_hidden_states_selective_log_softmax_recompute`` turns hidden states and
+  the LM head into per-token log-probs (and entropies) chunk by chunk, never holding (B, T, V), with a backward
+  that recomputes each chunk's logits.
+- Unsloth rewrites TRL's vLLM importance-sampling blocks to ``if False and ...``: no
+  ``importance_sampling_ratio`` reaches the loss.
+
+So this backend scores with :func:`unsloth_logps_and_entropies`: left-pack, hidden states from the model,
+unsloth_zoo's chunked scorer **with gradient**, then the rows gathered back into TRL's completion layout. The same
+function scores the old (and reference) log-probs, so the ratio is exactly 1 where no update happened. The loss is
+:class:`~atr_llm.trainer.ATRGRPOTrainer`'s ``_compute_loss`` (``atr_theory.policy_loss``, unchanged). The vLLM
+importance-sampling correction is refused with a message (Unsloth's trainer never computes its ratio), and so
+are the full-distribution methods (tr_ppo, truly_ppo: they need (B, T, V) log-probs that this path never builds).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+
+import torch
+
+UNSLOTH_VERSION_READ = "2026.10.9"
+
 
 def require_unsloth() -> None:
-    """Raise a clear error unless CUDA and the ``unsloth`` package are available."""
-    import torch
-
+    """Raise a clear error unless CUDA and the ``unsloth`` package are available (imports unsloth: call it before
+    anything imports trl's GRPOTrainer / GRPOConfig)."""
     if not torch.cuda.is_available():
         raise ValueError("--backend unsloth needs a CUDA GPU (none found); use --backend trl on CPU")
     try:
@@ -23,8 +46,100 @@ def require_unsloth() -> None:
         raise ValueError(f"--backend unsloth needs the unsloth package: pip install 'atr-grpo[gpu]' ({e})") from None
 
 
+def left_pad_counts(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B,) number of leading zeros of each row of the (B, L) attention mask."""
+    return (attention_mask.cumsum(1) == 0).sum(1)
+
+
+def left_pack(input_ids: torch.Tensor, attention_mask: torch.Tensor):
+    """Each row rotated left by its left-padding count: real tokens from column 0, the pads moved to the end (as
+    unsloth_zoo's ``left_pack_padding`` lays rows out for Unsloth's mask-free training forward). Returns the packed
+    ids and mask and the (B,) shifts."""
+    pad = left_pad_counts(attention_mask)
+    L = input_ids.size(1)
+    src = (torch.arange(L, device=input_ids.device)[None, :] + pad[:, None]) % L
+    return input_ids.gather(1, src), attention_mask.gather(1, src), pad
+
+
+def is_unsloth_model(model) -> bool:
+    """Unsloth's loaders add ``for_training`` / ``for_inference`` to the models they return."""
+    return hasattr(model, "for_training") and hasattr(model, "for_inference")
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str):
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+def last_hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, L, H) final-norm hidden states: Unsloth's ``UNSLOTH_RETURN_HIDDEN_STATES=1`` protocol on an Unsloth model,
+    the decoder body (``model.model``) on a plain transformers / PEFT model."""
+    if is_unsloth_model(model):
+        with _env("UNSLOTH_RETURN_HIDDEN_STATES", "1"):
+            return model(input_ids=input_ids, attention_mask=attention_mask).logits
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+def output_head(model) -> torch.nn.Module:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.get_output_embeddings()
+
+
+def unsloth_logps_and_entropies(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    logits_to_keep: int,
+    temperature: float = 1.0,
+    batch_size: int | None = None,
+    compute_entropy: bool = False,
+    chunks: int = 4,
+):
+    """Per-token log-probs ``log softmax(W h / temperature)[next token]`` of the last ``logits_to_keep`` tokens, in
+    TRL's (B, logits_to_keep) completion layout, with gradient when grad is enabled, and their entropies (no
+    gradient) when asked. Rows are left-packed before the forward (Unsloth's training forward ignores the mask),
+    scored by ``unsloth_zoo.rl_replacements.chunked_hidden_states_selective_log_softmax_recompute`` (chunks over
+    positions, logits recomputed in backward), and gathered back: completion token c of row i is predicted by the
+    packed hidden state at ``P - 1 + c - pad_i`` (P = padded prompt length)."""
+    from unsloth_zoo.rl_replacements import chunked_hidden_states_selective_log_softmax_recompute as scorer
+
+    head = output_head(model)
+    batch_size = batch_size or input_ids.size(0)
+    P = input_ids.size(1) - logits_to_keep
+    logps, ents = [], []
+    for start in range(0, input_ids.size(0), batch_size):
+        ids, mask = input_ids[start : start + batch_size], attention_mask[start : start + batch_size]
+        packed, packed_mask, pad = left_pack(ids, mask)
+        hidden = last_hidden_states(model, packed, packed_mask)
+        cols = (P - 1 + torch.arange(logits_to_keep, device=ids.device))[None, :] - pad[:, None]
+        h = hidden.gather(1, cols.clamp(min=0).unsqueeze(-1).expand(-1, -1, hidden.size(-1)))
+        lp, ent = scorer(
+            h,
+            head.weight,
+            ids[:, -logits_to_keep:],
+            chunks=chunks,
+            temperature=temperature,
+            lm_head_bias=getattr(head, "bias", None),
+            return_entropy=True,
+            entropy_requires_grad=False,
+        )
+        logps.append(lp)
+        if compute_entropy:
+            ents.append(ent.detach())
+    return torch.cat(logps), (torch.cat(ents) if compute_entropy else None)
+
+
 def load_unsloth_model(model_args, training_args):
-    """FastLanguageModel with the paper's LoRA (rank/alpha from ModelConfig)."""
+    """FastLanguageModel with the paper's LoRA (rank/alpha/targets from ModelConfig), bf16, no 4-bit."""
     require_unsloth()
     from unsloth import FastLanguageModel
 
@@ -41,26 +156,57 @@ def load_unsloth_model(model_args, training_args):
         target_modules=model_args.lora_target_modules
         or ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         use_gradient_checkpointing="unsloth",
+        random_state=training_args.seed,
     )
     model_args.use_peft = False  # the adapter is already attached
     return model, tok
 
 
-def unsloth_trainer_class():
-    """A trainer class whose ``compute_loss`` (the method Unsloth's GRPO trainer really uses) routes
-    through ATRGRPOTrainer's ``_compute_loss`` and hence ``atr_theory.policy_loss``."""
-    require_unsloth()
-    from unsloth import PatchFastRL
+def check_unsloth_config(args) -> None:
+    """Refuse, naming the option, what this backend cannot honour."""
+    if "unsloth_grpo_mini_batch" not in type(args).__dataclass_fields__:
+        raise RuntimeError(
+            "ATRGRPOConfig was defined before unsloth was imported, so it lacks Unsloth's config fields: import "
+            "unsloth before atr_llm.trainer (python -m atr_llm.train does it for --backend unsloth)"
+        )
+    if args.resolved_method.spec.needs_full_distributions:
+        raise ValueError(
+            f"method={args.method!r} needs full (B, T, V) distributions, which the Unsloth backend never builds; "
+            "use --backend trl for tr_ppo / truly_ppo"
+        )
+    if getattr(args, "use_vllm", False) and getattr(args, "vllm_importance_sampling_correction", False):
+        raise ValueError(
+            "vllm_importance_sampling_correction=True cannot be honoured with --backend unsloth: Unsloth's "
+            "GRPOTrainer removes TRL's importance-sampling code, so no ratio reaches the loss; set it to false"
+        )
 
-    PatchFastRL("GRPO", None)
+
+def unsloth_trainer_class():
+    """``UnslothATRGRPOTrainer``: our loss (``atr_theory.policy_loss``) on Unsloth's generated GRPOTrainer, scored by
+    :func:`unsloth_logps_and_entropies` for the current, old and reference log-probs alike."""
+    require_unsloth()
     import trl
 
     from .trainer import ATRLossMixin
 
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        if return_outputs:
-            raise ValueError("return_outputs is not supported")
-        return self._compute_loss(model, inputs)
+    if "Unsloth" not in trl.GRPOTrainer.__name__:
+        raise RuntimeError(f"trl.GRPOTrainer is {trl.GRPOTrainer.__name__}, not Unsloth's: is unsloth importable?")
 
-    # built after patching, so the base is Unsloth's GRPOTrainer, not the one imported earlier
-    return type("UnslothATRGRPOTrainer", (ATRLossMixin, trl.GRPOTrainer), {"compute_loss": compute_loss})
+    class UnslothATRGRPOTrainer(ATRLossMixin, trl.GRPOTrainer):
+        def __init__(self, *args, **kwargs):
+            check_unsloth_config(kwargs.get("args"))
+            super().__init__(*args, **kwargs)
+
+        def _get_per_token_logps_and_entropies(
+            self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, *a, **kw
+        ):
+            return unsloth_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, self.temperature, batch_size, compute_entropy
+            )
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            if return_outputs:
+                raise ValueError("return_outputs is not supported")
+            return self._compute_loss(model, inputs)
+
+    return UnslothATRGRPOTrainer

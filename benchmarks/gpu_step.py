@@ -102,9 +102,7 @@ def make_callback(timer: StepTimer, grad_path: Path | None):
 
         def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
             if state.global_step == 0 and grad_path is not None:
-                grads = {
-                    n: p.grad.detach().float().cpu() for n, p in model.named_parameters() if p.grad is not None
-                }
+                grads = {n: p.grad.detach().float().cpu() for n, p in model.named_parameters() if p.grad is not None}
                 torch.save(grads, grad_path)
             _sync()
             self._t_opt = time.perf_counter()
@@ -174,9 +172,7 @@ def build_model(tiny: bool, seed: int):
         return build_tokenizer_and_model("toy", seed=seed)
     tok = qwen3_tokenizer()
     torch.manual_seed(seed)
-    config = Qwen3Config(
-        **QWEN3_1_7B, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None
-    )
+    config = Qwen3Config(**QWEN3_1_7B, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.generation_config = GenerationConfig(
@@ -230,6 +226,46 @@ def reinit_lora(model, seed: int) -> None:
                 p.copy_((torch.rand(p.shape, generator=g, dtype=torch.float32) * 2 - 1) * bound)
             else:
                 p.zero_()
+
+
+def fixed_batch_probe(trainer, seed: int, path: Path) -> float:
+    """The loss of one fixed batch through the trainer's own ``_compute_loss`` and its LoRA gradient (saved to
+    ``path``): left-padded prompts of different lengths, old log-probs = current ones + noise (so ratios move and
+    clipping acts), random advantages. The same batch and adapter in every case, so backends can be compared."""
+    import torch
+
+    model = trainer.model
+    device = next(model.parameters()).device
+    g = torch.Generator().manual_seed(seed + 7)
+    B, P, T = 8, 32, min(64, trainer.max_completion_length)
+    pad_id = trainer.processing_class.pad_token_id
+    prompt = torch.randint(10, 50_000 if len(trainer.processing_class) > 50_000 else 300, (B, P), generator=g)
+    left = torch.randint(0, P // 2, (B,), generator=g)
+    prompt_mask = (torch.arange(P)[None, :] >= left[:, None]).long()
+    prompt = torch.where(prompt_mask.bool(), prompt, torch.full_like(prompt, pad_id))
+    completion = torch.randint(10, prompt.max().item(), (B, T), generator=g)
+    completion_mask = (torch.arange(T)[None, :] < torch.randint(T // 4, T + 1, (B,), generator=g)[:, None]).long()
+    inputs = {
+        "prompt_ids": prompt.to(device),
+        "prompt_mask": prompt_mask.to(device),
+        "completion_ids": completion.to(device),
+        "completion_mask": completion_mask.to(device),
+        "advantages": torch.randn(B, generator=g).to(device),
+        "num_items_in_batch": completion_mask.sum().to(device),
+    }
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    model.train()
+    with torch.no_grad():
+        old = trainer._get_per_token_logps_and_entropies(model, ids, mask, T)[0]
+    inputs["old_per_token_logps"] = old + 0.2 * torch.randn(old.shape, generator=g).to(device)
+    trainer.current_gradient_accumulation_steps = 1
+    model.zero_grad()
+    loss = trainer._compute_loss(model, inputs)
+    loss.backward()
+    torch.save({n: p.grad.detach().float().cpu() for n, p in model.named_parameters() if p.grad is not None}, path)
+    model.zero_grad()
+    return float(loss.detach().float())
 
 
 def one_case(kind: str, backend: str, args, grad_path: Path) -> dict:
@@ -295,6 +331,13 @@ def one_case(kind: str, backend: str, args, grad_path: Path) -> dict:
             peft_config=peft_config,
         )
     reinit_lora(trainer.model, args.seed)
+    probe = {}
+    if kind != "stock":
+        probe_path = grad_path.with_name(grad_path.stem + "-fixed.pt")
+        probe = {
+            "fixed_batch_loss": fixed_batch_probe(trainer, args.seed, probe_path),
+            "fixed_batch_grad": str(probe_path),
+        }
     timer = StepTimer()
     instrument(trainer, timer)
     trainer.add_callback(make_callback(timer, grad_path))
@@ -304,9 +347,8 @@ def one_case(kind: str, backend: str, args, grad_path: Path) -> dict:
     trainer.train()
     n_trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     logged = [{k: v for k, v in r.items() if isinstance(v, (int, float))} for r in trainer.state.log_history]
-    extra = {"wall_s": time.perf_counter() - t0, "trainable_parameters": n_trainable, "logged": logged}
+    extra = {"wall_s": time.perf_counter() - t0, "trainable_parameters": n_trainable, "logged": logged, **probe}
     return summarise(kind, backend, timer.steps, extra)
-
 
 
 def summarise(kind: str, backend: str, steps: list[dict], extra: dict | None = None) -> dict:
@@ -347,6 +389,27 @@ def summarise(kind: str, backend: str, steps: list[dict], extra: dict | None = N
 def parse_steps(stdout: str) -> list[dict]:
     """The ``CASE-STEP`` records a case printed."""
     return [json.loads(ln[len("CASE-STEP ") :]) for ln in stdout.splitlines() if ln.startswith("CASE-STEP ")]
+
+
+def compare_fixed_batch(rows: list[dict]) -> dict:
+    """The fixed-batch loss and LoRA gradient of every ATR case against the first one (e.g. unsloth vs trl)."""
+    import torch
+
+    done = [r for r in rows if r.get("fixed_batch_grad") and Path(r["fixed_batch_grad"]).exists()]
+    out = {}
+    for row in done[1:]:
+        ref, g = torch.load(done[0]["fixed_batch_grad"]), torch.load(row["fixed_batch_grad"])
+        common = sorted(set(ref) & set(g))
+        a = torch.cat([ref[n].flatten() for n in common]).double()
+        b = torch.cat([g[n].flatten() for n in common]).double()
+        out[f"{row['kind']}/{row['backend']} vs {done[0]['kind']}/{done[0]['backend']}"] = {
+            "loss": [done[0]["fixed_batch_loss"], row["fixed_batch_loss"]],
+            "grad_tensors_compared": len(common),
+            "grad_tensors_only_in_one": len(set(ref) ^ set(g)),
+            "grad_rel_diff": float((a - b).norm() / a.norm().clamp_min(1e-30)),
+            "grad_cosine": float((a @ b) / (a.norm() * b.norm()).clamp_min(1e-30)),
+        }
+    return out
 
 
 def compare_first_steps(rows: list[dict], grad_paths: list[Path]) -> dict:
@@ -408,7 +471,12 @@ def main(argv=None) -> dict:
         try:
             row = one_case(kind, backend, args, Path(grad_path))
         except Exception as e:  # reported in the JSON, the other cases still run
-            row = {"kind": kind, "backend": backend, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
+            row = {
+                "kind": kind,
+                "backend": backend,
+                "error": f"{type(e).__name__}: {e}",
+                "trace": traceback.format_exc(),
+            }
         print("CASE-RESULT " + json.dumps(row))
         return row
 
@@ -427,7 +495,11 @@ def main(argv=None) -> dict:
             print(f"== {kind} / {backend}", flush=True)
             try:
                 res = subprocess.run(
-                    cmd, capture_output=True, text=True, timeout=args.case_timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+                    cmd,
+                    capture_output=True,
+                    text=True,
+                    timeout=args.case_timeout,
+                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
                 )
             except subprocess.TimeoutExpired as e:
                 so = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
@@ -443,7 +515,10 @@ def main(argv=None) -> dict:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps({"partial": True, "cases": rows}, indent=1))
             if "error" in row:
-                print(f"   failed: {row['error']} after {row['steps']} steps\n{row.get('trace', '')[-2000:]}", flush=True)
+                print(
+                    f"   failed: {row['error']} after {row.get('steps', 0)} steps\n{row.get('trace', '')[-2000:]}",
+                    flush=True,
+                )
             if row.get("steps"):
                 gen = row["generation_s_per_call_after_first"]
                 print(
@@ -462,10 +537,11 @@ def main(argv=None) -> dict:
         "lora": {"r": 32, "alpha": 64, "targets": LORA_TARGETS},
         "cases": rows,
         "first_step_agreement": compare_first_steps([r for r, _ in ok], [g for _, g in ok]) if len(ok) > 1 else {},
+        "fixed_batch_agreement": compare_fixed_batch(rows),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
-    print(json.dumps(result["first_step_agreement"], indent=1))
+    print(json.dumps({k: result[k] for k in ("first_step_agreement", "fixed_batch_agreement")}, indent=1))
     print("wrote", args.out)
     return result
 
