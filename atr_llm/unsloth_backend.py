@@ -200,9 +200,10 @@ def unsloth_trainer_class():
         def _get_per_token_logps_and_entropies(
             self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, *a, **kw
         ):
-            return unsloth_logps_and_entropies(
+            logps, entropies = unsloth_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, self.temperature, batch_size, compute_entropy
             )
+            return logps, entropies, None  # Unsloth's generated trainer unpacks three values (the third: aux loss)
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             if return_outputs:

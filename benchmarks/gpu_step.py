@@ -338,6 +338,7 @@ def one_case(kind: str, backend: str, args, grad_path: Path) -> dict:
             "fixed_batch_loss": fixed_batch_probe(trainer, args.seed, probe_path),
             "fixed_batch_grad": str(probe_path),
         }
+        print("CASE-PROBE " + json.dumps(probe), flush=True)
     timer = StepTimer()
     instrument(trainer, timer)
     trainer.add_callback(make_callback(timer, grad_path))
@@ -507,6 +508,9 @@ def main(argv=None) -> dict:
             lines = [ln for ln in res.stdout.splitlines() if ln.startswith("CASE-RESULT ")]
             if not lines:
                 row = summarise(kind, backend, parse_steps(res.stdout))
+                for ln in res.stdout.splitlines():  # the fixed-batch probe ran before training
+                    if ln.startswith("CASE-PROBE "):
+                        row.update(json.loads(ln[len("CASE-PROBE ") :]))
                 row.update(error=f"exit {res.returncode}", trace=res.stderr[-4000:])
             else:
                 row = json.loads(lines[-1][len("CASE-RESULT ") :])
