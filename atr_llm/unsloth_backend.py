@@ -79,19 +79,22 @@ def _env(name: str, value: str):
             os.environ[name] = old
 
 
+def _base_model(model):
+    """The transformers model inside a PEFT wrapper (the model itself when there is none)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def last_hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """(B, L, H) final-norm hidden states: Unsloth's ``UNSLOTH_RETURN_HIDDEN_STATES=1`` protocol on an Unsloth model,
     the decoder body (``model.model``) on a plain transformers / PEFT model."""
     if is_unsloth_model(model):
         with _env("UNSLOTH_RETURN_HIDDEN_STATES", "1"):
             return model(input_ids=input_ids, attention_mask=attention_mask).logits
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return base.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    return _base_model(model).model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
 
 def output_head(model) -> torch.nn.Module:
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return base.get_output_embeddings()
+    return _base_model(model).get_output_embeddings()
 
 
 def unsloth_logps_and_entropies(
@@ -138,25 +141,51 @@ def unsloth_logps_and_entropies(
     return torch.cat(logps), (torch.cat(ents) if compute_entropy else None)
 
 
-def load_unsloth_model(model_args, training_args):
-    """FastLanguageModel with the paper's LoRA (rank/alpha/targets from ModelConfig), bf16, no 4-bit."""
+def unsloth_lora_model(
+    path: str,
+    max_seq_length: int,
+    r: int,
+    lora_alpha: int,
+    target_modules: list[str],
+    seed: int,
+    dtype=None,
+    fast_inference: bool = False,
+):
+    """``FastLanguageModel.from_pretrained`` (no 4-bit) with a LoRA from ``FastLanguageModel.get_peft_model``
+    (dropout 0, Unsloth's gradient checkpointing). Returns the model and its tokenizer."""
     require_unsloth()
     from unsloth import FastLanguageModel
 
     model, tok = FastLanguageModel.from_pretrained(
-        model_name=model_args.model_name_or_path,
-        max_seq_length=(training_args.max_prompt_length or 512) + (training_args.max_completion_length or 1024),
+        model_name=path,
+        max_seq_length=max_seq_length,
+        dtype=dtype,
         load_in_4bit=False,
-        fast_inference=bool(training_args.use_vllm),
+        fast_inference=fast_inference,
     )
     model = FastLanguageModel.get_peft_model(
         model,
+        r=r,
+        lora_alpha=lora_alpha,
+        lora_dropout=0.0,
+        target_modules=target_modules,
+        use_gradient_checkpointing="unsloth",
+        random_state=seed,
+    )
+    return model, tok
+
+
+def load_unsloth_model(model_args, training_args):
+    """:func:`unsloth_lora_model` with the paper's LoRA (rank/alpha/targets from ModelConfig)."""
+    model, tok = unsloth_lora_model(
+        model_args.model_name_or_path,
+        max_seq_length=(training_args.max_prompt_length or 512) + (training_args.max_completion_length or 1024),
         r=model_args.lora_r,
         lora_alpha=model_args.lora_alpha,
         target_modules=model_args.lora_target_modules
         or ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        use_gradient_checkpointing="unsloth",
-        random_state=training_args.seed,
+        seed=training_args.seed,
+        fast_inference=bool(training_args.use_vllm),
     )
     model_args.use_peft = False  # the adapter is already attached
     return model, tok

@@ -51,9 +51,24 @@ QWEN3_1_7B = dict(
     rms_norm_eps=1e-6,
     tie_word_embeddings=True,
 )
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-# Table 4 of the paper (per device); num_iterations 2 as in our presets so that clipping acts
-TABLE4 = dict(per_device_train_batch_size=8, gradient_accumulation_steps=4, num_generations=8, learning_rate=5e-6)
+
+
+def table4_grpo_fields() -> dict:
+    """The paper's Table 4 (``atr_llm.presets.TABLE4``, the presets' source) restricted to GRPOConfig's fields."""
+    import dataclasses
+
+    from trl import GRPOConfig
+
+    from atr_llm.presets import TABLE4
+
+    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    return {k: v for k, v in TABLE4.items() if k in fields}
+
+
+def table4_lora() -> dict:
+    from atr_llm.presets import TABLE4
+
+    return {"r": TABLE4["lora_r"], "alpha": TABLE4["lora_alpha"], "targets": TABLE4["lora_target_modules"]}
 
 
 def synthetic_reward(completion_ids, **_) -> list[float]:
@@ -182,30 +197,25 @@ def build_model(tiny: bool, seed: int):
 
 
 def unsloth_model(model, tok, args):
-    """Save the random model and load it back with Unsloth's FastLanguageModel and its LoRA (bf16, no 4-bit)."""
+    """Save the random model and load it back through the backend's Unsloth loader (bf16, no 4-bit, Table 4's LoRA)."""
     import torch
-    from unsloth import FastLanguageModel
+
+    from atr_llm.unsloth_backend import unsloth_lora_model
 
     path = tempfile.mkdtemp()
     model.save_pretrained(path)
     tok.save_pretrained(path)
     del model
     torch.cuda.empty_cache()
-    model, _ = FastLanguageModel.from_pretrained(
-        model_name=path,
+    lora = table4_lora()
+    model, _ = unsloth_lora_model(
+        path,
         max_seq_length=256 + args.max_completion_length,
+        r=lora["r"],
+        lora_alpha=lora["alpha"],
+        target_modules=lora["targets"],
+        seed=args.seed,
         dtype=torch.bfloat16,
-        load_in_4bit=False,
-        fast_inference=False,
-    )
-    model = FastLanguageModel.get_peft_model(
-        model,
-        r=32,
-        lora_alpha=64,
-        lora_dropout=0.0,
-        target_modules=LORA_TARGETS,
-        use_gradient_checkpointing="unsloth",
-        random_state=args.seed,
     )
     return model, None
 
@@ -283,29 +293,24 @@ def one_case(kind: str, backend: str, args, grad_path: Path) -> dict:
 
     cuda = torch.cuda.is_available() and not args.tiny
     tok, model = build_model(args.tiny, args.seed)
-    peft_config = LoraConfig(r=32, lora_alpha=64, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
+    lora = table4_lora()
+    peft_config = LoraConfig(
+        r=lora["r"], lora_alpha=lora["alpha"], target_modules=lora["targets"], task_type="CAUSAL_LM"
+    )
     if backend == "unsloth":
         model, peft_config = unsloth_model(model, tok, args)
-    common = dict(
-        output_dir=tempfile.mkdtemp(),
-        max_steps=args.steps,
-        max_completion_length=args.max_completion_length,
-        num_iterations=2,
-        loss_type="dr_grpo",
-        scale_rewards="none",
-        beta=0.0,
-        temperature=1.0,
-        top_p=1.0,
-        weight_decay=0.001,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        seed=args.seed,
-        bf16=cuda,
-        use_cpu=not cuda,
-        gradient_checkpointing=True,
-        **TABLE4,
-    )
+    common = {
+        **table4_grpo_fields(),
+        # the recorded H100 numbers used transformers' default optimizer (fused AdamW), not the presets' adamw_torch
+        "optim": "adamw_torch_fused",
+        "output_dir": tempfile.mkdtemp(),
+        "max_steps": args.steps,
+        "max_completion_length": args.max_completion_length,
+        "save_strategy": "no",
+        "seed": args.seed,
+        "bf16": cuda,
+        "use_cpu": not cuda,
+    }
     if args.tiny:
         common.update(per_device_train_batch_size=4, num_generations=4, gradient_accumulation_steps=2)
     prompts = data.to_grpo_dataset(data.arithmetic_dataset(256, seed=args.seed))
@@ -392,50 +397,51 @@ def parse_steps(stdout: str) -> list[dict]:
     return [json.loads(ln[len("CASE-STEP ") :]) for ln in stdout.splitlines() if ln.startswith("CASE-STEP ")]
 
 
+def grad_difference(ref: dict, other: dict) -> dict:
+    """Relative difference and cosine of two saved {parameter name: gradient} dicts over their common names."""
+    import torch
+
+    common = sorted(set(ref) & set(other))
+    a = torch.cat([ref[n].flatten() for n in common]).double()
+    b = torch.cat([other[n].flatten() for n in common]).double()
+    return {
+        "grad_tensors_compared": len(common),
+        "grad_tensors_only_in_one": len(set(ref) ^ set(other)),
+        "grad_rel_diff": float((a - b).norm() / a.norm().clamp_min(1e-30)),
+        "grad_cosine": float((a @ b) / (a.norm() * b.norm()).clamp_min(1e-30)),
+        "grad_norm": float(a.norm()),
+    }
+
+
 def compare_fixed_batch(rows: list[dict]) -> dict:
     """The fixed-batch loss and LoRA gradient of every ATR case against the first one (e.g. unsloth vs trl)."""
     import torch
 
     done = [r for r in rows if r.get("fixed_batch_grad") and Path(r["fixed_batch_grad"]).exists()]
-    out = {}
-    for row in done[1:]:
-        ref, g = torch.load(done[0]["fixed_batch_grad"]), torch.load(row["fixed_batch_grad"])
-        common = sorted(set(ref) & set(g))
-        a = torch.cat([ref[n].flatten() for n in common]).double()
-        b = torch.cat([g[n].flatten() for n in common]).double()
-        out[f"{row['kind']}/{row['backend']} vs {done[0]['kind']}/{done[0]['backend']}"] = {
+    ref = torch.load(done[0]["fixed_batch_grad"]) if done else None
+    return {
+        f"{row['kind']}/{row['backend']} vs {done[0]['kind']}/{done[0]['backend']}": {
             "loss": [done[0]["fixed_batch_loss"], row["fixed_batch_loss"]],
-            "grad_tensors_compared": len(common),
-            "grad_tensors_only_in_one": len(set(ref) ^ set(g)),
-            "grad_rel_diff": float((a - b).norm() / a.norm().clamp_min(1e-30)),
-            "grad_cosine": float((a @ b) / (a.norm() * b.norm()).clamp_min(1e-30)),
+            **grad_difference(ref, torch.load(row["fixed_batch_grad"])),
         }
-    return out
+        for row in done[1:]
+    }
 
 
 def compare_first_steps(rows: list[dict], grad_paths: list[Path]) -> dict:
     """First micro-batch loss and first-step LoRA gradient of every case against the first case."""
     import torch
 
-    ref_grad = torch.load(grad_paths[0]) if grad_paths[0].exists() else None
+    ref = torch.load(grad_paths[0]) if grad_paths[0].exists() else None
     out = {}
     for row, path in zip(rows[1:], grad_paths[1:]):
-        name = f"{row['kind']}/{row['backend']} vs {rows[0]['kind']}/{rows[0]['backend']}"
         entry = {
             "same_completions": row["first_completions_sha"] == rows[0]["first_completions_sha"],
             "loss_abs_diff": abs(row["first_microbatch_loss"] - rows[0]["first_microbatch_loss"]),
         }
-        if ref_grad is not None and path.exists():
-            g = torch.load(path)
-            common = sorted(set(g) & set(ref_grad))
-            a = torch.cat([ref_grad[n].flatten() for n in common]).double()
-            b = torch.cat([g[n].flatten() for n in common]).double()
-            entry.update(
-                grad_tensors_compared=len(common),
-                grad_rel_diff=float((a - b).norm() / a.norm().clamp_min(1e-30)),
-                grad_norm=float(a.norm()),
-            )
-        out[name] = entry
+        if ref is not None and path.exists():
+            entry.update(grad_difference(ref, torch.load(path)))
+        out[f"{row['kind']}/{row['backend']} vs {rows[0]['kind']}/{rows[0]['backend']}"] = entry
     return out
 
 
@@ -537,8 +543,8 @@ def main(argv=None) -> dict:
         "command": "python benchmarks/gpu_step.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "environment": environment(),
         "model": "tiny (CPU smoke test)" if args.tiny else {"architecture": "Qwen3-1.7B, random init", **QWEN3_1_7B},
-        "geometry": {**TABLE4, "num_iterations": 2, "max_completion_length": args.max_completion_length},
-        "lora": {"r": 32, "alpha": 64, "targets": LORA_TARGETS},
+        "geometry": {**table4_grpo_fields(), "max_completion_length": args.max_completion_length},
+        "lora": table4_lora(),
         "cases": rows,
         "first_step_agreement": compare_first_steps([r for r, _ in ok], [g for _, g in ok]) if len(ok) > 1 else {},
         "fixed_batch_agreement": compare_fixed_batch(rows),
