@@ -9,7 +9,14 @@ import numpy as np
 
 
 def check_positive(name: str, value: Any, *, allow_array: bool = True) -> np.ndarray | float:
-    """Return ``value`` if every entry is a finite number > 0, else raise ValueError naming it."""
+    """Return ``value`` if every entry is a finite number > 0, else raise ValueError naming it.
+
+    A Python int/float is checked with :mod:`math` alone (no numpy), so the check can be traced by
+    ``torch.compile`` without a graph break."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        return float(value)
     arr = np.asarray(value, dtype=float)
     if arr.ndim > 0 and not allow_array:
         raise ValueError(f"{name} must be a scalar, got an array of shape {arr.shape}")

@@ -132,49 +132,17 @@ def _check_logp(name: str, t: torch.Tensor, mask: torch.Tensor) -> None:
         raise ValueError(f"{name} has {kind} at valid position {idx}; log-probs on unmasked tokens must be finite")
 
 
-def policy_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    method: str = "atr",
-    form: str | None = None,
-    aggregation: str = "dr_grpo",
-    max_length: int | None = None,
-    old_full_logp: torch.Tensor | None = None,
-    full_logp: torch.Tensor | None = None,
-    *,
-    generator: torch.Generator | None = None,
-    token_weights: torch.Tensor | None = None,
-    kl_chunk_size: int | None = None,
-    **params: float,
-) -> LossOutput:
-    r"""Clipped policy-gradient loss of ``method`` (see :data:`atr_theory.METHODS`).
-
-    Parameters
-    ----------
-    logp, old_logp : (B, T) log-probabilities of the sampled tokens under pi_theta and pi_old.
-        ``old_logp`` is treated as a constant. Values on masked-out positions are ignored.
-    advantages : (B,) or (B, T).
-    mask : (B, T) bool or 0/1: which tokens count.
-    method : registered name; ``**params`` are that method's parameters (``delta``, ``epsilon``, ...).
-    form : ``"min"`` (PPO) or ``"mask"`` (paper Eq. 5); None = the method's default.
-    aggregation : ``dr_grpo`` (sum / (B * max_length)), ``token_mean``, ``seq_mean_token_mean``,
-        ``seq_mean_token_sum``. ``max_length`` (dr_grpo only, >= T) defaults to T.
-    old_full_logp, full_logp : (B, T, V), only for methods that need full distributions.
-    generator : torch.Generator for stochastic methods (clip_cov).
-    token_weights : optional (B, T) constant multiplier of the per-token objective (e.g. TRL's
-        vLLM importance-sampling correction).
-    kl_chunk_size : positions per chunk when computing full KLs.
-
-    Returns
-    -------
-    LossOutput with ``loss`` (scalar, minimise), ``per_token`` (B, T objective, 0 on padding) and
-    ``metrics`` (dict of floats).
-    """
-    choice = resolve(method, form, **params)
-    check_aggregation(aggregation)
-
+def _check_structure(
+    logp: Any,
+    old_logp: Any,
+    advantages: Any,
+    mask: Any,
+    token_weights: Any,
+    aggregation: str,
+    max_length: Any,
+) -> tuple[int, int]:
+    """Types, shapes, dtypes, devices and ``max_length`` of :func:`policy_loss`'s inputs: metadata only,
+    no value is read (so no host synchronisation). Returns ``(B, T)``."""
     _check_tensor("logp", logp)
     if logp.ndim != 2:
         raise ValueError(f"logp must have shape (B, T), got {tuple(logp.shape)}")
@@ -196,21 +164,75 @@ def policy_loss(
         t = given[name]
         if t is not None and not t.is_floating_point():
             raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
-    if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
-        bad = mask[(mask != 0) & (mask != 1)][0].item()
-        raise ValueError(f"mask must be boolean or hold only 0 and 1, got the value {bad!r}")
     if max_length is not None:
         if isinstance(max_length, bool) or int(max_length) != max_length or max_length < shape[1]:
             raise ValueError(f"max_length must be an integer >= T = {shape[1]}, got {max_length!r}")
         if aggregation != "dr_grpo":
             raise ValueError(f"max_length is used by aggregation 'dr_grpo' only, not by {aggregation!r}; leave it None")
+    return shape
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    method: str = "atr",
+    form: str | None = None,
+    aggregation: str = "dr_grpo",
+    max_length: int | None = None,
+    old_full_logp: torch.Tensor | None = None,
+    full_logp: torch.Tensor | None = None,
+    *,
+    generator: torch.Generator | None = None,
+    token_weights: torch.Tensor | None = None,
+    kl_chunk_size: int | None = None,
+    validate: bool = True,
+    **params: float,
+) -> LossOutput:
+    r"""Clipped policy-gradient loss of ``method`` (see :data:`atr_theory.METHODS`).
+
+    Parameters
+    ----------
+    logp, old_logp : (B, T) log-probabilities of the sampled tokens under pi_theta and pi_old.
+        ``old_logp`` is treated as a constant. Values on masked-out positions are ignored.
+    advantages : (B,) or (B, T).
+    mask : (B, T) bool or 0/1: which tokens count.
+    method : registered name; ``**params`` are that method's parameters (``delta``, ``epsilon``, ...).
+    form : ``"min"`` (PPO) or ``"mask"`` (paper Eq. 5); None = the method's default.
+    aggregation : ``dr_grpo`` (sum / (B * max_length)), ``token_mean``, ``seq_mean_token_mean``,
+        ``seq_mean_token_sum``. ``max_length`` (dr_grpo only, >= T) defaults to T.
+    old_full_logp, full_logp : (B, T, V), only for methods that need full distributions.
+    generator : torch.Generator for stochastic methods (clip_cov).
+    token_weights : optional (B, T) constant multiplier of the per-token objective (e.g. TRL's
+        vLLM importance-sampling correction).
+    kl_chunk_size : positions per chunk when computing full KLs.
+    validate : check the *values* (finite log-probs and advantages on valid tokens, a 0/1 mask) and
+        skip masking / clamping work a batch does not need. ``False``: no value is read on the host,
+        so the call never synchronises a GPU stream and compiles with ``torch.compile(fullgraph=True)``
+        for every method except ``clip_cov`` (its random token choice has a data-dependent size);
+        padding is still ignored and log w still clamped, but NaN on a valid token gives a NaN loss
+        instead of an error. Types, shapes, devices and parameters are checked either way.
+
+    Returns
+    -------
+    LossOutput with ``loss`` (scalar, minimise), ``per_token`` (B, T objective, 0 on padding) and
+    ``metrics`` (dict of floats).
+    """
+    choice = resolve(method, form, **params)
+    check_aggregation(aggregation)
+    shape = _check_structure(logp, old_logp, advantages, mask, token_weights, aggregation, max_length)
+    if validate and mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
+        bad = mask[(mask != 0) & (mask != 1)][0].item()
+        raise ValueError(f"mask must be boolean or hold only 0 and 1, got the value {bad!r}")
 
     m = mask.bool() if mask.dtype != torch.bool else mask
     dtype = torch.promote_types(logp.dtype, torch.float32)
     adv = advantages.detach().to(dtype)
     if adv.ndim == 1:
         adv = adv.unsqueeze(-1).expand(shape)
-    all_valid = bool(m.all())
+    # without validation nothing may read a value on the host: always mask the padding, always clamp
+    all_valid = validate and bool(m.all())
     zero = torch.zeros((), dtype=dtype, device=logp.device)
     weights = None if token_weights is None else token_weights.detach().to(dtype)
     if all_valid:
@@ -221,20 +243,23 @@ def policy_loss(
         adv = torch.where(m, adv, zero)
         weights = None if weights is None else torch.where(m, weights, zero)
     log_ratio = lp - olp
-    # one reduction validates every valid token (NaN and +-inf propagate into min/max) and decides
-    # whether the clamp is needed; the detailed scan runs only on the error path
-    y_min, y_max = torch.aminmax(log_ratio.detach())
-    check = y_min + y_max + adv.sum() + (0.0 if weights is None else weights.sum())
-    if not bool(torch.isfinite(check)):
-        _check_logp("logp", logp, m)
-        _check_logp("old_logp", old_logp, m)
-        if not bool(torch.isfinite(adv).all()):
-            raise ValueError("advantages must be finite on valid tokens")
-        if weights is not None and not bool(torch.isfinite(weights).all()):
-            raise ValueError("token_weights must be finite on valid tokens")
-        if not bool(torch.isfinite(y_min + y_max)):
-            raise ValueError("log-ratio logp - old_logp overflows; log-probs must be finite and <= 0")
-    if float(y_min) < -LOG_RATIO_CLAMP or float(y_max) > LOG_RATIO_CLAMP:
+    if validate:
+        # one reduction validates every valid token (NaN and +-inf propagate into min/max) and decides
+        # whether the clamp is needed; the detailed scan runs only on the error path
+        y_min, y_max = torch.aminmax(log_ratio.detach())
+        check = y_min + y_max + adv.sum() + (0.0 if weights is None else weights.sum())
+        if not bool(torch.isfinite(check)):
+            _check_logp("logp", logp, m)
+            _check_logp("old_logp", old_logp, m)
+            if not bool(torch.isfinite(adv).all()):
+                raise ValueError("advantages must be finite on valid tokens")
+            if weights is not None and not bool(torch.isfinite(weights).all()):
+                raise ValueError("token_weights must be finite on valid tokens")
+            if not bool(torch.isfinite(y_min + y_max)):
+                raise ValueError("log-ratio logp - old_logp overflows; log-probs must be finite and <= 0")
+        if float(y_min) < -LOG_RATIO_CLAMP or float(y_max) > LOG_RATIO_CLAMP:
+            log_ratio = torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    else:
         log_ratio = torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     batch = TokenBatch(log_ratio, adv, m, lp, olp, choice.form, generator, old_full_logp, full_logp, kl_chunk_size)
     result = choice.spec.fn(batch, **choice.params)

@@ -314,6 +314,21 @@ COV_RATIO = Param(2e-4, gt=0, le=1, help="fraction of valid tokens selected by t
 # ----------------------------------------------------------------------------------------------
 # Shared building blocks
 # ----------------------------------------------------------------------------------------------
+_RANGES = {
+    "kl3": ranges.kl3_clip_range,
+    "kl1": ranges.kl1_clip_range,
+    "kl2": ranges.kl2_clip_range,
+    "is_kl3": ranges.is_kl3_clip_range,
+}
+
+
+@torch.compiler.assume_constant_result
+def _constant_range(kind: str, delta: float) -> tuple[float, float]:
+    """``ranges.<kind>_clip_range(delta)`` for a Python float: a constant to ``torch.compile`` (the numpy
+    root finding runs once, at trace time, and is not traced)."""
+    return _RANGES[kind](delta)
+
+
 def _bound_tensor(bound: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return torch.as_tensor(bound, dtype=like.dtype, device=like.device)
 
@@ -455,13 +470,19 @@ def dcpo(batch: TokenBatch, epsilon_low: float, epsilon_high: float, dual_clip_c
 )
 def trgppo(batch: TokenBatch, delta: float, epsilon: float) -> MethodResult:
     r"""Per-token range ``[min(l_KL(p), 1-eps), max(u_KL(p), 1+eps)]`` where ``l_KL, u_KL`` are the
-    extreme ratios with binary ``KL(p || p w) <= delta``, ``p = pi_old(token)`` (Newton in float64 on the
-    batch's device, :func:`atr_theory.ranges.trgppo_kl_log_range_torch`)."""
-    p_old = torch.exp(batch.old_logp.detach().double()).clamp(min=1e-300, max=1.0)
-    y_lo, y_hi = ranges.trgppo_kl_log_range_torch(p_old, delta)
+    extreme ratios with binary ``KL(p || p w) <= delta``, ``p = pi_old(token)``. float32 (and lower)
+    batches read the bounds from a table (:func:`atr_theory.ranges.trgppo_kl_range_table`, float32
+    accurate); float64 batches solve for them by Newton in float64
+    (:func:`atr_theory.ranges.trgppo_kl_log_range_torch`)."""
     y = batch.log_ratio
-    lower = torch.minimum(torch.exp(y_lo), torch.tensor(1.0 - epsilon, dtype=torch.float64)).to(y.dtype)
-    upper = torch.maximum(torch.exp(y_hi), torch.tensor(1.0 + epsilon, dtype=torch.float64)).to(y.dtype)
+    if y.dtype == torch.float64:
+        p_old = torch.exp(batch.old_logp.detach()).clamp(min=1e-300, max=1.0)
+        y_lo, y_hi = ranges.trgppo_kl_log_range_torch(p_old, delta)
+        lower_kl, upper_kl = torch.exp(y_lo), torch.exp(y_hi)
+    else:
+        lower_kl, upper_kl = ranges.trgppo_kl_range_table(batch.old_logp, delta)
+    lower = torch.clamp(lower_kl, max=1.0 - epsilon).to(y.dtype)
+    upper = torch.clamp(upper_kl, min=1.0 + epsilon).to(y.dtype)
     return ratio_objective(batch, lower, upper)
 
 
@@ -480,7 +501,7 @@ def atr(batch: TokenBatch, delta: float) -> MethodResult:
     not necessary to explicitly compute the clipping ranges"). Min form: PPO's min objective with the
     equivalent range ``[l, u] = kl3_clip_range(delta)`` (= clip_higher with ``(1 - l, u - 1)``).
     """
-    lower, upper = ranges.kl3_clip_range(delta)
+    lower, upper = _constant_range("kl3", delta)
     with torch.no_grad():
         y = batch.log_ratio
         constraint = (kl3_from_log_ratio(y) <= delta) if batch.form == "mask" else None
@@ -501,7 +522,7 @@ def kl1(batch: TokenBatch, delta: float) -> MethodResult:
     **one-sided** (``w >= e^{-delta}``, no upper limit). A symmetric ``|log w| <= delta`` variant is
     what :func:`kl2` gives with ``delta -> delta^2/2``.
     """
-    lower, upper = ranges.kl1_clip_range(delta)
+    lower, upper = _constant_range("kl1", delta)
     return ratio_objective(batch, lower, upper, (-batch.log_ratio <= delta).detach())
 
 
@@ -514,7 +535,7 @@ def kl1(batch: TokenBatch, delta: float) -> MethodResult:
 )
 def kl2(batch: TokenBatch, delta: float) -> MethodResult:
     r"""Keep ``w A`` while ``k2 = (log w)^2 / 2 <= delta`` (symmetric in ``log w``)."""
-    lower, upper = ranges.kl2_clip_range(delta)
+    lower, upper = _constant_range("kl2", delta)
     return ratio_objective(batch, lower, upper, (0.5 * batch.log_ratio.detach() ** 2 <= delta))
 
 
@@ -533,7 +554,7 @@ def is_kl3(batch: TokenBatch, delta: float) -> MethodResult:
     Compared with KL3 its range is shifted down (lower ``l`` and lower ``u``, e.g. [0.650, 1.397] at
     delta = 0.07 against [0.671, 1.422]): it tolerates larger decreases and fewer increases of pi.
     """
-    lower, upper = ranges.is_kl3_clip_range(delta)
+    lower, upper = _constant_range("is_kl3", delta)
     return ratio_objective(batch, lower, upper, is_kl3_from_log_ratio(batch.log_ratio.detach()) <= delta)
 
 
@@ -587,12 +608,14 @@ def kl_cov(batch: TokenBatch, cov_ratio: float, kl_coef: float) -> MethodResult:
     y = batch.log_ratio
     objective = torch.exp(y) * batch.advantages
     cov = torch.where(batch.mask, _centred_cov(batch), torch.full_like(y, -math.inf))
-    n_valid = int(batch.mask.sum())
-    penalised = torch.zeros_like(batch.mask).reshape(-1)
-    if n_valid > 0:
-        k = max(1, int(cov_ratio * n_valid))
-        penalised[torch.topk(cov.reshape(-1), k).indices] = True
-    penalised = penalised.reshape(y.shape) & batch.mask
+    # k = max(1, int(cov_ratio * n_valid)) stays on the device: take the top k_max (a size known from the
+    # shape, n_valid <= B T) and keep the first k of them (topk returns them in descending order)
+    k_max = min(max(1, int(cov_ratio * y.numel())), y.numel())
+    n_valid = batch.mask.sum()
+    k = torch.clamp(torch.floor(cov_ratio * n_valid.to(torch.float64)), min=1.0)
+    top = torch.topk(cov.reshape(-1), k_max).indices
+    chosen = torch.arange(k_max, device=y.device) < k
+    penalised = torch.zeros_like(batch.mask).reshape(-1).scatter(0, top, chosen).reshape(y.shape) & batch.mask
     objective = torch.where(penalised, objective - kl_coef * y.abs(), objective)
     none = torch.zeros_like(batch.mask)
     return MethodResult(objective, lambda: (torch.ones_like(batch.mask), none, penalised))

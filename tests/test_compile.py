@@ -1,0 +1,184 @@
+"""The sync-free path of ``policy_loss`` (``validate=False``) and TRGPPO's float32 bound table.
+
+* ``validate=False`` gives the same loss and gradient as the default path (padding garbage, extreme
+  log-ratios, per-token advantages), and traces into one graph under ``torch.compile(fullgraph=True)``
+  for every per-token method but clip_cov (whose draw reproduces verl's ``randperm`` of a data-dependent
+  number of candidates).
+* The table's TRGPPO bounds against the float64 Newton roots over every binade of float32 ``log p_old``,
+  and against mpmath root finding of the binary KL at 50 digits.
+"""
+
+import math
+
+import mpmath as mp
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import atr_theory as at
+from atr_theory import ranges
+
+PER_TOKEN = [n for n in at.method_names(aliases=False) if not at.METHODS[n].needs_full_distributions]
+COMPILABLE = [n for n in PER_TOKEN if n != "clip_cov"]
+
+
+def _batch(seed, B=4, T=24, dtype=torch.float32, per_token=False, scale=0.5):
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 5 - 1e-3
+    logp = (old + scale * torch.randn(B, T, generator=g, dtype=torch.float64)).clamp(max=0.0)
+    logp[0, 0] = old[0, 0] + 70.0  # beyond the log-ratio clamp
+    adv = torch.randn((B, T) if per_token else (B,), generator=g, dtype=torch.float64)
+    lengths = torch.randint(T // 3, T + 1, (B,), generator=g)
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    mask[0, 0] = True
+    # garbage on padding must change nothing, on either path
+    logp = torch.where(mask, logp, torch.nan)
+    old = torch.where(mask, old, -torch.inf)
+    return logp.to(dtype), old.to(dtype), adv.to(dtype), mask
+
+
+def _loss_and_grad(fn, logp, *rest):
+    leaf = logp.clone().requires_grad_(True)
+    loss = fn(leaf, *rest)
+    (grad,) = torch.autograd.grad(loss, leaf)
+    return loss.detach(), torch.nan_to_num(grad)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from(PER_TOKEN), st.booleans(), st.sampled_from([torch.float32, torch.float64]))
+def test_unvalidated_path_equals_the_default_path(seed, method, per_token, dtype):
+    logp, old, adv, mask = _batch(seed, dtype=dtype, per_token=per_token)
+    gen = lambda: torch.Generator().manual_seed(seed)  # noqa: E731
+
+    def run(validate):
+        return lambda lp, o, a, m: at.policy_loss(lp, o, a, m, method=method, generator=gen(), validate=validate).loss
+
+    l0, g0 = _loss_and_grad(run(True), logp, old, adv, mask)
+    l1, g1 = _loss_and_grad(run(False), logp, old, adv, mask)
+    torch.testing.assert_close(l1, l0, rtol=0, atol=0)
+    torch.testing.assert_close(g1, g0, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("method", COMPILABLE)
+def test_every_per_token_method_compiles_into_one_graph(method):
+    """dynamo with fullgraph=True raises on any graph break (a host read, a data-dependent branch or shape);
+    the traced graph then gives the eager loss and gradient."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    logp, old, adv, mask = _batch(3, per_token=True)
+
+    def loss_fn(lp, o, a, m):
+        return at.policy_loss(lp, o, a, m, method=method, validate=False).loss
+
+    compiled = torch.compile(loss_fn, backend="eager", fullgraph=True)
+    l0, g0 = _loss_and_grad(loss_fn, logp, old, adv, mask)
+    l1, g1 = _loss_and_grad(compiled, logp, old, adv, mask)
+    torch.testing.assert_close(l1, l0)
+    torch.testing.assert_close(g1, g0)
+
+
+def test_clip_cov_is_the_documented_exception_to_fullgraph():
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    logp, old, adv, mask = _batch(4)
+    fn = torch.compile(
+        lambda lp: at.policy_loss(lp, old, adv, mask, method="clip_cov", validate=False).loss,
+        backend="eager",
+        fullgraph=True,
+    )
+    with pytest.raises(Exception, match="(?i)unsupported|data-dependent|graph break"):
+        fn(logp)
+
+
+@pytest.mark.slow
+def test_inductor_compiles_atr_and_trgppo_to_the_eager_values():
+    """The real compiler (C++ kernels on CPU), not just the tracer."""
+    import torch._dynamo
+
+    for method in ("atr", "trgppo"):
+        torch._dynamo.reset()
+        logp, old, adv, mask = _batch(5)
+
+        def loss_fn(lp, o, a, m, method=method):
+            return at.policy_loss(lp, o, a, m, method=method, validate=False).loss
+
+        l0, g0 = _loss_and_grad(loss_fn, logp, old, adv, mask)
+        l1, g1 = _loss_and_grad(torch.compile(loss_fn, fullgraph=True), logp, old, adv, mask)
+        torch.testing.assert_close(l1, l0, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(g1, g0, rtol=1e-5, atol=1e-7)
+
+
+# --------------------------------------------------------------------------------------------
+# TRGPPO's table against the float64 roots and mpmath
+# --------------------------------------------------------------------------------------------
+def _float32_log_p_grid():
+    """Every binade of a = -log p_old from 2^-40 to 2^8, 97 points each (ends included), plus 0."""
+    pts = [0.0]
+    for k in range(-40, 8):
+        for j in range(97):
+            pts.append(-(2.0**k) * (1 + j / 96))
+    return torch.tensor(pts, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("delta", [0.01, 0.07, 0.3, 2.0])
+def test_trgppo_table_matches_the_float64_roots_in_every_binade(delta):
+    u = _float32_log_p_grid()
+    lo, hi = ranges.trgppo_kl_range_table(u, delta)
+    p = torch.exp(u.double()).clamp(min=1e-300)
+    y_lo, y_hi = ranges.trgppo_kl_log_range_torch(p, delta)
+    assert lo.dtype == hi.dtype == torch.float32
+    assert float((lo.double() - torch.exp(y_lo)).abs().max()) < 1e-7
+    # u_KL to float32 rounding: of log u_KL (2^-24 relative), of u = exp(.) (2^-24), interpolation (< 3e-8);
+    # where u_KL is beyond float32, inf (w = pi / p_old can never reach it)
+    finite = y_hi < math.log(torch.finfo(torch.float32).max) - 1e-3
+    err = (torch.log(hi.double()) - y_hi)[finite].abs()
+    assert bool((err <= 2.0**-23 * (1 + y_hi[finite].abs()) + 3e-8).all()), float(err.max())
+    assert bool((hi[~finite] > 1e38).all())
+
+
+def _mp_binary_kl_roots(p: float, delta: float):
+    """Both roots in y = log w of KL(Ber(p) || Ber(p e^y)) = delta: bisection at 50 digits on the definition."""
+    mp.mp.dps = 50
+    p = mp.mpf(p)
+    q = 1 - p
+
+    def kl(y):
+        return p * (-y) + q * (mp.log(q) - mp.log(1 - p * mp.exp(y)))
+
+    def bisect(a, b, increasing):  # kl - delta changes sign on [a, b]
+        for _ in range(400):
+            mid = (a + b) / 2
+            if (kl(mid) > delta) == increasing:
+                b = mid
+            else:
+                a = mid
+        return (a + b) / 2
+
+    left = (q * mp.log(q) - delta) / p - 1  # kl(left) > delta: kl >= -p y + q log q
+    right = -mp.log(p) - mp.mpf(10) ** -45  # kl -> inf as p e^y -> 1
+    return float(bisect(left, mp.mpf(0), False)), float(bisect(mp.mpf(0), right, True))
+
+
+@pytest.mark.parametrize("log_p", [-1e-6, -0.01, -0.3, -1.0, -2.5, -6.0, -15.0])
+def test_trgppo_table_against_mpmath(log_p):
+    delta = 0.07
+    u = torch.tensor([log_p], dtype=torch.float32)
+    p = float(torch.exp(u.double()))  # the float32 input, exactly
+    y_lo, y_hi = _mp_binary_kl_roots(p, delta)
+    lo, hi = ranges.trgppo_kl_range_table(u, delta)
+    assert abs(float(lo) - math.exp(y_lo)) < 1e-7
+    assert abs(math.log(float(hi)) - y_hi) <= 2.0**-23 * (1 + abs(y_hi)) + 3e-8
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_trgppo_float32_loss_equals_the_float64_solver_to_float32_precision(seed):
+    logp, old, adv, mask = _batch(seed, dtype=torch.float32)
+    l32, g32 = _loss_and_grad(lambda lp: at.policy_loss(lp, old, adv, mask, method="trgppo").loss, logp)
+    l64, g64 = _loss_and_grad(
+        lambda lp: at.policy_loss(lp, old.double(), adv.double(), mask, method="trgppo").loss, logp.double()
+    )
+    torch.testing.assert_close(l32.double(), l64, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(g32.double(), g64, rtol=1e-5, atol=1e-6)
