@@ -303,7 +303,9 @@ def trgppo_kl_log_range_torch(p_old, delta: float, max_iter: int = 60):
         f = -ps * y + qlogq - qs * torch.log(t) - delta
         fp = -ps + qs * ps * torch.exp(y) / t
         y = torch.minimum(y - f / fp, torch.zeros_like(y))
-        if not tracing and bool((f.abs() <= 1e-15 * (ps * y.abs() + qlogq.abs() + delta)).all()):  # residual at rounding level
+        if not tracing and bool(
+            (f.abs() <= 1e-15 * (ps * y.abs() + qlogq.abs() + delta)).all()
+        ):  # residual at rounding level
             break
     v = (ps * torch.log(ps) + qlogq - delta) / qs - 1.0
     for _ in range(max_iter):

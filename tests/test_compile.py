@@ -46,7 +46,9 @@ def _loss_and_grad(fn, logp, *rest):
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.integers(0, 10_000), st.sampled_from(PER_TOKEN), st.booleans(), st.sampled_from([torch.float32, torch.float64]))
+@given(
+    st.integers(0, 10_000), st.sampled_from(PER_TOKEN), st.booleans(), st.sampled_from([torch.float32, torch.float64])
+)
 def test_unvalidated_path_equals_the_default_path(seed, method, per_token, dtype):
     logp, old, adv, mask = _batch(seed, dtype=dtype, per_token=per_token)
     gen = lambda: torch.Generator().manual_seed(seed)  # noqa: E731
