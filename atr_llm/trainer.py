@@ -11,9 +11,11 @@ and every clipping rule is a no-op. The logged ``clip/frac_ratio_moved`` shows i
 detects this at start-up and warns; our presets set ``num_iterations: 2`` so each generated batch is
 used for two optimizer passes and the second pass sees ``w != 1``.
 
-Methods that need full distributions (``tr_ppo``, ``truly_ppo``) recompute the completion logits
-(one extra forward per generation batch, and the (B, T, V) old log-probs are kept until the batch is
-used: costly, see benchmarks/loss_overhead.py).
+Methods that need full distributions (``tr_ppo``, ``truly_ppo``) never build a (B, T, V) tensor: at generation
+the policy's final hidden states (B, T, H) are kept as pi_old (one extra decoder forward per generation batch,
+plus a snapshot of the LM head if the head itself trains), and the loss computes log-probs, entropies and
+``KL(pi_old || pi)`` from hidden states and head ``kl_chunk_size`` positions at a time
+(:func:`atr_theory.head_kl_chunked`; extra memory O(kl_chunk_size x V), see benchmarks/real_vocab_step.py).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 
 import atr_theory as at
+
+from .unsloth_backend import base_model, last_hidden_states, output_head
 
 # TRL's loss_type -> our aggregation
 LOSS_TYPE_AGGREGATION = {
@@ -234,6 +238,20 @@ def plain_logps_and_entropies(
     return torch.cat(logps), (torch.cat(ents) if compute_entropy else None)
 
 
+def check_plain_logit_head(model, method: str) -> None:
+    """The full-distribution methods compute logits as ``head(hidden) / temperature`` from the decoder's final
+    hidden states; refuse a model whose logits are transformed after the head (Gemma 2's soft-capping,
+    Cohere's ``logit_scale``), naming the attribute."""
+    config = getattr(base_model(model), "config", None)
+    for attr in ("final_logit_softcapping", "logit_scale"):
+        value = getattr(config, attr, None)
+        if value not in (None, 0, 1, 1.0):
+            raise ValueError(
+                f"method {method!r} scores from hidden states with the plain LM head, but this model's config has "
+                f"{attr}={value!r} (its logits are transformed after the head); use a per-token method"
+            )
+
+
 class ATRLossMixin:
     """The overrides, as a mixin so they can sit on TRL's GRPOTrainer or on Unsloth's patched one."""
 
@@ -278,24 +296,35 @@ class ATRLossMixin:
                 f"router_aux_loss_coef={self.router_aux_loss_coef}: this model's router auxiliary loss is not added by "
                 "ATRGRPOTrainer's loss; set router_aux_loss_coef=0 to train without it"
             )
+        self._old_head: dict[str, torch.Tensor | None] = {}
+        if self.method_spec.needs_full_distributions:
+            check_plain_logit_head(self.model, self.method_spec.name)
         self.clipping_inert = clipping_is_inert(self.args)
         if self.clipping_inert:
             warnings.warn(inert_clipping_message(self.args), stacklevel=2)
 
-    # ---- full distributions (tr_ppo, truly_ppo) -------------------------------------------------
-    def _completion_full_logps(self, model, input_ids, attention_mask, logits_to_keep):
-        """(B, T, V) log-softmax of the completion positions, temperature-scaled as TRL does."""
-        return completion_log_softmax(model, input_ids, attention_mask, logits_to_keep, self.temperature)
+    # ---- full distributions (tr_ppo, truly_ppo): hidden states and the head, never (B, T, V) --------
+    def _completion_hidden(self, model, input_ids, attention_mask, logits_to_keep):
+        """(B, T, H) final-norm hidden states at the positions that predict the last ``logits_to_keep`` tokens."""
+        return last_hidden_states(model, input_ids, attention_mask)[:, -logits_to_keep - 1 : -1, :]
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
         if self.method_spec.needs_full_distributions and output.get("old_per_token_logps") is not None:
+            # pi_old is kept as the policy's hidden states (H values per position, not V) and, when the head
+            # itself trains, a snapshot of its weights; KL(pi_old || pi) is then recomputed chunk by chunk
             ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
             mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
             with torch.no_grad():
-                output["old_full_logps"] = self._completion_full_logps(
+                output["old_hidden_states"] = self._completion_hidden(
                     self.model, ids, mask, output["completion_ids"].size(1)
                 )
+            head = output_head(self.model)
+            self._old_head = {
+                name: (t.detach().clone() if t.requires_grad else None)
+                for name, t in (("weight", head.weight), ("bias", getattr(head, "bias", None)))
+                if t is not None
+            }
         return output
 
     # ---- the loss -------------------------------------------------------------------------------
@@ -309,15 +338,23 @@ class ATRLossMixin:
 
         full_kw = {}
         if self.method_spec.needs_full_distributions:
-            full = self._completion_full_logps(model, input_ids, attention_mask, logits_to_keep)
-            per_token_logps = full.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
-            entropies = at.entropy_from_log_probs(full.detach())
-            old_full = inputs.get("old_full_logps")
-            full_kw = dict(
-                full_logp=full,
-                old_full_logp=full.detach() if old_full is None else old_full,
-                kl_chunk_size=self.args.kl_chunk_size,
+            hidden = self._completion_hidden(model, input_ids, attention_mask, logits_to_keep)
+            old_hidden = inputs.get("old_hidden_states")
+            old_head = self._old_head if old_hidden is not None else {}
+            head = output_head(model)
+            scores = at.head_kl_chunked(
+                hidden,
+                hidden.detach() if old_hidden is None else old_hidden,
+                head.weight,
+                completion_ids,
+                bias=getattr(head, "bias", None),
+                old_weight=old_head.get("weight"),
+                old_bias=old_head.get("bias"),
+                temperature=self.temperature,
+                chunk_size=self.args.kl_chunk_size,
             )
+            per_token_logps, entropies = scores.logp, scores.entropy
+            full_kw = dict(position_kl=scores.kl)
         else:
             res = self._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, compute_entropy=True

@@ -79,7 +79,7 @@ def _env(name: str, value: str):
             os.environ[name] = old
 
 
-def _base_model(model):
+def base_model(model):
     """The transformers model inside a PEFT wrapper (the model itself when there is none)."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
@@ -90,11 +90,12 @@ def last_hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Ten
     if is_unsloth_model(model):
         with _env("UNSLOTH_RETURN_HIDDEN_STATES", "1"):
             return model(input_ids=input_ids, attention_mask=attention_mask).logits
-    return _base_model(model).model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    return base_model(model).model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
 
 def output_head(model) -> torch.nn.Module:
-    return _base_model(model).get_output_embeddings()
+    """The LM head (output embedding) of a transformers / PEFT / Unsloth model."""
+    return base_model(model).get_output_embeddings()
 
 
 def unsloth_logps_and_entropies(

@@ -6,7 +6,17 @@
 (0.671, 1.422)
 """
 
-from .divergence import entropy_from_log_probs, full_kl, is_kl3, kl1, kl2, kl3, kl3_from_log_ratio
+from .divergence import (
+    HeadScores,
+    entropy_from_log_probs,
+    full_kl,
+    head_kl_chunked,
+    is_kl3,
+    kl1,
+    kl2,
+    kl3,
+    kl3_from_log_ratio,
+)
 from .loss import AGGREGATIONS, LossOutput, aggregate, check_aggregation, policy_loss
 from .methods import (
     FORMS,
@@ -57,6 +67,8 @@ __all__ = [
     "unregister",
     "dcpo_clip_range",
     "full_kl",
+    "head_kl_chunked",
+    "HeadScores",
     "get_method",
     "is_kl3",
     "is_kl3_clip_range",

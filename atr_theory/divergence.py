@@ -16,10 +16,11 @@ forms are the numerically preferred ones: ``k3`` from ``y`` is ``expm1(y) - y`` 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+import torch.utils.checkpoint
 
 __all__ = [
     "kl1",
@@ -32,6 +33,8 @@ __all__ = [
     "is_kl3_from_log_ratio",
     "entropy_from_log_probs",
     "full_kl",
+    "HeadScores",
+    "head_kl_chunked",
 ]
 
 # numpy: below |y| < 0.5 the estimators are summed as Taylor series (no cancellation in e^y - 1 - y)
@@ -187,3 +190,79 @@ def full_kl(old_full_logp: torch.Tensor, full_logp: torch.Tensor, *, chunk_size:
         parts.append((o.exp() * diff).sum(-1))
     out = torch.cat(parts) if parts else full_logp.new_zeros(0)
     return out.reshape(lead)
+
+
+class HeadScores(NamedTuple):
+    """Per-position results of :func:`head_kl_chunked`, each (B, T)."""
+
+    logp: torch.Tensor  # log pi(token), with gradient
+    kl: torch.Tensor  # KL(pi_old || pi), with gradient
+    entropy: torch.Tensor  # H(pi), no gradient
+
+
+def _head_chunk(hidden, weight, bias, old_hidden, old_weight, old_bias, tokens, temperature):
+    """One chunk of :func:`head_kl_chunked`: (c, V) values live only inside this call."""
+    lsm = torch.log_softmax(_upcast(torch.nn.functional.linear(hidden, weight, bias)) / temperature, dim=-1)
+    with torch.no_grad():
+        old = torch.nn.functional.linear(old_hidden, old_weight, old_bias)
+        old = torch.log_softmax(_upcast(old) / temperature, dim=-1)
+        p_old = old.exp()
+        ent_p = torch.where(torch.isneginf(lsm), torch.zeros_like(lsm), lsm.exp() * lsm)
+        entropy = -ent_p.sum(-1)
+    kl = (p_old * torch.where(torch.isneginf(old), torch.zeros_like(old), old - lsm)).sum(-1)
+    logp = lsm.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return logp, kl, entropy
+
+
+def head_kl_chunked(
+    hidden: torch.Tensor,
+    old_hidden: torch.Tensor,
+    weight: torch.Tensor,
+    tokens: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    old_weight: torch.Tensor | None = None,
+    old_bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    chunk_size: int = 64,
+) -> HeadScores:
+    r"""Sampled-token log-probs, ``KL(pi_old(.|s) || pi(.|s))`` and entropies from final hidden states and the
+    LM head, never holding more than one chunk of vocabulary-sized values, in the forward or the backward.
+
+    ``pi = softmax((hidden W^T + b) / temperature)``, ``pi_old`` the same with ``old_hidden`` (the policy's
+    hidden states at generation time, (B, T, H): H values per position instead of V) and ``old_weight``
+    (default: ``weight``, right when the head is frozen, as with LoRA on the decoder). Positions are
+    processed ``chunk_size`` at a time; each chunk is wrapped in activation checkpointing, so its (c, V)
+    logits are recomputed in the backward instead of stored (the chunked-loss technique of Liger-Kernel /
+    unsloth_zoo's ``chunked_hidden_states_selective_log_softmax``). Extra memory: O(chunk_size x V),
+    independent of B x T. Gradients flow to ``hidden``, ``weight`` and ``bias`` through ``logp`` and ``kl``;
+    ``pi_old`` is a constant. Same values and gradients as :func:`full_kl` on the full (B, T, V) log-softmax
+    (tests).
+    """
+    if hidden.shape != old_hidden.shape or hidden.ndim < 2:
+        raise ValueError(
+            f"hidden and old_hidden must have the same shape (..., H), got {tuple(hidden.shape)} "
+            f"and {tuple(old_hidden.shape)}"
+        )
+    if tuple(tokens.shape) != tuple(hidden.shape[:-1]):
+        raise ValueError(f"tokens must have shape {tuple(hidden.shape[:-1])}, got {tuple(tokens.shape)}")
+    if isinstance(chunk_size, bool) or int(chunk_size) != chunk_size or chunk_size < 1:
+        raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    old_weight = weight.detach() if old_weight is None else old_weight.detach()
+    old_bias = (None if bias is None else bias.detach()) if old_bias is None else old_bias.detach()
+    lead, size = hidden.shape[:-1], hidden.shape[-1]
+    h, h_old = hidden.reshape(-1, size), old_hidden.detach().reshape(-1, size)
+    tok = tokens.reshape(-1)
+    parts = []
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    for start in range(0, h.shape[0], int(chunk_size)):
+        sl = slice(start, start + int(chunk_size))
+        args = (h[sl], weight, bias, h_old[sl], old_weight, old_bias, tok[sl], float(temperature))
+        if grad:
+            parts.append(torch.utils.checkpoint.checkpoint(_head_chunk, *args, use_reentrant=False))
+        else:
+            parts.append(_head_chunk(*args))
+    logp, kl, entropy = (torch.cat([part[i] for part in parts]).reshape(lead) for i in range(3))
+    return HeadScores(logp, kl, entropy)

@@ -187,6 +187,7 @@ def policy_loss(
     generator: torch.Generator | None = None,
     token_weights: torch.Tensor | None = None,
     kl_chunk_size: int | None = None,
+    position_kl: torch.Tensor | None = None,
     validate: bool = True,
     **params: float,
 ) -> LossOutput:
@@ -207,6 +208,9 @@ def policy_loss(
     token_weights : optional (B, T) constant multiplier of the per-token objective (e.g. TRL's
         vLLM importance-sampling correction).
     kl_chunk_size : positions per chunk when computing full KLs.
+    position_kl : (B, T) ``KL(pi_old || pi)`` per position, in place of ``old_full_logp`` / ``full_logp``
+        (e.g. :func:`atr_theory.head_kl_chunked`'s, which never holds the (B, T, V) tensors). truly_ppo
+        differentiates through it; values on padding are ignored.
     validate : check the *values* (finite log-probs and advantages on valid tokens, a 0/1 mask) and
         skip masking / clamping work a batch does not need. ``False``: no value is read on the host,
         so the call never synchronises a GPU stream and compiles with ``torch.compile(fullgraph=True)``
@@ -261,7 +265,12 @@ def policy_loss(
             log_ratio = torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     else:
         log_ratio = torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    batch = TokenBatch(log_ratio, adv, m, lp, olp, choice.form, generator, old_full_logp, full_logp, kl_chunk_size)
+    if position_kl is not None:
+        _check_tensor("position_kl", position_kl, shape)
+        position_kl = position_kl if all_valid else torch.where(m, position_kl, zero)
+    batch = TokenBatch(
+        log_ratio, adv, m, lp, olp, choice.form, generator, old_full_logp, full_logp, kl_chunk_size, position_kl
+    )
     result = choice.spec.fn(batch, **choice.params)
     objective = result.objective
     if weights is not None:

@@ -65,6 +65,7 @@ class TokenBatch:
     old_full_logp: torch.Tensor | None = None  # (B, T, V)
     full_logp: torch.Tensor | None = None  # (B, T, V)
     kl_chunk_size: int | None = None
+    position_kl: torch.Tensor | None = None  # (B, T) KL(pi_old || pi) per position, instead of the full distributions
 
 
 @dataclass
@@ -687,15 +688,24 @@ def atr_seq(batch: TokenBatch, delta: float) -> MethodResult:
     return ratio_objective(batch, 0.0, math.inf, keep)
 
 
-def _require_full(batch: TokenBatch, name: str) -> None:
+def _position_kl(batch: TokenBatch, name: str) -> torch.Tensor:
+    """(B, T) ``KL(pi_old(.|s_t) || pi(.|s_t))``: ``batch.position_kl`` when the caller computed it (e.g. chunk by
+    chunk from hidden states, :func:`atr_theory.head_kl_chunked`), else from the full distributions."""
+    expected = tuple(batch.log_ratio.shape)
+    if batch.position_kl is not None:
+        if tuple(batch.position_kl.shape) != expected:
+            raise ValueError(f"position_kl must have shape {expected}, got {tuple(batch.position_kl.shape)}")
+        return batch.position_kl.to(batch.log_ratio.dtype)
     if batch.old_full_logp is None or batch.full_logp is None:
         raise ValueError(
-            f"method {name!r} needs the full distributions: pass old_full_logp and full_logp of shape (B, T, V)"
+            f"method {name!r} needs the full distributions: pass old_full_logp and full_logp of shape (B, T, V), "
+            "or their per-position KL as position_kl (B, T)"
         )
-    expected = tuple(batch.log_ratio.shape)
     for arg, t in (("old_full_logp", batch.old_full_logp), ("full_logp", batch.full_logp)):
         if t.ndim != 3 or tuple(t.shape[:2]) != expected:
             raise ValueError(f"{arg} must have shape (B, T, V) with (B, T) = {expected}, got {tuple(t.shape)}")
+    kl = full_kl(batch.old_full_logp, batch.full_logp, chunk_size=batch.kl_chunk_size)
+    return kl.to(batch.log_ratio.dtype)
 
 
 @register(
@@ -713,9 +723,8 @@ def tr_ppo(batch: TokenBatch, delta: float) -> MethodResult:
     METHODS.md (``KL(pi_old || pi)``, the direction TRPO constrains). The KL only gates, so it is
     computed without gradient, chunked over positions (``kl_chunk_size``).
     """
-    _require_full(batch, "tr_ppo")
     with torch.no_grad():
-        kl = full_kl(batch.old_full_logp, batch.full_logp, chunk_size=batch.kl_chunk_size).to(batch.log_ratio.dtype)
+        kl = _position_kl(batch, "tr_ppo")
     return ratio_objective(batch, 0.0, math.inf, kl <= delta)
 
 
@@ -731,8 +740,7 @@ def truly_ppo(batch: TokenBatch, delta: float, alpha: float) -> MethodResult:
     r"""Trust-region rollback: where ``KL(pi_old || pi) >= delta`` and ``w A > A`` (the ratio moved
     past 1 in the direction the advantage favours) the objective is ``w A - alpha KL``; else ``w A``.
     The KL carries gradient here (it is the rollback force)."""
-    _require_full(batch, "truly_ppo")
-    kl = full_kl(batch.old_full_logp, batch.full_logp, chunk_size=batch.kl_chunk_size).to(batch.log_ratio.dtype)
+    kl = _position_kl(batch, "truly_ppo")
     w = torch.exp(batch.log_ratio)
     adv = batch.advantages
     rollback = (kl.detach() >= delta) & (w * adv > adv)
