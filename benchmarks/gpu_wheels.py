@@ -70,7 +70,9 @@ def slim(dest: Path) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--download", metavar="DIR", help="fetch the wheels into DIR")
-    ap.add_argument("--slim", action="store_true", help="drop unsloth's studio web app and the CUDA < 13 libraries of bitsandbytes")
+    ap.add_argument(
+        "--slim", action="store_true", help="drop unsloth's studio web app and the CUDA < 13 libraries of bitsandbytes"
+    )
     args = ap.parse_args(argv)
     for req, why in WHEELS:
         print(f"{req:28s} {why}")

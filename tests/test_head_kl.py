@@ -51,7 +51,10 @@ def test_chunked_head_scores_equal_the_full_computation(seed, chunk, bias, old_w
     assert not out.entropy.requires_grad
     # gradients of an arbitrary combination of log-prob and KL, w.r.t. every trainable input
     g = torch.Generator().manual_seed(seed + 1)
-    c1, c2 = torch.randn(out.kl.shape, generator=g, dtype=torch.float64), torch.randn(2, dtype=torch.float64, generator=g)
+    c1, c2 = (
+        torch.randn(out.kl.shape, generator=g, dtype=torch.float64),
+        torch.randn(2, dtype=torch.float64, generator=g),
+    )
     leaves = [hidden, weight] + ([b] if bias else [])
     got = torch.autograd.grad((c1 * (c2[0] * out.logp + c2[1] * out.kl)).sum(), leaves)
     want = torch.autograd.grad((c1 * (c2[0] * ref[0] + c2[1] * ref[1])).sum(), leaves)
