@@ -1,13 +1,18 @@
-"""Forward + backward cost of ``policy_loss`` for every method, as a ratio to an inline PPO-clip.
+"""Cost of ``policy_loss`` for every method against an inline PPO-clip, and the memory of the full-KL path.
 
-Part 1: (B, T) = (64, 4096) float32, each method against a minimal PPO-clip written the way TRL
-writes it, measured side by side in one process (interleaved, median of repeats).
-Part 2: the methods that need full distributions (tr_ppo, truly_ppo) at Qwen3's vocabulary
-V = 151,936 on (B, T) = (2, 512), chunked; time and peak extra memory per token against atr,
-each measured in a fresh subprocess (peak RSS).
+Part 1 (time): forward + backward of every per-token method against a minimal PPO-clip written the way TRL
+writes it, side by side in one process (interleaved, median of repeats), at several (B, T):
+  * ``eager``: ``policy_loss`` as called by default (values validated);
+  * ``nosync``: ``policy_loss(..., validate=False)`` (no host reads);
+  * ``compiled``: ``torch.compile(fullgraph=True)`` of the ``validate=False`` call against the compiled
+    inline PPO-clip (clip_cov is not compilable in one graph and is left out).
+``part1.<method>.ratio`` is the eager ratio at the largest size (the layout older runs wrote).
+Part 2 (memory): the full-distribution methods (tr_ppo, truly_ppo) through ``head_kl_chunked`` (hidden
+states + LM head, one chunk of V at a time) against the (B, T, V) log-softmax path, at several B x T and V,
+forward + backward, each case in a fresh process (CPU: growth of peak RSS; CUDA: max_memory_allocated).
 
     python benchmarks/loss_overhead.py [--quick] [--out figures/loss_overhead.json]
-    python benchmarks/loss_overhead.py --device cuda --part1-only --out figures/loss_overhead_cuda.json
+    python benchmarks/loss_overhead.py --device cuda --out figures/loss_overhead_cuda.json
 """
 
 from __future__ import annotations
@@ -59,107 +64,191 @@ def time_call(fn, logp0):
     return time.perf_counter() - t0
 
 
-def part1(B, T, repeats, device="cpu"):
-    logp0, old, adv, mask = make_inputs(B, T, device=device)
-    maskf = mask.float()
-    peer = lambda lp: inline_ppo_clip(lp, old, adv, maskf)
-    results = {}
-    names = [n for n in at.method_names(aliases=False) if not at.METHODS[n].needs_full_distributions]
-    for name in names:
-        fn = lambda lp, name=name: at.policy_loss(lp, old, adv, mask, method=name).loss
-        reps = max(3, repeats // 5) if name == "trgppo" else repeats
-        for _ in range(2):  # warm-up
-            time_call(fn, logp0), time_call(peer, logp0)
-        ours, theirs = [], []
-        for _ in range(reps):  # interleaved so drift hits both alike
-            ours.append(time_call(fn, logp0))
-            theirs.append(time_call(peer, logp0))
-        m_ours, m_peer = statistics.median(ours), statistics.median(theirs)
-        results[name] = {"ms": 1e3 * m_ours, "peer_ms": 1e3 * m_peer, "ratio": m_ours / m_peer}
-        print(
-            f"{name:12s} {1e3 * m_ours:9.2f} ms  inline PPO-clip {1e3 * m_peer:7.2f} ms  ratio {m_ours / m_peer:6.2f}"
-        )
-    # the cost of the (lazy) metrics, for the record
-    out = at.policy_loss(logp0, old, adv, mask, method="atr")
-    t0 = time.perf_counter()
-    _ = out.metrics
-    results["_metrics_ms"] = 1e3 * (time.perf_counter() - t0)
-    return results
-
-
-def _full_worker(method, B, T, V, chunk, repeats, q):
-    torch.manual_seed(0)
-    old_full = torch.log_softmax(torch.randn(B, T, V), -1)
-    new_full = torch.log_softmax(old_full + 0.05 * torch.randn(B, T, V), -1)
-    tok = torch.randint(0, V, (B, T))
-    old = old_full.gather(-1, tok[..., None])[..., 0]
-    adv = torch.randn(B)
-    mask = torch.ones(B, T, dtype=torch.bool)
-    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    times = []
+def side_by_side(fn, peer, logp0, repeats):
+    """Median times of ``fn`` and ``peer`` (forward + backward), interleaved so drift hits both alike."""
+    for _ in range(3):  # warm-up (and compilation)
+        time_call(fn, logp0), time_call(peer, logp0)
+    ours, theirs = [], []
     for _ in range(repeats):
-        leaf = new_full.clone().requires_grad_(True)
-        t0 = time.perf_counter()
-        logp = leaf.gather(-1, tok[..., None])[..., 0]
-        kw = dict(old_full_logp=old_full, full_logp=leaf, kl_chunk_size=chunk) if method != "atr" else {}
-        loss = at.policy_loss(logp, old, adv, mask, method=method, **kw).loss
+        ours.append(time_call(fn, logp0))
+        theirs.append(time_call(peer, logp0))
+    return statistics.median(ours), statistics.median(theirs)
+
+
+PER_TOKEN = [n for n in at.method_names(aliases=False) if not at.METHODS[n].needs_full_distributions]
+
+
+def part1(sizes, repeats, device="cpu", modes=("eager", "nosync", "compiled")):
+    """``{mode: {method: [{"B", "T", "ms", "peer_ms", "ratio"}, ...]}}``; ``compiled`` at the largest size only
+    (one compilation per method)."""
+    out: dict = {mode: {} for mode in modes}
+    for B, T in sizes:
+        here = [m for m in modes if m != "compiled" or (B, T) == tuple(sizes[-1])]
+        logp0, old, adv, mask = make_inputs(B, T, device=device)
+        maskf = mask.float()
+        peer = lambda lp: inline_ppo_clip(lp, old, adv, maskf)  # noqa: E731
+        compiled_peer = torch.compile(inline_ppo_clip, fullgraph=True) if "compiled" in here else None
+        for mode in here:
+            for name in PER_TOKEN:
+                if mode == "compiled" and name == "clip_cov":
+                    continue
+                validate = mode == "eager"
+
+                def call(lp, name=name, validate=validate):
+                    return at.policy_loss(lp, old, adv, mask, method=name, validate=validate).loss
+
+                if mode == "compiled":
+                    torch._dynamo.reset()
+                    fn = torch.compile(call, fullgraph=True)
+                    their = lambda lp: compiled_peer(lp, old, adv, maskf)  # noqa: E731
+                else:
+                    fn, their = call, peer
+                m_ours, m_peer = side_by_side(fn, their, logp0, repeats)
+                row = {"B": B, "T": T, "ms": 1e3 * m_ours, "peer_ms": 1e3 * m_peer, "ratio": m_ours / m_peer}
+                out[mode].setdefault(name, []).append(row)
+                print(
+                    f"{mode:8s} ({B:3d}, {T:5d}) {name:12s} {row['ms']:9.3f} ms  PPO-clip {row['peer_ms']:8.3f} ms"
+                    f"  ratio {row['ratio']:6.2f}",
+                    flush=True,
+                )
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# part 2: memory of the full-distribution path
+# --------------------------------------------------------------------------------------------
+def _peak_worker(path, B, T, V, H, chunk, device, q):
+    """One forward + backward of truly_ppo (KL with gradient: the costlier of the two) by ``path``."""
+    torch.manual_seed(0)
+    dev = torch.device(device)
+    weight = (0.05 * torch.randn(V, H, device=dev)).requires_grad_(True)
+    hidden = torch.randn(B, T, H, device=dev, requires_grad=True)
+    old_hidden = hidden.detach() + 0.1 * torch.randn(B, T, H, device=dev)
+    tok = torch.randint(0, V, (B, T), device=dev)
+    adv = torch.randn(B, device=dev)
+    mask = torch.ones(B, T, dtype=torch.bool, device=dev)
+    with torch.no_grad():
+        old_logp = at.head_kl_chunked(old_hidden, old_hidden, weight, tok, chunk_size=chunk).logp
+
+    def step():
+        if path == "chunked":
+            s = at.head_kl_chunked(hidden, old_hidden, weight, tok, chunk_size=chunk)
+            loss = at.policy_loss(s.logp, old_logp, adv, mask, method="truly_ppo", position_kl=s.kl).loss
+        else:  # the (B, T, V) log-softmax of both policies, as the trainer did before
+            full = torch.log_softmax(hidden @ weight.T, -1)
+            with torch.no_grad():
+                old_full = torch.log_softmax(old_hidden @ weight.T, -1)
+            logp = full.gather(-1, tok[..., None])[..., 0]
+            kw = dict(old_full_logp=old_full, full_logp=full, kl_chunk_size=chunk)
+            loss = at.policy_loss(logp, old_logp, adv, mask, method="truly_ppo", **kw).loss
         loss.backward()
-        times.append(time.perf_counter() - t0)
-        del leaf, loss
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    q.put({"ms": 1e3 * statistics.median(times), "extra_peak_MiB": (peak - base_rss) / 1024})
+        return loss
+
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        elapsed = time.perf_counter() - t0
+        extra = (torch.cuda.max_memory_allocated() - base) / 2**20
+    else:
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        t0 = time.perf_counter()
+        step()
+        elapsed = time.perf_counter() - t0
+        extra = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
+    q.put({"extra_peak_MiB": extra, "ms": 1e3 * elapsed})
 
 
-def part2(B, T, V, chunk, repeats):
+def part2(cases, H, chunk, device="cpu"):
     ctx = mp.get_context("spawn")
-    res = {}
-    for method in ("atr", "tr_ppo", "truly_ppo"):
+    rows = []
+    for path, B, T, V in cases:
         q = ctx.Queue()
-        p = ctx.Process(target=_full_worker, args=(method, B, T, V, chunk, repeats, q))
+        p = ctx.Process(target=_peak_worker, args=(path, B, T, V, H, chunk, device, q))
         p.start()
-        res[method] = q.get()
+        res = q.get()
         p.join()
-    n = B * T
-    for method, r in res.items():
-        r["us_per_token"] = 1e3 * r["ms"] / n
-        r["KiB_per_token"] = 1024 * r["extra_peak_MiB"] / n
-        r["time_ratio_vs_atr"] = r["ms"] / res["atr"]["ms"]
+        row = {"path": path, "B": B, "T": T, "V": V, "H": H, "chunk": chunk, **res}
+        row["one_BTV_fp32_MiB"] = B * T * V * 4 / 2**20
+        row["one_chunk_fp32_MiB"] = chunk * V * 4 / 2**20
+        rows.append(row)
         print(
-            f"{method:10s} {r['ms']:9.1f} ms ({r['us_per_token']:.1f} us/token, x{r['time_ratio_vs_atr']:.1f} atr)"
-            f"  extra peak {r['extra_peak_MiB']:.0f} MiB ({r['KiB_per_token']:.0f} KiB/token)"
+            f"{path:8s} B*T={B * T:6d} V={V:7d}  extra peak {res['extra_peak_MiB']:9.1f} MiB"
+            f"  (one (B,T,V) fp32: {row['one_BTV_fp32_MiB']:8.1f} MiB, one chunk: {row['one_chunk_fp32_MiB']:.1f})"
+            f"  {res['ms']:9.1f} ms",
+            flush=True,
         )
-    return res
+    return rows
+
+
+def plot(result, out_png):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    ax = axes[0]
+    for mode, style in (("eager", "-"), ("compiled", "--")):
+        for name, rows in result["part1_by_mode"].get(mode, {}).items():
+            if name in ("atr", "clip", "trgppo", "dcpo", "sapo", "kl_cov"):
+                xs, ys = [r["B"] * r["T"] for r in rows], [r["ratio"] for r in rows]
+                ax.plot(xs, ys, style, marker="o" if mode == "eager" else "s", label=f"{name} {mode}")
+    ax.axhline(1.2, color="grey", lw=0.8)
+    ax.set(xscale="log", xlabel="B x T", ylabel="time / inline PPO-clip", title=f"fwd+bwd ({result['device']})")
+    ax.legend(fontsize=6, ncol=2)
+    ax = axes[1]
+    for path, marker in (("chunked", "o"), ("full", "x")):
+        for V in sorted({r["V"] for r in result["part2_sweep"]}):
+            rows = [r for r in result["part2_sweep"] if r["path"] == path and r["V"] == V]
+            if rows:
+                xs, ys = [r["B"] * r["T"] for r in rows], [max(r["extra_peak_MiB"], 0.1) for r in rows]
+                ax.plot(xs, ys, marker=marker, label=f"{path} V={V}")
+    ax.set(xscale="log", yscale="log", xlabel="B x T", ylabel="extra peak MiB", title="truly_ppo fwd+bwd memory")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=120)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     ap.add_argument("--out", default="figures/loss_overhead.json")
-    ap.add_argument("--device", default="cpu", help="where part 1 runs (cuda: synchronised around each call)")
-    ap.add_argument("--part1-only", action="store_true", help="skip part 2 (full distributions)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile mode")
     args = ap.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    if args.part1_only:
-        B, T = (8, 256) if args.quick else (64, 4096)
-        r1 = part1(B, T, 5 if args.quick else 25, args.device)
-        device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-        result = {"sizes": {"part1": [B, T]}, "device": device, "torch": torch.__version__, "part1": r1}
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2))
-        print(f"wrote {args.out}")
-        return
+    cuda = args.device.startswith("cuda")
+    modes = ("eager", "nosync") if args.no_compile else ("eager", "nosync", "compiled")
     if args.quick:
-        r1 = part1(8, 256, 5)
-        r2 = part2(1, 16, 4096, 8, 2)
-        sizes = {"part1": [8, 256], "part2": [1, 16, 4096]}
+        sizes, repeats, H, chunk = [(4, 64), (8, 256)], 5, 16, 8
+        cases = [(p, B, 16, V) for p in ("chunked", "full") for B in (1, 4) for V in (1024, 4096)]
     else:
-        r1 = part1(64, 4096, 25)
-        r2 = part2(2, 512, 151_936, 64, 3)
-        sizes = {"part1": [64, 4096], "part2": [2, 512, 151_936]}
+        sizes, repeats, H, chunk = [(8, 1024), (32, 2048), (64, 4096)], (50 if cuda else 20), 2048, 64
+        BT = [(1, 512), (2, 512), (4, 512)] if not cuda else [(2, 512), (8, 512), (32, 512)]
+        cases = [(p, B, T, V) for p in ("chunked", "full") for (B, T) in BT for V in (32_768, 151_936)]
+    r1 = part1(sizes, repeats, args.device, modes)
+    r2 = part2(cases, H, chunk, args.device)
+    largest = {name: rows[-1] for name, rows in r1["eager"].items()}
+    ref = [r for r in r2 if r["V"] == max(c[3] for c in cases) and r["B"] * r["T"] == max(c[1] * c[2] for c in cases)]
+    device = torch.cuda.get_device_name() if cuda else "cpu"
+    result = {
+        "device": device,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "sizes": {"part1": [list(s) for s in sizes]},
+        "part1": largest,
+        "part1_by_mode": r1,
+        "part2": {f"truly_ppo_{r['path']}": r for r in ref},
+        "part2_sweep": r2,
+    }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"sizes": sizes, "threads": torch.get_num_threads(), "part1": r1, "part2": r2}, indent=2))
-    print(f"wrote {out}")
+    out.write_text(json.dumps(result, indent=2))
+    plot(result, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
 
 
 if __name__ == "__main__":
