@@ -250,3 +250,105 @@ def test_a_wrong_formula_fails_the_oracle():
     lo, go = _ours(*batch, "clip_higher", "token_mean", epsilon_low=0.28, epsilon_high=0.2)
     lv, gv, _ = _verl(*batch, "vanilla", "token-mean", clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=1e12)
     assert not (_close(lo, lv) and _close(go, gv))
+
+
+# --------------------------------------------------------------------------------------------
+# atr_llm.verl_plugin: every method as a verl policy loss, loaded through verl's own plugin mechanism
+# --------------------------------------------------------------------------------------------
+PLUGIN_METHODS = [n for n in at.method_names(aliases=False) if not at.METHODS[n].needs_full_distributions]
+
+
+def test_the_plugin_is_loaded_by_verls_entry_points():
+    """`import verl` loaded the package's "verl.plugins" entry point: every per-token method is registered."""
+    for name in PLUGIN_METHODS + ["kl3"]:
+        assert f"atr_grpo_{name}" in core_algos.POLICY_LOSS_REGISTRY, name
+    assert "atr_grpo_tr_ppo" not in core_algos.POLICY_LOSS_REGISTRY  # needs the LM head: refused, documented
+
+
+def _plugin(logp, old, adv, mask, method, agg_mode, weights=None, **cfg):
+    lp = logp.clone().requires_grad_(True)
+    fn = core_algos.get_policy_loss_fn(f"atr_grpo_{method}")
+    loss, metrics = fn(old, lp, adv, mask.to(torch.float64), agg_mode, _config("vanilla", **cfg), weights)
+    (grad,) = torch.autograd.grad(loss, lp)
+    return loss.detach(), grad, metrics
+
+
+@pytest.mark.parametrize("method", PLUGIN_METHODS)
+@pytest.mark.parametrize("aggregation", list(AGGREGATIONS))
+def test_every_method_through_verl_equals_policy_loss(method, aggregation, monkeypatch):
+    """verl's get_policy_loss_fn("atr_grpo_<m>") with verl's config and aggregation = atr_theory.policy_loss with the
+    mapped parameters and aggregation (the same batch, loss and gradient)."""
+    from atr_llm import verl_plugin
+
+    monkeypatch.delenv(verl_plugin.PARAMS_ENV, raising=False)
+    cfg = dict(clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0)
+    for seed in range(4):
+        logp, old, adv, mask = _batch(seed, per_token=seed % 2 == 1)
+        if method in ("gspo", "atr_seq"):  # sequence-level rules: per-sequence advantages, as GRPO's
+            adv = adv[:, :1].expand_as(adv).contiguous()
+        choice = verl_plugin.method_params(method, _config("vanilla", **cfg), extra={})
+        torch.manual_seed(seed)  # clip_cov draws from torch's global generator on both sides
+        lv, gv, metrics = _plugin(logp, old, adv, mask, method, AGGREGATIONS[aggregation], **cfg)
+        torch.manual_seed(seed)
+        lo, go = _ours(logp, old, adv, mask, method, aggregation, form=choice.form, **choice.params)
+        assert _close(lo, lv, aggregation) and _close(go, gv, aggregation), (seed, float(lo), float(lv))
+        assert 0.0 <= metrics["actor/pg_clipfrac"] <= 1.0 and "actor/atr_mean_k3" in metrics
+
+
+@pytest.mark.parametrize(
+    "method, cfg",
+    [
+        ("clip", dict(clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=1e12)),
+        ("clip_higher", dict(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=1e12)),
+        ("dual_clip", dict(clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0)),
+    ],
+)
+@pytest.mark.parametrize("aggregation", list(AGGREGATIONS))
+def test_clip_through_the_plugin_equals_verls_vanilla(method, cfg, aggregation):
+    for seed in range(6):
+        batch = _batch(seed, per_token=True)
+        weights = torch.rand(batch[0].shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        lp_, gp, mp_ = _plugin(*batch, method, AGGREGATIONS[aggregation], weights, **cfg)
+        lp = batch[0].clone().requires_grad_(True)
+        fn = core_algos.get_policy_loss_fn("vanilla")
+        lv, mv = fn(
+            batch[1],
+            lp,
+            batch[2],
+            batch[3].to(torch.float64),
+            AGGREGATIONS[aggregation],
+            _config("vanilla", **cfg),
+            weights,
+        )
+        (gv,) = torch.autograd.grad(lv, lp)
+        assert _close(lp_, lv.detach(), aggregation) and _close(gp, gv, aggregation), seed
+        assert mp_["actor/ppo_kl"] == pytest.approx(mv["actor/ppo_kl"], rel=1e-9, abs=1e-12)
+
+
+def test_verls_global_batch_info_sets_the_normalisation():
+    """Data-parallel normalisation is verl's: with dp_size and a global token count, the plugin's loss is verl's."""
+    logp, old, adv, mask = _batch(0, per_token=False)
+    cfg = _config("vanilla", clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=1e12)
+    cfg.global_batch_info.update(dp_size=2, batch_num_tokens=100, global_batch_size=12)
+    for agg in ("token-mean", "seq-mean-token-sum"):
+        ours, _ = core_algos.get_policy_loss_fn("atr_grpo_clip")(old, logp, adv, mask.double(), agg, cfg)
+        theirs, _ = core_algos.get_policy_loss_fn("vanilla")(old, logp, adv, mask.double(), agg, cfg)
+        assert torch.allclose(ours, theirs, rtol=1e-12, atol=1e-14), agg
+
+
+def test_params_from_the_environment_are_honoured_and_checked(monkeypatch):
+    from atr_llm import verl_plugin
+
+    logp, old, adv, mask = _batch(1, per_token=False)
+    monkeypatch.setenv(verl_plugin.PARAMS_ENV, '{"delta": 0.02}')
+    lv, _, _ = _plugin(logp, old, adv, mask, "atr", "token-mean")
+    lo, _ = _ours(logp, old, adv, mask, "atr", "token_mean", delta=0.02)
+    ld, _ = _ours(logp, old, adv, mask, "atr", "token_mean")
+    assert _close(lo, lv) and not _close(ld, lv)
+    for raw, match in (('{"tau_pos": 2}', "does not take"), ("delta=0.1", "JSON object"), ('{"delta": -1}', "delta")):
+        monkeypatch.setenv(verl_plugin.PARAMS_ENV, raw)
+        with pytest.raises(ValueError, match=match):
+            _plugin(logp, old, adv, mask, "atr", "token-mean")
+    monkeypatch.delenv(verl_plugin.PARAMS_ENV)
+    with pytest.raises(ValueError, match="clip_ratio_low=0.2 and clip_ratio_high=0.28 differ"):
+        _plugin(logp, old, adv, mask, "clip", "token-mean", clip_ratio_low=0.2, clip_ratio_high=0.28)

@@ -1,0 +1,181 @@
+"""Every method of :data:`atr_theory.METHODS` as a verl (0.9.1) policy loss, computed by ``atr_theory.policy_loss``.
+
+Loading: verl imports every ``verl.plugins`` entry point when ``verl`` is imported, and this package declares
+one (``pyproject.toml``), so installing atr-grpo next to verl is enough; ``VERL_USE_EXTERNAL_MODULES=
+atr_llm.verl_plugin`` does the same explicitly. Then ``actor_rollout_ref.actor.policy_loss.loss_mode=atr_grpo_atr``
+(or ``atr_grpo_<method>`` for any registered method) selects it, on every Ray worker that imports verl.
+
+What each call does: ``atr_theory.policy_loss`` computes the method's per-token objective (unchanged, validated);
+verl's own ``agg_loss`` aggregates it with verl's ``loss_agg_mode`` and ``config.global_batch_info``, so the
+data-parallel normalisation (global token counts, ``seq-mean-token-sum-norm``'s horizon) is exactly verl's.
+``rollout_is_weights`` multiply the per-token objective (``token_weights``), as in verl's own losses.
+
+Parameters: verl's fields map onto ours where they mean the same thing (:data:`VERL_FIELDS`):
+``clip_ratio_low`` / ``clip_ratio_high`` -> ``epsilon_low`` / ``epsilon_high`` (``epsilon`` when a method has one
+symmetric range: then the two must be equal), ``clip_ratio_c`` -> ``dual_clip_c``, ``clip_cov_*`` / ``kl_cov_ratio``
+/ ``ppo_kl_coef`` -> Clip-Cov / KL-Cov's, ``tau_pos`` / ``tau_neg`` -> SAPO's. Parameters verl has no field for
+(``delta``, ``alpha``, ...) come from the environment variable ``ATR_GRPO_PARAMS``, a JSON object, e.g.
+``ATR_GRPO_PARAMS='{"delta": 0.05}'`` (pass it to the workers through Ray's ``runtime_env``); a name the method
+does not take, or a value outside its domain, raises before the first step. Metrics: verl's names
+(``actor/pg_clipfrac`` = fraction of valid tokens whose gradient was removed, ``actor/pg_clipfrac_lower`` = those
+clipped because w was too low, ``actor/ppo_kl`` = mean ``-log w``) plus ours under ``actor/atr_*``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+import atr_theory as at
+
+PREFIX = "atr_grpo_"
+PARAMS_ENV = "ATR_GRPO_PARAMS"
+
+# our parameter -> (verl's field on the actor config or on its policy_loss sub-config)
+VERL_FIELDS: dict[str, tuple[str, str]] = {
+    "epsilon_low": ("actor", "clip_ratio_low"),
+    "epsilon_high": ("actor", "clip_ratio_high"),
+    "dual_clip_c": ("actor", "clip_ratio_c"),
+    "cov_lb": ("policy_loss", "clip_cov_lb"),
+    "cov_ub": ("policy_loss", "clip_cov_ub"),
+    "kl_coef": ("policy_loss", "ppo_kl_coef"),
+    "tau_pos": ("actor", "tau_pos"),
+    "tau_neg": ("actor", "tau_neg"),
+}
+
+
+def env_params() -> dict[str, Any]:
+    """The JSON object in ``$ATR_GRPO_PARAMS`` ({} when unset); a malformed value raises naming the variable."""
+    raw = os.environ.get(PARAMS_ENV, "").strip()
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ValueError(
+            f"{PARAMS_ENV} must be a JSON object such as '{{\"delta\": 0.05}}', got {raw!r}: {e}"
+        ) from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{PARAMS_ENV} must be a JSON object such as '{{\"delta\": 0.05}}', got {raw!r}")
+    return value
+
+
+def _field(config: Any, where: str, name: str) -> Any:
+    holder = config if where == "actor" else getattr(config, "policy_loss", None)
+    return None if holder is None else getattr(holder, name, None)
+
+
+def method_params(method: str, config: Any, extra: Mapping[str, Any] | None = None) -> at.ResolvedMethod:
+    """Our parameters of ``method`` from verl's ``config`` (an ``ActorConfig``) and ``extra`` (``$ATR_GRPO_PARAMS``),
+    validated by :func:`atr_theory.resolve`."""
+    spec = at.get_method(method)
+    extra = dict(env_params() if extra is None else extra)
+    params: dict[str, Any] = {}
+    for name in spec.params:
+        if name in extra:
+            params[name] = extra.pop(name)
+        elif name == "epsilon":  # one symmetric range: verl's low and high must agree
+            lo, hi = _field(config, "actor", "clip_ratio_low"), _field(config, "actor", "clip_ratio_high")
+            if lo is not None or hi is not None:
+                lo = hi if lo is None else lo
+                hi = lo if hi is None else hi
+                if lo != hi:
+                    raise ValueError(
+                        f"method {spec.name!r} has one clip range (epsilon), but verl's clip_ratio_low={lo!r} and "
+                        f"clip_ratio_high={hi!r} differ; set them equal, or use {PREFIX}clip_higher"
+                    )
+                params[name] = lo
+        elif name == "cov_ratio":
+            key = "clip_cov_ratio" if spec.name == "clip_cov" else "kl_cov_ratio"
+            value = _field(config, "policy_loss", key)
+            if value is not None:
+                params[name] = value
+        elif name in VERL_FIELDS:
+            value = _field(config, *VERL_FIELDS[name])
+            if value is not None:
+                params[name] = value
+    if extra:
+        raise ValueError(
+            f"{PARAMS_ENV} sets {sorted(extra)}, which method {spec.name!r} does not take "
+            f"(its parameters: {sorted(spec.params) or 'none'})"
+        )
+    return at.resolve(spec.name, **params)
+
+
+def make_verl_policy_loss(method: str):
+    """A function with verl's ``PolicyLossFn`` signature computing ``method`` through ``atr_theory.policy_loss``."""
+    if at.get_method(method).needs_full_distributions:  # unknown names fail here too, at registration
+        raise ValueError(
+            f"method {method!r} needs the full distributions (the LM head's output at every position), which verl's "
+            "policy-loss interface does not pass; use it with atr_llm.train"
+        )
+
+    def loss_fn(
+        old_log_prob: torch.Tensor,
+        log_prob: torch.Tensor,
+        advantages: torch.Tensor,
+        response_mask: torch.Tensor,
+        loss_agg_mode: str = "token-mean",
+        config: Any = None,
+        rollout_is_weights: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        from verl.trainer.ppo.core_algos import agg_loss
+
+        if config is None:
+            raise ValueError(f"verl policy loss {PREFIX}{method!r} needs the actor config")
+        choice = method_params(method, config)
+        mask = response_mask.bool()
+        out = at.policy_loss(
+            log_prob,
+            old_log_prob,
+            advantages,
+            mask,
+            method=choice.name,
+            form=choice.form,
+            aggregation="token_mean",  # unused: verl aggregates out.per_token below
+            token_weights=None if rollout_is_weights is None else rollout_is_weights.to(log_prob.dtype),
+            **choice.params,
+        )
+        batch_info = dict(getattr(config, "global_batch_info", None) or {})
+        pg_loss = agg_loss(loss_mat=-out.per_token, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **batch_info)
+        m = out.metrics
+        n = max(m["n_tokens"], 1.0)
+        metrics = {
+            "actor/pg_clipfrac": m["frac_masked"],
+            "actor/pg_clipfrac_lower": m["frac_clipped_low"],
+            "actor/ppo_kl": float((-out.log_ratio * mask).sum()) / n,
+        }
+        metrics.update({f"actor/atr_{k}": v for k, v in m.items()})
+        return pg_loss, metrics
+
+    loss_fn.__name__ = f"atr_grpo_{method}_policy_loss"
+    loss_fn.__doc__ = f"verl policy loss: atr_theory.policy_loss(method={method!r}); see atr_llm.verl_plugin."
+    return loss_fn
+
+
+def register_all() -> list[str]:
+    """Register ``atr_grpo_<method>`` in verl's policy-loss registry for every method (aliases included) that needs
+    only per-token log-probs (tr_ppo and truly_ppo need the full distributions, which verl does not pass)."""
+    from verl.trainer.ppo.core_algos import register_policy_loss
+
+    names = []
+    for method in at.method_names(aliases=True):
+        if at.get_method(method).needs_full_distributions:
+            continue
+        register_policy_loss(PREFIX + method)(make_verl_policy_loss(method))
+        names.append(PREFIX + method)
+    if os.environ.get(PARAMS_ENV):
+        env_params()  # a malformed value fails at import, not at the first step
+    return names
+
+
+try:  # imported by verl (entry point / VERL_USE_EXTERNAL_MODULES): register now
+    import verl.trainer.ppo.core_algos  # noqa: F401
+except ImportError:  # verl not installed: importing this module still works (docs, tests of the mapping)
+    REGISTERED: list[str] = []
+else:
+    REGISTERED = register_all()
