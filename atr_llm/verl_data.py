@@ -1,0 +1,101 @@
+"""Our datasets in verl's parquet schema, and a verl reward function that grades with our math-verify grader.
+
+    python -m atr_llm.verl_data --out data/verl                       # from the hub (needs network)
+    python -m atr_llm.verl_data --out data/verl --local dapo-math-17k=dapo.parquet aime24=aime24.jsonl ...
+
+writes ``train.parquet`` (DAPO-Math-17k, deduplicated) and one ``<benchmark>.parquet`` per test set (AIME 2024,
+AIME 2025, AMC 2023 by default), each row as verl's RL datasets expect (verl ``examples/data_preprocess``)::
+
+    data_source   "atr_grpo/<source>"
+    prompt        [{"role": "system", ...}, {"role": "user", "content": problem}]  (our prompt, answer in \\boxed{})
+    ability       "math"
+    reward_model  {"style": "rule", "ground_truth": answer}
+    extra_info    {"split", "index", "problem", "answer"}
+
+The sources and their loaders are :mod:`atr_llm.data`'s (one loader per dataset in this package). Reward:
+``custom_reward_function.path=<this file> custom_reward_function.name=compute_score`` gives 1.0 for a correct
+final answer and 0.0 otherwise (wrong, unparsable, timeout), graded by :func:`atr_llm.rewards.grade`, the
+grader the TRL trainer and the evaluation use.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from . import data, rewards
+
+DATA_SOURCE_PREFIX = "atr_grpo/"
+TRAIN_SOURCE = "dapo-math-17k"
+TEST_SOURCES = ("aime24", "aime25", "amc23")
+
+
+def verl_rows(rows: list[dict[str, str]], source: str, split: str) -> list[dict[str, Any]]:
+    """``{problem, answer}`` rows -> verl's RL rows (see the module docstring)."""
+    out = []
+    for i, row in enumerate(rows):
+        out.append(
+            {
+                "data_source": DATA_SOURCE_PREFIX + source,
+                "prompt": data.format_prompt(row["problem"]),
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": row["answer"]},
+                "extra_info": {"split": split, "index": i, "problem": row["problem"], "answer": row["answer"]},
+            }
+        )
+    return out
+
+
+def write_parquet(rows: list[dict[str, Any]], path: Path) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def export(out: Path, local: dict[str, str] | None = None, train: str = TRAIN_SOURCE, tests=TEST_SOURCES) -> list[Path]:
+    """Write ``train.parquet`` and ``<test>.parquet`` under ``out``; ``local`` maps a source name to a local file."""
+    local = local or {}
+    unknown = set(local) - {train, *tests}
+    if unknown:
+        raise ValueError(f"--local names {sorted(unknown)}, which are not exported here ({train}, {', '.join(tests)})")
+    written = []
+    for source, split, name in [(train, "train", "train"), *((t, "test", t) for t in tests)]:
+        ds = data.load_source(source, path=local.get(source))
+        rows = [{"problem": r["problem"], "answer": r["answer"]} for r in ds]
+        written.append(write_parquet(verl_rows(rows, source, split), out / f"{name}.parquet"))
+    return written
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None, **kwargs) -> float:
+    """verl's custom reward function: 1.0 when ``solution_str``'s final answer equals ``ground_truth``
+    (math-verify, :func:`atr_llm.rewards.grade`), else 0.0."""
+    return 1.0 if rewards.grade(rewards.completion_text(solution_str), str(ground_truth)) == "correct" else 0.0
+
+
+def _parse_local(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise SystemExit(f"--local takes NAME=PATH pairs, got {item!r}")
+        out[name] = path
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="data/verl", help="output directory")
+    ap.add_argument("--local", nargs="*", default=[], metavar="NAME=PATH", help="read a source from a local file")
+    ap.add_argument("--train", default=TRAIN_SOURCE)
+    ap.add_argument("--tests", nargs="*", default=list(TEST_SOURCES))
+    args = ap.parse_args(argv)
+    for path in export(Path(args.out), _parse_local(args.local), args.train, tuple(args.tests)):
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
