@@ -471,8 +471,9 @@ def dcpo(batch: TokenBatch, epsilon_low: float, epsilon_high: float, dual_clip_c
 )
 def trgppo(batch: TokenBatch, delta: float, epsilon: float) -> MethodResult:
     r"""Per-token range ``[min(l_KL(p), 1-eps), max(u_KL(p), 1+eps)]`` where ``l_KL, u_KL`` are the
-    extreme ratios with binary ``KL(p || p w) <= delta``, ``p = pi_old(token)``. float32 (and lower)
-    batches read the bounds from a table (:func:`atr_theory.ranges.trgppo_kl_range_table`, float32
+    extreme ratios with binary ``KL(p || p w) <= delta``, ``p = pi_old(token)``.
+
+    float32 (and lower) batches read the bounds from a table (:func:`atr_theory.ranges.trgppo_kl_range_table`, float32
     accurate); float64 batches solve for them by Newton in float64
     (:func:`atr_theory.ranges.trgppo_kl_log_range_torch`)."""
     y = batch.log_ratio

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import resource
+import os
 import statistics
 import time
 from pathlib import Path
@@ -117,11 +117,23 @@ def part1(sizes, repeats, device="cpu", modes=("eager", "nosync", "compiled")):
 # --------------------------------------------------------------------------------------------
 # part 2: memory of the full-distribution path
 # --------------------------------------------------------------------------------------------
+def _rss_kib(field: str = "VmRSS") -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def _reset_rss_peak() -> int:
+    """Reset the resident-set high-water mark to the current RSS and return it (KiB)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _rss_kib("VmRSS")
+
+
 def _peak_worker(path, B, T, V, H, chunk, device, q):
     """One forward + backward of truly_ppo (KL with gradient: the costlier of the two) by ``path``."""
     torch.manual_seed(0)
     dev = torch.device(device)
-    weight = (0.05 * torch.randn(V, H, device=dev)).requires_grad_(True)
+    weight = 0.05 * torch.randn(V, H, device=dev)  # frozen, as with LoRA: what remains is the V-sized activations
     hidden = torch.randn(B, T, H, device=dev, requires_grad=True)
     old_hidden = hidden.detach() + 0.1 * torch.randn(B, T, H, device=dev)
     tok = torch.randint(0, V, (B, T), device=dev)
@@ -153,16 +165,20 @@ def _peak_worker(path, B, T, V, H, chunk, device, q):
         torch.cuda.synchronize()
         elapsed = time.perf_counter() - t0
         extra = (torch.cuda.max_memory_allocated() - base) / 2**20
-    else:
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    else:  # the process's resident high-water mark, reset just before the step (Linux: clear_refs 5)
+        base = _reset_rss_peak()
         t0 = time.perf_counter()
         step()
         elapsed = time.perf_counter() - t0
-        extra = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
+        extra = (_rss_kib("VmHWM") - base) / 1024
     q.put({"extra_peak_MiB": extra, "ms": 1e3 * elapsed})
 
 
 def part2(cases, H, chunk, device="cpu"):
+    # glibc keeps freed blocks below its mmap threshold (up to 32 MiB) in the heap, so the peak RSS of a
+    # process that frees and re-allocates many 8 MiB chunks grows without live memory growing; with every
+    # block >= 1 MiB mmap-ed, the RSS peak is the peak of live memory
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
     ctx = mp.get_context("spawn")
     rows = []
     for path, B, T, V in cases:
@@ -226,13 +242,20 @@ def main():
         sizes, repeats, H, chunk = [(4, 64), (8, 256)], 5, 16, 8
         cases = [(p, B, 16, V) for p in ("chunked", "full") for B in (1, 4) for V in (1024, 4096)]
     else:
-        sizes, repeats, H, chunk = [(8, 1024), (32, 2048), (64, 4096)], (50 if cuda else 20), 2048, 64
-        BT = [(1, 512), (2, 512), (4, 512)] if not cuda else [(2, 512), (8, 512), (32, 512)]
-        cases = [(p, B, T, V) for p in ("chunked", "full") for (B, T) in BT for V in (32_768, 151_936)]
+        sizes, repeats, chunk = [(8, 1024), (32, 2048), (64, 4096)], (50 if cuda else 20), 64
+        H = 2048 if cuda else 256  # the V-sized memory does not depend on H; CPU time does
+        chunked_bt = (
+            [(1, 256), (4, 256), (16, 256), (64, 256)] if not cuda else [(2, 512), (8, 512), (32, 512), (128, 512)]
+        )
+        full_bt = chunked_bt[:3]  # the (B, T, V) path at the largest would not fit next to the others
+        cases = [("chunked", B, T, V) for (B, T) in chunked_bt for V in (32_768, 151_936)]
+        cases += [("full", B, T, V) for (B, T) in full_bt for V in (32_768, 151_936)]
     r1 = part1(sizes, repeats, args.device, modes)
     r2 = part2(cases, H, chunk, args.device)
     largest = {name: rows[-1] for name, rows in r1["eager"].items()}
-    ref = [r for r in r2 if r["V"] == max(c[3] for c in cases) and r["B"] * r["T"] == max(c[1] * c[2] for c in cases)]
+    v_max = max(c[3] for c in cases)
+    bt_ref = max(c[1] * c[2] for c in cases if c[0] == "full")  # the largest size both paths ran
+    ref = [r for r in r2 if r["V"] == v_max and r["B"] * r["T"] == bt_ref]
     device = torch.cuda.get_device_name() if cuda else "cpu"
     result = {
         "device": device,
