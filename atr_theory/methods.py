@@ -657,11 +657,20 @@ def _sequence_log_ratio(batch: TokenBatch) -> torch.Tensor:
     params={"epsilon_low": EPSILON_LOW.with_default(3e-4), "epsilon_high": EPSILON_HIGH.with_default(4e-4)},
     default_form="min",
     forms=("min", "mask"),
-    reference="Zheng et al. 2025 (GSPO); TRL importance_sampling_level='sequence'",
+    reference="Zheng et al. 2025 (GSPO, GSPO-token); TRL importance_sampling_level='sequence'; verl 'gspo'",
 )
 def gspo(batch: TokenBatch, epsilon_low: float, epsilon_high: float) -> MethodResult:
-    r"""Sequence-level ratio ``s = exp(mean_t log w_t)`` clipped to ``[1 - eps_low, 1 + eps_high]``."""
-    seq_batch = TokenBatch(**{**batch.__dict__, "log_ratio": _sequence_log_ratio(batch)})
+    r"""Sequence-level ratio ``s = exp(mean_t log w_t)`` clipped to ``[1 - eps_low, 1 + eps_high]``, in its
+    GSPO-token form (Zheng et al. 2025, Eq. 11; verl ``gspo``): token ``t`` uses ``s_t = sg[s] w_t / sg[w_t]``.
+
+    ``s_t`` has the value ``s`` (and the same clipping decision for every token of the sequence) and the
+    gradient ``s grad log pi_t``, so each token's gradient carries its own advantage. With per-sequence
+    advantages (GRPO's) this is exactly GSPO's sequence-level gradient ``A s mean_t grad log pi_t`` under
+    every aggregation; with per-token advantages it is GSPO-token (tests: against verl).
+    """
+    y = batch.log_ratio
+    token_log_ratio = _sequence_log_ratio(batch).detach() + (y - y.detach())
+    seq_batch = TokenBatch(**{**batch.__dict__, "log_ratio": token_log_ratio})
     return ratio_objective(seq_batch, 1.0 - epsilon_low, 1.0 + epsilon_high)
 
 
@@ -713,12 +722,17 @@ def _position_kl(batch: TokenBatch, name: str) -> torch.Tensor:
     "tr_ppo",
     params={"delta": DELTA},
     default_form="mask",
-    forms=("mask",),
-    reference="Wang et al. 2020 (Truly PPO); paper Eq. 3 (KL-based clipping)",
+    forms=("mask", "min"),
+    reference="Wang et al. 2020 (Truly PPO, TR-PPO); paper Eq. 3 (KL-based clipping)",
     needs_full_distributions=True,
 )
 def tr_ppo(batch: TokenBatch, delta: float) -> MethodResult:
-    r"""Keep ``w A`` while the full ``KL(pi_old(.|s_t) || pi(.|s_t)) <= delta`` at the token's position.
+    r"""Mask form (the paper's Eq. 3 in Eq. 5): keep ``w A`` while the full ``KL(pi_old(.|s_t) || pi(.|s_t)) <= delta``
+    at the token's position, else the constant ``A``.
+
+    Min form (the original TR-PPO, Wang et al. 2020, Eq. 8): ``min(w A, F A)`` with ``F = 1`` (``w_old``) where
+    ``KL >= delta`` and ``F = w`` below: a token outside the trust region loses its gradient only when ``w A > A``
+    (its ratio moved in the direction its advantage favours); moving back stays possible.
 
     Note: the paper's Eq. 3 writes the reverse direction ``KL(pi || pi_old)``; we follow Truly PPO and
     METHODS.md (``KL(pi_old || pi)``, the direction TRPO constrains). The KL only gates, so it is
@@ -726,7 +740,18 @@ def tr_ppo(batch: TokenBatch, delta: float) -> MethodResult:
     """
     with torch.no_grad():
         kl = _position_kl(batch, "tr_ppo")
-    return ratio_objective(batch, 0.0, math.inf, kl <= delta)
+    if batch.form == "mask":
+        return ratio_objective(batch, 0.0, math.inf, kl <= delta)
+    w = torch.exp(batch.log_ratio)
+    adv = batch.advantages
+    outside = kl >= delta
+    objective = torch.where(outside, torch.minimum(w * adv, adv), w * adv)
+
+    def flags():
+        frozen = outside & (w * adv > adv)
+        return ~frozen, frozen & (batch.log_ratio < 0), frozen & (batch.log_ratio > 0)
+
+    return MethodResult(objective, flags)
 
 
 @register(

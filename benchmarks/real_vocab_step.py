@@ -5,7 +5,7 @@ The model is a small Qwen3-architecture model (hidden 64, 2 layers) with Qwen3's
 embedding (``atr_llm.tiny.build_tokenizer_and_model("qwen3")``), so the vocabulary part dominates, as
 it does for the 1.7B model at long completions. One step = ``_compute_loss`` + backward + AdamW step
 on a fixed batch (B sequences, P prompt + T completion tokens, old log-probs != new ones). Reported:
-the growth of the process's peak RSS during the step, and the size of one float32 (B, P + T, V)
+the growth of the process's resident high-water mark during the step (reset just before it), and the size of one float32 (B, P + T, V)
 logits tensor for scale.
 
     python benchmarks/real_vocab_step.py [--quick] [--out figures/real_vocab_step.json]
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
+import os
 import subprocess
 import sys
 import tempfile
@@ -25,8 +25,17 @@ from pathlib import Path
 V = 151_936
 
 
-def _peak_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+def _status_mib(field: str) -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":")) / 1024
+
+
+def _reset_peak_mib() -> float:
+    """Reset the resident high-water mark to the current RSS (Linux: clear_refs 5) and return it: the step's own
+    peak is then measured, not one the model's construction set earlier."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _status_mib("VmRSS")
 
 
 def one_case(kind: str, B: int, P: int, T: int) -> dict:
@@ -81,7 +90,13 @@ def one_case(kind: str, B: int, P: int, T: int) -> dict:
         ids = torch.randint(0, len(tok), (b, p + t), generator=g)
         with torch.no_grad():
             lp = trainer._get_per_token_logps_and_entropies(model, ids, torch.ones_like(ids), t)[0]
+        extra = {}
+        if kind in ("tr_ppo", "truly_ppo"):  # pi_old as the trainer keeps it: hidden states of a moved policy
+            with torch.no_grad():
+                h = trainer._completion_hidden(model, ids, torch.ones_like(ids), t)
+            extra["old_hidden_states"] = h + 0.05 * torch.randn(h.shape, generator=g)
         return {
+            **extra,
             "prompt_ids": ids[:, :p],
             "prompt_mask": torch.ones(b, p, dtype=torch.long),
             "completion_ids": ids[:, p:],
@@ -98,14 +113,15 @@ def one_case(kind: str, B: int, P: int, T: int) -> dict:
 
     step(batch(1, 4, 4))  # allocates AdamW's state and warms up
     inputs = batch(B, P, T)
-    before = _peak_mib()
+    before = _reset_peak_mib()
     step(inputs)
+    peak = _status_mib("VmHWM")
     return {
         "kind": kind,
         "B": B,
         "P": P,
         "T": T,
-        "peak_growth_MiB": _peak_mib() - before,
+        "peak_growth_MiB": peak - before,
         "logits_fp32_MiB": B * (P + T) * V * 4 / 2**20,
         "trl": trl.__version__,
     }
@@ -115,6 +131,11 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default="figures/real_vocab_step.json")
+    ap.add_argument(
+        "--kinds",
+        default="stock,atr,clip,tr_ppo,truly_ppo",
+        help="comma-separated; rows of other kinds in --out are kept",
+    )
     ap.add_argument("--case", help=argparse.SUPPRESS)  # internal: kind,B,P,T in this process
     args = ap.parse_args(argv)
     if args.case:
@@ -122,11 +143,20 @@ def main(argv=None) -> dict:
         print(json.dumps(one_case(kind, int(B), int(P), int(T))))
         return {}
     shapes = [(4, 32, 32)] if args.quick else [(4, 64, 64), (8, 64, 256), (16, 64, 256)]
-    rows = []
+    kinds = args.kinds.split(",")
+    # blocks >= 1 MiB mmap-ed, so freed memory leaves the RSS and the high-water mark is that of live memory
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": os.environ.get("MALLOC_MMAP_THRESHOLD_", str(1 << 20))}
+    out = Path(args.out)
+    old = json.loads(out.read_text())["rows"] if out.exists() and not args.quick else []
+    rows = [r for r in old if r["kind"] not in kinds]
     for B, P, T in shapes:
-        for kind in ("stock", "atr", "clip"):
+        for kind in kinds:
             res = subprocess.run(
-                [sys.executable, __file__, "--case", f"{kind},{B},{P},{T}"], capture_output=True, text=True, check=True
+                [sys.executable, __file__, "--case", f"{kind},{B},{P},{T}"],
+                capture_output=True,
+                text=True,
+                check=True,
+                env=env,
             )
             row = json.loads(res.stdout.strip().splitlines()[-1])
             rows.append(row)
@@ -134,8 +164,8 @@ def main(argv=None) -> dict:
                 f"{kind:6s} B={B:3d} P+T={P + T:4d}: peak +{row['peak_growth_MiB']:8.1f} MiB (one fp32 logits tensor {row['logits_fp32_MiB']:.0f} MiB)"
             )
     result = {"vocab_rows": V, "rows": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
     return result
 
 

@@ -153,7 +153,10 @@ def brute_force_loss(method, form, params, logp, old, adv, mask, aggregation, ol
                     obj = torch.tensor(params["dual_clip_c"] * A, dtype=torch.float64)
             elif method == "tr_ppo":
                 kl = float(full_kl_by_sum(old_full[b, t], full[b, t].detach()))
-                obj = w * A if kl <= params["delta"] else torch.tensor(A, dtype=torch.float64)
+                if form == "mask":  # the paper's Eq. 3 in Eq. 5
+                    obj = w * A if kl <= params["delta"] else torch.tensor(A, dtype=torch.float64)
+                else:  # TR-PPO (Truly PPO paper, Eq. 8): min(w A, F A), F = w_old = 1 outside the trust region
+                    obj = torch.minimum(w * A, torch.tensor(A, dtype=torch.float64)) if kl >= params["delta"] else w * A
             elif method == "truly_ppo":
                 kl = full_kl_by_sum(old_full[b, t], full[b, t])
                 rollback = float(kl) >= params["delta"] and float(w_mp) * A > A
@@ -195,6 +198,7 @@ CASES = [
     ("dcpo", "mask"),
     ("atr_seq", "mask"),
     ("tr_ppo", "mask"),
+    ("tr_ppo", "min"),
     ("truly_ppo", "none"),
 ]
 

@@ -6,9 +6,6 @@ module stands in for it, see :func:`_import_verl`). Batches are float64, padded,
 per-token advantages and log-ratios within verl's +-20 clamp.
 
 Where the two differ by design, a test says so and pins the difference:
-* GSPO with *per-token* advantages: verl implements GSPO-token (``s_t = sg[s] pi_t / sg[pi_t]``: each token's
-  gradient carries its own advantage); ours spreads the sequence ratio's gradient evenly over the tokens (the
-  sequence-level GSPO of Zheng et al.). With per-sequence advantages -- GRPO's -- both agree.
 * Clip-Cov: the same tokens lose their gradient, but verl also zeroes their loss *value*; ours keeps the value
   (detached), so only gradients are compared.
 * SAPO: verl always aggregates seq-mean-token-mean; ours honours the requested aggregation.
@@ -174,21 +171,23 @@ def test_gspo_with_per_sequence_advantages_equals_verls_gspo(aggregation):
     assert 0 < acted < len(SEEDS)
 
 
-def test_gspo_with_per_token_advantages_differs_from_verls_gspo_token_as_documented():
-    """verl's GSPO-token gives token t the gradient ``-A_t s / n`` (its own advantage); ours gives every token of
-    the sequence ``-mean_t(A_t) s / n``: the same loss value, different gradients."""
-    logp, old, adv, mask = _batch(0, per_token=True, scale=1e-5)  # ratios ~1: no clipping on either side
-    lo, go = _ours(logp, old, adv, mask, "gspo", "seq_mean_token_mean", epsilon_low=0.2, epsilon_high=0.2)
-    lv, gv, _ = _verl(logp, old, adv, mask, "gspo", "seq-mean-token-mean", clip_ratio_low=0.2, clip_ratio_high=0.2)
-    assert _close(lo, lv, "seq_mean_token_mean")
-    assert float((go - gv).abs().max()) > 1e-2
+@pytest.mark.parametrize("aggregation", list(AGGREGATIONS))
+def test_gspo_with_per_token_advantages_equals_verls_gspo_token(aggregation):
+    """verl implements GSPO-token (``s_t = sg[s] pi_t / sg[pi_t]``): token t's gradient carries its own advantage,
+    ``-A_t s / n`` per sequence; ours is GSPO-token too, so loss and gradient agree, clipping included."""
+    for seed in SEEDS:
+        logp, old, adv, mask = _batch(seed, per_token=True, scale=0.05)
+        lo, go = _ours(logp, old, adv, mask, "gspo", aggregation, epsilon_low=0.02, epsilon_high=0.03)
+        lv, gv, _ = _verl(
+            logp, old, adv, mask, "gspo", AGGREGATIONS[aggregation], clip_ratio_low=0.02, clip_ratio_high=0.03
+        )
+        assert _close(lo, lv, aggregation) and _close(go, gv, aggregation), seed
+    logp, old, adv, mask = _batch(0, per_token=True, scale=1e-5)  # ratios ~1: nothing clipped
+    _, go = _ours(logp, old, adv, mask, "gspo", "seq_mean_token_mean", epsilon_low=0.2, epsilon_high=0.2)
     m = mask.to(torch.float64)
     n = m.sum(-1, keepdim=True)
     s = torch.exp(((logp - old) * m).sum(-1, keepdim=True) / n)
-    B = logp.shape[0]
-    assert torch.allclose(gv, -adv * s / n / B * m, rtol=1e-9)  # GSPO-token
-    mean_adv = (adv * m).sum(-1, keepdim=True) / n
-    assert torch.allclose(go, -mean_adv * s / n / B * m, rtol=1e-9)  # sequence-level GSPO
+    assert torch.allclose(go, -adv * s / n / logp.shape[0] * m, rtol=1e-9)  # each token its own advantage
 
 
 @pytest.mark.parametrize("per_token", [False, True])
