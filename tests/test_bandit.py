@@ -108,3 +108,39 @@ def test_train_rejects_bad_modes():
     with pytest.raises(ValueError, match="advantage"):
         bandit.train(torch.ones(1, 3), theta0, advantage="nope")
     assert at.METHODS  # the simulator uses the registry
+
+
+def test_adam_state_equals_torch_optim_adam():
+    """bandit.AdamState against torch.optim.Adam (the oracle) on a non-quadratic loss over several steps."""
+    g = torch.Generator().manual_seed(0)
+    x0 = torch.randn(2, 3, 4, generator=g, dtype=torch.float64)
+    state, theta = bandit.AdamState(), x0.clone().requires_grad_(True)
+    p = x0.clone().requires_grad_(True)
+    opt = torch.optim.Adam([p], lr=0.05)
+    for i in range(6):
+        theta = state.step(theta, (theta**3).sum() + i * theta.sum(), 0.05)
+        opt.zero_grad()
+        ((p**3).sum() + i * p.sum()).backward()
+        opt.step()
+    torch.testing.assert_close(theta.detach(), p.detach(), rtol=1e-12, atol=1e-14)
+
+
+def test_train_with_adam_records_ratio_quantiles_and_refuses_unknown_optimizers():
+    theta0 = bandit.zipf_logits(2, 2, 20, generator=torch.Generator().manual_seed(0))
+    r = torch.zeros(2, 20, dtype=torch.float64)
+    r[:, :3] = 1.0
+    _, h = bandit.train(
+        r,
+        theta0,
+        "atr",
+        iterations=3,
+        inner_steps=2,
+        lr=0.1,
+        mode="sampled",
+        optimizer="adam",
+        generator=torch.Generator().manual_seed(1),
+    )
+    assert len(h.ratio_quantiles) == 6 and all(lo <= mid <= hi for lo, mid, hi in h.ratio_quantiles)
+    assert h.ratio_quantiles[0] == (1.0, 1.0, 1.0)  # the first inner step is on-policy
+    with pytest.raises(ValueError, match="optimizer must be 'sgd' or 'adam'"):
+        bandit.train(r, theta0, "atr", iterations=1, optimizer="rmsprop")

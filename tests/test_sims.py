@@ -26,7 +26,12 @@ def test_a_sim_script_runs_as_a_file_from_any_directory(tmp_path):
 
 @pytest.mark.parametrize(
     "script,figure",
-    [("clip_ranges", "clip_ranges"), ("entropy_diff", "entropy_diff"), ("bandit_training", "bandit_training")],
+    [
+        ("clip_ranges", "clip_ranges"),
+        ("entropy_diff", "entropy_diff"),
+        ("bandit_training", "bandit_training"),
+        ("delta_sweep", "delta_sweep"),
+    ],
 )
 def test_sim_script_writes_png_pdf_and_numbers(tmp_path, script, figure):
     _load(script).main(["--quick", "--out", str(tmp_path)])
@@ -62,3 +67,11 @@ def test_entropy_diff_corrected_statement_tracks_the_exact_entropy_difference(tm
     assert max(abs(p - e) for p, e in zip(paper, exact)) > 0.3 * scale
     summary = json.loads((tmp_path / "entropy_diff_summary.json").read_text())
     assert "atr" in summary["final"] and "clip" in summary["final"]
+
+
+def test_interior_optimum_needs_an_inside_best_that_beats_both_ends_beyond_their_ci():
+    mod = _load("delta_sweep")
+    row = lambda d, m, hi: {"delta": d, "final_return_mean": m, "final_return_hi": hi}  # noqa: E731
+    assert mod.interior_optimum([row(0.01, 0.5, 0.6), row(0.07, 0.8, 0.85), row(0.5, 0.6, 0.7)])["interior"]
+    assert not mod.interior_optimum([row(0.01, 0.5, 0.6), row(0.07, 0.8, 0.85), row(0.5, 0.7, 0.81)])["interior"]
+    assert not mod.interior_optimum([row(0.01, 0.9, 0.95), row(0.07, 0.8, 0.85), row(0.5, 0.6, 0.7)])["interior"]
