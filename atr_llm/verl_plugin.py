@@ -16,8 +16,8 @@ symmetric range: then the two must be equal), ``clip_ratio_c`` -> ``dual_clip_c`
 / ``ppo_kl_coef`` -> Clip-Cov / KL-Cov's, ``tau_pos`` / ``tau_neg`` -> SAPO's. Parameters verl has no field for
 (``delta``, ``alpha``, ...) come from the environment variable ``ATR_GRPO_PARAMS``, a JSON object, e.g.
 ``ATR_GRPO_PARAMS='{"delta": 0.05}'`` (pass it to the workers through Ray's ``runtime_env``); a name the method
-does not take, or a value outside its domain, raises before the first step. Metrics: verl's names
-(``actor/pg_clipfrac`` = fraction of valid tokens whose gradient was removed, ``actor/pg_clipfrac_lower`` = those
+does not take, or a value outside its domain, raises at the first loss call (malformed JSON already at import).
+Metrics: verl's names (``actor/pg_clipfrac`` = fraction of valid tokens whose gradient was removed, ``actor/pg_clipfrac_lower`` = those
 clipped because w was too low, ``actor/ppo_kl`` = mean ``-log w``) plus ours under ``actor/atr_*``.
 """
 

@@ -35,7 +35,6 @@ __all__ = [
     "exact_surrogate",
     "sampled_surrogate",
     "gradient_step",
-    "AdamState",
     "TrainHistory",
     "train",
     "zipf_logits",
@@ -130,30 +129,6 @@ def gradient_step(theta: torch.Tensor, loss: torch.Tensor, lr: float) -> torch.T
     return (theta.detach() - lr * g).requires_grad_(True)
 
 
-@dataclass
-class AdamState:
-    """Adam's moments for :func:`train` (elementwise over the (N, S, K) logits)."""
-
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    t: int = 0
-    m: torch.Tensor | None = None
-    v: torch.Tensor | None = None
-
-    def step(self, theta: torch.Tensor, loss: torch.Tensor, lr: float) -> torch.Tensor:
-        """``theta - lr * m_hat / (sqrt(v_hat) + eps)`` for the gradient of ``loss``; returns a new leaf."""
-        (g,) = torch.autograd.grad(loss, theta)
-        if self.m is None:
-            self.m, self.v = torch.zeros_like(g), torch.zeros_like(g)
-        self.t += 1
-        self.m = self.beta1 * self.m + (1 - self.beta1) * g
-        self.v = self.beta2 * self.v + (1 - self.beta2) * g * g
-        m_hat = self.m / (1 - self.beta1**self.t)
-        v_hat = self.v / (1 - self.beta2**self.t)
-        return (theta.detach() - lr * m_hat / (v_hat.sqrt() + self.eps)).requires_grad_(True)
-
-
 def zipf_logits(
     N: int, S: int, K: int, exponent: float = 1.1, *, generator: torch.Generator | None = None
 ) -> torch.Tensor:
@@ -197,8 +172,8 @@ def train(
     Each outer step freezes ``theta_old``, builds advantages (exact: ``r - V_old``; sampled: G draws
     per state, ``advantage="grpo"`` divides by the group std, ``"dr_grpo"`` does not), then takes
     ``inner_steps`` gradient steps of size ``lr`` on the clipped surrogate: plain gradient descent
-    (``optimizer="sgd"``) or Adam (``"adam"``, Kingma & Ba 2015, betas (0.9, 0.999), eps 1e-8, its moments kept
-    across outer steps; elementwise, so runs stay independent). Each inner step records the pooled ratio
+    (``optimizer="sgd"``) or ``torch.optim.Adam`` (``"adam"``, Kingma & Ba 2015, default betas and eps, its
+    moments kept across outer steps; elementwise, so runs stay independent). Each inner step records the pooled ratio
     quantiles (p05, p50, p95) of the surrogate's tokens in ``ratio_quantiles``.
     Returns the final logits and the history (entropy, return, KL(pi_old || pi) per outer step).
     """
@@ -208,8 +183,8 @@ def train(
         raise ValueError(f"advantage must be 'grpo' or 'dr_grpo', got {advantage!r}")
     if optimizer not in ("sgd", "adam"):
         raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
-    adam = AdamState() if optimizer == "adam" else None
     theta = theta0.detach().clone().requires_grad_(True)
+    adam = torch.optim.Adam([theta], lr=lr) if optimizer == "adam" else None
     N, S, K = theta.shape
     r = rewards.to(theta.dtype).expand(N, S, K)
     hist = TrainHistory()
@@ -241,7 +216,12 @@ def train(
             masked.append(1.0 - float(out.result.kept.double().mean()))
             m = out.metrics
             hist.ratio_quantiles.append((m["ratio_p05"], m["ratio_p50"], m["ratio_p95"]))
-            theta = gradient_step(theta, loss, lr) if adam is None else adam.step(theta, loss, lr)
+            if adam is None:
+                theta = gradient_step(theta, loss, lr)
+            else:  # in place on the one leaf theta
+                adam.zero_grad()
+                loss.backward()
+                adam.step()
         with torch.no_grad():
             hist.entropy.append(entropy(theta).mean(-1))
             hist.ret.append(expected_return(theta, r))

@@ -286,7 +286,6 @@ def trgppo_kl_log_range_torch(p_old, delta: float, max_iter: int = 60):
     and decreasing on ``v < log q`` with ``g >= p log p + q log q - q v - delta``; start where that is > 0.
     Both iterations then converge monotonically (and fast: ``f``, ``g`` are near-linear far out).
     """
-
     check_positive("delta", delta, allow_array=False)
     p = torch.as_tensor(p_old).to(torch.float64)
     tracing = torch.compiler.is_compiling()  # no host reads then: a fixed number of steps, no input scan
@@ -332,8 +331,10 @@ _TABLE_A_MAX = 128.0  # p_old < e^-128: l_KL underflows to 0 and u_KL overflows 
 
 
 def _float32_bits(x: float) -> int:
-
     return int(torch.tensor(x, dtype=torch.float32).view(torch.int32))
+
+
+_TABLE_LO_BITS, _TABLE_HI_BITS = _float32_bits(_TABLE_A_MIN), _float32_bits(_TABLE_A_MAX)
 
 
 _TABLES: dict[tuple[float, str], Any] = {}
@@ -350,10 +351,8 @@ def _trgppo_table(delta: float, device: str):
 
 
 def _build_trgppo_table(delta: float, device: str):
-
-    lo_bits, hi_bits = _float32_bits(_TABLE_A_MIN), _float32_bits(_TABLE_A_MAX)
-    rows = ((hi_bits - lo_bits) >> _TABLE_SHIFT) + 1
-    bits = torch.arange(rows + 1, dtype=torch.int64) * (1 << _TABLE_SHIFT) + lo_bits
+    rows = ((_TABLE_HI_BITS - _TABLE_LO_BITS) >> _TABLE_SHIFT) + 1
+    bits = torch.arange(rows + 1, dtype=torch.int64) * (1 << _TABLE_SHIFT) + _TABLE_LO_BITS
     a = bits.to(torch.int32).view(torch.float32).to(torch.float64)
     y_lo, y_hi = trgppo_kl_log_range_torch(torch.exp(-a).clamp_min(1e-300), delta)
     lower = torch.exp(y_lo)
@@ -375,9 +374,8 @@ def trgppo_kl_range_table(old_logp, delta: float):
 
     d = check_positive("delta", delta, allow_array=False)
     table = _trgppo_table(d, str(old_logp.device))
-    lo_bits = _float32_bits(_TABLE_A_MIN)
     a = (-old_logp.detach().to(torch.float32)).clamp(min=_TABLE_A_MIN, max=_TABLE_A_MAX)
-    offset = a.view(torch.int32) - lo_bits
+    offset = a.view(torch.int32) - _TABLE_LO_BITS
     frac = (offset & ((1 << _TABLE_SHIFT) - 1)).to(torch.float32).mul_(2.0**-_TABLE_SHIFT).unsqueeze(-1)
     rows = table.index_select(0, (offset >> _TABLE_SHIFT).reshape(-1)).view(*a.shape, 4)
     values = torch.addcmul(rows[..., :2], frac, rows[..., 2:])

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+from _memory import MMAP_ENV, reset_rss_peak_mib, rss_mib
 
 import atr_theory as at
 
@@ -117,18 +118,6 @@ def part1(sizes, repeats, device="cpu", modes=("eager", "nosync", "compiled")):
 # --------------------------------------------------------------------------------------------
 # part 2: memory of the full-distribution path
 # --------------------------------------------------------------------------------------------
-def _rss_kib(field: str = "VmRSS") -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
-
-
-def _reset_rss_peak() -> int:
-    """Reset the resident-set high-water mark to the current RSS and return it (KiB)."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    return _rss_kib("VmRSS")
-
-
 def _peak_worker(path, B, T, V, H, chunk, device, q):
     """One forward + backward of truly_ppo (KL with gradient: the costlier of the two) by ``path``."""
     torch.manual_seed(0)
@@ -166,19 +155,16 @@ def _peak_worker(path, B, T, V, H, chunk, device, q):
         elapsed = time.perf_counter() - t0
         extra = (torch.cuda.max_memory_allocated() - base) / 2**20
     else:  # the process's resident high-water mark, reset just before the step (Linux: clear_refs 5)
-        base = _reset_rss_peak()
+        base = reset_rss_peak_mib()
         t0 = time.perf_counter()
         step()
         elapsed = time.perf_counter() - t0
-        extra = (_rss_kib("VmHWM") - base) / 1024
+        extra = rss_mib("VmHWM") - base
     q.put({"extra_peak_MiB": extra, "ms": 1e3 * elapsed})
 
 
 def part2(cases, H, chunk, device="cpu"):
-    # glibc keeps freed blocks below its mmap threshold (up to 32 MiB) in the heap, so the peak RSS of a
-    # process that frees and re-allocates many 8 MiB chunks grows without live memory growing; with every
-    # block >= 1 MiB mmap-ed, the RSS peak is the peak of live memory
-    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
+    os.environ.update(MMAP_ENV)  # inherited by the spawned workers (see benchmarks/_memory.py)
     ctx = mp.get_context("spawn")
     rows = []
     for path, B, T, V in cases:

@@ -22,20 +22,9 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from _memory import MMAP_ENV, reset_rss_peak_mib, rss_mib
+
 V = 151_936
-
-
-def _status_mib(field: str) -> float:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field + ":")) / 1024
-
-
-def _reset_peak_mib() -> float:
-    """Reset the resident high-water mark to the current RSS (Linux: clear_refs 5) and return it: the step's own
-    peak is then measured, not one the model's construction set earlier."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    return _status_mib("VmRSS")
 
 
 def one_case(kind: str, B: int, P: int, T: int) -> dict:
@@ -113,9 +102,9 @@ def one_case(kind: str, B: int, P: int, T: int) -> dict:
 
     step(batch(1, 4, 4))  # allocates AdamW's state and warms up
     inputs = batch(B, P, T)
-    before = _reset_peak_mib()
+    before = reset_rss_peak_mib()
     step(inputs)
-    peak = _status_mib("VmHWM")
+    peak = rss_mib("VmHWM")
     return {
         "kind": kind,
         "B": B,
@@ -144,8 +133,7 @@ def main(argv=None) -> dict:
         return {}
     shapes = [(4, 32, 32)] if args.quick else [(4, 64, 64), (8, 64, 256), (16, 64, 256)]
     kinds = args.kinds.split(",")
-    # blocks >= 1 MiB mmap-ed, so freed memory leaves the RSS and the high-water mark is that of live memory
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": os.environ.get("MALLOC_MMAP_THRESHOLD_", str(1 << 20))}
+    env = {**os.environ, **MMAP_ENV}  # the cases' high-water marks are of live memory (benchmarks/_memory.py)
     out = Path(args.out)
     old = json.loads(out.read_text())["rows"] if out.exists() and not args.quick else []
     rows = [r for r in old if r["kind"] not in kinds]

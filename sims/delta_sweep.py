@@ -70,7 +70,7 @@ def run(theta0, r, base, delta, lr, inner, seed):
         "ratio_p05": float(np.mean(q[:, 0])),
         "ratio_p50": float(np.mean(q[:, 1])),
         "ratio_p95": float(np.mean(q[:, 2])),
-    }, ret
+    }
 
 
 def interior_optimum(rows, key="final_return"):
@@ -91,13 +91,11 @@ def main(argv=None):
         base = {**base, "iterations": 10}
     else:
         base = {**base, "iterations": 150}
-    rows, verdicts, curves = [], {}, {}
+    rows, verdicts = [], {}
     for lr, inner in tqdm(settings, desc="settings"):
         here = []
         for d in tqdm(deltas, desc=f"lr={lr} inner={inner}", leave=False):
-            res, ret = run(theta0, r, base, d, lr, inner, args.seed)
-            here.append({"lr": lr, "inner_steps": inner, "delta": d, **res})
-            curves[(lr, inner, d)] = ret.mean(1).numpy()
+            here.append({"lr": lr, "inner_steps": inner, "delta": d, **run(theta0, r, base, d, lr, inner, args.seed)})
         rows += here
         verdicts[f"lr={lr},inner={inner}"] = {
             "final": interior_optimum(here, "final_return"),

@@ -110,19 +110,25 @@ def test_train_rejects_bad_modes():
     assert at.METHODS  # the simulator uses the registry
 
 
-def test_adam_state_equals_torch_optim_adam():
-    """bandit.AdamState against torch.optim.Adam (the oracle) on a non-quadratic loss over several steps."""
+def test_train_with_adam_follows_kingma_and_bas_update():
+    """bandit.train(optimizer="adam") against Adam's update written out (Kingma & Ba 2015, Alg. 1: bias-corrected
+    moments, betas 0.9 / 0.999, eps 1e-8), applied to the same exact-mode surrogate gradients."""
     g = torch.Generator().manual_seed(0)
-    x0 = torch.randn(2, 3, 4, generator=g, dtype=torch.float64)
-    state, theta = bandit.AdamState(), x0.clone().requires_grad_(True)
-    p = x0.clone().requires_grad_(True)
-    opt = torch.optim.Adam([p], lr=0.05)
-    for i in range(6):
-        theta = state.step(theta, (theta**3).sum() + i * theta.sum(), 0.05)
-        opt.zero_grad()
-        ((p**3).sum() + i * p.sum()).backward()
-        opt.step()
-    torch.testing.assert_close(theta.detach(), p.detach(), rtol=1e-12, atol=1e-14)
+    theta0 = torch.randn(2, 3, 6, generator=g, dtype=torch.float64)
+    r = torch.rand(3, 6, generator=g, dtype=torch.float64)
+    got, _ = bandit.train(r, theta0, "atr", iterations=3, inner_steps=2, lr=0.05, optimizer="adam")
+    theta, m, v, t = theta0.clone(), torch.zeros_like(theta0), torch.zeros_like(theta0), 0
+    for _ in range(3):
+        theta_old = theta.clone()
+        adv = bandit.exact_advantages(theta_old, r)
+        for _ in range(2):
+            th = theta.clone().requires_grad_(True)
+            (grad,) = torch.autograd.grad(bandit.exact_surrogate(th, theta_old, adv, "atr")[0], th)
+            t += 1
+            m = 0.9 * m + 0.1 * grad
+            v = 0.999 * v + 0.001 * grad * grad
+            theta = theta - 0.05 * (m / (1 - 0.9**t)) / ((v / (1 - 0.999**t)).sqrt() + 1e-8)
+    torch.testing.assert_close(got, theta, rtol=1e-12, atol=1e-14)
 
 
 def test_train_with_adam_records_ratio_quantiles_and_refuses_unknown_optimizers():

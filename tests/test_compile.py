@@ -15,6 +15,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from mp_reference import binary_kl_roots
 
 import atr_theory as at
 from atr_theory import ranges
@@ -141,35 +142,12 @@ def test_trgppo_table_matches_the_float64_roots_in_every_binade(delta):
     assert bool((hi[~finite] > 1e38).all())
 
 
-def _mp_binary_kl_roots(p: float, delta: float):
-    """Both roots in y = log w of KL(Ber(p) || Ber(p e^y)) = delta: bisection at 50 digits on the definition."""
-    mp.mp.dps = 50
-    p = mp.mpf(p)
-    q = 1 - p
-
-    def kl(y):
-        return p * (-y) + q * (mp.log(q) - mp.log(1 - p * mp.exp(y)))
-
-    def bisect(a, b, increasing):  # kl - delta changes sign on [a, b]
-        for _ in range(400):
-            mid = (a + b) / 2
-            if (kl(mid) > delta) == increasing:
-                b = mid
-            else:
-                a = mid
-        return (a + b) / 2
-
-    left = (q * mp.log(q) - delta) / p - 1  # kl(left) > delta: kl >= -p y + q log q
-    right = -mp.log(p) - mp.mpf(10) ** -45  # kl -> inf as p e^y -> 1
-    return float(bisect(left, mp.mpf(0), False)), float(bisect(mp.mpf(0), right, True))
-
-
 @pytest.mark.parametrize("log_p", [-1e-6, -0.01, -0.3, -1.0, -2.5, -6.0, -15.0])
 def test_trgppo_table_against_mpmath(log_p):
     delta = 0.07
     u = torch.tensor([log_p], dtype=torch.float32)
     p = float(torch.exp(u.double()))  # the float32 input, exactly
-    y_lo, y_hi = _mp_binary_kl_roots(p, delta)
+    y_lo, y_hi = (float(mp.log(w)) for w in binary_kl_roots(p, delta))
     lo, hi = ranges.trgppo_kl_range_table(u, delta)
     assert abs(float(lo) - math.exp(y_lo)) < 1e-7
     assert abs(math.log(float(hi)) - y_hi) <= 2.0**-23 * (1 + abs(y_hi)) + 3e-8

@@ -21,6 +21,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from mp_reference import binary_kl_roots, bisect_log
 
 import atr_theory as at
 
@@ -39,34 +40,15 @@ DIVERGENCE = {  # per-sample estimators of the paper's Table 3, as functions of 
 }
 
 
-def _bisect(f, a, b):
-    """The sign change of f on [a, b] (0 < a < b, f(a) and f(b) of opposite signs), halving the interval in
-    log scale (brackets span up to 600 decades) to ~30 significant digits."""
-    a, b = mp.mpf(a), mp.mpf(b)
-    fa = f(a) > 0
-    for _ in range(170):
-        m = mp.sqrt(a * b)
-        if (f(m) > 0) == fa:
-            a = m
-        else:
-            b = m
-    return mp.sqrt(a * b)
-
-
 _RANGES: dict = {}
 
 
 def _range_of(constraint):
     """Sub-level set {w : g(w) <= 0} of a function convex in log w with g(1) < 0: [l, u] (0 / inf where unbounded)."""
     lo_floor, hi_cap = mp.mpf(10) ** -300, mp.mpf(10) ** 300
-    lo = mp.mpf(0) if constraint(lo_floor) <= 0 else _bisect(constraint, lo_floor, mp.mpf(1))
-    hi = mp.inf if constraint(hi_cap) <= 0 else _bisect(constraint, mp.mpf(1), hi_cap)
+    lo = mp.mpf(0) if constraint(lo_floor) <= 0 else bisect_log(constraint, lo_floor, mp.mpf(1))
+    hi = mp.inf if constraint(hi_cap) <= 0 else bisect_log(constraint, mp.mpf(1), hi_cap)
     return lo, hi
-
-
-def binary_kl(p, w):
-    """KL(Ber(p) || Ber(p w)) (TRGPPO, Wang et al. 2019)."""
-    return p * mp.log(1 / w) + (1 - p) * mp.log((1 - p) / (1 - p * w))
 
 
 def trgppo_bounds(p, delta, eps):
@@ -75,9 +57,7 @@ def trgppo_bounds(p, delta, eps):
     if p == 1:
         l_kl, u_kl = mp.exp(-delta), mp.mpf(1)  # w <= 1/p = 1; KL = -log w
     else:
-        g = lambda w: binary_kl(p, w) - delta  # noqa: E731
-        l_kl = _bisect(g, mp.mpf(10) ** -300, mp.mpf(1)) if g(mp.mpf(10) ** -300) > 0 else mp.mpf(0)
-        u_kl = _bisect(g, mp.mpf(1), (1 - mp.mpf(10) ** -40) / p)
+        l_kl, u_kl = binary_kl_roots(p, delta)
     return min(l_kl, 1 - mp.mpf(eps)), max(u_kl, 1 + mp.mpf(eps))
 
 
@@ -86,9 +66,9 @@ def dcpo_bounds(p, eps_low, eps_high, c):
     i.e. the roots of the quadratics w^2 - w -+ eps / p = 0 (the lower bound 1/2 when they have none), and
     the upper capped at max(c, 10) as in lime-RL/DCPO."""
     p = mp.mpf(p)
-    up = _bisect(lambda w: p * w * (w - 1) - eps_high, mp.mpf(1), mp.mpf(10) ** 30)
+    up = bisect_log(lambda w: p * w * (w - 1) - eps_high, mp.mpf(1), mp.mpf(10) ** 30)
     low_quad = lambda w: p * w * (1 - w) - eps_low  # noqa: E731  (<= 0 on [w*, 1] above the larger root)
-    lo = _bisect(low_quad, mp.mpf("0.5"), mp.mpf(1)) if low_quad(mp.mpf("0.5")) > 0 else mp.mpf("0.5")
+    lo = bisect_log(low_quad, mp.mpf("0.5"), mp.mpf(1)) if low_quad(mp.mpf("0.5")) > 0 else mp.mpf("0.5")
     return lo, min(up, mp.mpf(max(c, 10.0)))
 
 
