@@ -5,12 +5,20 @@ extracted. math-verify enforces its timeouts with SIGALRM, which works only on t
 main thread we use them; elsewhere (a trainer's worker thread) the grading runs in a one-process pool
 whose worker grades on its own main thread, and a result that does not arrive in time is graded wrong.
 A reward call never raises: unparsable output, timeouts and errors score 0 and are counted.
+
+Truncated completions (cut at ``max_completion_length``: no eos among their token ids) can be given a fixed
+reward instead of a grade (``truncated_reward``): DAPO's overlong punishment in its simplest form (Yu et al.,
+2025, Sec. 3.4). Without it a policy that pads ``\\boxed{4}}}}}`` to the length cap is graded correct; with
+``mask_truncated_completions`` instead, truncation gets no gradient at all and "never stop" becomes an absorbing
+state (measured on the CPU demo: README).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import Counter
+from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
@@ -91,17 +99,37 @@ def grade_many(
     return results
 
 
+def is_truncated(completion_ids, eos_token_ids) -> bool:
+    """A completion was cut at the length cap: none of its token ids is an eos id."""
+    return not any(int(t) in eos_token_ids for t in completion_ids)
+
+
 class CorrectnessReward:
     """``reward(prompts, completions, answer, **kw) -> list[float]`` for TRL, with counters.
 
-    ``stats`` counts the statuses since the last :meth:`pop_stats` (the trainer logs them).
+    ``truncated_reward`` (with ``eos_token_ids``): the reward of a completion whose ``completion_ids`` (which
+    TRL passes) hold no eos id, given instead of its grade and counted as ``truncated``; ``None`` grades every
+    completion. ``stats`` counts the statuses since the last :meth:`pop_stats` (the trainer logs them).
     """
 
     __name__ = "correctness"
 
-    def __init__(self, timeout_seconds: int = 5, workers: int = 2):
+    def __init__(
+        self,
+        timeout_seconds: int = 5,
+        workers: int = 2,
+        *,
+        truncated_reward: float | None = None,
+        eos_token_ids: Iterable[int] = (),
+    ):
         self.timeout_seconds = timeout_seconds
         self.workers = workers
+        self.truncated_reward = None if truncated_reward is None else float(truncated_reward)
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        if self.truncated_reward is not None and not self.eos_token_ids:
+            raise ValueError("truncated_reward needs eos_token_ids (how else is a truncated completion recognised?)")
+        if self.truncated_reward is not None and not math.isfinite(self.truncated_reward):
+            raise ValueError(f"truncated_reward must be a finite number, got {truncated_reward!r}")
         self.stats: Counter = Counter()
 
     def _grade_all(self, pairs: list[tuple[str, str]]) -> list[str]:
@@ -109,20 +137,28 @@ class CorrectnessReward:
             return [grade(c, g, self.timeout_seconds) for c, g in pairs]
         return [status for status, _ in grade_many(pairs, self.timeout_seconds, self.workers)]
 
-    def __call__(self, prompts=None, completions=None, answer=None, **kwargs) -> list[float]:
+    def __call__(self, prompts=None, completions=None, answer=None, completion_ids=None, **kwargs) -> list[float]:
         completions = completions or []
         answers = answer if answer is not None else kwargs.get("solution", [""] * len(completions))
         pairs = [(completion_text(c), str(a)) for c, a in zip(completions, answers)]
+        cut = [False] * len(pairs)
+        if self.truncated_reward is not None:
+            if completion_ids is None:
+                raise ValueError("truncated_reward is set but the trainer passed no completion_ids")
+            cut = [is_truncated(ids, self.eos_token_ids) for ids in completion_ids]
+        graded = [p for p, c in zip(pairs, cut) if not c]
         try:
-            statuses = self._grade_all(pairs)
+            grades = iter(self._grade_all(graded))
         except Exception:  # noqa: BLE001
-            statuses = ["error"] * len(pairs)
+            grades = iter(["error"] * len(graded))
+        statuses = ["truncated" if c else next(grades) for c in cut]
         self.stats.update(statuses)
-        return [1.0 if s == "correct" else 0.0 for s in statuses]
+        return [self.truncated_reward if s == "truncated" else 1.0 if s == "correct" else 0.0 for s in statuses]
 
     def pop_stats(self) -> dict[str, float]:
         """Fractions of each status since the last call (empty dict if nothing was graded)."""
         n = sum(self.stats.values())
-        out = {f"reward/{k}_frac": self.stats[k] / n for k in STATUSES} if n else {}
+        keys = STATUSES if self.truncated_reward is None else (*STATUSES, "truncated")
+        out = {f"reward/{k}_frac": self.stats[k] / n for k in keys} if n else {}
         self.stats.clear()
         return out

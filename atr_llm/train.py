@@ -16,6 +16,7 @@ before any model is loaded.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,13 @@ class ScriptArguments:
     sft_learning_rate: float = field(default=3e-3)
     sft_batch_size: int = field(default=32)
     reward_timeout_seconds: int = field(default=5)
+    truncated_reward: float | None = field(
+        default=None,
+        metadata={
+            "help": "reward of a completion cut at max_completion_length (no eos), instead of its grade; "
+            "None grades it like any other (DAPO's overlong punishment: 0 makes not stopping wrong)"
+        },
+    )
 
 
 USAGE = """\
@@ -79,18 +87,20 @@ def parse(argv=None):
 def check_before_loading(script_args, training_args) -> None:
     """Everything that can be checked without a model and that the configs do not check themselves: data
     files and backend. (The method, its form and parameters were validated when ATRGRPOConfig was built.)"""
-    from .data import SOURCES
+    from .data import OFFLINE_TASKS, SOURCES
 
     for name, path in (
         (script_args.dataset_name, script_args.dataset_path),
         (script_args.sft_dataset_name, script_args.sft_dataset_path),
     ):
-        if name is not None and name != "arithmetic" and name not in SOURCES:
-            raise ValueError(f"unknown dataset {name!r}; known: arithmetic, {', '.join(SOURCES)}")
+        if name is not None and name not in OFFLINE_TASKS and name not in SOURCES:
+            raise ValueError(f"unknown dataset {name!r}; known: {', '.join([*OFFLINE_TASKS, *SOURCES])}")
         if path is not None and not Path(path).exists():
             raise ValueError(f"dataset file {path} does not exist: fix --dataset_path / --sft_dataset_path")
     if script_args.tiny_vocab not in ("toy", "qwen3"):
         raise ValueError(f"tiny_vocab must be 'toy' or 'qwen3', got {script_args.tiny_vocab!r}")
+    if script_args.truncated_reward is not None and not math.isfinite(script_args.truncated_reward):
+        raise ValueError(f"truncated_reward must be a finite number or None, got {script_args.truncated_reward!r}")
     if script_args.backend not in ("trl", "unsloth"):
         raise ValueError(f"backend must be 'trl' or 'unsloth', got {script_args.backend!r}")
     if script_args.backend == "unsloth":
@@ -110,11 +120,16 @@ def load_model_and_tokenizer(script_args, model_args, training_args):
     name = model_args.model_name_or_path
     if not name:
         raise ValueError("set --model_name_or_path (a hub id such as Qwen/Qwen3-1.7B or a local folder) or --tiny")
-    tok = AutoTokenizer.from_pretrained(name, trust_remote_code=model_args.trust_remote_code)
+    # TRL >= 1.16's ModelConfig has no trust_remote_code field (older ones do)
+    hub = {
+        "revision": getattr(model_args, "model_revision", None) or "main",
+        "trust_remote_code": getattr(model_args, "trust_remote_code", False),
+    }
+    tok = AutoTokenizer.from_pretrained(name, **hub)
     if tok.pad_token is None or tok.pad_token_id == tok.eos_token_id:
         tok.pad_token = "<|endoftext|>" if "<|endoftext|>" in tok.get_vocab() else tok.eos_token
     dtype = model_args.dtype if getattr(model_args, "dtype", None) not in (None, "auto") else "auto"
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, trust_remote_code=model_args.trust_remote_code)
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **hub)
     return model, tok
 
 
@@ -195,7 +210,11 @@ def main(argv=None) -> dict:
         if peft_config is not None:  # RL trains a fresh adapter on top of the merged SFT weights
             model = model.merge_and_unload()
 
-    reward = CorrectnessReward(timeout_seconds=script_args.reward_timeout_seconds)
+    reward = CorrectnessReward(
+        timeout_seconds=script_args.reward_timeout_seconds,
+        truncated_reward=script_args.truncated_reward,
+        eos_token_ids=eos_token_ids(tok, model),
+    )
     trainer = trainer_cls(
         model=model,
         reward_funcs=[reward],
@@ -208,8 +227,18 @@ def main(argv=None) -> dict:
     trainer.save_model(str(out / "final"))
     summary = summarise(trainer.state.log_history)
     (out / "train_summary.json").write_text(json.dumps(summary, indent=1))
+    (out / "log_history.json").write_text(json.dumps(trainer.state.log_history))
     print(json.dumps(summary, indent=1))
     return summary
+
+
+def eos_token_ids(tokenizer, model) -> set[int]:
+    """The ids that end a completion: the tokenizer's eos and the model's generation-config eos (an int or a
+    list), as TRL's generation stops on them."""
+    ids = {tokenizer.eos_token_id}
+    gen = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(gen if isinstance(gen, (list, tuple)) else [gen])
+    return {int(i) for i in ids if i is not None}
 
 
 def summarise(log_history: list[dict]) -> dict:
@@ -227,6 +256,7 @@ def summarise(log_history: list[dict]) -> dict:
         "ratio_max_mean": mean(steps, "clip/ratio_max"),
         "entropy_last": steps[-1].get("entropy"),
         "completion_length_last": steps[-1].get("completions/mean_length"),
+        "truncated_frac_last_quarter": mean(steps[-q:], "completions/clipped_ratio"),
     }
 
 

@@ -288,10 +288,15 @@ def test_cli_runs_and_resume_continues_where_it_stopped(tmp_path):
 
 
 # ------------------------------------------------------------------ data and rewards
-def test_arithmetic_answers_are_correct():
-    for row in data.arithmetic_dataset(50, ops="+-*"):
-        a, op, b = row["problem"][len("What is ") : -1].split()
-        assert str(eval(f"{a}{op}{b}")) == row["answer"]  # noqa: S307 - our own generated digits
+@pytest.mark.parametrize("terms", [2, 3, 4])
+def test_arithmetic_answers_are_correct(terms):
+    """Python's own evaluation (precedence included) as the oracle."""
+    for row in data.arithmetic_dataset(300, ops="+-*", terms=terms, max_operand=12):
+        expr = row["problem"][len("What is ") : -1]
+        assert len(expr.split()) == 2 * terms - 1
+        assert str(eval(expr)) == row["answer"]  # noqa: S307 - our own generated digits
+    with pytest.raises(ValueError, match="ops from"):
+        data.arithmetic_problem(__import__("random").Random(0), ops="/")
 
 
 def test_dapo_rows_are_stripped_and_deduplicated(tmp_path):
@@ -377,6 +382,99 @@ def test_reward_grades_and_counts_and_never_raises():
     t.start()
     t.join(60)
     assert result["v"] == [1.0, 1.0]
+
+
+def test_truncated_reward_scores_completions_cut_at_the_cap_and_counts_them():
+    r = rewards.CorrectnessReward(truncated_reward=0.0, eos_token_ids=[7])
+    out = r(
+        completions=["\\boxed{4}", "\\boxed{4}}}}}", "\\boxed{5}"],
+        answer=["4", "4", "4"],
+        completion_ids=[[1, 2, 7], [1, 2, 3, 3], [1, 2, 7]],  # the second has no eos: cut at the cap
+    )
+    assert out == [1.0, 0.0, 0.0]  # a right answer padded to the cap scores truncated_reward
+    stats = r.pop_stats()
+    assert stats["reward/truncated_frac"] == pytest.approx(1 / 3) and stats["reward/correct_frac"] == pytest.approx(
+        1 / 3
+    )
+    plain = rewards.CorrectnessReward()
+    assert plain(completions=["\\boxed{4}}}}}"], answer=["4"]) == [1.0]  # without it: graded like any other
+    assert "reward/truncated_frac" not in plain.pop_stats()
+    with pytest.raises(ValueError, match="needs eos_token_ids"):
+        rewards.CorrectnessReward(truncated_reward=0.0)
+    with pytest.raises(ValueError, match="finite"):
+        rewards.CorrectnessReward(truncated_reward=float("nan"), eos_token_ids=[7])
+    with pytest.raises(ValueError, match="no completion_ids"):
+        r(completions=["\\boxed{4}"], answer=["4"])
+
+
+def _scored_group(tmp_path, tok, model, *, mask_truncated, truncated_reward):
+    """One prompt ("What is 2 + 2?"), 4 completions, all with the right answer: 2 stop after ``\\boxed{4}``,
+    2 pad ``}`` to the length cap. Generation is replaced by these fixed completions; everything else (rewards
+    from TRL's completion ids, truncation masking, advantages, old log-probs, the loss) is the trainers' own."""
+    T = 8
+    answer = tok("\\boxed{4}", add_special_tokens=False)["input_ids"]
+    stop = answer + [tok.eos_token_id]
+    pad = (answer + tok("}" * T, add_special_tokens=False)["input_ids"])[:T]
+    assert len(stop) < T and tok.eos_token_id not in pad and len(pad) == T
+    completions = torch.tensor([stop + [tok.pad_token_id] * (T - len(stop))] * 2 + [pad] * 2)
+
+    def fixed_generate(input_ids=None, **kw):
+        return torch.cat([input_ids, completions[: input_ids.size(0)]], 1)
+
+    model.generate = fixed_generate
+    reward = rewards.CorrectnessReward(truncated_reward=truncated_reward, eos_token_ids=[tok.eos_token_id])
+    cfg = ATRGRPOConfig(
+        **_common(tmp_path, per_device_train_batch_size=4, max_completion_length=T, temperature=1.0),
+        method="atr",
+        mask_truncated_completions=mask_truncated,
+        scale_rewards="none",
+    )
+    from datasets import Dataset
+
+    row = data.to_grpo_dataset(Dataset.from_list([{"problem": "What is 2 + 2?", "answer": "4"}]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = ATRGRPOTrainer(model=model, reward_funcs=[reward], args=cfg, train_dataset=row, processing_class=tok)
+    trainer.model.train()
+    inputs = trainer._generate_and_score_completions([row[0]] * 4)
+    trainer.current_gradient_accumulation_steps = 1
+    loss = trainer.compute_loss(trainer.model, inputs)
+    params = [p for p in model.parameters() if p.requires_grad]
+    return inputs, params, torch.autograd.grad(loss, params, allow_unused=True), answer
+
+
+def test_the_demos_length_collapse_mechanism_and_its_fix(tmp_path, tok):
+    """Why the CPU demo used to collapse to the length cap, and what the preset does instead.
+
+    With ``mask_truncated_completions`` a completion cut at the cap gets no loss, and a right answer padded to
+    the cap is graded right: in a group that mixes stopping and not stopping, nothing pushes towards stopping
+    (here: the gradient is exactly zero), so "never stop" is a state a run drifts into and cannot leave.
+    With the preset's ``truncated_reward: 0`` and no masking, the padded completions get a negative advantage,
+    and one gradient step raises the probability of eos right after the answer."""
+    torch.manual_seed(0)
+    model = tiny.build_tiny_model(tok).double()
+    old = _scored_group(tmp_path / "old", tok, model, mask_truncated=True, truncated_reward=None)
+    inputs, params, grads, _ = old
+    assert inputs["advantages"].abs().max() == 0 and inputs["completion_mask"][2:].sum() == 0
+    assert all(g is None or g.abs().max() == 0 for g in grads)
+
+    inputs, params, grads, answer = _scored_group(
+        tmp_path / "new", tok, model, mask_truncated=False, truncated_reward=0.0
+    )
+    assert inputs["advantages"].tolist() == [0.5, 0.5, -0.5, -0.5]
+    prompt = inputs["prompt_ids"][:1]
+    ids = torch.cat([prompt, torch.tensor([answer])], 1)
+
+    def log_p_eos_after_answer():
+        with torch.no_grad():
+            return torch.log_softmax(model(input_ids=ids).logits[0, -1], -1)[tok.eos_token_id].item()
+
+    before = log_p_eos_after_answer()
+    with torch.no_grad():
+        for p, g in zip(params, grads):
+            if g is not None:
+                p -= 0.05 * g
+    assert log_p_eos_after_answer() > before + 1e-3
 
 
 def test_tiny_tokenizer_and_model_are_wired_for_generation(tok):

@@ -18,6 +18,8 @@ amc23-40                      math-ai/amc23 (40 problems, another set)     quest
 openmathreasoning             nvidia/OpenMathReasoning (split cot)         problem, expected_answer (+ solution)
 openmathreasoning-mini        unsloth/OpenMathReasoning-mini               problem, expected_answer (+ solution)
 arithmetic                    generated offline (:func:`arithmetic_dataset`)  problem, answer
+arithmetic-3step              generated offline: ``a +- b +- c``, digits   problem, answer
+                              0-9, training split (``OFFLINE_TASKS``)
 ============================  ===========================================  ==========================
 """
 
@@ -48,21 +50,57 @@ def format_completion(answer: str, solution: str | None = None) -> str:
 # ---------------------------------------------------------------------------------------------
 # the offline task
 # ---------------------------------------------------------------------------------------------
-def arithmetic_problem(rng: random.Random, max_operand: int = 9, ops: str = "+") -> dict[str, str]:
-    """``"What is a + b?"`` with its exact answer; ``ops`` from ``+-*``."""
-    a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
-    op = rng.choice(ops)
-    value = {"+": a + b, "-": a - b, "*": a * b}[op]
-    return {"problem": f"What is {a} {op} {b}?", "answer": str(value)}
+def arithmetic_problem(rng: random.Random, max_operand: int = 9, ops: str = "+", terms: int = 2) -> dict[str, str]:
+    """``"What is a + b?"`` (``terms`` operands in 0..``max_operand``, operators from ``ops`` in ``+-*``) with its
+    exact answer under the usual precedence (``*`` before ``+``/``-``, then left to right)."""
+    if terms < 2 or max_operand < 0 or not ops or set(ops) - set("+-*"):
+        raise ValueError(f"need terms >= 2, max_operand >= 0 and ops from '+-*', got {terms}, {max_operand}, {ops!r}")
+    operands = [rng.randint(0, max_operand) for _ in range(terms)]
+    operators = [rng.choice(ops) for _ in range(terms - 1)]
+    products, signs = [operands[0]], [1]  # products folded in first, then a sum of signed products
+    for op, x in zip(operators, operands[1:]):
+        if op == "*":
+            products[-1] *= x
+        else:
+            products.append(x)
+            signs.append(1 if op == "+" else -1)
+    value = sum(s * v for s, v in zip(signs, products))
+    text = " ".join([str(operands[0])] + [f"{op} {x}" for op, x in zip(operators, operands[1:])])
+    return {"problem": f"What is {text}?", "answer": str(value)}
 
 
-def arithmetic_dataset(n: int = 512, seed: int = 0, max_operand: int = 9, ops: str = "+"):
-    """A ``datasets.Dataset`` of generated arithmetic problems with verifiable answers."""
+def is_held_out(problem: str) -> bool:
+    """The offline tasks' test split: a fixed fifth of all problems, chosen by a hash of the problem text
+    (CRC-32 mod 5 == 0), so that no training row of any seed is ever a test problem."""
+    import zlib
+
+    return zlib.crc32(problem.encode()) % 5 == 0
+
+
+def arithmetic_dataset(
+    n: int = 512, seed: int = 0, max_operand: int = 9, ops: str = "+", terms: int = 2, split: str = "all"
+):
+    """A ``datasets.Dataset`` of ``n`` generated arithmetic problems with verifiable answers; ``split``:
+    ``"all"``, or ``"train"`` / ``"test"`` (rows drawn until ``n`` fall on that side of :func:`is_held_out`)."""
     from datasets import Dataset
 
+    if split not in ("all", "train", "test"):
+        raise ValueError(f"split must be 'all', 'train' or 'test', got {split!r}")
     rng = random.Random(seed)
-    rows = [arithmetic_problem(rng, max_operand, ops) for _ in range(n)]
+    rows = []
+    while len(rows) < n:
+        row = arithmetic_problem(rng, max_operand, ops, terms)
+        if split == "all" or is_held_out(row["problem"]) == (split == "test"):
+            rows.append(row)
     return Dataset.from_list(rows)
+
+
+OFFLINE_TASKS: dict[str, dict] = {
+    "arithmetic": {},
+    "arithmetic-3step": {"terms": 3, "ops": "+-", "max_operand": 9, "split": "train"},
+}
+"""Offline task name -> :func:`arithmetic_dataset` arguments (``arithmetic-3step``: the CPU analog of Tables 2-3;
+its test split is ``arithmetic_dataset(..., split="test")`` with the same arguments)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -170,15 +208,15 @@ def map_rows(rows, source: Source, origin: str) -> list[dict[str, str]]:
 def load_source(name: str, path: str | Path | None = None, limit: int | None = None, seed: int = 0):
     """Load a named source (see the module table) from ``path`` if given, else from its hub id.
 
-    ``name="arithmetic"`` generates the offline task (``limit`` rows, default 512).
+    A name in :data:`OFFLINE_TASKS` generates that offline task (``limit`` rows, default 512).
     Returns a ``datasets.Dataset`` with columns problem, answer (and solution where the source has one).
     """
     from datasets import Dataset, load_dataset
 
-    if name == "arithmetic":
-        return arithmetic_dataset(limit or 512, seed=seed)
+    if name in OFFLINE_TASKS:
+        return arithmetic_dataset(limit or 512, seed=seed, **OFFLINE_TASKS[name])
     if name not in SOURCES:
-        raise ValueError(f"unknown dataset {name!r}; known: arithmetic, {', '.join(SOURCES)}")
+        raise ValueError(f"unknown dataset {name!r}; known: {', '.join([*OFFLINE_TASKS, *SOURCES])}")
     src = SOURCES[name]
     if path is not None:
         p = Path(path)

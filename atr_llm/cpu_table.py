@@ -1,0 +1,416 @@
+"""The paper's Tables 2-3 and Figs. 3-5 at the scale of a 2-core CPU.
+
+    python -m atr_llm.cpu_table            # every run x 3 seeds (about 1.5-2 h on 2 cores), resumable
+    python -m atr_llm.cpu_table --quick    # 2 runs x 1 seed x a few steps (CI)
+
+Per seed: a tiny Qwen3 (``atr_llm.tiny``) gets a formatting SFT on three-term arithmetic (``a +- b +- c``,
+digits; ``atr_llm.data.OFFLINE_TASKS["arithmetic-3step"]``) short enough that it solves about a third of the
+held-out problems at the paper's evaluation sampling; then every run of :data:`CPU_RUNS` (Table 2's methods,
+Table 3's estimators and matched baselines, an ATR delta ablation) trains GRPO from that same SFT model with
+``atr_llm/configs/cpu-table.yaml`` (dr_grpo, G = 8, ``num_iterations: 2`` so that clipping acts) through
+``python -m atr_llm.train``'s own entry point. Each run and the SFT model are evaluated on the task's test
+split (:func:`atr_llm.data.is_held_out`: no training row of any seed is a test problem) with 8 samples at
+T = 0.3, top-p 0.95 (the paper's evaluation sampling): Mean@8 and Pass@8 at the final step and the best over
+the saved checkpoints, as in Table 2's "final (best)".
+
+Writes into ``--out`` (default ``figures/``): ``cpu_llm_table.csv`` (one row per run x seed x benchmark),
+``cpu_llm_table.md`` (means over seeds, paired differences against clip and atr with 95% t intervals),
+``cpu_llm_curves.csv`` + ``cpu_llm_curves.png`` (training reward, entropy, completion length: Figs. 3-5's
+quantities) and ``cpu_llm_table.json`` (settings, versions, paired statistics). Runs live in ``--runs-dir``;
+a finished run (``result.json``) is not trained again, so an interrupted table resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from .presets import RUNS
+
+BASE_CONFIG = Path(__file__).parent / "configs" / "cpu-table.yaml"
+TASK = "arithmetic-3step"
+BENCHMARK = "arith3-test"
+
+TABLE2 = ["clip", "clip-higher", "dual-clip", "dcpo", "clip-cov", "sapo", "atr"]
+TABLE3 = ["kl1", "kl2", "is-kl3", "clip-eps0.329", "clip-eps0.422", "clip-higher-0.329-0.422"]
+DELTA_ABLATION = ["atr-delta0.03", "atr-delta0.05", "atr-delta0.1", "atr-delta0.15"]
+
+CPU_RUNS: dict[str, dict] = {
+    **{run: RUNS[run] for run in TABLE2 + TABLE3 + DELTA_ABLATION if run in RUNS},
+    # ATR's ratio range at delta = 0.07 is [0.671, 1.422]: clip-higher with exactly that range is the matched control
+    "clip-higher-0.329-0.422": {"method": "clip_higher", "epsilon_low": 0.329, "epsilon_high": 0.422},
+    "atr-delta0.03": {"method": "atr", "delta": 0.03},
+    "atr-delta0.15": {"method": "atr", "delta": 0.15},
+}
+"""Run name -> method and parameters (the paper's presets where it has one: :data:`atr_llm.presets.RUNS`)."""
+
+FULL = dict(
+    runs=TABLE2 + TABLE3 + DELTA_ABLATION,
+    seeds=[0, 1, 2],
+    sft_steps=400,
+    max_steps=400,
+    save_steps=100,
+    test_problems=200,
+    samples=8,
+)
+QUICK = dict(runs=["clip", "atr"], seeds=[0], sft_steps=20, max_steps=4, save_steps=2, test_problems=16, samples=8)
+EVAL_SAMPLING = dict(temperature=0.3, top_p=0.95)  # the paper's evaluation sampling (Sec. 5)
+
+
+def run_args(run: str) -> list[str]:
+    """``python -m atr_llm.train`` arguments that select ``run``'s method and parameters."""
+    from .trainer import config_field
+
+    spec = CPU_RUNS[run]
+    args = ["--method", spec["method"]]
+    for k, v in spec.items():
+        if k != "method":
+            args += [f"--{config_field(k)}", str(v)]
+    return args
+
+
+# ---------------------------------------------------------------------------------------------
+# one seed's SFT model, one run, one evaluation (each runs in a worker process)
+# ---------------------------------------------------------------------------------------------
+def train_sft(seed: int, sft_steps: int, runs_dir: Path) -> Path:
+    """The seed's SFT model (tiny Qwen3, toy tokenizer), saved to ``runs_dir/sft-s{seed}``; reused if there."""
+    from .data import load_source
+    from .sft import run_sft
+    from .tiny import build_tokenizer_and_model
+
+    out = runs_dir / f"sft-s{seed}"
+    if (out / "config.json").exists():
+        return out
+    tok, model = build_tokenizer_and_model("toy", seed=seed)
+    ds = load_source(TASK, None, 4000, seed=seed + 1)
+    run_sft(model, tok, ds, out, max_steps=sft_steps, learning_rate=3e-3, batch_size=64, seed=seed)
+    return out
+
+
+def evaluate_model(model_dir: Path, tokenizer_dir: Path, test_problems: int, samples: int, out_dir: Path) -> dict:
+    """Mean@1/Pass@1 and Mean@k/Pass@k (%) on the task's test split, ``samples`` completions per problem."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .data import OFFLINE_TASKS, arithmetic_dataset
+    from .evaluate import HFGenerator, evaluate_benchmarks, summarise_samples
+
+    spec = {**OFFLINE_TASKS[TASK], "split": "test"}
+    test = arithmetic_dataset(test_problems, seed=12345, **spec)
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir))
+    max_tokens = 12  # cpu-table.yaml's max_completion_length
+    gen = HFGenerator(model, tok, max_tokens=max_tokens, batch_size=512, seed=0, **EVAL_SAMPLING)
+    rows = evaluate_benchmarks(gen, {BENCHMARK: test}, out_dir, n=samples, chunk_problems=test_problems, workers=1)
+    return summarise_samples(rows, [1, samples])[BENCHMARK]
+
+
+def _checkpoint_steps(run_dir: Path) -> list[tuple[int, Path]]:
+    found = []
+    for p in run_dir.glob("checkpoint-*"):
+        if p.name.split("-")[-1].isdigit() and (p / "config.json").exists():
+            found.append((int(p.name.split("-")[-1]), p))
+    return sorted(found)
+
+
+def train_and_evaluate(job: dict) -> dict:
+    """Train one (run, seed) from the seed's SFT model with ``python -m atr_llm.train``'s entry point, then
+    evaluate every saved checkpoint and the final model; the result is also written to ``result.json``."""
+    from . import train
+
+    run_dir = Path(job["runs_dir"]) / f"{job['run']}-s{job['seed']}"
+    done = run_dir / "result.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _send_output_to(run_dir / "train.log")
+    argv = ["--config", str(BASE_CONFIG), "--model_name_or_path", job["sft_dir"], "--seed", str(job["seed"])]
+    argv += ["--output_dir", str(run_dir), "--max_steps", str(job["max_steps"]), "--save_steps", str(job["save_steps"])]
+    argv += run_args(job["run"])
+    ckpts = _checkpoint_steps(run_dir)
+    if ckpts and not (run_dir / "final" / "config.json").exists():
+        argv += ["--resume_from_checkpoint", str(ckpts[-1][1])]
+    if not (run_dir / "final" / "config.json").exists():
+        train.main(argv)
+    evals = {}
+    for step, path in [*_checkpoint_steps(run_dir), (job["max_steps"], run_dir / "final")]:
+        if step not in evals:  # the checkpoint at max_steps holds the final weights too: evaluated once
+            evals[step] = evaluate_model(path, job["sft_dir"], job["test_problems"], job["samples"], path / "eval")
+    history = json.loads((run_dir / "log_history.json").read_text())
+    result = {"run": job["run"], "seed": job["seed"], "evals": {str(k): v for k, v in evals.items()}}
+    result["curves"] = [{k: h.get(k) for k in CURVE_KEYS} for h in history if "reward" in h and "step" in h]
+    done.write_text(json.dumps(result))
+    return result
+
+
+def evaluate_sft(job: dict) -> dict:
+    """The SFT model's own row (step 0 of every run of that seed)."""
+    sft_dir = Path(job["sft_dir"])
+    done = sft_dir / "result.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    res = evaluate_model(sft_dir, sft_dir, job["test_problems"], job["samples"], sft_dir / "eval")
+    result = {"run": "sft", "seed": job["seed"], "evals": {"0": res}, "curves": []}
+    done.write_text(json.dumps(result))
+    return result
+
+
+CURVE_KEYS = (
+    "step",
+    "reward",
+    "entropy",
+    "completions/mean_length",
+    "completions/clipped_ratio",
+    "clip/frac_masked",
+    "clip/ratio_max",
+)
+
+
+def _send_output_to(path: Path) -> None:
+    """This worker's stdout and stderr (trainer logs, progress bars) go to ``path`` from now on."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+
+
+def _worker_init() -> None:
+    import torch
+
+    torch.set_num_threads(1)  # one core per worker: the tiny model is launch-bound, two workers beat two threads
+
+
+def _seed_job(seed: int, settings: dict, runs_dir: Path) -> dict:
+    return {
+        "seed": seed,
+        "sft_dir": str(train_sft(seed, settings["sft_steps"], runs_dir)),
+        "test_problems": settings["test_problems"],
+        "samples": settings["samples"],
+    }
+
+
+def _sft_and_evaluate(seed: int, settings: dict, runs_dir: str) -> dict:
+    _send_output_to(Path(runs_dir) / f"sft-s{seed}.log")
+    job = _seed_job(seed, settings, Path(runs_dir))
+    return {"job": job, "result": evaluate_sft(job)}
+
+
+# ---------------------------------------------------------------------------------------------
+# tables and statistics
+# ---------------------------------------------------------------------------------------------
+def table_rows(results: list[dict], k: int) -> list[dict]:
+    """One row per run x seed x benchmark: final and best Mean@k / Pass@k and the last logged training values."""
+    rows = []
+    for r in results:
+        evals = {int(s): v for s, v in r["evals"].items()}
+        final_step = max(evals)
+        best_step = max(evals, key=lambda s: (evals[s][f"mean@{k}"], s))
+        last = r["curves"][-1] if r["curves"] else {}
+        rows.append(
+            {
+                "method": r["run"],
+                "seed": r["seed"],
+                "benchmark": BENCHMARK,
+                f"mean_at_{k}": round(evals[final_step][f"mean@{k}"], 3),
+                f"pass_at_{k}": round(evals[final_step][f"pass@{k}"], 3),
+                f"best_mean_at_{k}": round(evals[best_step][f"mean@{k}"], 3),
+                f"best_pass_at_{k}": round(max(v[f"pass@{k}"] for v in evals.values()), 3),
+                "best_step": best_step,
+                "final_step": final_step,
+                "problems": evals[final_step]["problems"],
+                "train_reward_last": last.get("reward"),
+                "entropy_last": last.get("entropy"),
+                "length_last": last.get("completions/mean_length"),
+                "frac_masked_mean": _mean([c.get("clip/frac_masked") for c in r["curves"]]),
+            }
+        )
+    return rows
+
+
+def _mean(xs) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def paired_difference(rows: list[dict], run: str, reference: str, key: str) -> dict | None:
+    """Mean over seeds of ``key``(run) - ``key``(reference) on the same seed (same SFT model, same data order)
+    and its 95% Student-t interval; ``significant`` when the interval excludes 0. None with < 2 shared seeds."""
+    from scipy import stats
+
+    by = {(r["method"], r["seed"]): r[key] for r in rows}
+    seeds = sorted({s for m, s in by if m == run} & {s for m, s in by if m == reference})
+    if run == reference or len(seeds) < 2:
+        return None
+    d = [by[(run, s)] - by[(reference, s)] for s in seeds]
+    n, mean = len(d), sum(d) / len(d)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+    half = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+    return {"mean": mean, "low": mean - half, "high": mean + half, "n": n, "significant": half < abs(mean)}
+
+
+def markdown_table(rows: list[dict], runs: list[str], k: int) -> str:
+    """Means (and standard deviations) over seeds, with paired differences against clip and atr."""
+    key, pkey, bkey = f"mean_at_{k}", f"pass_at_{k}", f"best_mean_at_{k}"
+
+    def fmt(d):
+        if d is None:
+            return "-"
+        star = " *" if d["significant"] else ""
+        return f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}]{star}"
+
+    lines = [
+        f"| run | seeds | Mean@{k} final (best) | Pass@{k} final | Mean@{k}: run - clip [95% CI] | "
+        f"Mean@{k}: run - atr [95% CI] | masked/clipped tokens |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for run in ["sft", *runs]:
+        mine = [r for r in rows if r["method"] == run]
+        if not mine:
+            continue
+        m, p, b = (_mean([r[x] for r in mine]) for x in (key, pkey, bkey))
+        sd = _sd([r[key] for r in mine])
+        fm = _mean([r["frac_masked_mean"] for r in mine])
+        lines.append(
+            f"| {run} | {len(mine)} | {m:.1f} ± {sd:.1f} ({b:.1f}) | {p:.1f} | "
+            f"{fmt(paired_difference(rows, run, 'clip', key))} | {fmt(paired_difference(rows, run, 'atr', key))} | "
+            + ("-" if fm is None else f"{100 * fm:.2f}%")
+            + " |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _sd(xs) -> float:
+    if len(xs) < 2:
+        return 0.0
+    m = sum(xs) / len(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def plot_curves(results: list[dict], runs: list[str], path: Path) -> None:
+    """Training reward, entropy and completion length against the step, mean over seeds (Figs. 3-5)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [("reward", "training reward (T = 1)"), ("entropy", "entropy (nats)"), ("completions/mean_length", "length")]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for run in runs:
+        curves = [r["curves"] for r in results if r["run"] == run and r["curves"]]
+        if not curves:
+            continue
+        steps = [c["step"] for c in curves[0]]
+        for ax, (key, label) in zip(axes, keys):
+            ys = [_mean([cur[i].get(key) for cur in curves if i < len(cur)]) for i in range(len(steps))]
+            ax.plot(steps, ys, label=run, lw=2.2 if run == "atr" else 1.2)
+            ax.set_xlabel("step")
+            ax.set_title(label)
+    axes[0].legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_outputs(results: list[dict], settings: dict, out: Path) -> dict:
+    k = settings["samples"]
+    runs = settings["runs"]
+    rows = table_rows(results, k)
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "cpu_llm_table.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(sorted(rows, key=lambda r: (r["method"], r["seed"])))
+    with (out / "cpu_llm_curves.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["method", "seed", *CURVE_KEYS])
+        w.writeheader()
+        for r in results:
+            for c in r["curves"]:
+                w.writerow({"method": r["run"], "seed": r["seed"], **c})
+    md = markdown_table(rows, runs, k)
+    (out / "cpu_llm_table.md").write_text(md)
+    plot_curves(results, TABLE2 if set(TABLE2) <= set(runs) else runs, out / "cpu_llm_curves.png")
+    paired = {run: {ref: paired_difference(rows, run, ref, f"mean_at_{k}") for ref in ("clip", "atr")} for run in runs}
+    summary = {"settings": settings, "versions": _versions(), "paired_mean_at_k": paired, "rows": rows}
+    (out / "cpu_llm_table.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def _versions() -> dict:
+    import platform
+
+    import torch
+    import transformers
+    import trl
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "trl": trl.__version__,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# command line
+# ---------------------------------------------------------------------------------------------
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="2 runs x 1 seed x a few steps (CI)")
+    ap.add_argument("--runs", nargs="+", choices=sorted(CPU_RUNS), help="subset of runs (default: all)")
+    ap.add_argument("--seeds", nargs="+", type=int)
+    ap.add_argument("--max-steps", type=int)
+    ap.add_argument("--workers", type=int, default=2, help="parallel training processes (one thread each)")
+    ap.add_argument("--runs-dir", default="runs/cpu_table")
+    ap.add_argument("--out", default="figures")
+    args = ap.parse_args(argv)
+    settings = dict(QUICK if args.quick else FULL)
+    if args.runs:
+        settings["runs"] = args.runs
+    if args.seeds:
+        settings["seeds"] = args.seeds
+    if args.max_steps:
+        settings["max_steps"] = args.max_steps
+    if args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    runs_dir = Path(args.runs_dir)
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    settings.update(task=TASK, base_config=str(BASE_CONFIG.name), eval_sampling=EVAL_SAMPLING)
+
+    import multiprocessing as mp
+
+    results = []
+    with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn"), initializer=_worker_init) as pool:
+        seed_jobs = {}
+        futures = [pool.submit(_sft_and_evaluate, s, settings, str(runs_dir)) for s in settings["seeds"]]
+        for f in tqdm(as_completed(futures), total=len(futures), desc="SFT per seed"):
+            got = f.result()
+            seed_jobs[got["job"]["seed"]] = got["job"]
+            results.append(got["result"])
+        jobs = [
+            {
+                **seed_jobs[s],
+                "run": run,
+                "runs_dir": str(runs_dir),
+                "max_steps": settings["max_steps"],
+                "save_steps": settings["save_steps"],
+            }
+            for s in settings["seeds"]
+            for run in settings["runs"]
+        ]
+        futures = [pool.submit(train_and_evaluate, j) for j in jobs]
+        for f in tqdm(as_completed(futures), total=len(futures), desc="GRPO runs"):
+            results.append(f.result())
+    summary = write_outputs(results, settings, Path(args.out))
+    print((Path(args.out) / "cpu_llm_table.md").read_text())
+    return summary
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
