@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +46,13 @@ class ScriptArguments:
     sft_learning_rate: float = field(default=3e-3)
     sft_batch_size: int = field(default=32)
     reward_timeout_seconds: int = field(default=5)
+    use_vllm_if_available: bool = field(
+        default=False,
+        metadata={
+            "help": "generate with TRL's colocated vLLM when vllm is importable and CUDA is present (the presets "
+            "set it); otherwise transformers' generate, with a warning about speed"
+        },
+    )
     truncated_reward: float | None = field(
         default=None,
         metadata={
@@ -170,6 +178,11 @@ def main(argv=None) -> dict:
 
     script_args, training_args, model_args = parse(argv)
     check_before_loading(script_args, training_args)
+    from .evaluate import _vllm_available
+
+    note = choose_generation(script_args, training_args, vllm_usable=_vllm_available())
+    if note:
+        warnings.warn(note, stacklevel=1)
     out = Path(training_args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     train_ds = load_source(
@@ -230,6 +243,24 @@ def main(argv=None) -> dict:
     (out / "log_history.json").write_text(json.dumps(trainer.state.log_history))
     print(json.dumps(summary, indent=1))
     return summary
+
+
+def choose_generation(script_args, training_args, *, vllm_usable: bool) -> str | None:
+    """Apply ``use_vllm_if_available``: switch on TRL's colocated vLLM (``use_vllm``, ``vllm_mode="colocate"``)
+    when ``vllm_usable`` (vllm importable and CUDA present); else return the warning to print (None: nothing
+    to say: the user chose ``use_vllm`` themselves, did not ask, or runs the Unsloth backend, whose vLLM is its
+    own ``fast_inference`` and which refuses TRL's vLLM importance-sampling correction)."""
+    if not script_args.use_vllm_if_available or training_args.use_vllm or script_args.backend == "unsloth":
+        return None
+    if vllm_usable:
+        training_args.use_vllm = True
+        training_args.vllm_mode = "colocate"
+        return None
+    return (
+        "vllm is not usable here (not installed, or no CUDA device): generating with transformers' generate, "
+        "which is several times slower for long completions; pip install vllm on a CUDA machine for TRL's "
+        "colocated vLLM generation"
+    )
 
 
 def eos_token_ids(tokenizer, model) -> set[int]:

@@ -506,6 +506,24 @@ def test_every_method_parameter_is_a_config_field_with_the_registrys_help():
     assert "delta" not in fields  # TRL's delta (a two-sided clamp) is not the paper's delta
 
 
+def test_presets_generate_with_colocated_vllm_where_usable_and_warn_otherwise():
+    from types import SimpleNamespace
+
+    def case(usable, **script):
+        sa = SimpleNamespace(**{"use_vllm_if_available": True, "backend": "trl", **script})
+        ta = SimpleNamespace(use_vllm=False, vllm_mode="server")
+        return train.choose_generation(sa, ta, vllm_usable=usable), ta
+
+    note, ta = case(True)
+    assert note is None and ta.use_vllm and ta.vllm_mode == "colocate"
+    note, ta = case(False)
+    assert "transformers' generate" in note and "pip install vllm" in note and not ta.use_vllm
+    assert case(True, use_vllm_if_available=False) == (None, SimpleNamespace(use_vllm=False, vllm_mode="server"))
+    assert case(True, backend="unsloth")[1].use_vllm is False
+    preset = ["--config", str(CONFIGS / "qwen3-1.7b-atr.yaml"), "--bf16", "false", "--use_cpu", "true"]
+    assert train.parse(preset)[0].use_vllm_if_available  # every paper preset asks for it
+
+
 def test_the_cli_without_arguments_says_what_to_run():
     import subprocess
     import sys
