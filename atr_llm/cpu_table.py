@@ -251,8 +251,8 @@ def paired_difference(rows: list[dict], run: str, reference: str, key: str) -> d
     d = [by[(run, s)] - by[(reference, s)] for s in seeds]
     n, mean = len(d), sum(d) / len(d)
     sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
-    half = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
-    return {"mean": mean, "low": mean - half, "high": mean + half, "n": n, "significant": half < abs(mean)}
+    half = float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
+    return {"mean": mean, "low": mean - half, "high": mean + half, "n": n, "significant": bool(half < abs(mean))}
 
 
 def markdown_table(rows: list[dict], runs: list[str], k: int) -> str:
