@@ -27,6 +27,7 @@ import csv
 import json
 import math
 import os
+import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -97,6 +98,7 @@ def train_sft(seed: int, sft_steps: int, runs_dir: Path) -> Path:
 
 def evaluate_model(model_dir: Path, tokenizer_dir: Path, test_problems: int, samples: int, out_dir: Path) -> dict:
     """Mean@1/Pass@1 and Mean@k/Pass@k (%) on the task's test split, ``samples`` completions per problem."""
+    import yaml
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .data import OFFLINE_TASKS, arithmetic_dataset
@@ -106,24 +108,17 @@ def evaluate_model(model_dir: Path, tokenizer_dir: Path, test_problems: int, sam
     test = arithmetic_dataset(test_problems, seed=12345, **spec)
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir))
-    max_tokens = 12  # cpu-table.yaml's max_completion_length
+    max_tokens = yaml.safe_load(BASE_CONFIG.read_text())["max_completion_length"]  # as in training
     gen = HFGenerator(model, tok, max_tokens=max_tokens, batch_size=512, seed=0, **EVAL_SAMPLING)
     rows = evaluate_benchmarks(gen, {BENCHMARK: test}, out_dir, n=samples, chunk_problems=test_problems, workers=1)
     return summarise_samples(rows, [1, samples])[BENCHMARK]
-
-
-def _checkpoint_steps(run_dir: Path) -> list[tuple[int, Path]]:
-    found = []
-    for p in run_dir.glob("checkpoint-*"):
-        if p.name.split("-")[-1].isdigit() and (p / "config.json").exists():
-            found.append((int(p.name.split("-")[-1]), p))
-    return sorted(found)
 
 
 def train_and_evaluate(job: dict) -> dict:
     """Train one (run, seed) from the seed's SFT model with ``python -m atr_llm.train``'s entry point, then
     evaluate every saved checkpoint and the final model; the result is also written to ``result.json``."""
     from . import train
+    from .evaluate import _checkpoints
 
     run_dir = Path(job["runs_dir"]) / f"{job['run']}-s{job['seed']}"
     done = run_dir / "result.json"
@@ -134,13 +129,13 @@ def train_and_evaluate(job: dict) -> dict:
     argv = ["--config", str(BASE_CONFIG), "--model_name_or_path", job["sft_dir"], "--seed", str(job["seed"])]
     argv += ["--output_dir", str(run_dir), "--max_steps", str(job["max_steps"]), "--save_steps", str(job["save_steps"])]
     argv += run_args(job["run"])
-    ckpts = _checkpoint_steps(run_dir)
+    ckpts = _checkpoints(run_dir, 1)
     if ckpts and not (run_dir / "final" / "config.json").exists():
         argv += ["--resume_from_checkpoint", str(ckpts[-1][1])]
     if not (run_dir / "final" / "config.json").exists():
         train.main(argv)
     evals = {}
-    for step, path in [*_checkpoint_steps(run_dir), (job["max_steps"], run_dir / "final")]:
+    for step, path in [*_checkpoints(run_dir, 1), (job["max_steps"], run_dir / "final")]:
         if step not in evals:  # the checkpoint at max_steps holds the final weights too: evaluated once
             evals[step] = evaluate_model(path, job["sft_dir"], job["test_problems"], job["samples"], path / "eval")
     history = json.loads((run_dir / "log_history.json").read_text())
@@ -235,8 +230,9 @@ def table_rows(results: list[dict], k: int) -> list[dict]:
 
 
 def _mean(xs) -> float | None:
+    """Mean of the values that are not None (None if there are none)."""
     xs = [x for x in xs if x is not None]
-    return sum(xs) / len(xs) if xs else None
+    return statistics.fmean(xs) if xs else None
 
 
 def paired_difference(rows: list[dict], run: str, reference: str, key: str) -> dict | None:
@@ -249,8 +245,7 @@ def paired_difference(rows: list[dict], run: str, reference: str, key: str) -> d
     if run == reference or len(seeds) < 2:
         return None
     d = [by[(run, s)] - by[(reference, s)] for s in seeds]
-    n, mean = len(d), sum(d) / len(d)
-    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+    n, mean, sd = len(d), statistics.fmean(d), statistics.stdev(d)
     half = float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
     return {"mean": mean, "low": mean - half, "high": mean + half, "n": n, "significant": bool(half < abs(mean))}
 
@@ -275,7 +270,7 @@ def markdown_table(rows: list[dict], runs: list[str], k: int) -> str:
         if not mine:
             continue
         m, p, b = (_mean([r[x] for r in mine]) for x in (key, pkey, bkey))
-        sd = _sd([r[key] for r in mine])
+        sd = statistics.stdev([r[key] for r in mine]) if len(mine) > 1 else 0.0
         fm = _mean([r["frac_masked_mean"] for r in mine])
         lines.append(
             f"| {run} | {len(mine)} | {m:.1f} ± {sd:.1f} ({b:.1f}) | {p:.1f} | "
@@ -284,13 +279,6 @@ def markdown_table(rows: list[dict], runs: list[str], k: int) -> str:
             + " |"
         )
     return "\n".join(lines) + "\n"
-
-
-def _sd(xs) -> float:
-    if len(xs) < 2:
-        return 0.0
-    m = sum(xs) / len(xs)
-    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
 
 
 def plot_curves(results: list[dict], runs: list[str], path: Path) -> None:

@@ -99,6 +99,12 @@ def grade_many(
     return results
 
 
+def check_truncated_reward(value: float | None) -> None:
+    """``truncated_reward`` is None (grade truncated completions) or a finite number; else ValueError."""
+    if value is not None and (isinstance(value, bool) or not math.isfinite(float(value))):
+        raise ValueError(f"truncated_reward must be a finite number or None, got {value!r}")
+
+
 def is_truncated(completion_ids, eos_token_ids) -> bool:
     """A completion was cut at the length cap: none of its token ids is an eos id."""
     return not any(int(t) in eos_token_ids for t in completion_ids)
@@ -124,12 +130,11 @@ class CorrectnessReward:
     ):
         self.timeout_seconds = timeout_seconds
         self.workers = workers
+        check_truncated_reward(truncated_reward)
         self.truncated_reward = None if truncated_reward is None else float(truncated_reward)
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         if self.truncated_reward is not None and not self.eos_token_ids:
             raise ValueError("truncated_reward needs eos_token_ids (how else is a truncated completion recognised?)")
-        if self.truncated_reward is not None and not math.isfinite(self.truncated_reward):
-            raise ValueError(f"truncated_reward must be a finite number, got {truncated_reward!r}")
         self.stats: Counter = Counter()
 
     def _grade_all(self, pairs: list[tuple[str, str]]) -> list[str]:

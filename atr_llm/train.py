@@ -16,7 +16,6 @@ before any model is loaded.
 from __future__ import annotations
 
 import json
-import math
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -96,6 +95,7 @@ def check_before_loading(script_args, training_args) -> None:
     """Everything that can be checked without a model and that the configs do not check themselves: data
     files and backend. (The method, its form and parameters were validated when ATRGRPOConfig was built.)"""
     from .data import OFFLINE_TASKS, SOURCES
+    from .rewards import check_truncated_reward
 
     for name, path in (
         (script_args.dataset_name, script_args.dataset_path),
@@ -107,8 +107,7 @@ def check_before_loading(script_args, training_args) -> None:
             raise ValueError(f"dataset file {path} does not exist: fix --dataset_path / --sft_dataset_path")
     if script_args.tiny_vocab not in ("toy", "qwen3"):
         raise ValueError(f"tiny_vocab must be 'toy' or 'qwen3', got {script_args.tiny_vocab!r}")
-    if script_args.truncated_reward is not None and not math.isfinite(script_args.truncated_reward):
-        raise ValueError(f"truncated_reward must be a finite number or None, got {script_args.truncated_reward!r}")
+    check_truncated_reward(script_args.truncated_reward)
     if script_args.backend not in ("trl", "unsloth"):
         raise ValueError(f"backend must be 'trl' or 'unsloth', got {script_args.backend!r}")
     if script_args.backend == "unsloth":
