@@ -19,17 +19,24 @@ def run_sft(
     peft_config=None,
     report_to: str = "none",
     logging_steps: int = 20,
+    implementation: str = "trl",
 ):
     """Supervised fine-tuning on ``dataset`` (columns problem, answer[, solution]); returns the trained model.
 
-    The model is saved to ``output_dir`` (so a later run can start RL from it).
+    The model is saved to ``output_dir`` (so a later run can start RL from it). ``implementation``: ``"trl"``
+    (TRL's SFTTrainer; falls back to :func:`plain_sft` where SFTTrainer cannot run) or ``"plain"``
+    (:func:`plain_sft`, no PEFT).
     """
     from trl import SFTConfig, SFTTrainer
 
     from .data import to_sft_dataset
     from .trainer import trl_logps_kernel_available
 
-    if not trl_logps_kernel_available() and peft_config is None:
+    if implementation not in ("trl", "plain"):
+        raise ValueError(f"SFT implementation must be 'trl' or 'plain', got {implementation!r}")
+    if implementation == "plain" and peft_config is not None:
+        raise ValueError("the plain SFT loop trains every weight: use the 'trl' SFT implementation with PEFT")
+    if implementation == "plain" or (not trl_logps_kernel_available() and peft_config is None):
         model = plain_sft(
             model,
             tokenizer,
@@ -74,25 +81,20 @@ def run_sft(
 
 
 def plain_sft(model, tokenizer, dataset, *, max_steps: int, learning_rate: float, batch_size: int, seed: int = 0):
-    """The same completion-only SFT as a plain torch loop (AdamW, warm-up + cosine), for TRL releases whose
-    SFTTrainer needs Triton and cannot run on a CPU-only install (TRL <= 1.15)."""
+    """The same completion-only SFT as a plain torch loop (AdamW, warm-up + cosine).
+
+    Used where TRL's SFTTrainer cannot run (TRL <= 1.15 needs Triton for it on a CPU-only install) and with
+    ``--sft_implementation plain``: batches are left-padded and the model scores only the last
+    ``max completion + 1`` positions (:func:`completion_only_loss`), which at Qwen3's 151,936-row vocabulary
+    is several times cheaper than the full-sequence logits SFTTrainer computes."""
     import math
     import random
 
     import torch
-
-    from .data import format_completion, format_prompt
+    from tqdm.auto import tqdm
 
     rng = random.Random(seed)
-    rows = list(dataset)
-    examples = []
-    for r in rows:
-        prompt = tokenizer.apply_chat_template(format_prompt(r["problem"]), tokenize=False, add_generation_prompt=True)
-        p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        c_ids = tokenizer(
-            format_completion(r["answer"], r.get("solution")) + tokenizer.eos_token, add_special_tokens=False
-        )["input_ids"]
-        examples.append((p_ids + c_ids, [-100] * len(p_ids) + c_ids))
+    examples = [sft_example(tokenizer, r) for r in dataset]
     opt = torch.optim.AdamW(model.parameters(), lr=learning_rate)
     warm = max(1, max_steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -100,19 +102,49 @@ def plain_sft(model, tokenizer, dataset, *, max_steps: int, learning_rate: float
         lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, max_steps - warm))),
     )
     model.train()
-    pad = tokenizer.pad_token_id
-    for _ in range(max_steps):
+    bar = tqdm(range(max_steps), desc="SFT")
+    for _ in bar:
         batch = [examples[rng.randrange(len(examples))] for _ in range(batch_size)]
-        L = max(len(x) for x, _ in batch)
-        ids = torch.tensor([x + [pad] * (L - len(x)) for x, _ in batch])
-        labels = torch.tensor([y + [-100] * (L - len(y)) for _, y in batch])
-        att = (torch.arange(L)[None, :] < torch.tensor([len(x) for x, _ in batch])[:, None]).long()
-        loss = model(input_ids=ids, attention_mask=att, labels=labels).loss
+        loss = completion_only_loss(model, batch, tokenizer.pad_token_id)
+        bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
         loss.backward()
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
     return model
+
+
+def sft_example(tokenizer, row: dict) -> tuple[list[int], list[int]]:
+    """(prompt ids, completion ids) of one row: the chat-formatted prompt with the generation prompt, and the
+    formatted answer followed by the eos token (what SFTTrainer's completion-only loss trains on)."""
+    from .data import format_completion, format_prompt
+
+    prompt = tokenizer.apply_chat_template(format_prompt(row["problem"]), tokenize=False, add_generation_prompt=True)
+    p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    c_ids = tokenizer(
+        format_completion(row["answer"], row.get("solution")) + tokenizer.eos_token, add_special_tokens=False
+    )["input_ids"]
+    return p_ids, c_ids
+
+
+def completion_only_loss(model, batch: list[tuple[list[int], list[int]]], pad_token_id: int):
+    """Mean next-token cross-entropy over the completion tokens of ``batch`` ((prompt ids, completion ids) pairs).
+
+    Sequences are left-padded, so every completion ends at the last position and only the last
+    ``max_i |completion_i| + 1`` positions need logits (``logits_to_keep``); position ids restart at 0 at each
+    sequence's first real token, so the value equals the model's own ``labels=`` loss on the right-padded batch
+    with the prompt masked (test)."""
+    import torch
+
+    seqs = [p + c for p, c in batch]
+    L = max(len(s) for s in seqs)
+    keep = max(len(c) for _, c in batch) + 1
+    ids = torch.tensor([[pad_token_id] * (L - len(s)) + s for s in seqs])
+    att = torch.tensor([[0] * (L - len(s)) + [1] * len(s) for s in seqs])
+    pos = (att.cumsum(-1) - 1).clamp_min(0)
+    labels = torch.tensor([[-100] * (L - len(c)) + c for _, c in batch])[:, L - keep + 1 :]
+    logits = model(input_ids=ids, attention_mask=att, position_ids=pos, logits_to_keep=keep).logits[:, :-1]
+    return torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
 def _cuda() -> bool:

@@ -248,6 +248,8 @@ def test_every_preset_parses_validates_and_has_active_clipping():
         (["--dataset_name", "dapo-math-17k", "--dataset_path", "/nonexistent/file.parquet"], "does not exist"),
         (["--method", "sapo", "--form", "mask"], "form 'mask' is not available"),
         (["--backend", "unsloth"], "CUDA|unsloth"),
+        (["--sft_implementation", "fast"], "sft_implementation must be 'trl' or 'plain', got 'fast'"),
+        (["--sft_implementation", "plain", "--use_peft", "true"], "'plain' trains every weight.*use_peft"),
     ],
 )
 def test_bad_configs_fail_before_any_model_is_loaded(tmp_path, monkeypatch, extra, match):
@@ -287,6 +289,29 @@ def test_cli_runs_and_resume_continues_where_it_stopped(tmp_path):
     assert steps == [1, 2, 3, 4, 5, 6]  # steps 1-4 come from the checkpoint, 5-6 were trained after resuming
 
 
+def test_plain_sft_loss_scores_only_completions_and_equals_transformers_labels_loss():
+    """Oracle: the model's own ``labels=`` cross-entropy (transformers' shift-and-mask) on the right-padded,
+    full-length batch with the prompt masked; ours left-pads and computes logits for the last positions only."""
+    import torch
+
+    from atr_llm.sft import completion_only_loss, sft_example
+
+    tok, model = tiny.build_tokenizer_and_model("toy", seed=3)
+    rows = data.arithmetic_dataset(6, ops="+-*", terms=3, seed=5)
+    batch = [sft_example(tok, r) for r in rows]
+    assert len({len(p) for p, _ in batch}) > 1 and len({len(c) for _, c in batch}) > 1  # padding matters
+    L = max(len(p) + len(c) for p, c in batch)
+    pad = tok.pad_token_id
+    ids = torch.tensor([p + c + [pad] * (L - len(p) - len(c)) for p, c in batch])
+    att = torch.tensor([[1] * (len(p) + len(c)) + [0] * (L - len(p) - len(c)) for p, c in batch])
+    labels = torch.tensor([[-100] * len(p) + c + [-100] * (L - len(p) - len(c)) for p, c in batch])
+    model.eval()
+    with torch.no_grad():
+        oracle = model(input_ids=ids, attention_mask=att, labels=labels).loss
+        ours = completion_only_loss(model, batch, pad)
+    torch.testing.assert_close(ours, oracle, rtol=1e-5, atol=1e-6)
+
+
 # ------------------------------------------------------------------ data and rewards
 @pytest.mark.parametrize("terms", [2, 3, 4])
 def test_arithmetic_answers_are_correct(terms):
@@ -297,6 +322,23 @@ def test_arithmetic_answers_are_correct(terms):
         assert str(eval(expr)) == row["answer"]  # noqa: S307 - our own generated digits
     with pytest.raises(ValueError, match="ops from"):
         data.arithmetic_problem(__import__("random").Random(0), ops="/")
+
+
+def test_step_by_step_solutions_chain_to_the_answer():
+    """Each line ``x op y = z`` is checked by Python's eval; lines chain left to right from the first operand
+    and the last result is the answer (itself checked by eval of the whole expression)."""
+    for row in data.arithmetic_dataset(300, terms=4, ops="+-", steps=True, seed=2):
+        expr = row["problem"][len("What is ") : -1]
+        lines = row["solution"].split("\n")
+        assert len(lines) == 3 and str(eval(expr)) == row["answer"]  # noqa: S307 - our own generated digits
+        acc = expr.split()[0]
+        for line, (op, y) in zip(lines, zip(expr.split()[1::2], expr.split()[2::2])):
+            lhs, rhs = line.split(" = ")
+            assert lhs == f"{acc} {op} {y}" and str(eval(lhs)) == rhs  # noqa: S307
+            acc = rhs
+        assert acc == row["answer"]
+    with pytest.raises(ValueError, match="steps=True.*'\\+-'"):
+        data.arithmetic_problem(__import__("random").Random(0), ops="+*", steps=True)
 
 
 def test_dapo_rows_are_stripped_and_deduplicated(tmp_path):

@@ -20,6 +20,8 @@ openmathreasoning-mini        unsloth/OpenMathReasoning-mini               probl
 arithmetic                    generated offline (:func:`arithmetic_dataset`)  problem, answer
 arithmetic-3step              generated offline: ``a +- b +- c``, digits   problem, answer
                               0-9, training split (``OFFLINE_TASKS``)
+arithmetic-3step-steps        the same problems with a step-by-step        problem, answer, solution
+                              solution (one line per operation)
 ============================  ===========================================  ==========================
 """
 
@@ -50,11 +52,18 @@ def format_completion(answer: str, solution: str | None = None) -> str:
 # ---------------------------------------------------------------------------------------------
 # the offline task
 # ---------------------------------------------------------------------------------------------
-def arithmetic_problem(rng: random.Random, max_operand: int = 9, ops: str = "+", terms: int = 2) -> dict[str, str]:
+def arithmetic_problem(
+    rng: random.Random, max_operand: int = 9, ops: str = "+", terms: int = 2, steps: bool = False
+) -> dict[str, str]:
     """``"What is a + b?"`` (``terms`` operands in 0..``max_operand``, operators from ``ops`` in ``+-*``) with its
-    exact answer under the usual precedence (``*`` before ``+``/``-``, then left to right)."""
+    exact answer under the usual precedence (``*`` before ``+``/``-``, then left to right).
+
+    ``steps=True`` (``ops`` from ``+-`` only) adds a ``solution``: one line per operation, left to right,
+    ``"6 + 3 = 9\n9 - 2 = 7"``, which the SFT target puts before ``\boxed{7}``."""
     if terms < 2 or max_operand < 0 or not ops or set(ops) - set("+-*"):
         raise ValueError(f"need terms >= 2, max_operand >= 0 and ops from '+-*', got {terms}, {max_operand}, {ops!r}")
+    if steps and "*" in ops:
+        raise ValueError(f"steps=True writes left-to-right steps, so ops must come from '+-', got {ops!r}")
     operands = [rng.randint(0, max_operand) for _ in range(terms)]
     operators = [rng.choice(ops) for _ in range(terms - 1)]
     products, signs = [operands[0]], [1]  # products folded in first, then a sum of signed products
@@ -66,7 +75,15 @@ def arithmetic_problem(rng: random.Random, max_operand: int = 9, ops: str = "+",
             signs.append(1 if op == "+" else -1)
     value = sum(s * v for s, v in zip(signs, products))
     text = " ".join([str(operands[0])] + [f"{op} {x}" for op, x in zip(operators, operands[1:])])
-    return {"problem": f"What is {text}?", "answer": str(value)}
+    row = {"problem": f"What is {text}?", "answer": str(value)}
+    if steps:
+        lines, acc = [], operands[0]
+        for op, x in zip(operators, operands[1:]):
+            new = acc + x if op == "+" else acc - x
+            lines.append(f"{acc} {op} {x} = {new}")
+            acc = new
+        row["solution"] = "\n".join(lines)
+    return row
 
 
 def is_held_out(problem: str) -> bool:
@@ -78,10 +95,17 @@ def is_held_out(problem: str) -> bool:
 
 
 def arithmetic_dataset(
-    n: int = 512, seed: int = 0, max_operand: int = 9, ops: str = "+", terms: int = 2, split: str = "all"
+    n: int = 512,
+    seed: int = 0,
+    max_operand: int = 9,
+    ops: str = "+",
+    terms: int = 2,
+    split: str = "all",
+    steps: bool = False,
 ):
     """A ``datasets.Dataset`` of ``n`` generated arithmetic problems with verifiable answers; ``split``:
-    ``"all"``, or ``"train"`` / ``"test"`` (rows drawn until ``n`` fall on that side of :func:`is_held_out`)."""
+    ``"all"``, or ``"train"`` / ``"test"`` (rows drawn until ``n`` fall on that side of :func:`is_held_out`);
+    ``steps``: with a step-by-step ``solution`` column (:func:`arithmetic_problem`)."""
     from datasets import Dataset
 
     if split not in ("all", "train", "test"):
@@ -89,7 +113,7 @@ def arithmetic_dataset(
     rng = random.Random(seed)
     rows = []
     while len(rows) < n:
-        row = arithmetic_problem(rng, max_operand, ops, terms)
+        row = arithmetic_problem(rng, max_operand, ops, terms, steps)
         if split == "all" or is_held_out(row["problem"]) == (split == "test"):
             rows.append(row)
     return Dataset.from_list(rows)
@@ -98,6 +122,7 @@ def arithmetic_dataset(
 OFFLINE_TASKS: dict[str, dict] = {
     "arithmetic": {},
     "arithmetic-3step": {"terms": 3, "ops": "+-", "max_operand": 9, "split": "train"},
+    "arithmetic-3step-steps": {"terms": 3, "ops": "+-", "max_operand": 9, "split": "train", "steps": True},
 }
 """Offline task name -> :func:`arithmetic_dataset` arguments (``arithmetic-3step``: the CPU analog of Tables 2-3;
 its test split is ``arithmetic_dataset(..., split="test")`` with the same arguments)."""
