@@ -132,7 +132,8 @@ def completion_only_loss(model, batch: list[tuple[list[int], list[int]]], pad_to
 
     Sequences are left-padded, so every completion ends at the last position and only the last
     ``max_i |completion_i| + 1`` positions need logits (``logits_to_keep``); position ids restart at 0 at each
-    sequence's first real token, so the value equals the model's own ``labels=`` loss on the right-padded batch
+    sequence's first real token (a rotary model such as Qwen3 is blind to a constant shift anyway; a model with
+    absolute positions is not), so the value equals the model's own ``labels=`` loss on the right-padded batch
     with the prompt masked (test)."""
     import torch
 
