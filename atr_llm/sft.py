@@ -32,10 +32,7 @@ def run_sft(
     from .data import to_sft_dataset
     from .trainer import trl_logps_kernel_available
 
-    if implementation not in ("trl", "plain"):
-        raise ValueError(f"SFT implementation must be 'trl' or 'plain', got {implementation!r}")
-    if implementation == "plain" and peft_config is not None:
-        raise ValueError("the plain SFT loop trains every weight: use the 'trl' SFT implementation with PEFT")
+    check_sft_implementation(implementation, use_peft=peft_config is not None)
     if implementation == "plain" or (not trl_logps_kernel_available() and peft_config is None):
         model = plain_sft(
             model,
@@ -78,6 +75,15 @@ def run_sft(
     trainer.save_model(str(output_dir))
     tokenizer.save_pretrained(str(output_dir))
     return trainer.model
+
+
+def check_sft_implementation(implementation: str, use_peft: bool) -> None:
+    """``implementation`` is ``"trl"`` or ``"plain"``, and ``"plain"`` (which trains every weight) is not combined
+    with PEFT; else ValueError naming the option. Checked before any model loads (``atr_llm.train``) and here."""
+    if implementation not in ("trl", "plain"):
+        raise ValueError(f"sft_implementation must be 'trl' or 'plain', got {implementation!r}")
+    if implementation == "plain" and use_peft:
+        raise ValueError("sft_implementation 'plain' trains every weight and cannot use --use_peft: use 'trl'")
 
 
 def plain_sft(model, tokenizer, dataset, *, max_steps: int, learning_rate: float, batch_size: int, seed: int = 0):

@@ -103,6 +103,7 @@ def check_before_loading(script_args, training_args, model_args=None) -> None:
     files and backend. (The method, its form and parameters were validated when ATRGRPOConfig was built.)"""
     from .data import OFFLINE_TASKS, SOURCES
     from .rewards import check_truncated_reward
+    from .sft import check_sft_implementation
 
     for name, path in (
         (script_args.dataset_name, script_args.dataset_path),
@@ -115,10 +116,7 @@ def check_before_loading(script_args, training_args, model_args=None) -> None:
     if script_args.tiny_vocab not in ("toy", "qwen3"):
         raise ValueError(f"tiny_vocab must be 'toy' or 'qwen3', got {script_args.tiny_vocab!r}")
     check_truncated_reward(script_args.truncated_reward)
-    if script_args.sft_implementation not in ("trl", "plain"):
-        raise ValueError(f"sft_implementation must be 'trl' or 'plain', got {script_args.sft_implementation!r}")
-    if script_args.sft_implementation == "plain" and getattr(model_args, "use_peft", False):
-        raise ValueError("sft_implementation 'plain' trains every weight and cannot use --use_peft: use 'trl'")
+    check_sft_implementation(script_args.sft_implementation, use_peft=bool(getattr(model_args, "use_peft", False)))
     if script_args.backend not in ("trl", "unsloth"):
         raise ValueError(f"backend must be 'trl' or 'unsloth', got {script_args.backend!r}")
     if script_args.backend == "unsloth":
