@@ -670,7 +670,7 @@ def gspo(batch: TokenBatch, epsilon_low: float, epsilon_high: float) -> MethodRe
     """
     y = batch.log_ratio
     token_log_ratio = _sequence_log_ratio(batch).detach() + (y - y.detach())
-    seq_batch = TokenBatch(**{**batch.__dict__, "log_ratio": token_log_ratio})
+    seq_batch = replace(batch, log_ratio=token_log_ratio)
     return ratio_objective(seq_batch, 1.0 - epsilon_low, 1.0 + epsilon_high)
 
 
