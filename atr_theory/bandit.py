@@ -24,7 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .divergence import entropy_from_log_probs, full_kl
-from .loss import LossOutput, policy_loss
+from .loss import LOG_RATIO_CLAMP, LossOutput, policy_loss
 from .methods import get_method
 
 __all__ = [
@@ -33,6 +33,8 @@ __all__ = [
     "expected_return",
     "exact_advantages",
     "exact_surrogate",
+    "RATIO_MASK_METHODS",
+    "exact_gradient",
     "sampled_surrogate",
     "gradient_step",
     "TrainHistory",
@@ -75,24 +77,76 @@ def exact_surrogate(
     N, S, K = theta.shape
     logp = torch.log_softmax(theta, -1).reshape(N * S, K)
     old = torch.log_softmax(theta_old.detach(), -1).reshape(N * S, K)
-    mask = torch.ones(N * S, K, dtype=torch.bool, device=theta.device)
-    if get_method(method).needs_full_distributions:  # every action of a state shares its distribution: O(K^2)
-        kw = {
-            **kw,
-            "full_logp": logp.unsqueeze(1).expand(N * S, K, K),
-            "old_full_logp": old.unsqueeze(1).expand(N * S, K, K),
-        }
-    out = policy_loss(
-        logp,
-        old,
-        advantages.reshape(N * S, K),
-        mask,
-        method=method,
-        aggregation="seq_mean_token_sum",
-        token_weights=old.exp(),
-        **kw,
-    )
+    out = _exact_policy_loss(logp, old, advantages.reshape(N * S, K), method, **kw)
     return out.loss * N, out
+
+
+def _exact_policy_loss(
+    logp: torch.Tensor, old: torch.Tensor, advantages: torch.Tensor, method: str, **kw
+) -> LossOutput:
+    """:func:`policy_loss` of the exact expectation: (N*S, K) log-probs, every action a token weighted by pi_old."""
+    mask = torch.ones(logp.shape, dtype=torch.bool, device=logp.device)
+    if get_method(method).needs_full_distributions:  # every action of a state shares one KL(pi_old || pi): O(K)
+        kw = {**kw, "position_kl": full_kl(old, logp).unsqueeze(-1).expand(logp.shape)}
+    return policy_loss(
+        logp, old, advantages, mask, method=method, aggregation="seq_mean_token_sum", token_weights=old.exp(), **kw
+    )
+
+
+RATIO_MASK_METHODS = frozenset(
+    {
+        "clip",
+        "clip_higher",
+        "dual_clip",
+        "dcpo",
+        "trgppo",
+        "atr",
+        "kl1",
+        "kl2",
+        "is_kl3",
+        "clip_cov",
+        "atr_seq",
+        "tr_ppo",
+    }
+)
+"""Methods whose per-token objective has the gradient ``kept * w A grad log pi`` (``kept`` from the method's
+flags) in both forms: every rule of Eq. 5 (``w A`` where a constraint holds, the constant ``A`` elsewhere), PPO's
+``min`` form (its clipped branch is constant), the dual clip (its floor ``c A`` is constant) and Clip-Cov's dropped
+tokens. Not sapo (a smooth gate), gspo (the sequence ratio ``s`` replaces ``w``), kl_cov (a ``|log w|`` penalty) or
+truly_ppo (a KL rollback with gradient). ``tests/test_bandit.py`` checks the set both ways against autograd."""
+
+
+def exact_gradient(
+    theta: torch.Tensor, theta_old: torch.Tensor, advantages: torch.Tensor, method: str = "atr", **kw
+) -> tuple[torch.Tensor, LossOutput]:
+    r"""Closed form of the gradient of :func:`exact_surrogate`'s loss w.r.t. ``theta``, without autograd.
+
+    With ``c_a = dL/d log pi(a)`` the softmax chain rule gives ``dL/d theta_j = c_j - pi_j sum_a c_a``. For a
+    method of :data:`RATIO_MASK_METHODS` the loss ``-(1/S) sum_{n,s,a} pi_old(a) f(w_a, A_a)`` has
+    ``c_a = -(1/S) pi_old(a) w_a A_a kept_a = -(1/S) pi(a) A_a kept_a`` (``pi_old w = pi``), with ``kept`` the
+    method's own flags from :func:`policy_loss` (called without gradient), zero where ``|log w|`` exceeds
+    :data:`LOG_RATIO_CLAMP` (the clamp's gradient). One reduction over the K actions; ``torch.compile`` fuses it.
+    ``tests/test_bandit.py``: equal to autograd of :func:`exact_surrogate` for every such method and form.
+    Returns ``(grad, out)`` like :func:`exact_surrogate` returns ``(loss, out)``.
+    """
+    name = get_method(method).name
+    if name not in RATIO_MASK_METHODS:
+        raise ValueError(
+            f"exact_gradient has a closed form only for {sorted(RATIO_MASK_METHODS)}; got method {method!r} "
+            "(use autograd of exact_surrogate)"
+        )
+    N, S, K = theta.shape
+    with torch.no_grad():
+        logp = torch.log_softmax(theta.detach(), -1).reshape(N * S, K)
+        old = torch.log_softmax(theta_old.detach(), -1).reshape(N * S, K)
+        out = _exact_policy_loss(logp, old, advantages.reshape(N * S, K), method, **kw)
+        # kept from the flags themselves: the cached .kept holds a lock (Python 3.11) that torch.compile cannot trace;
+        # policy_loss clamps log w to +-LOG_RATIO_CLAMP, whose gradient is zero outside
+        inside = (logp - old).abs() <= LOG_RATIO_CLAMP
+        pi = logp.exp()
+        c = torch.where(out.result.flags()[0] & inside, pi * advantages.reshape(N * S, K), 0.0) * (-1.0 / S)
+        grad = (c - pi * c.sum(-1, keepdim=True)).reshape(N, S, K)
+    return grad, out
 
 
 def sampled_surrogate(
@@ -110,13 +164,8 @@ def sampled_surrogate(
     logp = full.gather(-1, actions).reshape(N * S, G)
     old = full_old.gather(-1, actions).reshape(N * S, G)
     mask = torch.ones(N * S, G, dtype=torch.bool, device=theta.device)
-    if get_method(method).needs_full_distributions:  # each sample's state distribution, (N*S, G, K)
-        K = theta.shape[-1]
-        kw = {
-            **kw,
-            "full_logp": full.unsqueeze(2).expand(N, S, G, K).reshape(N * S, G, K),
-            "old_full_logp": full_old.unsqueeze(2).expand(N, S, G, K).reshape(N * S, G, K),
-        }
+    if get_method(method).needs_full_distributions:  # the samples of a state share one KL(pi_old || pi)
+        kw = {**kw, "position_kl": full_kl(full_old, full).unsqueeze(-1).expand(N, S, G).reshape(N * S, G)}
     out = policy_loss(
         logp, old, advantages.reshape(N * S, G), mask, method=method, aggregation="seq_mean_token_mean", **kw
     )
@@ -165,6 +214,7 @@ def train(
     generator: torch.Generator | None = None,
     progress: bool = False,
     optimizer: str = "sgd",
+    gradient: str = "auto",
     **method_params,
 ) -> tuple[torch.Tensor, TrainHistory]:
     r"""Run ``iterations`` outer steps of PPO-style policy optimisation with ``method``.
@@ -175,6 +225,8 @@ def train(
     (``optimizer="sgd"``) or ``torch.optim.Adam`` (``"adam"``, Kingma & Ba 2015, default betas and eps, its
     moments kept across outer steps; elementwise, so runs stay independent). Each inner step records the pooled ratio
     quantiles (p05, p50, p95) of the surrogate's tokens in ``ratio_quantiles``.
+    ``gradient``: ``"autograd"`` (of the surrogate), ``"closed_form"`` (:func:`exact_gradient`; exact mode and
+    :data:`RATIO_MASK_METHODS` only) or ``"auto"`` (the closed form where it applies: same updates up to rounding).
     Returns the final logits and the history (entropy, return, KL(pi_old || pi) per outer step).
     """
     if mode not in ("exact", "sampled"):
@@ -183,6 +235,15 @@ def train(
         raise ValueError(f"advantage must be 'grpo' or 'dr_grpo', got {advantage!r}")
     if optimizer not in ("sgd", "adam"):
         raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
+    if gradient not in ("auto", "autograd", "closed_form"):
+        raise ValueError(f"gradient must be 'auto', 'autograd' or 'closed_form', got {gradient!r}")
+    closed_form = mode == "exact" and get_method(method).name in RATIO_MASK_METHODS
+    if gradient == "closed_form" and not closed_form:
+        raise ValueError(
+            f"gradient='closed_form' needs mode='exact' and a method of RATIO_MASK_METHODS; got mode={mode!r}, "
+            f"method={method!r}"
+        )
+    closed_form = closed_form and gradient != "autograd"
     theta = theta0.detach().clone().requires_grad_(True)
     adam = torch.optim.Adam([theta], lr=lr) if optimizer == "adam" else None
     N, S, K = theta.shape
@@ -207,7 +268,9 @@ def train(
                 adv = adv / (rew.std(-1, keepdim=True) + 1e-6)
         masked = []
         for _ in range(inner_steps):
-            if mode == "exact":
+            if closed_form:
+                grad, out = exact_gradient(theta, theta_old, adv, method, generator=generator, **method_params)
+            elif mode == "exact":
                 loss, out = exact_surrogate(theta, theta_old, adv, method, generator=generator, **method_params)
             else:
                 loss, out = sampled_surrogate(
@@ -217,10 +280,15 @@ def train(
             m = out.metrics
             hist.ratio_quantiles.append((m["ratio_p05"], m["ratio_p50"], m["ratio_p95"]))
             if adam is None:
-                theta = gradient_step(theta, loss, lr)
+                theta = (
+                    (theta.detach() - lr * grad).requires_grad_(True) if closed_form else gradient_step(theta, loss, lr)
+                )
             else:  # in place on the one leaf theta
                 adam.zero_grad()
-                loss.backward()
+                if closed_form:
+                    theta.grad = grad
+                else:
+                    loss.backward()
                 adam.step()
         with torch.no_grad():
             hist.entropy.append(entropy(theta).mean(-1))

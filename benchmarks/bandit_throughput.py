@@ -1,15 +1,18 @@
-"""Exact-mode bandit updates: vectorised simulator against a per-seed Python loop, and against the
-machine's memory bandwidth, measured side by side in one process.
+"""Exact-mode bandit updates: autograd, closed form, compiled closed form, against a per-(seed, state) Python
+loop and against the machine's copy bandwidth, measured side by side in one process.
 
-Throughput is (seeds x states x actions) per second of one exact-mode update (surrogate through
-``policy_loss``, autograd, gradient step), float64. The loop does the same math per (seed, state)
-with a (1, K) call. Bandwidth: a large numpy copy in the same run; the simulator's "achieved
-bandwidth" counts the bytes of the tensors each update must stream at least (theta, theta_old, A read,
-theta written: 4 x 8 bytes per element) and, separately, an estimate of what it really streams
-(elementwise passes of the forward and backward graph, counted with torch's profiler-free rule of
-thumb: 40 passes of 8 bytes).
+Throughput is (seeds x states x actions) per second of one exact-mode gradient (ATR, float64). Paths:
 
-    python benchmarks/bandit_throughput.py [--quick] [--out figures/bandit_throughput.json]
+* ``autograd``: :func:`atr_theory.bandit.exact_surrogate` (``policy_loss``) and ``torch.autograd.grad``;
+* ``closed_form``: :func:`atr_theory.bandit.exact_gradient` (``c - pi sum c`` with the method's own flags);
+* ``compiled``: the same under ``torch.compile(fullgraph=True)`` (``validate=False``: no host sync);
+* ``loop``: the autograd path per (seed, state), a (1, 1, K) call each.
+
+Bandwidth: a large device copy (``torch``'s ``copy_``; on CPU also numpy's single-threaded copy, the reference of
+earlier runs) in the same run, bytes read + written. "min traffic" counts the bytes each update must stream at
+least: theta, theta_old, A read and the gradient written, 4 x 8 bytes per element.
+
+    python benchmarks/bandit_throughput.py [--quick] [--device cuda] [--out figures/bandit_throughput.json]
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ import torch
 
 from atr_theory import bandit
 
+METHOD = "atr"
+
 
 def numpy_copy_bandwidth(n_bytes: int = 1 << 29, repeats: int = 5) -> float:
-    """Bytes/s of ``np.copyto`` on a large buffer (read + write counted)."""
+    """Bytes/s of ``np.copyto`` on a large buffer (read + write counted; one thread)."""
     src = np.ones(n_bytes // 8)
     dst = np.empty_like(src)
     times = []
@@ -38,29 +43,47 @@ def numpy_copy_bandwidth(n_bytes: int = 1 << 29, repeats: int = 5) -> float:
     return 2 * src.nbytes / min(times)
 
 
-def vectorised_update(theta, theta_old, adv, lr=1.0):
+def torch_copy_bandwidth(device: str, n_bytes: int = 1 << 29, repeats: int = 5) -> float:
+    """Bytes/s of ``Tensor.copy_`` on ``device`` (read + write counted; all threads on CPU)."""
+    src = torch.ones(n_bytes // 8, dtype=torch.float64, device=device)
+    dst = torch.empty_like(src)
+    return 2 * src.nbytes / timeit(dst.copy_, src, repeats=repeats, device=device)
+
+
+def autograd_gradient(theta, theta_old, adv):
     th = theta.clone().requires_grad_(True)
-    loss, _ = bandit.exact_surrogate(th, theta_old, adv, "atr")
-    return bandit.gradient_step(th, loss, lr)
+    loss, _ = bandit.exact_surrogate(th, theta_old, adv, METHOD)
+    return torch.autograd.grad(loss, th)[0]
 
 
-def loop_update(theta, theta_old, adv, lr=1.0):
+def closed_form_gradient(theta, theta_old, adv):
+    return bandit.exact_gradient(theta, theta_old, adv, METHOD)[0]
+
+
+def _nosync_closed_form(theta, theta_old, adv):
+    return bandit.exact_gradient(theta, theta_old, adv, METHOD, validate=False)[0]
+
+
+def loop_gradient(theta, theta_old, adv):
     out = torch.empty_like(theta)
-    N, S, K = theta.shape
+    N, S, _ = theta.shape
     for n in range(N):
         for s in range(S):
-            th = theta[n : n + 1, s : s + 1].clone().requires_grad_(True)
-            loss, _ = bandit.exact_surrogate(th, theta_old[n : n + 1, s : s + 1], adv[n : n + 1, s : s + 1], "atr")
-            out[n, s] = bandit.gradient_step(th, loss, lr)[0, 0] * 1.0  # /S of the batched loss: same update up to d(s)
+            i = (slice(n, n + 1), slice(s, s + 1))
+            out[n, s] = autograd_gradient(theta[i], theta_old[i], adv[i])[0, 0] / S  # 1/S: the batched loss's d(s)
     return out
 
 
-def timeit(fn, *args, repeats=5):
+def timeit(fn, *args, repeats=5, device="cpu"):
+    """Median seconds of ``fn(*args)`` after one warm-up call (synchronised on CUDA)."""
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     fn(*args)
+    sync()
     ts = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn(*args)
+        sync()
         ts.append(time.perf_counter() - t0)
     return statistics.median(ts)
 
@@ -68,46 +91,81 @@ def timeit(fn, *args, repeats=5):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default="figures/bandit_throughput.json")
     args = ap.parse_args()
+    dev = args.device
+    cuda = torch.device(dev).type == "cuda"
     torch.set_default_dtype(torch.float64)
-    bw = numpy_copy_bandwidth(1 << (26 if args.quick else 29))
-    print(f"numpy copy bandwidth: {bw / 1e9:.2f} GB/s")
+    bw_torch = torch_copy_bandwidth(dev, 1 << (26 if args.quick else (31 if cuda else 29)))
+    bw_numpy = None if cuda else numpy_copy_bandwidth(1 << (26 if args.quick else 29))
+    bw = bw_torch if cuda else bw_numpy  # CPU: numpy's copy, the reference of the earlier runs (kept comparable)
+    print(f"copy bandwidth: torch {bw_torch / 1e9:.2f} GB/s" + ("" if cuda else f", numpy {bw_numpy / 1e9:.2f} GB/s"))
+    compiled = torch.compile(_nosync_closed_form, fullgraph=True, dynamic=False)
     Ks = (10, 1000, 151_936) if args.quick else (10, 100, 1000, 10_000, 151_936)
     rows = []
     for K in Ks:
         N, S = (64, 16) if K <= 1000 else ((16, 4) if K <= 10_000 else (4, 2))
+        if cuda:  # enough work to fill the GPU
+            N *= 16
         g = torch.Generator().manual_seed(0)
-        theta_old = torch.randn(N, S, K, generator=g)
-        theta = theta_old + 0.3 * torch.randn(N, S, K, generator=g)
-        adv = torch.randn(N, S, K, generator=g)
+        theta_old = torch.randn(N, S, K, generator=g).to(dev)
+        theta = theta_old + 0.3 * torch.randn(N, S, K, generator=g).to(dev)
+        adv = torch.randn(N, S, K, generator=g).to(dev)
         reps = 3 if args.quick else 7
-        t_vec = timeit(vectorised_update, theta, theta_old, adv, repeats=reps)
-        t_loop = timeit(loop_update, theta, theta_old, adv, repeats=max(2, reps // 3))
+        t0 = time.perf_counter()
+        reference = autograd_gradient(theta, theta_old, adv)
+        err = {
+            name: float((fn(theta, theta_old, adv) - reference).abs().max())
+            for name, fn in (("closed_form", closed_form_gradient), ("compiled", compiled))
+        }
+        compile_s = time.perf_counter() - t0
+        times = {
+            "autograd": timeit(autograd_gradient, theta, theta_old, adv, repeats=reps, device=dev),
+            "closed_form": timeit(closed_form_gradient, theta, theta_old, adv, repeats=reps, device=dev),
+            "compiled": timeit(compiled, theta, theta_old, adv, repeats=reps, device=dev),
+        }
+        loop_slice = (slice(0, max(1, N // (16 if cuda else 1))),)  # the loop on a slice of the seeds (time / elem)
+        t_loop = timeit(loop_gradient, *(x[loop_slice] for x in (theta, theta_old, adv)), repeats=2, device=dev)
+        loop_elems = theta[loop_slice].numel()
         elems = N * S * K
-        min_bytes = 4 * 8 * elems
-        est_bytes = 40 * 8 * elems
+        best = min(times, key=times.get)
         row = {
             "K": K,
             "N": N,
             "S": S,
-            "vectorised_elements_per_s": elems / t_vec,
-            "loop_elements_per_s": elems / t_loop,
-            "speedup_vs_loop": t_loop / t_vec,
-            "min_traffic_fraction_of_bandwidth": min_bytes / t_vec / bw,
-            "estimated_traffic_fraction_of_bandwidth": est_bytes / t_vec / bw,
+            "best_path": best,
+            "vectorised_elements_per_s": elems / times[best],
+            "loop_elements_per_s": loop_elems / t_loop,
+            "speedup_vs_loop": (t_loop / loop_elems) / (times[best] / elems),
+            "min_traffic_fraction_of_bandwidth": 4 * 8 * elems / times[best] / bw,
+            "min_traffic_fraction_of_torch_copy": 4 * 8 * elems / times[best] / bw_torch,
+            "elements_per_s": {k: elems / t for k, t in times.items()},
+            "speedup_vs_autograd": {k: times["autograd"] / t for k, t in times.items()},
+            "max_abs_error_vs_autograd": err,
+            "first_call_s_incl_compile": compile_s,
         }
         rows.append(row)
         print(
-            f"K={K:7d} N={N:3d} S={S:3d}  vectorised {elems / t_vec / 1e6:8.2f} M elem/s  loop {elems / t_loop / 1e6:8.3f} M elem/s"
-            f"  speedup x{t_loop / t_vec:7.1f}  bandwidth: min-traffic {100 * row['min_traffic_fraction_of_bandwidth']:.1f}%"
-            f", estimated {100 * row['estimated_traffic_fraction_of_bandwidth']:.0f}%"
+            f"K={K:7d} N={N:4d} S={S:3d}  M elem/s: "
+            + "  ".join(f"{k} {v / 1e6:8.1f}" for k, v in row["elements_per_s"].items())
+            + f"  loop {row['loop_elements_per_s'] / 1e6:7.3f}  best/loop x{row['speedup_vs_loop']:6.1f}"
+            f"  min-traffic {100 * row['min_traffic_fraction_of_bandwidth']:.1f}% of copy"
+            f"  |err| {max(err.values()):.1e}",
+            flush=True,
         )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps({"copy_bandwidth_GBps": bw / 1e9, "threads": torch.get_num_threads(), "rows": rows}, indent=2)
-    )
+    meta = {
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "torch": torch.__version__,
+        "method": METHOD,
+        "dtype": "float64",
+        "copy_bandwidth_GBps": bw / 1e9,
+        "torch_copy_bandwidth_GBps": bw_torch / 1e9,
+        "threads": torch.get_num_threads(),
+    }
+    out.write_text(json.dumps({**meta, "rows": rows}, indent=2))
     print(f"wrote {out}")
 
 

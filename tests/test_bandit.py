@@ -5,6 +5,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import atr_theory as at
 from atr_theory import bandit
@@ -150,3 +152,114 @@ def test_train_with_adam_records_ratio_quantiles_and_refuses_unknown_optimizers(
     assert h.ratio_quantiles[0] == (1.0, 1.0, 1.0)  # the first inner step is on-policy
     with pytest.raises(ValueError, match="optimizer must be 'sgd' or 'adam'"):
         bandit.train(r, theta0, "atr", iterations=1, optimizer="rmsprop")
+
+
+# ----------------------------------------------------------------------------------------------
+# closed-form exact gradient (issue 13)
+# ----------------------------------------------------------------------------------------------
+def _random_logits(seed, N=3, S=4, K=9, spread=0.6):
+    g = torch.Generator().manual_seed(seed)
+    theta_old = torch.randn(N, S, K, generator=g, dtype=torch.float64)
+    theta = theta_old + spread * torch.randn(N, S, K, generator=g, dtype=torch.float64)
+    return theta, theta_old, torch.randn(N, S, K, generator=g, dtype=torch.float64)
+
+
+def _autograd_gradient(theta, theta_old, adv, method, **kw):
+    th = theta.clone().requires_grad_(True)
+    loss, out = bandit.exact_surrogate(th, theta_old, adv, method, generator=torch.Generator().manual_seed(7), **kw)
+    return torch.autograd.grad(loss, th)[0], out
+
+
+@given(seed=st.integers(0, 10_000), spread=st.sampled_from([0.05, 0.6, 3.0]))
+@settings(max_examples=15, deadline=None)
+def test_closed_form_gradient_equals_autograd_for_every_ratio_mask_method_and_form(seed, spread):
+    theta, theta_old, adv = _random_logits(seed, spread=spread)
+    for name in sorted(bandit.RATIO_MASK_METHODS):
+        for form in at.METHODS[name].forms:
+            reference, _ = _autograd_gradient(theta, theta_old, adv, name, form=form)
+            grad, _ = bandit.exact_gradient(
+                theta, theta_old, adv, name, form=form, generator=torch.Generator().manual_seed(7)
+            )
+            torch.testing.assert_close(grad, reference, rtol=1e-10, atol=1e-14, msg=f"{name} {form}")
+
+
+def test_the_closed_forms_premise_fails_for_every_method_outside_the_set():
+    # c = -(1/S) pi A kept is wrong for the methods left out (a smooth gate, the sequence ratio, a penalty,
+    # a rollback): the set is not smaller than it must be
+    theta, theta_old, adv = _random_logits(3, spread=0.8)
+    N, S, K = theta.shape
+    for name in sorted(set(at.method_names(aliases=False)) - bandit.RATIO_MASK_METHODS):
+        for form in at.METHODS[name].forms:
+            wide = {"epsilon_low": 0.9, "epsilon_high": 9.0} if name == "gspo" else {}  # its defaults clip all here
+            reference, out = _autograd_gradient(theta, theta_old, adv, name, form=form, **wide)
+            pi = torch.softmax(theta, -1)
+            c = -pi * adv * out.result.kept.reshape(N, S, K) / S
+            premise = c - pi * c.sum(-1, keepdim=True)
+            assert float((premise - reference).abs().max()) > 1e-4, (name, form)
+        with pytest.raises(ValueError, match=name):
+            bandit.exact_gradient(theta, theta_old, adv, name)
+
+
+def test_full_distribution_methods_share_one_kl_per_state_as_the_expanded_distributions_do():
+    # exact_surrogate passes each state's KL(pi_old || pi) as position_kl (O(K)); the oracle is policy_loss on
+    # the (N*S, K, K) expanded full distributions, loss and gradient (truly_ppo's KL carries gradient)
+    theta, theta_old, adv = _random_logits(5, spread=0.5)
+    N, S, K = theta.shape
+    for name, kw in (("tr_ppo", {"form": "mask"}), ("tr_ppo", {"form": "min"}), ("truly_ppo", {})):
+        th = theta.clone().requires_grad_(True)
+        loss, _ = bandit.exact_surrogate(th, theta_old, adv, name, delta=0.02, **kw)
+        (grad,) = torch.autograd.grad(loss, th)
+        th2 = theta.clone().requires_grad_(True)
+        logp = torch.log_softmax(th2, -1).reshape(N * S, K)
+        old = torch.log_softmax(theta_old, -1).reshape(N * S, K)
+        out = at.policy_loss(
+            logp,
+            old,
+            adv.reshape(N * S, K),
+            torch.ones(N * S, K, dtype=torch.bool),
+            method=name,
+            aggregation="seq_mean_token_sum",
+            token_weights=old.exp(),
+            full_logp=logp.unsqueeze(1).expand(N * S, K, K),
+            old_full_logp=old.unsqueeze(1).expand(N * S, K, K),
+            delta=0.02,
+            **kw,
+        )
+        (grad2,) = torch.autograd.grad(out.loss * N, th2)
+        torch.testing.assert_close(loss, out.loss * N, rtol=1e-12, atol=0)
+        torch.testing.assert_close(grad, grad2, rtol=1e-10, atol=1e-15)
+        assert bool((~out.result.kept | out.result.clipped_high).any())  # the KL gate (or rollback) acts here
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_training_with_the_closed_form_follows_autograd(optimizer):
+    g = torch.Generator().manual_seed(0)
+    theta0 = bandit.zipf_logits(4, 3, 50, generator=g)
+    rewards = torch.rand(3, 50, generator=g, dtype=torch.float64)
+    lr = 0.3 if optimizer == "adam" else 40.0
+    runs = {
+        grad: bandit.train(
+            rewards, theta0, "atr", iterations=6, inner_steps=3, lr=lr, optimizer=optimizer, gradient=grad
+        )
+        for grad in ("autograd", "closed_form", "auto")
+    }
+    reference, hist = runs["autograd"]
+    assert max(hist.frac_masked) > 0.01  # the trust region acts along the way
+    for grad in ("closed_form", "auto"):
+        torch.testing.assert_close(runs[grad][0], reference, rtol=0, atol=1e-11)
+    with pytest.raises(ValueError, match="sapo"):
+        bandit.train(rewards, theta0, "sapo", iterations=1, gradient="closed_form")
+    with pytest.raises(ValueError, match="sampled"):
+        bandit.train(rewards, theta0, "atr", iterations=1, mode="sampled", gradient="closed_form")
+    with pytest.raises(ValueError, match="'fast'"):
+        bandit.train(rewards, theta0, "atr", iterations=1, gradient="fast")
+
+
+@pytest.mark.parametrize("method", ["atr", "trgppo", "tr_ppo"])
+def test_closed_form_gradient_compiles_into_one_graph(method):
+    theta, theta_old, adv = _random_logits(11, K=33)
+    compiled = torch.compile(
+        lambda a, b, c: bandit.exact_gradient(a, b, c, method, validate=False)[0], fullgraph=True, backend="eager"
+    )
+    reference, _ = _autograd_gradient(theta, theta_old, adv, method)
+    torch.testing.assert_close(compiled(theta, theta_old, adv), reference, rtol=1e-10, atol=1e-15)
