@@ -6,7 +6,7 @@ VERL_VENV ?= .venv-verl
 # verl's loss code runs on CPU; its package needs only these (ray is stubbed in the test, never called)
 VERL_PKGS = verl==0.9.1 omegaconf antlr4-python3-runtime==4.9.3 tensordict==0.10.0 codetiming orjson cloudpickle pyvers
 
-.PHONY: install demo test test-pins test-verl lint figures bench
+.PHONY: install demo test test-pins test-verl lint figures bench mutation
 
 install:
 	$(PIP) install --quiet torch==2.13.0
@@ -42,3 +42,10 @@ bench: install
 	$(PY) benchmarks/loss_overhead.py
 	$(PY) benchmarks/bandit_throughput.py
 	$(PY) benchmarks/trainer_step.py
+
+# mutation testing of methods / loss / ranges / divergence ([tool.mutmut] in pyproject.toml); hours on 2 cores
+mutation:
+	$(PIP) install --quiet mutmut==3.8.1
+	rm -rf mutants
+	$(PY) -m mutmut run --max-children $$(nproc)
+	$(PY) -m mutmut results > figures/mutation_results.txt || true

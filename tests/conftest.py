@@ -3,6 +3,10 @@ may see what an earlier one left behind."""
 
 import pytest
 import torch
+from hypothesis import Phase, settings
+
+# `make mutation` (mutmut): a first failing example kills a mutant; shrinking it would only cost time
+settings.register_profile("mutation", phases=[Phase.explicit, Phase.reuse, Phase.generate], database=None)
 
 
 @pytest.fixture(autouse=True)
