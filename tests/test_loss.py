@@ -467,3 +467,32 @@ def test_tensors_on_two_devices_are_refused_naming_them():
     logp, old, adv, mask = _batch(0)
     with pytest.raises(ValueError, match="advantages is on meta, logp on cpu"):
         at.policy_loss(logp, old, adv.to("meta"), mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# found by mutation testing (make mutation)
+# ----------------------------------------------------------------------------------------------
+def test_aggregate_defaults_max_length_to_the_number_of_columns():
+    # Dr. GRPO divides by B * max_length; without max_length that is B * T (here B != T, so T cannot be confused)
+    x = torch.arange(12.0).reshape(3, 4)
+    mask = torch.ones(3, 4, dtype=torch.bool)
+    mask[0, 3] = False
+    assert float(at.aggregate(x, mask, "dr_grpo")) == pytest.approx((x.sum() - x[0, 3]).item() / (3 * 4))
+
+
+def test_gspo_on_a_one_token_sequence_is_token_level_clipping():
+    # GSPO's sequence ratio is the mean log-ratio over valid tokens: with one valid token it is that token's ratio,
+    # so GSPO (per-sequence advantage) and clip_higher with the same epsilons give the same loss and gradient
+    logp = torch.tensor([[-1.0, -2.0, -0.5], [-0.7, -0.2, -3.0]], dtype=torch.float64)
+    old = logp.detach() - torch.tensor([[0.3, 0.0, 0.0], [-0.01, 0.0, 0.0]], dtype=torch.float64)
+    adv = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    mask = torch.tensor([[True, False, False], [True, False, False]])
+    eps = {"epsilon_low": 0.1, "epsilon_high": 0.2}
+    results = []
+    for method in ("gspo", "clip_higher"):
+        leaf = logp.clone().requires_grad_(True)
+        out = at.policy_loss(leaf, old, adv, mask, method=method, aggregation="seq_mean_token_mean", **eps)
+        results.append((out.loss.detach(), torch.autograd.grad(out.loss, leaf)[0]))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-14, atol=0)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-14, atol=0)
+    assert results[0][1][0, 0] == 0.0 and results[0][1][1, 0] != 0.0  # the first row is clipped, the second is not

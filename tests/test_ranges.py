@@ -190,3 +190,37 @@ def test_kl3_range_stays_finite_for_huge_delta(delta):
     root = float(mp.findroot(lambda y: mp.expm1(y) - y - delta, mp.log(delta + 1) + 1))
     assert y_hi == pytest.approx(root, rel=1e-14) and hi == pytest.approx(math.exp(root), rel=1e-13)
     assert y_lo == pytest.approx(-(1 + delta), rel=1e-14) and 0.0 <= lo < 1e-300
+
+
+# ----------------------------------------------------------------------------------------------
+# found by mutation testing (make mutation): messages that name the argument, the scalar / array contract
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda: at.ranges.trgppo_kl_log_range(0.5, -1.0), "delta"),
+        (lambda: at.ranges.trgppo_kl_log_range(0.5, [0.1, 0.2]), "delta"),  # one delta for all tokens
+        (lambda: at.ranges.trgppo_kl_log_range(1.5, 0.1), "p_old"),
+        (lambda: at.ranges.trgppo_clip_range(0.5, 0.1, -0.2), "epsilon"),
+        (lambda: at.ranges.kl3_delta_from_bound(-1.4), "bound"),
+        (lambda: at.ranges.kl3_delta_from_bound(1.0), "bound"),
+    ],
+)
+def test_range_functions_name_the_bad_argument(call, name):
+    with pytest.raises(ValueError, match=rf"^{name} "):
+        call()
+
+
+def test_kl3_delta_from_bound_returns_a_float_for_a_scalar_and_an_array_for_an_array():
+    scalar = at.ranges.kl3_delta_from_bound(1.4)
+    assert type(scalar) is float
+    assert scalar == pytest.approx(float(1.4 - 1 - mp.log(1.4)), rel=1e-15)  # k3(1.4) by mpmath
+    arr = at.ranges.kl3_delta_from_bound(np.array([0.5, 1.4]))
+    assert isinstance(arr, np.ndarray) and arr.shape == (2,)
+
+
+def test_trgppo_lower_root_at_p_old_one_is_finite():
+    # p_old = 1: (1 - p) log(1 - p) is 0 * -inf; the bracket must still be finite. Binary KL(1 || w) = -log w, so
+    # the lower root is exactly log l = -delta (and the upper root is 0: the token cannot become more likely)
+    y_lo, y_hi = at.ranges.trgppo_kl_log_range(np.array([1.0, 0.5]), 0.1)
+    assert y_lo[0] == pytest.approx(-0.1, rel=1e-12) and y_hi[0] == 0.0
