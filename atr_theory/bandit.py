@@ -33,7 +33,6 @@ __all__ = [
     "expected_return",
     "exact_advantages",
     "exact_surrogate",
-    "RATIO_MASK_METHODS",
     "exact_gradient",
     "sampled_surrogate",
     "gradient_step",
@@ -93,47 +92,25 @@ def _exact_policy_loss(
     )
 
 
-RATIO_MASK_METHODS = frozenset(
-    {
-        "clip",
-        "clip_higher",
-        "dual_clip",
-        "dcpo",
-        "trgppo",
-        "atr",
-        "kl1",
-        "kl2",
-        "is_kl3",
-        "clip_cov",
-        "atr_seq",
-        "tr_ppo",
-    }
-)
-"""Methods whose per-token objective has the gradient ``kept * w A grad log pi`` (``kept`` from the method's
-flags) in both forms: every rule of Eq. 5 (``w A`` where a constraint holds, the constant ``A`` elsewhere), PPO's
-``min`` form (its clipped branch is constant), the dual clip (its floor ``c A`` is constant) and Clip-Cov's dropped
-tokens. Not sapo (a smooth gate), gspo (the sequence ratio ``s`` replaces ``w``), kl_cov (a ``|log w|`` penalty) or
-truly_ppo (a KL rollback with gradient). ``tests/test_bandit.py`` checks the set both ways against autograd."""
-
-
 def exact_gradient(
     theta: torch.Tensor, theta_old: torch.Tensor, advantages: torch.Tensor, method: str = "atr", **kw
 ) -> tuple[torch.Tensor, LossOutput]:
     r"""Closed form of the gradient of :func:`exact_surrogate`'s loss w.r.t. ``theta``, without autograd.
 
     With ``c_a = dL/d log pi(a)`` the softmax chain rule gives ``dL/d theta_j = c_j - pi_j sum_a c_a``. For a
-    method of :data:`RATIO_MASK_METHODS` the loss ``-(1/S) sum_{n,s,a} pi_old(a) f(w_a, A_a)`` has
+    method declared with ``ratio_mask_gradient`` (:class:`atr_theory.methods.MethodSpec`: its token gradient is
+    ``kept * w A grad log pi``; clip, clip_higher, dual_clip, dcpo, trgppo, atr, kl1, kl2, is_kl3, clip_cov, atr_seq,
+    tr_ppo) the loss ``-(1/S) sum_{n,s,a} pi_old(a) f(w_a, A_a)`` has
     ``c_a = -(1/S) pi_old(a) w_a A_a kept_a = -(1/S) pi(a) A_a kept_a`` (``pi_old w = pi``), with ``kept`` the
     method's own flags from :func:`policy_loss` (called without gradient), zero where ``|log w|`` exceeds
     :data:`LOG_RATIO_CLAMP` (the clamp's gradient). One reduction over the K actions; ``torch.compile`` fuses it.
     ``tests/test_bandit.py``: equal to autograd of :func:`exact_surrogate` for every such method and form.
     Returns ``(grad, out)`` like :func:`exact_surrogate` returns ``(loss, out)``.
     """
-    name = get_method(method).name
-    if name not in RATIO_MASK_METHODS:
+    if not get_method(method).ratio_mask_gradient:
         raise ValueError(
-            f"exact_gradient has a closed form only for {sorted(RATIO_MASK_METHODS)}; got method {method!r} "
-            "(use autograd of exact_surrogate)"
+            f"exact_gradient has a closed form only for methods declared with ratio_mask_gradient; got method "
+            f"{method!r}, whose token gradient is not kept * w A grad log pi (use autograd of exact_surrogate)"
         )
     N, S, K = theta.shape
     with torch.no_grad():
@@ -226,7 +203,7 @@ def train(
     moments kept across outer steps; elementwise, so runs stay independent). Each inner step records the pooled ratio
     quantiles (p05, p50, p95) of the surrogate's tokens in ``ratio_quantiles``.
     ``gradient``: ``"autograd"`` (of the surrogate), ``"closed_form"`` (:func:`exact_gradient`; exact mode and
-    :data:`RATIO_MASK_METHODS` only) or ``"auto"`` (the closed form where it applies: same updates up to rounding).
+    a ``ratio_mask_gradient`` method only) or ``"auto"`` (the closed form where it applies: same updates up to rounding).
     Returns the final logits and the history (entropy, return, KL(pi_old || pi) per outer step).
     """
     if mode not in ("exact", "sampled"):
@@ -237,10 +214,10 @@ def train(
         raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
     if gradient not in ("auto", "autograd", "closed_form"):
         raise ValueError(f"gradient must be 'auto', 'autograd' or 'closed_form', got {gradient!r}")
-    closed_form = mode == "exact" and get_method(method).name in RATIO_MASK_METHODS
+    closed_form = mode == "exact" and get_method(method).ratio_mask_gradient
     if gradient == "closed_form" and not closed_form:
         raise ValueError(
-            f"gradient='closed_form' needs mode='exact' and a method of RATIO_MASK_METHODS; got mode={mode!r}, "
+            f"gradient='closed_form' needs mode='exact' and a ratio_mask_gradient method; got mode={mode!r}, "
             f"method={method!r}"
         )
     closed_form = closed_form and gradient != "autograd"

@@ -173,6 +173,9 @@ class MethodSpec:
     needs_full_distributions: bool = False
     relations: tuple[Relation, ...] = ()
     aliases: tuple[str, ...] = ()
+    ratio_mask_gradient: bool = False
+    """The token gradient is ``kept * w A grad log pi`` in every form (``kept`` from the flags): a rule of Eq. 5, PPO's
+    min, a dual clip, dropped tokens. :func:`atr_theory.bandit.exact_gradient` uses it (test: against autograd)."""
 
     @property
     def defaults(self) -> dict[str, float]:
@@ -199,6 +202,7 @@ def register(
     needs_full_distributions: bool = False,
     aliases: tuple[str, ...] = (),
     relations: tuple[Relation, ...] = (),
+    ratio_mask_gradient: bool = False,
 ) -> Callable[[Callable[..., MethodResult]], Callable[..., MethodResult]]:
     """Decorator: register ``fn`` under ``name`` (and ``aliases``) in :data:`METHODS`.
 
@@ -225,6 +229,7 @@ def register(
             needs_full_distributions,
             tuple(relations),
             tuple(aliases),
+            ratio_mask_gradient,
         )
         for key in (name, *aliases):
             if key in METHODS:
@@ -412,6 +417,7 @@ def _no_clip(objective: torch.Tensor, batch: TokenBatch) -> MethodResult:
     default_form="min",
     forms=("min", "mask"),
     reference="Schulman et al. 2017 (PPO); Shao et al. 2024 (GRPO); TRL loss_type grpo family",
+    ratio_mask_gradient=True,
 )
 def clip(batch: TokenBatch, epsilon: float) -> MethodResult:
     r"""Symmetric ratio clipping, ``w in [1 - eps, 1 + eps]``."""
@@ -424,6 +430,7 @@ def clip(batch: TokenBatch, epsilon: float) -> MethodResult:
     default_form="min",
     forms=("min", "mask"),
     reference="Yu et al. 2025 (DAPO), Clip-Higher; TRL epsilon_high",
+    ratio_mask_gradient=True,
 )
 def clip_higher(batch: TokenBatch, epsilon_low: float, epsilon_high: float) -> MethodResult:
     r"""Asymmetric ratio clipping, ``w in [1 - eps_low, 1 + eps_high]``."""
@@ -436,6 +443,7 @@ def clip_higher(batch: TokenBatch, epsilon_low: float, epsilon_high: float) -> M
     default_form="min",
     forms=("min", "mask"),
     reference="Ye et al. 2020 (dual-clip PPO); verl 'vanilla' policy loss with clip_ratio_c",
+    ratio_mask_gradient=True,
 )
 def dual_clip(batch: TokenBatch, epsilon: float, dual_clip_c: float) -> MethodResult:
     r"""PPO clip, and for ``A < 0`` the objective ``max(min(wA, clip(w)A), c A)``: the loss is capped at ``-c A``."""
@@ -453,6 +461,7 @@ def dual_clip(batch: TokenBatch, epsilon: float, dual_clip_c: float) -> MethodRe
     default_form="min",
     forms=("min", "mask"),
     reference="Yang et al. 2025 (DCPO, arXiv 2509.02333); lime-RL/DCPO clip_type='dynamic'",
+    ratio_mask_gradient=True,
 )
 def dcpo(batch: TokenBatch, epsilon_low: float, epsilon_high: float, dual_clip_c: float) -> MethodResult:
     r"""Dynamic clipping: per-token ``[l(p), u(p)]`` of :func:`atr_theory.ranges.dcpo_clip_range` with
@@ -468,6 +477,7 @@ def dcpo(batch: TokenBatch, epsilon_low: float, epsilon_high: float, dual_clip_c
     default_form="min",
     forms=("min", "mask"),
     reference="Wang et al. 2019 (TRGPPO), wangyuhuix/TRGPPO; paper Table 1 'Full KL-guided clipping'",
+    ratio_mask_gradient=True,
 )
 def trgppo(batch: TokenBatch, delta: float, epsilon: float) -> MethodResult:
     r"""Per-token range ``[min(l_KL(p), 1-eps), max(u_KL(p), 1+eps)]`` where ``l_KL, u_KL`` are the
@@ -495,6 +505,7 @@ def trgppo(batch: TokenBatch, delta: float, epsilon: float) -> MethodResult:
     forms=("mask", "min"),
     reference="this paper: ATR-GRPO, Eq. 5 with C = KL3 <= delta; Thm 3.2",
     aliases=("kl3",),
+    ratio_mask_gradient=True,
 )
 def atr(batch: TokenBatch, delta: float) -> MethodResult:
     r"""ATR-based clipping: keep ``w A`` while ``k3 = w - 1 - log w <= delta``.
@@ -516,6 +527,7 @@ def atr(batch: TokenBatch, delta: float) -> MethodResult:
     default_form="mask",
     forms=("mask", "min"),
     reference="Schulman 2020, 'Approximating KL Divergence' (k1); paper Table 3",
+    ratio_mask_gradient=True,
 )
 def kl1(batch: TokenBatch, delta: float) -> MethodResult:
     r"""Keep ``w A`` while ``k1 = -log w <= delta``.
@@ -534,6 +546,7 @@ def kl1(batch: TokenBatch, delta: float) -> MethodResult:
     default_form="mask",
     forms=("mask", "min"),
     reference="Schulman 2020, 'Approximating KL Divergence' (k2); paper Table 3",
+    ratio_mask_gradient=True,
 )
 def kl2(batch: TokenBatch, delta: float) -> MethodResult:
     r"""Keep ``w A`` while ``k2 = (log w)^2 / 2 <= delta`` (symmetric in ``log w``)."""
@@ -547,6 +560,7 @@ def kl2(batch: TokenBatch, delta: float) -> MethodResult:
     default_form="mask",
     forms=("mask", "min"),
     reference="paper Table 3 'IS-weighted KL3'; derivation in atr_theory.ranges.is_kl3_clip_range",
+    ratio_mask_gradient=True,
 )
 def is_kl3(batch: TokenBatch, delta: float) -> MethodResult:
     r"""Keep ``w A`` while ``w k3(1/w) = 1 - w + w log w <= delta``.
@@ -575,6 +589,7 @@ def is_kl3(batch: TokenBatch, delta: float) -> MethodResult:
     default_form="min",
     forms=("min", "mask"),
     reference="Cui et al. 2025 (arXiv 2505.22617), Clip-Cov; verl 'clip_cov' policy loss",
+    ratio_mask_gradient=True,
 )
 def clip_cov(batch: TokenBatch, epsilon: float, cov_ratio: float, cov_lb: float, cov_ub: float) -> MethodResult:
     r"""PPO clip; then ``max(1, int(cov_ratio * n_valid))`` tokens drawn at random (``batch.generator``)
@@ -680,6 +695,7 @@ def gspo(batch: TokenBatch, epsilon_low: float, epsilon_high: float) -> MethodRe
     default_form="mask",
     forms=("mask",),
     reference="ours (the paper's future work): sequence-level approximate trust region with KL3",
+    ratio_mask_gradient=True,
 )
 def atr_seq(batch: TokenBatch, delta: float) -> MethodResult:
     r"""Sequence-level ATR: keep every token of a sequence (objective ``w_t A``) while the sequence's
@@ -725,6 +741,7 @@ def _position_kl(batch: TokenBatch, name: str) -> torch.Tensor:
     forms=("mask", "min"),
     reference="Wang et al. 2020 (Truly PPO, TR-PPO); paper Eq. 3 (KL-based clipping)",
     needs_full_distributions=True,
+    ratio_mask_gradient=True,
 )
 def tr_ppo(batch: TokenBatch, delta: float) -> MethodResult:
     r"""Mask form (the paper's Eq. 3 in Eq. 5): keep ``w A`` while the full ``KL(pi_old(.|s_t) || pi(.|s_t)) <= delta``
