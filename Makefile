@@ -48,4 +48,4 @@ mutation:
 	$(PIP) install --quiet mutmut==3.8.1
 	rm -rf mutants
 	$(PY) -m mutmut run --max-children $$(nproc)
-	$(PY) -m mutmut results > figures/mutation_results.txt || true
+	$(PY) -m mutmut results --all true > figures/mutation_results.txt || true

@@ -96,20 +96,33 @@ def train_sft(seed: int, sft_steps: int, runs_dir: Path) -> Path:
     return out
 
 
-def evaluate_model(model_dir: Path, tokenizer_dir: Path, test_problems: int, samples: int, out_dir: Path) -> dict:
-    """Mean@1/Pass@1 and Mean@k/Pass@k (%) on the task's test split, ``samples`` completions per problem."""
+def evaluate_model(
+    model_dir: Path,
+    tokenizer_dir: Path,
+    test_problems: int,
+    samples: int,
+    out_dir: Path,
+    *,
+    task: str = TASK,
+    max_tokens: int | None = None,
+    sampling: dict | None = None,
+) -> dict:
+    """Mean@1/Pass@1 and Mean@k/Pass@k (%) on ``task``'s test split (its first ``test_problems`` problems of seed
+    12345), ``samples`` completions per problem; ``max_tokens`` defaults to the training cap of cpu-table.yaml and
+    ``sampling`` to :data:`EVAL_SAMPLING`."""
     import yaml
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .data import OFFLINE_TASKS, arithmetic_dataset
     from .evaluate import HFGenerator, evaluate_benchmarks, summarise_samples
 
-    spec = {**OFFLINE_TASKS[TASK], "split": "test"}
+    spec = {**OFFLINE_TASKS[task], "split": "test"}
     test = arithmetic_dataset(test_problems, seed=12345, **spec)
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir))
-    max_tokens = yaml.safe_load(BASE_CONFIG.read_text())["max_completion_length"]  # as in training
-    gen = HFGenerator(model, tok, max_tokens=max_tokens, batch_size=512, seed=0, **EVAL_SAMPLING)
+    if max_tokens is None:
+        max_tokens = yaml.safe_load(BASE_CONFIG.read_text())["max_completion_length"]  # as in training
+    gen = HFGenerator(model, tok, max_tokens=max_tokens, batch_size=512, seed=0, **(sampling or EVAL_SAMPLING))
     rows = evaluate_benchmarks(gen, {BENCHMARK: test}, out_dir, n=samples, chunk_problems=test_problems, workers=1)
     return summarise_samples(rows, [1, samples])[BENCHMARK]
 
