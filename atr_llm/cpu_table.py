@@ -1,17 +1,18 @@
 """The paper's Tables 2-3 and Figs. 3-5 at the scale of a 2-core CPU.
 
-    python -m atr_llm.cpu_table            # every run x 3 seeds (about 1.5-2 h on 2 cores), resumable
-    python -m atr_llm.cpu_table --quick    # 2 runs x 1 seed x a few steps (CI)
+    python -m atr_llm.cpu_table                  # every run x 3 seeds, resumable (see the README for the cost)
+    python -m atr_llm.cpu_table --device cuda --workers 8   # the same table on one GPU, 8 runs at a time
+    python -m atr_llm.cpu_table --quick          # 2 runs x 1 seed x a few steps (CI)
 
-Per seed: a tiny Qwen3 (``atr_llm.tiny``) gets a formatting SFT on three-term arithmetic (``a +- b +- c``,
-digits; ``atr_llm.data.OFFLINE_TASKS["arithmetic-3step"]``) short enough that it solves about a third of the
-held-out problems at the paper's evaluation sampling; then every run of :data:`CPU_RUNS` (Table 2's methods,
-Table 3's estimators and matched baselines, an ATR delta ablation) trains GRPO from that same SFT model with
-``atr_llm/configs/cpu-table.yaml`` (dr_grpo, G = 8, ``num_iterations: 2`` so that clipping acts) through
-``python -m atr_llm.train``'s own entry point. Each run and the SFT model are evaluated on the task's test
-split (:func:`atr_llm.data.is_held_out`: no training row of any seed is a test problem) with 8 samples at
-T = 0.3, top-p 0.95 (the paper's evaluation sampling): Mean@8 and Pass@8 at the final step and the best over
-the saved checkpoints, as in Table 2's "final (best)".
+Per seed: a tiny Qwen3 (``atr_llm.tiny``) gets a formatting SFT (600 steps) on three-term arithmetic answered
+step by step (``a +- b +- c`` over digits, ``atr_llm.data.OFFLINE_TASKS["arithmetic-3step-steps"]``); then every
+run of :data:`CPU_RUNS` (Table 2's methods, Table 3's estimators and matched baselines, an ATR delta ablation)
+trains GRPO from that same SFT model with ``atr_llm/configs/cpu-table.yaml`` (dr_grpo, G = 8, 32 prompts per step,
+1,000 steps, ``num_iterations: 2`` so that clipping acts) through ``python -m atr_llm.train``'s own entry point.
+Each run and the SFT model are evaluated on the task's test split (:func:`atr_llm.data.is_held_out`: no training
+row of any seed is a test problem) with 8 samples under two samplings, each its own benchmark of the table:
+T = 0.3, top-p 0.95 (the paper's evaluation sampling) and T = 1 (the training sampling). Mean@8 and Pass@8 at
+the final step and the best over the saved checkpoints, as in Table 2's "final (best)".
 
 Writes into ``--out`` (default ``figures/``): ``cpu_llm_table.csv`` (one row per run x seed x benchmark),
 ``cpu_llm_table.md`` (means over seeds, paired differences against clip and atr with 95% t intervals),
@@ -37,8 +38,13 @@ from tqdm.auto import tqdm
 from .presets import RUNS
 
 BASE_CONFIG = Path(__file__).parent / "configs" / "cpu-table.yaml"
-TASK = "arithmetic-3step"
-BENCHMARK = "arith3-test"
+TASK = "arithmetic-3step-steps"
+EVAL_SAMPLING = dict(temperature=0.3, top_p=0.95)  # the paper's evaluation sampling (Sec. 5)
+BENCHMARKS: dict[str, dict] = {
+    "steps-test-T0.3": EVAL_SAMPLING,
+    "steps-test-T1": dict(temperature=1.0, top_p=1.0),  # the training sampling: what GRPO's reward measures
+}
+"""Benchmark name -> sampling; every benchmark is the same held-out problems of :data:`TASK`."""
 
 TABLE2 = ["clip", "clip-higher", "dual-clip", "dcpo", "clip-cov", "sapo", "atr"]
 TABLE3 = ["kl1", "kl2", "is-kl3", "clip-eps0.329", "clip-eps0.422", "clip-higher-0.329-0.422"]
@@ -56,14 +62,13 @@ CPU_RUNS: dict[str, dict] = {
 FULL = dict(
     runs=TABLE2 + TABLE3 + DELTA_ABLATION,
     seeds=[0, 1, 2],
-    sft_steps=400,
-    max_steps=400,
-    save_steps=100,
+    sft_steps=600,
+    max_steps=1000,
+    save_steps=250,
     test_problems=200,
     samples=8,
 )
 QUICK = dict(runs=["clip", "atr"], seeds=[0], sft_steps=20, max_steps=4, save_steps=2, test_problems=16, samples=8)
-EVAL_SAMPLING = dict(temperature=0.3, top_p=0.95)  # the paper's evaluation sampling (Sec. 5)
 
 
 def run_args(run: str) -> list[str]:
@@ -82,7 +87,8 @@ def run_args(run: str) -> list[str]:
 # one seed's SFT model, one run, one evaluation (each runs in a worker process)
 # ---------------------------------------------------------------------------------------------
 def train_sft(seed: int, sft_steps: int, runs_dir: Path) -> Path:
-    """The seed's SFT model (tiny Qwen3, toy tokenizer), saved to ``runs_dir/sft-s{seed}``; reused if there."""
+    """The seed's SFT model (tiny Qwen3, toy tokenizer; lr 3e-3, batch 32 as ``python -m atr_llm.train
+    --sft_steps``), saved to ``runs_dir/sft-s{seed}``; reused if there."""
     from .data import load_source
     from .sft import run_sft
     from .tiny import build_tokenizer_and_model
@@ -92,7 +98,7 @@ def train_sft(seed: int, sft_steps: int, runs_dir: Path) -> Path:
         return out
     tok, model = build_tokenizer_and_model("toy", seed=seed)
     ds = load_source(TASK, None, 4000, seed=seed + 1)
-    run_sft(model, tok, ds, out, max_steps=sft_steps, learning_rate=3e-3, batch_size=64, seed=seed)
+    run_sft(model, tok, ds, out, max_steps=sft_steps, learning_rate=3e-3, batch_size=32, seed=seed)
     return out
 
 
@@ -106,6 +112,7 @@ def evaluate_model(
     task: str = TASK,
     max_tokens: int | None = None,
     sampling: dict | None = None,
+    device: str = "cpu",
 ) -> dict:
     """Mean@1/Pass@1 and Mean@k/Pass@k (%) on ``task``'s test split (its first ``test_problems`` problems of seed
     12345), ``samples`` completions per problem; ``max_tokens`` defaults to the training cap of cpu-table.yaml and
@@ -119,12 +126,28 @@ def evaluate_model(
     spec = {**OFFLINE_TASKS[task], "split": "test"}
     test = arithmetic_dataset(test_problems, seed=12345, **spec)
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).to(device)
     if max_tokens is None:
         max_tokens = yaml.safe_load(BASE_CONFIG.read_text())["max_completion_length"]  # as in training
     gen = HFGenerator(model, tok, max_tokens=max_tokens, batch_size=512, seed=0, **(sampling or EVAL_SAMPLING))
-    rows = evaluate_benchmarks(gen, {BENCHMARK: test}, out_dir, n=samples, chunk_problems=test_problems, workers=1)
-    return summarise_samples(rows, [1, samples])[BENCHMARK]
+    rows = evaluate_benchmarks(gen, {"test": test}, out_dir, n=samples, chunk_problems=test_problems, workers=1)
+    return summarise_samples(rows, [1, samples])["test"]
+
+
+def evaluate_every_benchmark(model_dir: Path, tokenizer_dir: Path, job: dict, out_dir: Path) -> dict:
+    """``{benchmark: evaluate_model(...)}`` for every sampling of :data:`BENCHMARKS` (samples in ``out_dir/<name>``)."""
+    return {
+        name: evaluate_model(
+            model_dir,
+            tokenizer_dir,
+            job["test_problems"],
+            job["samples"],
+            out_dir / name,
+            sampling=sampling,
+            device=job.get("device", "cpu"),
+        )
+        for name, sampling in BENCHMARKS.items()
+    }
 
 
 def train_and_evaluate(job: dict) -> dict:
@@ -142,6 +165,8 @@ def train_and_evaluate(job: dict) -> dict:
     argv = ["--config", str(BASE_CONFIG), "--model_name_or_path", job["sft_dir"], "--seed", str(job["seed"])]
     argv += ["--output_dir", str(run_dir), "--max_steps", str(job["max_steps"]), "--save_steps", str(job["save_steps"])]
     argv += run_args(job["run"])
+    if job.get("device", "cpu") != "cpu":
+        argv += ["--use_cpu", "false"]
     ckpts = _checkpoints(run_dir, 1)
     if ckpts and not (run_dir / "final" / "config.json").exists():
         argv += ["--resume_from_checkpoint", str(ckpts[-1][1])]
@@ -150,7 +175,7 @@ def train_and_evaluate(job: dict) -> dict:
     evals = {}
     for step, path in [*_checkpoints(run_dir, 1), (job["max_steps"], run_dir / "final")]:
         if step not in evals:  # the checkpoint at max_steps holds the final weights too: evaluated once
-            evals[step] = evaluate_model(path, job["sft_dir"], job["test_problems"], job["samples"], path / "eval")
+            evals[step] = evaluate_every_benchmark(path, job["sft_dir"], job, path / "eval")
     history = json.loads((run_dir / "log_history.json").read_text())
     result = {"run": job["run"], "seed": job["seed"], "evals": {str(k): v for k, v in evals.items()}}
     result["curves"] = [{k: h.get(k) for k in CURVE_KEYS} for h in history if "reward" in h and "step" in h]
@@ -164,7 +189,7 @@ def evaluate_sft(job: dict) -> dict:
     done = sft_dir / "result.json"
     if done.exists():
         return json.loads(done.read_text())
-    res = evaluate_model(sft_dir, sft_dir, job["test_problems"], job["samples"], sft_dir / "eval")
+    res = evaluate_every_benchmark(sft_dir, sft_dir, job, sft_dir / "eval")
     result = {"run": "sft", "seed": job["seed"], "evals": {"0": res}, "curves": []}
     done.write_text(json.dumps(result))
     return result
@@ -201,6 +226,7 @@ def _seed_job(seed: int, settings: dict, runs_dir: Path) -> dict:
         "sft_dir": str(train_sft(seed, settings["sft_steps"], runs_dir)),
         "test_problems": settings["test_problems"],
         "samples": settings["samples"],
+        "device": settings["device"],
     }
 
 
@@ -217,29 +243,33 @@ def table_rows(results: list[dict], k: int) -> list[dict]:
     """One row per run x seed x benchmark: final and best Mean@k / Pass@k and the last logged training values."""
     rows = []
     for r in results:
-        evals = {int(s): v for s, v in r["evals"].items()}
-        final_step = max(evals)
-        best_step = max(evals, key=lambda s: (evals[s][f"mean@{k}"], s))
+        by_step = {int(s): v for s, v in r["evals"].items()}
         last = r["curves"][-1] if r["curves"] else {}
-        rows.append(
-            {
-                "method": r["run"],
-                "seed": r["seed"],
-                "benchmark": BENCHMARK,
-                f"mean_at_{k}": round(evals[final_step][f"mean@{k}"], 3),
-                f"pass_at_{k}": round(evals[final_step][f"pass@{k}"], 3),
-                f"best_mean_at_{k}": round(evals[best_step][f"mean@{k}"], 3),
-                f"best_pass_at_{k}": round(max(v[f"pass@{k}"] for v in evals.values()), 3),
-                "best_step": best_step,
-                "final_step": final_step,
-                "problems": evals[final_step]["problems"],
-                "train_reward_last": last.get("reward"),
-                "entropy_last": last.get("entropy"),
-                "length_last": last.get("completions/mean_length"),
-                "frac_masked_mean": _mean([c.get("clip/frac_masked") for c in r["curves"]]),
-            }
-        )
+        for benchmark in BENCHMARKS:
+            evals = {s: v[benchmark] for s, v in by_step.items()}
+            rows.append(_table_row(r, benchmark, evals, last, k))
     return rows
+
+
+def _table_row(r: dict, benchmark: str, evals: dict[int, dict], last: dict, k: int) -> dict:
+    final_step = max(evals)
+    best_step = max(evals, key=lambda s: (evals[s][f"mean@{k}"], s))
+    return {
+        "method": r["run"],
+        "seed": r["seed"],
+        "benchmark": benchmark,
+        f"mean_at_{k}": round(evals[final_step][f"mean@{k}"], 3),
+        f"pass_at_{k}": round(evals[final_step][f"pass@{k}"], 3),
+        f"best_mean_at_{k}": round(evals[best_step][f"mean@{k}"], 3),
+        f"best_pass_at_{k}": round(max(v[f"pass@{k}"] for v in evals.values()), 3),
+        "best_step": best_step,
+        "final_step": final_step,
+        "problems": evals[final_step]["problems"],
+        "train_reward_last": last.get("reward"),
+        "entropy_last": last.get("entropy"),
+        "length_last": last.get("completions/mean_length"),
+        "frac_masked_mean": _mean([c.get("clip/frac_masked") for c in r["curves"]]),
+    }
 
 
 def _mean(xs) -> float | None:
@@ -253,6 +283,9 @@ def paired_difference(rows: list[dict], run: str, reference: str, key: str) -> d
     and its 95% Student-t interval; ``significant`` when the interval excludes 0. None with < 2 shared seeds."""
     from scipy import stats
 
+    benchmarks = {r.get("benchmark") for r in rows}
+    if len(benchmarks) > 1:
+        raise ValueError(f"paired_difference needs the rows of one benchmark, got {sorted(map(str, benchmarks))}")
     by = {(r["method"], r["seed"]): r[key] for r in rows}
     seeds = sorted({s for m, s in by if m == run} & {s for m, s in by if m == reference})
     if run == reference or len(seeds) < 2:
@@ -263,8 +296,20 @@ def paired_difference(rows: list[dict], run: str, reference: str, key: str) -> d
     return {"mean": mean, "low": mean - half, "high": mean + half, "n": n, "significant": bool(half < abs(mean))}
 
 
+def markdown_tables(rows: list[dict], runs: list[str], k: int) -> str:
+    """One :func:`markdown_table` per benchmark, each under its own heading."""
+    parts = []
+    for benchmark, sampling in BENCHMARKS.items():
+        mine = [r for r in rows if r["benchmark"] == benchmark]
+        if mine:
+            head = f"### {benchmark} (T = {sampling['temperature']}, top-p {sampling['top_p']})"
+            parts.append(f"{head}\n\n{markdown_table(mine, runs, k)}")
+    return "\n".join(parts)
+
+
 def markdown_table(rows: list[dict], runs: list[str], k: int) -> str:
-    """Means (and standard deviations) over seeds, with paired differences against clip and atr."""
+    """Means (and standard deviations) over seeds, with paired differences against clip and atr (rows of one
+    benchmark)."""
     key, pkey, bkey = f"mean_at_{k}", f"pass_at_{k}", f"best_mean_at_{k}"
 
     def fmt(d):
@@ -334,10 +379,16 @@ def write_outputs(results: list[dict], settings: dict, out: Path) -> dict:
         for r in results:
             for c in r["curves"]:
                 w.writerow({"method": r["run"], "seed": r["seed"], **c})
-    md = markdown_table(rows, runs, k)
+    md = markdown_tables(rows, runs, k)
     (out / "cpu_llm_table.md").write_text(md)
     plot_curves(results, TABLE2 if set(TABLE2) <= set(runs) else runs, out / "cpu_llm_curves.png")
-    paired = {run: {ref: paired_difference(rows, run, ref, f"mean_at_{k}") for ref in ("clip", "atr")} for run in runs}
+    paired = {
+        benchmark: {
+            run: {ref: paired_difference(mine, run, ref, f"mean_at_{k}") for ref in ("clip", "atr")} for run in runs
+        }
+        for benchmark in BENCHMARKS
+        for mine in [[r for r in rows if r["benchmark"] == benchmark]]
+    }
     summary = {"settings": settings, "versions": _versions(), "paired_mean_at_k": paired, "rows": rows}
     (out / "cpu_llm_table.json").write_text(json.dumps(summary, indent=1))
     return summary
@@ -368,7 +419,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--seeds", nargs="+", type=int)
     ap.add_argument("--max-steps", type=int)
     ap.add_argument("--workers", type=int, default=2, help="parallel training processes (one thread each)")
-    ap.add_argument("--runs-dir", default="runs/cpu_table")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where SFT, GRPO and evaluation run")
+    ap.add_argument("--runs-dir", default="runs/cpu_table_steps")
     ap.add_argument("--out", default="figures")
     args = ap.parse_args(argv)
     settings = dict(QUICK if args.quick else FULL)
@@ -382,7 +434,12 @@ def main(argv=None) -> dict:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     runs_dir = Path(args.runs_dir)
     runs_dir.mkdir(parents=True, exist_ok=True)
-    settings.update(task=TASK, base_config=str(BASE_CONFIG.name), eval_sampling=EVAL_SAMPLING)
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA device is available here (run on a GPU machine, or --device cpu)")
+    settings.update(task=TASK, base_config=str(BASE_CONFIG.name), benchmarks=BENCHMARKS, device=args.device)
 
     import multiprocessing as mp
 
@@ -402,8 +459,8 @@ def main(argv=None) -> dict:
                 "max_steps": settings["max_steps"],
                 "save_steps": settings["save_steps"],
             }
+            for run in settings["runs"]  # run-major: the first runs of the list get every seed first
             for s in settings["seeds"]
-            for run in settings["runs"]
         ]
         futures = [pool.submit(train_and_evaluate, j) for j in jobs]
         for f in tqdm(as_completed(futures), total=len(futures), desc="GRPO runs"):

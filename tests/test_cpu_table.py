@@ -24,7 +24,7 @@ def test_every_run_parses_into_its_method_and_parameters(run):
 
 
 def test_train_and_test_splits_never_share_a_problem():
-    spec = {k: v for k, v in OFFLINE_TASKS["arithmetic-3step"].items() if k != "split"}
+    spec = {k: v for k, v in OFFLINE_TASKS[cpu_table.TASK].items() if k != "split"}
     train_rows = {r["problem"] for s in range(3) for r in arithmetic_dataset(2000, seed=s, split="train", **spec)}
     test_rows = {r["problem"] for r in arithmetic_dataset(200, seed=12345, split="test", **spec)}
     assert train_rows and test_rows and not train_rows & test_rows
@@ -43,6 +43,9 @@ def test_paired_difference_is_scipys_paired_t_interval():
     assert (d["low"], d["high"]) == pytest.approx((ci.low, ci.high), rel=1e-12)
     assert d["significant"] == (ci.low > 0 or ci.high < 0)
     assert cpu_table.paired_difference(rows[:1] + rows[4:5], "x", "clip", "m") is None  # one seed: no interval
+    mixed = [{**r, "benchmark": b} for r in rows for b in ("T0.3", "T1")]
+    with pytest.raises(ValueError, match="one benchmark"):  # (method, seed) pairs of two benchmarks never mix
+        cpu_table.paired_difference(mixed, "x", "clip", "m")
 
 
 @pytest.mark.slow
@@ -51,6 +54,7 @@ def test_quick_table_runs_end_to_end_and_writes_every_output(tmp_path):
     with (tmp_path / "fig" / "cpu_llm_table.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert {(r["method"], r["seed"]) for r in rows} == {("sft", "0"), ("clip", "0"), ("atr", "0")}
+    assert sorted(r["benchmark"] for r in rows) == sorted(list(cpu_table.BENCHMARKS) * 3)  # one row per sampling
     for key in ("method", "seed", "benchmark", "mean_at_8", "pass_at_8", "best_mean_at_8"):
         assert all(r[key] != "" for r in rows)
     assert all(0 <= float(r["mean_at_8"]) <= float(r["pass_at_8"]) <= 100 for r in rows)
@@ -58,6 +62,7 @@ def test_quick_table_runs_end_to_end_and_writes_every_output(tmp_path):
     summary = json.loads((tmp_path / "fig" / "cpu_llm_table.json").read_text())
     assert summary["settings"]["runs"] == ["clip", "atr"] and "torch" in summary["versions"]
     assert (tmp_path / "fig" / "cpu_llm_curves.png").stat().st_size > 0
-    assert "| atr | 1 |" in (tmp_path / "fig" / "cpu_llm_table.md").read_text()
+    md = (tmp_path / "fig" / "cpu_llm_table.md").read_text()
+    assert md.count("| atr | 1 |") == len(cpu_table.BENCHMARKS) and all(f"### {b} " in md for b in cpu_table.BENCHMARKS)
     again = cpu_table.main(["--quick", "--runs-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "fig2")])
     assert again["rows"] == summary["rows"]  # finished runs are read back, not trained again
