@@ -46,6 +46,8 @@ bench: install
 # mutation testing of methods / loss / ranges / divergence ([tool.mutmut] in pyproject.toml); hours on 2 cores
 mutation:
 	$(PIP) install --quiet mutmut==3.8.1
-	rm -rf mutants
+	rm -rf mutants figures/mutation_fresh_process.txt  # fresh verdicts (the script keeps those in its --out)
 	$(PY) -m mutmut run --max-children $$(nproc)
 	$(PY) -m mutmut results --all true > figures/mutation_results.txt || true
+	# mutants of code that runs at import time, which mutmut cannot switch on: each judged in a fresh interpreter
+	$(PY) benchmarks/mutation_fresh_process.py --out figures/mutation_fresh_process.txt

@@ -1,6 +1,7 @@
 """Ratio ranges against independent high-precision computations (mpmath at 50 digits, scipy brentq)."""
 
 import math
+import warnings
 
 import mpmath as mp
 import numpy as np
@@ -224,3 +225,27 @@ def test_trgppo_lower_root_at_p_old_one_is_finite():
     # the lower root is exactly log l = -delta (and the upper root is 0: the token cannot become more likely)
     y_lo, y_hi = at.ranges.trgppo_kl_log_range(np.array([1.0, 0.5]), 0.1)
     assert y_lo[0] == pytest.approx(-0.1, rel=1e-12) and y_hi[0] == 0.0
+
+
+def test_binary_kl_and_trgppo_roots_are_quiet_at_p_old_one():
+    # p_old = 1 makes log1p(-p) = -inf and 0 * inf in the branch np.where discards: no RuntimeWarning may reach
+    # the user (a training loop that logs warnings would log one per step); values against mpmath
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kl = bernoulli_kl_of_log_ratio(np.array([-0.1, 0.2]), np.array([1.0, 0.5]))
+        y_lo, y_hi = at.ranges.trgppo_kl_log_range(np.array([1.0, 0.5]), 0.1)
+    p, w = mp.mpf(0.5), mp.exp(mp.mpf(0.2))
+    assert kl[0] == pytest.approx(0.1, rel=1e-15)  # KL(1 || w) = -log w
+    assert kl[1] == pytest.approx(float(p * mp.log(1 / w) + (1 - p) * mp.log((1 - p) / (1 - p * w))), rel=1e-14)
+    assert np.all(np.isfinite(y_lo)) and np.all(np.isfinite(y_hi))
+
+
+def test_trgppo_clip_range_defaults_are_the_methods_and_its_upper_floor_is_ppos():
+    p = np.array([0.95, 0.99, 0.5, 1e-3])
+    params = at.resolve("trgppo").params  # the registered method's defaults (delta, epsilon)
+    for got, want in zip(at.trgppo_clip_range(p), at.trgppo_clip_range(p, params["delta"], params["epsilon"])):
+        np.testing.assert_array_equal(got, want)
+    # u_KL <= 1/p_old (the token's probability cannot pass 1): below 1 + eps for p_old >= 1/1.2, so there the
+    # upper bound is PPO's own 1 + eps exactly; for a rare token the KL bound is wider
+    _, hi = at.trgppo_clip_range(p, 0.07, 0.2)
+    assert hi[0] == hi[1] == 1.2 and hi[3] > 1.2

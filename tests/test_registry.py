@@ -133,3 +133,26 @@ def test_every_parameter_domain_is_described_and_enforced_at_its_bounds():
                 else:
                     with pytest.raises(ValueError, match=f"{key} must be"):
                         p.check(key, bound, name)
+
+
+def test_method_names_lists_aliases_unless_asked_not_to():
+    # oracle: the registry itself (each spec's own name and its declared aliases)
+    specs = {id(s): s for s in at.METHODS.values()}.values()
+    own = sorted(s.name for s in specs)
+    aliases = sorted(a for s in specs for a in s.aliases)
+    assert aliases, "the registry declares no alias: this test would not test anything"
+    assert at.method_names(aliases=False) == own
+    assert at.method_names() == sorted(own + aliases)  # the default lists the aliases too
+
+
+@pytest.mark.parametrize("name", at.method_names(aliases=False))
+def test_the_full_distribution_flag_matches_what_the_method_reads(name):
+    # the flag decides whether the trainer and the bandit build (B, T, V) log-probs; oracle: the method itself,
+    # called without them (it refuses iff it reads them)
+    logp, old, adv = _batch()
+    mask = torch.ones_like(logp, dtype=torch.bool)
+    if at.METHODS[name].needs_full_distributions:
+        with pytest.raises(ValueError, match="needs the full distributions"):
+            at.policy_loss(logp, old, adv, mask, method=name)
+    else:
+        assert torch.isfinite(at.policy_loss(logp, old, adv, mask, method=name).loss)
