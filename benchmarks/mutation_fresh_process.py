@@ -3,8 +3,8 @@
 mutmut 3 switches a mutant on (``MUTANT_UNDER_TEST``) in a process that has already imported the package, so a
 mutant of a function that runs only at import time -- ``atr_theory.methods.register`` (every ``@register(...)``
 decorator), ``Param.with_default`` (called in those decorators' arguments) and ``ranges._float32_bits`` (module
-constants) -- is never executed and always "survives". Here each such mutant is switched on *before* Python starts, so the registry is built by the mutated
-code, and the test selection of ``[tool.mutmut]`` runs against it (``-x``: the first failure kills it).
+constants) -- is never executed and always "survives". Here each such mutant is switched on *before* Python
+starts, so the registry is built by the mutated code, and the test selection of ``[tool.mutmut]`` runs against it (``-x``: the first failure kills it).
 
     python -m mutmut run ...                                  # (or make mutation) writes mutants/
     python benchmarks/mutation_fresh_process.py [--out figures/mutation_fresh_process.txt]
@@ -13,17 +13,27 @@ Needs a ``mutants/`` directory written by mutmut 3.8.1 (``make mutation``; ``--g
 running anything). Prints and writes one line per mutant: ``killed`` (a test failed or collection broke),
 ``survived`` (every test passed) or ``timeout``; ``--names`` judges chosen mutants of any function the same way
 (a check of mutmut's own verdict), and verdicts already in ``--out`` are kept, so an interrupted run resumes.
+
+``--sample N [--seed S]`` judges a uniform random sample of N of *all* the mutants the same way and states the
+killed fraction with its 95% Wilson interval: an unbiased estimate of the whole run's score where the whole run
+(hours on 2 cores) cannot be afforded (mutant sampling; e.g. Wong & Mathur 1995, Zhang et al. 2010).
+
+    python benchmarks/mutation_fresh_process.py --generate --sample 100 --out figures/mutation_sample.txt
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import random
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from scipy.stats import binomtest
 
 try:
     import tomllib
@@ -45,6 +55,22 @@ def mutant_names(mutants_dir: Path, prefixes: list[str]) -> list[str]:
         source = (mutants_dir / (module.replace(".", "/") + ".py")).read_text()
         names |= {f"{module}.{m}" for m in re.findall(rf"\b({re.escape(func)}__mutmut_\d+)\b", source)}
     return sorted(names, key=lambda n: (n.rpartition("__mutmut_")[0], int(n.rpartition("_")[2])))
+
+
+def all_mutant_names(mutants_dir: Path) -> list[str]:
+    """Every mutant mutmut generated (the keys of its ``*.py.meta`` files), in a fixed order."""
+    names = []
+    for meta in sorted((mutants_dir / "atr_theory").glob("*.py.meta")):
+        names += json.loads(meta.read_text())["exit_code_by_key"]
+    return sorted(names)
+
+
+def sample_mutants(names: list[str], size: int, seed: int) -> list[str]:
+    """A uniform random sample (without replacement) of ``size`` of ``names``: the kill rate of the sample
+    estimates the whole set's (mutant sampling), with a binomial confidence interval."""
+    if not 0 < size <= len(names):
+        raise ValueError(f"sample size must be in 1..{len(names)} (the number of mutants), got {size}")
+    return sorted(random.Random(seed).sample(names, size))
 
 
 def generate(root: Path) -> None:
@@ -73,6 +99,8 @@ def main(argv=None) -> None:
     ap.add_argument("--root", type=Path, default=Path("."))
     ap.add_argument("--functions", nargs="+", default=IMPORT_TIME, help="judge every mutant of these functions")
     ap.add_argument("--names", nargs="+", help="judge these mutants instead (module.function__mutmut_N)")
+    ap.add_argument("--sample", type=int, help="judge a uniform random sample of this many of all the mutants")
+    ap.add_argument("--seed", type=int, default=0, help="seed of --sample")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--out", type=Path, default=Path("figures/mutation_fresh_process.txt"))
     ap.add_argument("--generate", action="store_true", help="write mutants/ first (mutmut's generator, no tests)")
@@ -85,7 +113,10 @@ def main(argv=None) -> None:
         raise SystemExit(f"{mutants_dir} holds no mutated atr_theory: run `make mutation` (mutmut 3.8.1) first")
     pytest_args = [a for a in conf["pytest_add_cli_args"] if a != "--hypothesis-profile=mutation"]
     pytest_args += ["--hypothesis-profile=mutation"]
-    names = args.names or mutant_names(mutants_dir, args.functions)
+    if args.sample:
+        names = sample_mutants(all_mutant_names(mutants_dir), args.sample, args.seed)
+    else:
+        names = args.names or mutant_names(mutants_dir, args.functions)
     # verdicts already in --out are kept (an interrupted run goes on where it stopped)
     done = dict(line.split(": ", 1) for line in _lines(args.out)) if args.out.exists() else {}
     t0 = time.time()
@@ -95,7 +126,17 @@ def main(argv=None) -> None:
             print(f"{name}: {done[name]}", flush=True)
             _write(args.out, done, f"# in progress ({time.time() - t0:.0f} s this call)")
     counts = {v: sum(done[n] == v for n in names) for v in ("killed", "survived", "timeout")}
-    _write(args.out, done, f"# {len(names)} mutants, each switched on before Python starts: {counts}")
+    header = f"# {len(names)} mutants, each switched on before Python starts: {counts}"
+    if args.sample:
+        killed = counts["killed"] + counts["timeout"]
+        ci = binomtest(killed, len(names)).proportion_ci(method="wilson")  # Wilson (1927) score interval, 95%
+        low, high = ci.low, ci.high
+        header = (
+            f"# a uniform sample (seed {args.seed}) of {len(names)} of {len(all_mutant_names(mutants_dir))} mutants,"
+            f" each switched on before Python starts: {counts}; killed (timeouts included) {killed / len(names):.1%},"
+            f" 95% Wilson interval [{low:.1%}, {high:.1%}]"
+        )
+    _write(args.out, done, header)
     print(counts)
 
 

@@ -38,3 +38,80 @@ def test_gpu_step_pipeline_on_a_tiny_cpu_model(tmp_path):
     (cmp,) = res["first_step_agreement"].values()
     assert cmp["same_completions"] and cmp["grad_tensors_compared"] > 0
     assert cmp["loss_abs_diff"] < 1e-6 and cmp["grad_rel_diff"] < 1e-5 and cmp["grad_norm"] > 0
+
+
+def _mutation_harness():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "mutation_fresh_process", ROOT / "benchmarks" / "mutation_fresh_process.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_mutant_sample_is_uniform_without_replacement_and_reproducible(tmp_path):
+    harness = _mutation_harness()
+    (tmp_path / "atr_theory").mkdir()
+    keys = {f"atr_theory.loss.x_f__mutmut_{i}": None for i in range(1, 41)}
+    (tmp_path / "atr_theory" / "loss.py.meta").write_text(json.dumps({"exit_code_by_key": keys}))
+    keys2 = {f"atr_theory.ranges.x_g__mutmut_{i}": None for i in range(1, 21)}
+    (tmp_path / "atr_theory" / "ranges.py.meta").write_text(json.dumps({"exit_code_by_key": keys2}))
+    names = harness.all_mutant_names(tmp_path)
+    assert len(names) == 60 and set(names) == set(keys) | set(keys2)
+    sample = harness.sample_mutants(names, 10, seed=3)
+    assert len(set(sample)) == 10 and set(sample) <= set(names)
+    assert sample == harness.sample_mutants(names, 10, seed=3) != harness.sample_mutants(names, 10, seed=4)
+    # uniform: over many seeds every mutant is drawn about 10 / 60 of the time
+    counts = {n: 0 for n in names}
+    for seed in range(3000):
+        for n in harness.sample_mutants(names, 10, seed):
+            counts[n] += 1
+    assert all(abs(c / 3000 - 1 / 6) < 0.03 for c in counts.values())
+    with pytest.raises(ValueError, match="sample size must be in 1..60"):
+        harness.sample_mutants(names, 61, seed=0)
+
+
+def test_pack_runs_keeps_what_resuming_and_the_table_need(tmp_path, monkeypatch):
+    """A finished run keeps only result.json; an unfinished run keeps its weights and the latest checkpoint's
+    optimizer state; SFT models are kept whole; unpacking the parts restores exactly the kept files."""
+    import importlib.util
+    import tarfile
+
+    spec = importlib.util.spec_from_file_location("pack_runs", ROOT / "benchmarks" / "pack_runs.py")
+    pack_runs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pack_runs)
+    monkeypatch.chdir(tmp_path)
+    files = {
+        "runs/sft-s0/model.safetensors": b"sft",
+        "runs/sft-s0/result.json": b"{}",
+        "runs/clip-s0/result.json": b"{}",
+        "runs/clip-s0/checkpoint-250/model.safetensors": b"w",
+        "runs/clip-s0/final/model.safetensors": b"w",
+        "runs/atr-s0/checkpoint-250/model.safetensors": b"w250",
+        "runs/atr-s0/checkpoint-250/optimizer.pt": b"o250",
+        "runs/atr-s0/checkpoint-500/model.safetensors": b"w500",
+        "runs/atr-s0/checkpoint-500/optimizer.pt": b"o500",
+        "runs/atr-s0/checkpoint-500/eval/samples.jsonl": b"s",
+        "runs/atr-s0/train.log": b"log",
+        "runs/table.log": b"log",
+    }
+    for name, data in files.items():
+        Path(name).parent.mkdir(parents=True, exist_ok=True)
+        Path(name).write_bytes(data)
+    kept = {str(p) for p in pack_runs.files_to_keep(Path("runs"))}
+    dropped = {
+        "runs/clip-s0/checkpoint-250/model.safetensors",
+        "runs/clip-s0/final/model.safetensors",
+        "runs/atr-s0/checkpoint-250/optimizer.pt",
+        "runs/atr-s0/checkpoint-500/eval/samples.jsonl",
+    }
+    assert kept == set(files) - dropped
+    (tmp_path / "out").mkdir()
+    parts = pack_runs.pack(Path("runs"), tmp_path / "out" / "runs.tar.gz", part_mib=100 / 2**20)  # 100-byte parts
+    assert len(parts) > 1 and all(p.stat().st_size <= 100 for p in parts)
+    joined = tmp_path / "joined.tar.gz"
+    joined.write_bytes(b"".join(p.read_bytes() for p in parts))
+    with tarfile.open(joined) as tar:
+        assert set(tar.getnames()) >= kept and {m.name for m in tar.getmembers() if m.isfile()} == kept
