@@ -94,6 +94,30 @@ def judge(name: str, mutants_dir: Path, tests: list[str], pytest_args: list[str]
     return "survived" if rc == 0 else "killed"
 
 
+def check_setup(mutants_dir: Path, tests: list[str], pytest_args: list[str]) -> float:
+    """mutmut's own two checks before any verdict, in this harness's fresh-interpreter setting: with no mutant
+    switched on every selected test passes (else every mutant would read "killed"), and with the trampolines'
+    ``fail`` switch a test fails (else the tests import an unmutated copy and every mutant would "survive").
+    Returns the clean run's seconds (a survivor costs about that long)."""
+    cmd = [sys.executable, "-m", "pytest", *tests, *pytest_args]
+    env = {**os.environ, "PYTHONPATH": str(mutants_dir)}
+    t0 = time.time()
+    clean = subprocess.run(
+        cmd, cwd=mutants_dir, env={**env, "MUTANT_UNDER_TEST": "none"}, capture_output=True, text=True
+    )
+    seconds = time.time() - t0
+    if clean.returncode != 0:
+        raise SystemExit(
+            f"the tests fail with no mutant switched on: no verdict would mean anything\n{clean.stdout[-3000:]}"
+        )
+    failing = subprocess.run(
+        cmd, cwd=mutants_dir, env={**env, "MUTANT_UNDER_TEST": "fail"}, capture_output=True, text=True
+    )
+    if failing.returncode == 0:
+        raise SystemExit("the tests pass with every mutant set to fail: they import an unmutated atr_theory")
+    return seconds
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", type=Path, default=Path("."))
@@ -119,10 +143,16 @@ def main(argv=None) -> None:
         names = args.names or mutant_names(mutants_dir, args.functions)
     # verdicts already in --out are kept (an interrupted run goes on where it stopped)
     done = dict(line.split(": ", 1) for line in _lines(args.out)) if args.out.exists() else {}
+    tests = conf["pytest_add_cli_args_test_selection"]
+    if any(name not in done for name in names):
+        clean = check_setup(mutants_dir, tests, pytest_args)
+        print(
+            f"setup checked: the selection passes unmutated ({clean:.0f} s) and fails with the fail switch", flush=True
+        )
     t0 = time.time()
     for name in names:
         if name not in done:
-            done[name] = judge(name, mutants_dir, conf["pytest_add_cli_args_test_selection"], pytest_args, args.timeout)
+            done[name] = judge(name, mutants_dir, tests, pytest_args, args.timeout)
             print(f"{name}: {done[name]}", flush=True)
             _write(args.out, done, f"# in progress ({time.time() - t0:.0f} s this call)")
     counts = {v: sum(done[n] == v for n in names) for v in ("killed", "survived", "timeout")}
