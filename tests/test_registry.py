@@ -119,6 +119,28 @@ def test_a_registration_whose_function_does_not_take_its_declared_parameters_is_
     assert "bad" not in at.METHODS
 
 
+def test_a_registration_with_forms_outside_the_known_ones_or_without_its_default_is_refused():
+    def declare(default_form, forms):
+        return at.register("bad", params={}, default_form=default_form, forms=forms, reference="-")
+
+    # the default form must be one of the method's forms, and every form one of FORMS: each alone is refused
+    for default_form, forms in (("mask", ("min",)), ("min", ("min", "clamp")), ("clamp", ("clamp",))):
+        with pytest.raises(ValueError, match=rf"method 'bad': forms .* must be among .* and include '{default_form}'"):
+            declare(default_form, forms)
+    assert "bad" not in at.METHODS
+    # a name (or alias) already in the table is refused, and the table keeps the method it had
+    clip = at.METHODS["clip"]
+    with pytest.raises(ValueError, match="method 'clip' is already registered"):
+        at.register("clip", params={}, default_form="min", forms=("min",), reference="-")(lambda batch: None)
+    assert at.METHODS["clip"] is clip
+    # a method may offer every form there is (a subset, not a strict subset, of FORMS)
+    declare("min", at.methods.FORMS)(lambda batch: None)
+    try:
+        assert at.METHODS["bad"].forms == at.methods.FORMS
+    finally:
+        at.unregister("bad")
+
+
 def test_every_parameter_domain_is_described_and_enforced_at_its_bounds():
     for name in at.method_names(aliases=False):
         spec = at.METHODS[name]
