@@ -112,8 +112,9 @@ def _log(w: Any) -> Any:
     if _is_torch(w):
         return torch.log(w)
     w = np.asarray(w, dtype=float)
-    if np.any(w <= 0):
-        raise ValueError(f"ratio w must be > 0, got min {w.min()!r}")
+    bad = ~(w > 0)  # NaN too
+    if np.any(bad):
+        raise ValueError(f"ratio w must be a number > 0, got {float(w[bad].flat[0])!r}")
     return np.log(w)
 
 

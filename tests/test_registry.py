@@ -141,6 +141,18 @@ def test_a_registration_with_forms_outside_the_known_ones_or_without_its_default
         at.unregister("bad")
 
 
+def test_unregister_by_any_name_removes_the_method_and_every_alias_and_nothing_else():
+    before = dict(at.METHODS)
+    at.register("bad", params={}, default_form="none", forms=("none",), reference="-", aliases=("bad2", "bad3"))(
+        lambda batch: None
+    )
+    assert {"bad", "bad2", "bad3"} <= set(at.METHODS)
+    at.unregister("bad3")  # an alias names the method as well as its own name does
+    assert at.METHODS == before
+    with pytest.raises(ValueError, match="unknown method 'bad'"):
+        at.unregister("bad")
+
+
 def test_every_parameter_domain_is_described_and_enforced_at_its_bounds():
     for name in at.method_names(aliases=False):
         spec = at.METHODS[name]
