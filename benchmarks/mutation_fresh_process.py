@@ -66,11 +66,29 @@ def all_mutant_names(mutants_dir: Path) -> list[str]:
 
 
 def sample_mutants(names: list[str], size: int, seed: int) -> list[str]:
-    """A uniform random sample (without replacement) of ``size`` of ``names``: the kill rate of the sample
-    estimates the whole set's (mutant sampling), with a binomial confidence interval."""
+    """A uniform random sample (without replacement) of ``size`` of ``names``, in random order: the kill rate of the
+    sample estimates the whole set's (mutant sampling), with a binomial confidence interval, and so does that of any
+    prefix (a run stopped early still reports an unbiased estimate)."""
     if not 0 < size <= len(names):
         raise ValueError(f"sample size must be in 1..{len(names)} (the number of mutants), got {size}")
-    return sorted(random.Random(seed).sample(names, size))
+    return random.Random(seed).sample(names, size)
+
+
+def sample_summary(sample: list[str], done: dict[str, str], seed: int, population: int) -> str:
+    """The kill rate of the longest judged prefix of ``sample`` with its 95% Wilson (1927) interval (scipy)."""
+    judged = 0
+    while judged < len(sample) and sample[judged] in done:
+        judged += 1
+    counts = {v: sum(done[n] == v for n in sample[:judged]) for v in ("killed", "survived", "timeout")}
+    head = f"# a uniform sample (seed {seed}) of {len(sample)} of {population} mutants, judged in fresh interpreters"
+    if judged == 0:
+        return f"{head}; none judged yet"
+    killed = counts["killed"] + counts["timeout"]
+    ci = binomtest(killed, judged).proportion_ci(method="wilson")
+    return (
+        f"{head}; the first {judged} in its random order: {counts}; killed (timeouts included) {killed / judged:.1%},"
+        f" 95% Wilson interval [{ci.low:.1%}, {ci.high:.1%}]"
+    )
 
 
 def generate(root: Path) -> None:
@@ -137,8 +155,9 @@ def main(argv=None) -> None:
         raise SystemExit(f"{mutants_dir} holds no mutated atr_theory: run `make mutation` (mutmut 3.8.1) first")
     pytest_args = [a for a in conf["pytest_add_cli_args"] if a != "--hypothesis-profile=mutation"]
     pytest_args += ["--hypothesis-profile=mutation"]
+    population = all_mutant_names(mutants_dir)
     if args.sample:
-        names = sample_mutants(all_mutant_names(mutants_dir), args.sample, args.seed)
+        names = sample_mutants(population, args.sample, args.seed)
     else:
         names = args.names or mutant_names(mutants_dir, args.functions)
     # verdicts already in --out are kept (an interrupted run goes on where it stopped)
@@ -154,18 +173,14 @@ def main(argv=None) -> None:
         if name not in done:
             done[name] = judge(name, mutants_dir, tests, pytest_args, args.timeout)
             print(f"{name}: {done[name]}", flush=True)
-            _write(args.out, done, f"# in progress ({time.time() - t0:.0f} s this call)")
+            progress = f"# in progress ({time.time() - t0:.0f} s this call)"
+            if args.sample:
+                progress += "\n" + sample_summary(names, done, args.seed, len(population))
+            _write(args.out, done, progress)
     counts = {v: sum(done[n] == v for n in names) for v in ("killed", "survived", "timeout")}
     header = f"# {len(names)} mutants, each switched on before Python starts: {counts}"
     if args.sample:
-        killed = counts["killed"] + counts["timeout"]
-        ci = binomtest(killed, len(names)).proportion_ci(method="wilson")  # Wilson (1927) score interval, 95%
-        low, high = ci.low, ci.high
-        header = (
-            f"# a uniform sample (seed {args.seed}) of {len(names)} of {len(all_mutant_names(mutants_dir))} mutants,"
-            f" each switched on before Python starts: {counts}; killed (timeouts included) {killed / len(names):.1%},"
-            f" 95% Wilson interval [{low:.1%}, {high:.1%}]"
-        )
+        header = sample_summary(names, done, args.seed, len(population))
     _write(args.out, done, header)
     print(counts)
 

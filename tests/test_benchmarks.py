@@ -52,6 +52,8 @@ def _mutation_harness():
 
 
 def test_mutant_sample_is_uniform_without_replacement_and_reproducible(tmp_path):
+    from scipy.stats import binomtest
+
     harness = _mutation_harness()
     (tmp_path / "atr_theory").mkdir()
     keys = {f"atr_theory.loss.x_f__mutmut_{i}": None for i in range(1, 41)}
@@ -69,6 +71,13 @@ def test_mutant_sample_is_uniform_without_replacement_and_reproducible(tmp_path)
         for n in harness.sample_mutants(names, 10, seed):
             counts[n] += 1
     assert all(abs(c / 3000 - 1 / 6) < 0.03 for c in counts.values())
+    # a run stopped early reports the longest judged prefix of the random order (itself a uniform sample)
+    done = {sample[0]: "killed", sample[1]: "survived", sample[2]: "timeout", sample[4]: "killed"}
+    summary = harness.sample_summary(sample, done, seed=3, population=60)
+    assert "sample (seed 3) of 10 of 60 mutants" in summary and "the first 3 in its random order" in summary
+    ci = binomtest(2, 3).proportion_ci(method="wilson")
+    assert f"killed (timeouts included) 66.7%, 95% Wilson interval [{ci.low:.1%}, {ci.high:.1%}]" in summary
+    assert "none judged yet" in harness.sample_summary(sample, {}, seed=3, population=60)
     with pytest.raises(ValueError, match="sample size must be in 1..60"):
         harness.sample_mutants(names, 61, seed=0)
 
