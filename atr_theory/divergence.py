@@ -111,7 +111,10 @@ def is_kl3_from_log_ratio(y: Any) -> Any:
 def _log(w: Any) -> Any:
     if _is_torch(w):
         return torch.log(w)
-    w = np.asarray(w, dtype=float)
+    w = np.asarray(w)
+    if w.dtype.kind not in "biuf":
+        raise TypeError(f"ratio w must be a real number or array of them, got dtype {w.dtype} ({w.flat[0].item()!r})")
+    w = w.astype(float)
     bad = ~(w > 0)  # NaN too
     if np.any(bad):
         raise ValueError(f"ratio w must be a number > 0, got {float(w[bad].flat[0])!r}")

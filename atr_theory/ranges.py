@@ -289,8 +289,9 @@ def trgppo_kl_log_range_torch(p_old, delta: float, max_iter: int = 60):
     check_positive("delta", delta, allow_array=False)
     p = torch.as_tensor(p_old).to(torch.float64)
     tracing = torch.compiler.is_compiling()  # no host reads then: a fixed number of steps, no input scan
-    if not tracing and bool(((p <= 0) | (p > 1) | ~torch.isfinite(p)).any()):
-        raise ValueError("p_old must lie in (0, 1]")
+    bad = (p <= 0) | (p > 1) | ~torch.isfinite(p)
+    if not tracing and bool(bad.any()):
+        raise ValueError(f"p_old must lie in (0, 1], got {float(p[bad].flatten()[0])!r}")
     q = 1.0 - p
     interior = q > 0
     ps = torch.where(interior, p, torch.full_like(p, 0.5)).clamp_min(1e-250)

@@ -272,3 +272,14 @@ def test_the_four_estimators_of_a_ratio_against_mpmath(backend):
     for bad, shown in ((np.array([1.0, -0.5]), r"-0\.5"), (0.0, r"0\.0"), (np.array([2.0, np.nan]), "nan")):
         with pytest.raises(ValueError, match=rf"ratio w must be a number > 0, got {shown}"):
             at.kl3(bad)
+    with pytest.raises(TypeError, match=r"ratio w must be a real number or array of them, got dtype <U1 \('2'\)"):
+        at.kl3("2")
+    assert at.kl2([1, 2]) == pytest.approx([0.0, math.log(2) ** 2 / 2], rel=1e-15)  # integers are numbers
+
+
+def test_trgppo_torch_bounds_refuse_a_p_old_outside_its_domain_naming_it():
+    import torch
+
+    for bad, shown in ((0.0, r"0\.0"), (1.5, r"1\.5"), (float("nan"), "nan"), (-0.1, r"-0\.1")):
+        with pytest.raises(ValueError, match=rf"p_old must lie in \(0, 1\], got {shown}"):
+            at.ranges.trgppo_kl_log_range_torch(torch.tensor([0.5, bad], dtype=torch.float64), 0.07)
