@@ -496,3 +496,16 @@ def test_gspo_on_a_one_token_sequence_is_token_level_clipping():
     torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-14, atol=0)
     torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-14, atol=0)
     assert results[0][1][0, 0] == 0.0 and results[0][1][1, 0] != 0.0  # the first row is clipped, the second is not
+
+
+@pytest.mark.parametrize("form", ["min", "mask"])
+def test_float64_clip_bounds_are_not_rounded_to_float32(form):
+    # 1 + eps = 1.2 in float64, but float32(1.2) = 1.20000005: a ratio between the two lies outside the float64 range
+    # and must be frozen (zero gradient); a bound built in float32 would keep it
+    w = torch.tensor([[1.2 + 2e-8, 1.2 - 2e-8]], dtype=torch.float64)
+    assert float(torch.tensor(1.2, dtype=torch.float32)) > w[0, 0].item() > 1.2
+    old = torch.full_like(w, -1.0)
+    logp = (old + torch.log(w)).requires_grad_(True)
+    out = at.policy_loss(logp, old, torch.ones_like(w), torch.ones_like(w, dtype=torch.bool), method="clip", form=form)
+    out.loss.backward()
+    assert logp.grad[0, 0] == 0.0 and logp.grad[0, 1] != 0.0
