@@ -109,6 +109,7 @@ def is_kl3_from_log_ratio(y: Any) -> Any:
 
 
 def _log(w: Any) -> Any:
+    """``log w`` of a ratio: torch as given; numpy refuses a non-numeric ``w`` (TypeError), NaN and ``w <= 0``."""
     if _is_torch(w):
         return torch.log(w)
     w = np.asarray(w)
