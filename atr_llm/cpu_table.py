@@ -18,7 +18,9 @@ Writes into ``--out`` (default ``figures/``): ``cpu_llm_table.csv`` (one row per
 ``cpu_llm_table.md`` (means over seeds, paired differences against clip and atr with 95% t intervals),
 ``cpu_llm_curves.csv`` + ``cpu_llm_curves.png`` (training reward, entropy, completion length: Figs. 3-5's
 quantities) and ``cpu_llm_table.json`` (settings, versions, paired statistics). Runs live in ``--runs-dir``;
-a finished run (``result.json``) is not trained again, so an interrupted table resumes.
+a finished run (``result.json``) is not trained again, so an interrupted table resumes. The table in ``--out``
+accumulates: rows of an earlier invocation with the same protocol stay (a re-run (run, seed) replaces its own),
+so rows can be added in later sessions even when their ``--runs-dir`` is gone (``--replace-table`` starts over).
 """
 
 from __future__ import annotations
@@ -364,24 +366,85 @@ def plot_curves(results: list[dict], runs: list[str], path: Path) -> None:
     plt.close(fig)
 
 
-def write_outputs(results: list[dict], settings: dict, out: Path) -> dict:
+_PROTOCOL_KEYS = (
+    "sft_steps",
+    "max_steps",
+    "save_steps",
+    "test_problems",
+    "samples",
+    "task",
+    "base_config",
+    "benchmarks",
+)
+"""Settings that must agree for two invocations' rows to share one table (everything but runs, seeds, device)."""
+
+
+def previous_outputs(out: Path, settings: dict, fresh: set[tuple[str, int]]) -> tuple[list[dict], list[dict], str]:
+    """The rows and training curves already written into ``out`` by an earlier invocation with the same protocol
+    (:data:`_PROTOCOL_KEYS`), for the (run, seed) pairs that are not in ``fresh``; so the table accumulates over
+    invocations (and sessions whose ``--runs-dir`` is gone) while a re-run pair replaces its old rows.
+
+    Returns ``(rows, curve_sets, why)``: ``curve_sets`` are ``{"run", "seed", "curves"}`` dicts like the results';
+    ``why`` says what was kept or, when nothing is, why (no earlier output, or a different protocol, named)."""
+    summary_path, curves_path = out / "cpu_llm_table.json", out / "cpu_llm_curves.csv"
+    if not summary_path.exists():
+        return [], [], "no earlier table in " + str(out)
+    before = json.loads(summary_path.read_text())
+    differ = [key for key in _PROTOCOL_KEYS if before.get("settings", {}).get(key) != settings.get(key)]
+    if differ:
+        return [], [], f"earlier table in {out} not kept: its settings differ in {differ}"
+    rows = [r for r in before["rows"] if (r["method"], r["seed"]) not in fresh]
+    kept = {(r["method"], r["seed"]) for r in rows}
+    curves: dict[tuple[str, int], list[dict]] = {}
+    if curves_path.exists():
+        with curves_path.open(newline="") as f:
+            for point in csv.DictReader(f):
+                pair = (point["method"], int(point["seed"]))
+                if pair in kept:
+                    curves.setdefault(pair, []).append({k: _number_or_none(point[k]) for k in CURVE_KEYS})
+    curve_sets = [{"run": run, "seed": seed, "curves": c} for (run, seed), c in curves.items()]
+    return rows, curve_sets, f"kept {len(kept)} (run, seed) pairs of the earlier table in {out}"
+
+
+def _number_or_none(text: str) -> float | int | None:
+    """A CSV cell back to the number ``csv.DictWriter`` wrote (``""`` was None)."""
+    if text == "":
+        return None
+    value = float(text)
+    return int(value) if value.is_integer() and "." not in text and "e" not in text.lower() else value
+
+
+def _table_order(runs: set[str]) -> list[str]:
+    """Runs in the order of :data:`CPU_RUNS` (Table 2, Table 3, the ablation), unknown names last."""
+    known = [r for r in CPU_RUNS if r in runs]
+    return known + sorted(runs - set(known))
+
+
+def write_outputs(results: list[dict], settings: dict, out: Path, keep_previous: bool = True) -> dict:
+    """Write the CSV / Markdown / JSON / curves of :func:`main` into ``out``; with ``keep_previous`` the rows of
+    earlier invocations with the same protocol stay (:func:`previous_outputs`), and the table covers all of them."""
     k = settings["samples"]
-    runs = settings["runs"]
-    rows = table_rows(results, k)
+    fresh = {(r["run"], r["seed"]) for r in results}
+    old_rows, old_curves, why = previous_outputs(out, settings, fresh) if keep_previous else ([], [], "")
+    if why:
+        print(why)
+    rows = old_rows + table_rows(results, k)
+    curve_sets = old_curves + [{"run": r["run"], "seed": r["seed"], "curves": r["curves"]} for r in results]
+    runs = _table_order({r["method"] for r in rows} - {"sft"})
     out.mkdir(parents=True, exist_ok=True)
     with (out / "cpu_llm_table.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
-        w.writerows(sorted(rows, key=lambda r: (r["method"], r["seed"])))
+        w.writerows(sorted(rows, key=lambda r: (r["method"], r["seed"], r["benchmark"])))
     with (out / "cpu_llm_curves.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["method", "seed", *CURVE_KEYS])
         w.writeheader()
-        for r in results:
+        for r in sorted(curve_sets, key=lambda r: (r["run"], r["seed"])):
             for c in r["curves"]:
                 w.writerow({"method": r["run"], "seed": r["seed"], **c})
     md = markdown_tables(rows, runs, k)
     (out / "cpu_llm_table.md").write_text(md)
-    plot_curves(results, TABLE2 if set(TABLE2) <= set(runs) else runs, out / "cpu_llm_curves.png")
+    plot_curves(curve_sets, TABLE2 if set(TABLE2) <= set(runs) else runs, out / "cpu_llm_curves.png")
     paired = {
         benchmark: {
             run: {ref: paired_difference(mine, run, ref, f"mean_at_{k}") for ref in ("clip", "atr")} for run in runs
@@ -389,7 +452,13 @@ def write_outputs(results: list[dict], settings: dict, out: Path) -> dict:
         for benchmark in BENCHMARKS
         for mine in [[r for r in rows if r["benchmark"] == benchmark]]
     }
-    summary = {"settings": settings, "versions": _versions(), "paired_mean_at_k": paired, "rows": rows}
+    seeds = sorted({r["seed"] for r in rows})
+    summary = {
+        "settings": {**settings, "runs": runs, "seeds": seeds, "this_invocation": sorted(map(list, fresh))},
+        "versions": _versions(),
+        "paired_mean_at_k": paired,
+        "rows": rows,
+    }
     (out / "cpu_llm_table.json").write_text(json.dumps(summary, indent=1))
     return summary
 
@@ -422,6 +491,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where SFT, GRPO and evaluation run")
     ap.add_argument("--runs-dir", default="runs/cpu_table_steps")
     ap.add_argument("--out", default="figures")
+    ap.add_argument(
+        "--replace-table",
+        action="store_true",
+        help="write only this invocation's rows (default: add them to the table already in --out, if its settings match)",
+    )
     args = ap.parse_args(argv)
     settings = dict(QUICK if args.quick else FULL)
     if args.runs:
@@ -465,7 +539,7 @@ def main(argv=None) -> dict:
         futures = [pool.submit(train_and_evaluate, j) for j in jobs]
         for f in tqdm(as_completed(futures), total=len(futures), desc="GRPO runs"):
             results.append(f.result())
-    summary = write_outputs(results, settings, Path(args.out))
+    summary = write_outputs(results, settings, Path(args.out), keep_previous=not args.replace_table)
     print((Path(args.out) / "cpu_llm_table.md").read_text())
     return summary
 

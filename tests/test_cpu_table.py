@@ -66,3 +66,48 @@ def test_quick_table_runs_end_to_end_and_writes_every_output(tmp_path):
     assert md.count("| atr | 1 |") == len(cpu_table.BENCHMARKS) and all(f"### {b} " in md for b in cpu_table.BENCHMARKS)
     again = cpu_table.main(["--quick", "--runs-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "fig2")])
     assert again["rows"] == summary["rows"]  # finished runs are read back, not trained again
+
+
+def _fake_result(run: str, seed: int, score: float) -> dict:
+    evals = {b: {"mean@8": score, "pass@8": min(100.0, score + 10), "problems": 4} for b in cpu_table.BENCHMARKS}
+    curves = [
+        {"step": s, **{k: (score / 100 if k != "step" else s) for k in cpu_table.CURVE_KEYS[1:]}} for s in (10, 20)
+    ]
+    return {"run": run, "seed": seed, "evals": {"0": evals}, "curves": curves if run != "sft" else []}
+
+
+def test_table_accumulates_over_invocations_and_a_rerun_pair_replaces_its_rows(tmp_path):
+    settings = {**cpu_table.FULL, "task": cpu_table.TASK, "base_config": "cpu-table.yaml"}
+    settings.update(benchmarks=cpu_table.BENCHMARKS, device="cpu")
+    first = [_fake_result(run, s, 40.0 + s) for run in ("sft", "clip", "atr") for s in (0, 1)]
+    cpu_table.write_outputs(first, {**settings, "runs": ["clip", "atr"], "seeds": [0, 1]}, tmp_path)
+    # a later invocation (its runs directory gone) adds clip-cov and re-runs atr seed 1 with a new score
+    second = [_fake_result("clip-cov", s, 30.0 + s) for s in (0, 1)] + [_fake_result("atr", 1, 70.0)]
+    summary = cpu_table.write_outputs(second, {**settings, "runs": ["clip-cov", "atr"], "seeds": [0, 1]}, tmp_path)
+    got = {(r["method"], r["seed"], r["benchmark"]): r["mean_at_8"] for r in summary["rows"]}
+    assert len(got) == len(summary["rows"]) == 4 * 2 * len(cpu_table.BENCHMARKS)  # no pair twice
+    assert got[("atr", 1, "steps-test-T1")] == 70.0 and got[("atr", 0, "steps-test-T1")] == 40.0
+    assert got[("clip-cov", 1, "steps-test-T0.3")] == 31.0 and got[("clip", 1, "steps-test-T0.3")] == 41.0
+    assert summary["settings"]["runs"] == ["clip", "clip-cov", "atr"]  # Table 2's order
+    # paired differences use the merged rows: clip-cov - clip = -10 on both seeds
+    d = summary["paired_mean_at_k"]["steps-test-T1"]["clip-cov"]["clip"]
+    assert d["mean"] == pytest.approx(-10.0) and d["n"] == 2
+    with (tmp_path / "cpu_llm_curves.csv").open() as f:
+        points = list(csv.DictReader(f))
+    assert {(p["method"], p["seed"]) for p in points} == {
+        (r, str(s)) for r in ("clip", "atr", "clip-cov") for s in (0, 1)
+    }
+    assert [float(p["reward"]) for p in points if (p["method"], p["seed"]) == ("atr", "1")] == [0.7, 0.7]
+    assert "| clip-cov | 2 |" in (tmp_path / "cpu_llm_table.md").read_text()
+    # another protocol (here: fewer training steps) never mixes into the table; --replace-table starts over
+    other = cpu_table.write_outputs(
+        [_fake_result("kl1", 0, 50.0)], {**settings, "max_steps": 10, "runs": ["kl1"], "seeds": [0]}, tmp_path
+    )
+    assert {r["method"] for r in other["rows"]} == {"kl1"}
+    again = cpu_table.write_outputs(
+        [_fake_result("kl2", 0, 50.0)],
+        {**settings, "max_steps": 10, "runs": ["kl2"], "seeds": [0]},
+        tmp_path,
+        keep_previous=False,
+    )
+    assert {r["method"] for r in again["rows"]} == {"kl2"}
