@@ -395,6 +395,10 @@ def _bad(**kw):
         (dict(mask=torch.full((3, 6), 0.5)), "mask must be boolean or hold only 0 and 1, got the value 0.5"),
         (dict(mask=-torch.ones(3, 6)), "mask must be boolean or hold only 0 and 1, got the value -1"),
         (dict(mask=torch.full((3, 6), math.nan)), "mask must be boolean or hold only 0 and 1, got the value nan"),
+        (  # the value named is the bad one, not the first padded 0 or valid 1 before it
+            dict(mask=torch.tensor([[1.0, 0, 0, 0, 0, 0], [1, 1, 0.5, 0, 0, 0], [1, 1, 1, 1, 1, 1]])),
+            "mask must be boolean or hold only 0 and 1, got the value 0.5",
+        ),
         (dict(logp=torch.zeros(3, 6, dtype=torch.long)), "logp must be a floating-point tensor, got dtype torch.int64"),
         (dict(old_logp=torch.zeros(3, 6, dtype=torch.bool)), "old_logp must be a floating-point tensor"),
         (
