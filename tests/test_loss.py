@@ -385,6 +385,9 @@ def _bad(**kw):
         (dict(method="clip", delta=0.1), r"unknown parameter\(s\) \['delta'\] for method 'clip'"),
         (dict(method="sapo", form="mask"), "form 'mask' is not available for method 'sapo'"),
         (dict(method="tr_ppo"), "needs the full distributions"),
+        (dict(method="tr_ppo", full_logp=torch.zeros(3, 6, 4)), "needs the full distributions"),  # one of two
+        (dict(method="tr_ppo", old_full_logp=torch.zeros(3, 6, 4)), "needs the full distributions"),
+        (dict(method="clip", epsilon=-0.1), r"epsilon must be in .*, got -0\.1 \(method 'clip'\)"),
         (dict(old_logp=torch.zeros(3, 5)), r"old_logp must have shape \(3, 6\)"),
         (dict(mask=torch.ones(2, 6)), "mask must have shape"),
         (dict(advantages=torch.zeros(4)), "advantages must have shape"),
@@ -415,6 +418,21 @@ def _bad(**kw):
 def test_bad_input_raises_value_error_naming_the_argument(kwargs, match):
     with pytest.raises(ValueError, match=match):
         _bad(**kwargs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.uint8])
+@pytest.mark.parametrize("method", ["atr", "clip", "gspo", "sapo"])
+def test_a_numeric_0_1_mask_is_the_boolean_mask(dtype, method):
+    """TRL passes its completion mask as integers, others as floats: any 0/1 mask equals the boolean one."""
+    logp, old, adv, _ = _batch(4, B=3, T=6)
+    lengths = torch.tensor([6, 3, 1])
+    mask = torch.arange(6) < lengths[:, None]
+    reference = at.policy_loss(logp, old, adv, mask, method=method)
+    (g_ref,) = torch.autograd.grad(reference.loss, logp)
+    got = at.policy_loss(logp, old, adv, mask.to(dtype), method=method)
+    (g,) = torch.autograd.grad(got.loss, logp)
+    torch.testing.assert_close(got.loss, reference.loss, rtol=0, atol=0)
+    torch.testing.assert_close(g, g_ref, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("value,kind", [(math.nan, "NaN"), (math.inf, r"\+inf"), (-math.inf, "-inf")])
