@@ -387,6 +387,11 @@ def _bad(**kw):
         (dict(method="tr_ppo"), "needs the full distributions"),
         (dict(method="tr_ppo", full_logp=torch.zeros(3, 6, 4)), "needs the full distributions"),  # one of two
         (dict(method="tr_ppo", old_full_logp=torch.zeros(3, 6, 4)), "needs the full distributions"),
+        (
+            dict(method="tr_ppo", old_full_logp=torch.zeros(3, 5, 4), full_logp=torch.zeros(3, 6, 4)),
+            r"old_full_logp must have shape \(B, T, V\) with \(B, T\) = \(3, 6\), got \(3, 5, 4\)",
+        ),
+        (dict(advantages=[1.0, 2.0, 3.0]), "advantages must be a torch.Tensor, got list"),
         (dict(method="clip", epsilon=-0.1), r"epsilon must be in .*, got -0\.1 \(method 'clip'\)"),
         (dict(old_logp=torch.zeros(3, 5)), r"old_logp must have shape \(3, 6\)"),
         (dict(mask=torch.ones(2, 6)), "mask must have shape"),
@@ -418,6 +423,19 @@ def _bad(**kw):
 def test_bad_input_raises_value_error_naming_the_argument(kwargs, match):
     with pytest.raises(ValueError, match=match):
         _bad(**kwargs)
+
+
+@pytest.mark.parametrize("method", ["atr", "clip", "trgppo", "gspo"])
+def test_the_loss_is_computed_in_the_precision_of_logp(method):
+    """A float64 old_logp (e.g. from another engine) does not promote a float32 loss: the result equals the one with
+    old_logp rounded to float32 first, in float32."""
+    logp, old, adv, mask = _batch(6, B=3, T=6)  # float64 (this module's default dtype)
+    logp, adv = logp.detach().to(torch.float32).requires_grad_(True), adv.to(torch.float32)
+    old64 = old.to(torch.float64) - 1e-9  # a value float32 cannot hold
+    got = at.policy_loss(logp, old64, adv, mask, method=method)
+    want = at.policy_loss(logp, old64.to(torch.float32), adv, mask, method=method)
+    assert got.loss.dtype == torch.float32 and got.per_token.dtype == torch.float32
+    torch.testing.assert_close(got.loss, want.loss, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.uint8])
