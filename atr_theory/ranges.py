@@ -296,11 +296,15 @@ def trgppo_kl_log_range_torch(p_old, delta: float, max_iter: int = 60):
     interior = q > 0
     ps = torch.where(interior, p, torch.full_like(p, 0.5)).clamp_min(1e-250)
     qs = 1.0 - ps
-    qlogq = qs * torch.log(qs)
+    # log q and log(1 - p e^y) by log1p where their argument is near 1: log(1 - x) of a rounded 1 - x loses
+    # ~eps/x relative, which cost up to 2.3e-7 relative in l_KL at delta = 1e-8, p_old = 1.4e-10 (vs mpmath)
+    qlogq = qs * torch.log1p(-ps)
     y = (qlogq - delta) / ps - 1.0
     for _ in range(max_iter):
-        t = (-torch.expm1(torch.log(ps) + y)).clamp_min(1e-300)  # 1 - p e^y
-        f = -ps * y + qlogq - qs * torch.log(t) - delta
+        x = torch.exp(torch.log(ps) + y)  # p e^y
+        t = (-torch.expm1(torch.log(ps) + y)).clamp_min(1e-300)  # 1 - p e^y, accurate where x is near 1
+        log_t = torch.where(x < 0.5, torch.log1p(-x.clamp(max=0.5)), torch.log(t))
+        f = -ps * y + qlogq - qs * log_t - delta
         fp = -ps + qs * ps * torch.exp(y) / t
         y = torch.minimum(y - f / fp, torch.zeros_like(y))
         if not tracing and bool(

@@ -177,6 +177,53 @@ def test_trgppo_torch_newton_matches_the_bisection(delta):
     np.testing.assert_allclose(b_hi.numpy(), a_hi, rtol=1e-8, atol=1e-15)  # both lose digits where the root is ~0
 
 
+def _binary_kl_roots_mpmath(p: float, delta: float) -> tuple:
+    """TRGPPO's (log l_KL, log u_KL) from the definition KL(Ber(p) || Ber(p w)) = p log(1/w) + q log(q / (1 - p w)),
+    by bisection at 80 digits on brackets whose signs are checked (no float64 code of the package involved)."""
+    with mp.workdps(80):
+        p, d = mp.mpf(p), mp.mpf(delta)
+        q = 1 - p
+
+        def f(y):
+            w = mp.exp(y)
+            return -p * y + (q * mp.log(q / (1 - p * w)) if q > 0 else 0) - d
+
+        def bisect(a, b):  # f(a) > 0 > f(b)
+            assert f(a) > 0 > f(b)
+            for _ in range(120 + int(mp.log(abs(a - b) + 2, 2))):
+                m = (a + b) / 2
+                a, b = (m, b) if f(m) > 0 else (a, m)
+            return (a + b) / 2
+
+        lower = bisect(2 * ((q * mp.log(q) if q > 0 else 0) - d) / p - 1, mp.mpf(0))  # f >= d there
+        if q == 0:
+            return lower, mp.mpf(0)
+        top = -mp.log(p) * (1 - mp.mpf(10) ** -60)  # w just below 1/p, where the KL diverges
+        upper = -mp.log(p) if 1 - p * mp.exp(top) == 0 or f(top) <= 0 else bisect(top, mp.mpf(0))
+        return lower, upper
+
+
+@pytest.mark.parametrize("delta", [1e-8, 1e-4, 0.07, 2.0, 20.0])
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_trgppo_roots_against_mpmath_from_tiny_to_unit_p_old(backend, delta):
+    """Both solvers to within the float64 conditioning of the roots: |dy| <= 2e-12 max(1, |y|), i.e. ~1e-12 relative
+    in the ratio bounds l_KL = e^y, u_KL, for p_old from 1e-200 to 1 - 1e-15 and delta from 1e-8 to 20 (at delta =
+    1e-8 the roots are ill-conditioned: f'(y) ~ p y / q is small; measured worst 9e-13 at p_old = 0.16). The torch
+    solver computed log(1 - x) of a rounded 1 - x for small p e^y until this test: 2.3e-7 relative error in l_KL at
+    delta = 1e-8, p_old = 1.4e-10."""
+    import torch
+
+    p = np.array([1e-200, 1e-100, 1e-30, 1e-12, 1.430722989193791e-10, 1e-6, 1e-3, 0.1, 0.5, 0.8, 0.99])
+    p = np.concatenate([p, 1 - np.array([1e-3, 1e-6, 1e-8, 6.3e-9, 1e-9, 1e-12, 1e-15]), [1.0]])
+    if backend == "numpy":
+        lo, hi = at.ranges.trgppo_kl_log_range(p, delta)
+    else:
+        lo, hi = (t.numpy() for t in at.ranges.trgppo_kl_log_range_torch(torch.tensor(p), delta))
+    for i, pi in enumerate(p):
+        for got, want in zip((lo[i], hi[i]), _binary_kl_roots_mpmath(float(pi), delta)):
+            assert abs(mp.mpf(float(got)) - want) <= 2e-12 * max(1.0, abs(float(want))), (pi, got, want)
+
+
 @pytest.mark.parametrize("delta", [700.0, 744.0, 745.0, 1e3, 1e6])
 def test_kl3_range_stays_finite_for_huge_delta(delta):
     """Lambert W's argument -e^{-1-delta} underflows beyond delta ~ 708; the upper bound must not become inf/nan."""
