@@ -309,9 +309,20 @@ def markdown_tables(rows: list[dict], runs: list[str], k: int) -> str:
     return "\n".join(parts)
 
 
+def masks_tokens(run: str) -> bool:
+    """Whether ``run``'s method masks or clips tokens at all: a soft gate (sapo) or no clipping has no masked
+    fraction to report (its logged ``clip/frac_masked`` is 0 by construction, not a measurement)."""
+    from atr_theory.methods import get_method
+
+    spec = CPU_RUNS.get(run)
+    if spec is None:  # "sft": no GRPO step
+        return False
+    return spec.get("form", get_method(spec["method"]).default_form) not in ("soft", "none")
+
+
 def markdown_table(rows: list[dict], runs: list[str], k: int) -> str:
     """Means (and standard deviations) over seeds, with paired differences against clip and atr (rows of one
-    benchmark)."""
+    benchmark); the masked fraction is "-" for a run that masks nothing by construction (:func:`masks_tokens`)."""
     key, pkey, bkey = f"mean_at_{k}", f"pass_at_{k}", f"best_mean_at_{k}"
 
     def fmt(d):
@@ -331,7 +342,7 @@ def markdown_table(rows: list[dict], runs: list[str], k: int) -> str:
             continue
         m, p, b = (_mean([r[x] for r in mine]) for x in (key, pkey, bkey))
         sd = statistics.stdev([r[key] for r in mine]) if len(mine) > 1 else 0.0
-        fm = _mean([r["frac_masked_mean"] for r in mine])
+        fm = _mean([r["frac_masked_mean"] for r in mine]) if masks_tokens(run) else None
         lines.append(
             f"| {run} | {len(mine)} | {m:.1f} ± {sd:.1f} ({b:.1f}) | {p:.1f} | "
             f"{fmt(paired_difference(rows, run, 'clip', key))} | {fmt(paired_difference(rows, run, 'atr', key))} | "

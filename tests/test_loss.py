@@ -549,3 +549,19 @@ def test_float64_clip_bounds_are_not_rounded_to_float32(form):
     out = at.policy_loss(logp, old, torch.ones_like(w), torch.ones_like(w, dtype=torch.bool), method="clip", form=form)
     out.loss.backward()
     assert logp.grad[0, 0] == 0.0 and logp.grad[0, 1] != 0.0
+
+
+def test_ratio_objective_keeps_a_float_bound_in_the_batchs_dtype_beside_a_tensor_bound():
+    # public ratio_objective with a per-token tensor lower bound and a Python-float upper bound (a user's own rule):
+    # the float must become a float64 tensor for a float64 batch even under torch's float32 default (float32(1.2) =
+    # 1.20000005 would keep w = 1.2 + 2e-8 unclipped in the min form)
+    torch.set_default_dtype(torch.float32)  # restored after the test by conftest
+    w = torch.tensor([[1.2 + 2e-8, 1.0]], dtype=torch.float64)
+    y = torch.log(w).requires_grad_(True)
+    zeros = torch.zeros_like(w)
+    batch = at.TokenBatch(y, torch.ones_like(w), torch.ones_like(w, dtype=torch.bool), zeros, zeros, "min")
+    res = at.ratio_objective(batch, torch.full_like(w, 0.8), 1.2)
+    res.objective.sum().backward()
+    assert res.objective.dtype == torch.float64
+    assert res.objective[0, 0].item() == pytest.approx(1.2, abs=1e-15)  # clipped to float64 1.2 exactly
+    assert y.grad[0, 0] == 0.0 and y.grad[0, 1] == 1.0
