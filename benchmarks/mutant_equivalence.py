@@ -30,6 +30,10 @@ TORCH_MUTANTS = {  # label -> (function, original text, mutated text); mutmut nu
         "(f.abs() <= 1e-15 * (ps * y.abs() + qlogq.abs() + delta)).all()",
         "(f.abs() <= 1e-15 * (ps * y.abs() + qlogq.abs() - delta)).all()",
     ),
+    "trgppo_kl_log_range_torch 118 of ee4f142 (stopping test p |y| -> p / |y|)": (
+        "(f.abs() <= 1e-15 * (ps * y.abs() + qlogq.abs() + delta)).all()",
+        "(f.abs() <= 1e-15 * (ps / y.abs() + qlogq.abs() + delta)).all()",
+    ),
     "trgppo_kl_log_range_torch 58 (lower start / p -> * p)": (
         "y = (qlogq - delta) / ps - 1.0",
         "y = (qlogq - delta) * ps - 1.0",
