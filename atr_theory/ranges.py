@@ -79,12 +79,14 @@ def kl3_clip_log_range(delta: Any) -> tuple[Any, Any]:
     with np.errstate(all="ignore"):
         w0 = -np.real(lambertw(z, 0))
         wm1 = -np.real(lambertw(z, -1))
-    series_lo = -(-1.0 + p - p**2 / 3 + 11 * p**3 / 72)
-    series_hi = -(-1.0 - p - p**2 / 3 - 11 * p**3 / 72)
+    # log of the series by log1p: log(1 - p + ...) of a rounded 1 - p is 0 once p < eps / 2 (delta < ~6e-33), and
+    # Newton cannot leave y = 0 (f'(0) = 0): log l was returned as 0 instead of -sqrt(2 delta) there
     small = d < 1e-3
-    with np.errstate(all="ignore"):
-        lo0 = np.log(np.where(small, series_lo, w0))
-        hi0 = np.log(np.where(small, series_hi, wm1))
+    with np.errstate(all="ignore"):  # the series is used only where small (it can leave log1p's domain elsewhere)
+        log_series_lo = np.log1p(-(p - p**2 / 3 + 11 * p**3 / 72))
+        log_series_hi = np.log1p(p + p**2 / 3 + 11 * p**3 / 72)
+        lo0 = np.where(small, log_series_lo, np.log(w0))
+        hi0 = np.where(small, log_series_hi, np.log(wm1))
     # Where Lambert W underflows (z = -e^{-1-delta} below the smallest double, delta > ~708), start where
     # Newton converges monotonically: f = e^y - 1 - y - delta is convex, f(-(1 + delta)) > 0 on the left
     # and f(log(2 (1 + delta))) = 1 + delta - log(2 (1 + delta)) > 0 on the right.

@@ -44,8 +44,8 @@ TORCH_MUTANTS = {  # label -> (function, original text, mutated text); mutmut nu
     ),
 }
 SERIES_MUTANT = (
-    "series_lo = -(-1.0 + p - p**2 / 3 + 11 * p**3 / 72)",
-    "series_lo = -(-1.0 + p - p**2 * 3 + 11 * p**3 / 72)",
+    "log_series_lo = np.log1p(-(p - p**2 / 3 + 11 * p**3 / 72))",
+    "log_series_lo = np.log1p(-(p - p**2 * 3 + 11 * p**3 / 72))",
 )
 
 

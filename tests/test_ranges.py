@@ -224,6 +224,47 @@ def test_trgppo_roots_against_mpmath_from_tiny_to_unit_p_old(backend, delta):
             assert abs(mp.mpf(float(got)) - want) <= 2e-12 * max(1.0, abs(float(want))), (pi, got, want)
 
 
+def _kl3_log_roots_mpmath(delta: float) -> tuple:
+    """Both roots of ``e^y - 1 - y = delta`` at 700 digits, solved in ``t = y / sqrt(2 delta)`` (relative accuracy
+    for any delta down to 1e-300, where ``y`` itself is ~1e-150 and an absolute tolerance would accept anything)."""
+    with mp.workdps(700):
+        d = mp.mpf(delta)
+        s = mp.sqrt(2 * d)
+        lo = -s * mp.findroot(lambda t: (mp.expm1(-s * t) + s * t) / d - 1, 1 + s / 3)
+        if d < 1:
+            hi = s * mp.findroot(lambda t: (mp.expm1(s * t) - s * t) / d - 1, 1 + s / 3)
+        else:
+            hi = mp.findroot(lambda y: (mp.expm1(y) - y) / d - 1, mp.log(d + 1) + 1)
+        return lo, hi
+
+
+def test_kl3_log_range_against_mpmath_from_tiny_to_large_delta():
+    """log l and log u to 1e-14 relative for delta from 1e-300 to 20. Until this test the series start was taken
+    as log of a rounded 1 - sqrt(2 delta): for delta < ~6e-33 it was log(1.0) = 0, Newton cannot leave y = 0
+    (f'(0) = 0), and log l came back as 0 instead of -sqrt(2 delta) (100% relative error; l = e^y rounds to 1.0
+    there either way, so the ratio bounds were right)."""
+    deltas = np.concatenate([10.0 ** np.arange(-300, -2, 7.0), [1e-3, 0.01, 0.07, 0.5, 1.0, 5.0, 20.0]])
+    y_lo, y_hi = at.kl3_clip_log_range(deltas)
+    for d, a, b in zip(deltas, y_lo, y_hi):
+        lo, hi = _kl3_log_roots_mpmath(float(d))
+        assert abs(a - lo) <= 1e-14 * abs(lo) and abs(b - hi) <= 1e-14 * abs(hi), (d, a, float(lo), b, float(hi))
+    assert at.kl3_clip_log_range(1e-200)[0] < 0.0  # scalar path too
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int64, np.float16, np.float32])
+def test_numpy_divergences_of_small_or_integer_dtypes_are_computed_in_float64(dtype):
+    # numpy evaluates expm1 of an int8 or float16 array in float16 (3 digits): the numpy backend promises float64
+    y = np.array([1, 2, -3], dtype=dtype)
+    for fn, exact in [
+        (at.kl3_from_log_ratio, lambda t: mp.expm1(t) - t),
+        (at.divergence.is_kl3_from_log_ratio, lambda t: mp.exp(t) * (t - 1) + 1),
+    ]:
+        got = fn(y)
+        assert got.dtype == np.float64
+        want = [float(exact(mp.mpf(float(t)))) for t in y]
+        np.testing.assert_allclose(got, want, rtol=1e-15)
+
+
 @pytest.mark.parametrize("delta", [700.0, 744.0, 745.0, 1e3, 1e6])
 def test_kl3_range_stays_finite_for_huge_delta(delta):
     """Lambert W's argument -e^{-1-delta} underflows beyond delta ~ 708; the upper bound must not become inf/nan."""
