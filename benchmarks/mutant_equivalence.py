@@ -43,10 +43,16 @@ TORCH_MUTANTS = {  # label -> (function, original text, mutated text); mutmut nu
         "v = (ps / torch.log(ps) + qlogq - delta) / qs - 1.0",
     ),
 }
-SERIES_MUTANT = (
-    "log_series_lo = np.log1p(-(p - p**2 / 3 + 11 * p**3 / 72))",
-    "log_series_lo = np.log1p(-(p - p**2 * 3 + 11 * p**3 / 72))",
-)
+SERIES_MUTANTS = {  # label -> (original text, mutated text) in kl3_clip_log_range's series start
+    "kl3_clip_log_range 58 of be5a04d (lower series start p^2/3 -> 3 p^2)": (
+        "log_series_lo = np.log1p(-(p - p**2 / 3 + 11 * p**3 / 72))",
+        "log_series_lo = np.log1p(-(p - p**2 * 3 + 11 * p**3 / 72))",
+    ),
+    "kl3_clip_log_range 71 of ee4f142 (upper series start + p^2/3 -> - p^2/3)": (
+        "log_series_hi = np.log1p(p + p**2 / 3 + 11 * p**3 / 72)",
+        "log_series_hi = np.log1p(p - p**2 / 3 + 11 * p**3 / 72)",
+    ),
+}
 
 
 def mutated(function: str, original: str, mutant: str):
@@ -88,14 +94,16 @@ def compare_trgppo() -> None:
 
 
 def compare_kl3_series() -> None:
-    fn = mutated("kl3_clip_log_range", *SERIES_MUTANT)
     d = np.logspace(-300, -3, 20001)
-    (lo0, hi0), (lo1, hi1) = ranges.kl3_clip_log_range(d), fn(d)
-    ulp = np.abs(lo0 - lo1) / np.maximum(np.abs(lo0), 1e-300) / np.finfo(float).eps
-    print(
-        f"kl3_clip_log_range 58 (series start p^2/3 -> 3 p^2): {d.size} deltas in (1e-300, 1e-3): lower roots at most "
-        f"{ulp.max():.2f} ulp apart, upper roots identical: {bool(np.array_equal(hi0, hi1))}"
-    )
+    lo0, hi0 = ranges.kl3_clip_log_range(d)
+    for label, (original, mutant) in SERIES_MUTANTS.items():
+        lo1, hi1 = mutated("kl3_clip_log_range", original, mutant)(d)
+        ulp = [np.abs(a - b) / np.maximum(np.abs(a), 1e-300) / np.finfo(float).eps for a, b in ((lo0, lo1), (hi0, hi1))]
+        print(
+            f"{label}: {d.size} deltas in (1e-300, 1e-3): lower roots at most {ulp[0].max():.2f} ulp apart, upper "
+            f"roots at most {ulp[1].max():.2f} ulp apart",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
