@@ -3,7 +3,7 @@
 A surviving mutant of a root finder (another start point, another stopping rule) is equivalent only if it returns
 the same roots to within their float64 conditioning. This script applies each such mutation to the *current*
 source of ``atr_theory.ranges`` (a textual replacement, as mutmut makes it), runs original and mutant over a dense
-grid and prints the largest difference; where they differ by more than 1e-13 it also prints both errors against
+grid and prints the largest difference; where they differ by more than 1e-15 it also prints both errors against
 an 80-digit bisection of the definition (``tests/test_ranges.py``'s oracle).
 
     python benchmarks/mutant_equivalence.py          # ~1 min on one core
@@ -25,24 +25,15 @@ import atr_theory.ranges as ranges
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from test_ranges import _binary_kl_roots_mpmath  # noqa: E402
 
-TORCH_MUTANTS = {  # label -> (function, original text, mutated text); mutmut numbering of commit be5a04d
-    "trgppo_kl_log_range_torch 98 (stopping test + delta -> - delta)": (
-        "(f.abs() <= 1e-15 * (ps * y.abs() + qlogq.abs() + delta)).all()",
-        "(f.abs() <= 1e-15 * (ps * y.abs() + qlogq.abs() - delta)).all()",
-    ),
-    "trgppo_kl_log_range_torch 118 of ee4f142 (stopping test p |y| -> p / |y|)": (
-        "(f.abs() <= 1e-15 * (ps * y.abs() + qlogq.abs() + delta)).all()",
-        "(f.abs() <= 1e-15 * (ps / y.abs() + qlogq.abs() + delta)).all()",
-    ),
-    "trgppo_kl_log_range_torch 58 (lower start / p -> * p)": (
+TORCH_MUTANTS = {  # label -> (original text, mutated text); mutmut numbering of the commit named
+    "trgppo_kl_log_range_torch 58 of be5a04d (lower start / p -> * p)": (
         "y = (qlogq - delta) / ps - 1.0",
         "y = (qlogq - delta) * ps - 1.0",
     ),
-    "trgppo_kl_log_range_torch 107 (upper start p log p -> p / log p; killed)": (
-        "v = (ps * torch.log(ps) + qlogq - delta) / qs - 1.0",
-        "v = (ps / torch.log(ps) + qlogq - delta) / qs - 1.0",
-    ),
 }
+"""The stopping-rule mutants 98 (be5a04d) and 118 (ee4f142) and the upper-start mutant 107 were of the solver's
+textbook-KL form, rewritten since (p k3(y) + q k3(y')): their lines, measured then, are kept at the end of
+figures/mutant_equivalence.txt."""
 SERIES_MUTANTS = {  # label -> (original text, mutated text) in kl3_clip_log_range's series start
     "kl3_clip_log_range 58 of be5a04d (lower series start p^2/3 -> 3 p^2)": (
         "log_series_lo = np.log1p(-(p - p**2 / 3 + 11 * p**3 / 72))",
@@ -82,7 +73,7 @@ def compare_trgppo() -> None:
                 if float(diff[i]) > worst[0]:
                     worst = (float(diff[i]), (d, i, k, float(a[i]), float(b[i])))
         line = f"{label}: max |dy| / max(1, |y|) = {worst[0]:.2e}"
-        if worst[0] > 1e-13:
+        if worst[0] > 1e-15:
             d, i, k, a, b = worst[1]
             truth = _binary_kl_roots_mpmath(float(p[i]), d)[k]
             err = [float(abs(mp.mpf(v) - truth)) for v in (a, b)]

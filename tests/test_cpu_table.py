@@ -53,8 +53,10 @@ def test_masked_fraction_is_a_dash_only_for_runs_that_mask_nothing_by_constructi
     row = {"mean_at_8": 50.0, "pass_at_8": 80.0, "best_mean_at_8": 55.0, "frac_masked_mean": 0.0}
     rows = [{**row, "method": m, "seed": 0} for m in ("sft", "sapo", "clip", "atr")]
     rows[2]["frac_masked_mean"] = 0.0011
-    cells = {line.split("|")[1].strip(): line.split("|")[-2].strip() for line in
-             cpu_table.markdown_table(rows, ["sapo", "clip", "atr"], 8).splitlines()[2:]}
+    cells = {
+        line.split("|")[1].strip(): line.split("|")[-2].strip()
+        for line in cpu_table.markdown_table(rows, ["sapo", "clip", "atr"], 8).splitlines()[2:]
+    }
     assert cells == {"sft": "-", "sapo": "-", "clip": "0.11%", "atr": "0.00%"}  # atr masked none here: a measured 0
     assert [r for r in cpu_table.CPU_RUNS if not cpu_table.masks_tokens(r)] == ["sapo"]
 
