@@ -221,6 +221,40 @@ def test_full_kl_is_stable_and_chunking_does_not_change_it():
     np.testing.assert_allclose(at.full_kl(a2, b2).numpy(), ref.numpy(), rtol=1e-10)
 
 
+@pytest.mark.parametrize("method", ["truly_ppo", "tr_ppo"])
+def test_policy_loss_honours_kl_chunk_size(method, monkeypatch):
+    # kl_chunk_size bounds the (positions, V) temporaries of the full-distribution KL: the largest tensor autograd
+    # saves is one chunk's, not the batch's (a kl_chunk_size dropped on its way to the method leaves the loss equal)
+    B, T, V, chunk = 3, 8, 64, 2
+    g = torch.Generator().manual_seed(0)
+    old_full = torch.log_softmax(torch.randn(B, T, V, generator=g), -1)
+    full = torch.log_softmax(old_full + 0.3 * torch.randn(B, T, V, generator=g), -1).requires_grad_(True)
+    tokens = torch.randint(0, V, (B, T), generator=g)
+    logp, old = full.gather(-1, tokens[..., None])[..., 0], old_full.gather(-1, tokens[..., None])[..., 0]
+    adv, mask = torch.randn(B, 1, generator=g).expand(B, T), torch.ones(B, T, dtype=torch.bool)
+
+    def largest_saved(**kw):
+        sizes = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
+            loss = at.policy_loss(
+                logp, old, adv, mask, method=method, old_full_logp=old_full, full_logp=full, **kw
+            ).loss
+        return max(sizes), loss
+
+    seen = []  # the chunk size the KL is computed with (tr_ppo's KL carries no gradient: nothing saved to measure)
+    monkeypatch.setattr(
+        at.methods,
+        "full_kl",
+        lambda a, b, chunk_size=None: seen.append(chunk_size) or at.full_kl(a, b, chunk_size=chunk_size),
+    )
+    whole, loss = largest_saved()
+    chunked, loss_chunked = largest_saved(kl_chunk_size=chunk)
+    assert seen == [None, chunk]
+    if method == "truly_ppo":  # its KL carries gradient: autograd keeps one chunk's (chunk, V) values, not (B T, V)
+        assert whole >= B * T * V and chunked <= chunk * V
+    assert torch.allclose(loss, loss_chunked, rtol=1e-12, atol=0)
+
+
 def test_clip_cov_is_reproducible_with_a_generator_and_drops_the_right_count():
     logp, old, adv, mask = _batch(2, B=16, T=64, scale=0.1)
     kw = dict(method="clip_cov", cov_ratio=0.01, cov_lb=-10.0, cov_ub=10.0)

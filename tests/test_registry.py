@@ -104,6 +104,16 @@ def test_a_parameter_that_is_not_a_real_number_is_refused_naming_it(value):
         at.resolve("atr", delta=value)
 
 
+def test_an_out_of_domain_message_is_exact_with_and_without_a_help_text():
+    # a user's own Param may have no help text: the message then ends at the domain, nothing in its place
+    with pytest.raises(ValueError) as bare:
+        at.methods.Param(1.0, gt=0).check("x", -1.0, "mine")
+    assert str(bare.value) == "x must be a finite number > 0, got -1.0 (method 'mine')"
+    with pytest.raises(ValueError) as helped:
+        at.methods.Param(1.0, ge=0, lt=1, help="a fraction").check("x", 1.0, "mine")
+    assert str(helped.value) == "x must be in [0, 1) (a fraction), got 1.0 (method 'mine')"
+
+
 def test_numpy_and_integer_parameters_are_accepted_as_numbers():
     assert at.resolve("atr", delta=np.float32(0.5)).params["delta"] == 0.5
     assert at.resolve("dual_clip", dual_clip_c=3).params["dual_clip_c"] == 3.0
