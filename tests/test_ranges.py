@@ -253,6 +253,26 @@ def test_kl3_log_range_against_mpmath_from_tiny_to_large_delta():
     assert at.kl3_clip_log_range(1e-200)[0] < 0.0  # scalar path too
 
 
+@pytest.mark.parametrize("dtype, rtol", [("float64", 4e-15), ("float32", 5e-6)])
+def test_torch_divergences_against_mpmath_across_the_series_cutoff(dtype, rtol):
+    """torch's k3 = e^y - 1 - y and IS-k3 = e^y (y - 1) + 1 to a few ulp of the dtype, relative, from |y| = 1e-8 to
+    2 (each value against mpmath of the same, exactly representable, input). The torch path switched to a 4-term
+    Taylor only below |y| = 1e-3 until this test: 1.6e-11 relative in float64 (the truncation at 1e-3), 1e-4 in
+    float32 (the direct form's cancellation just above it)."""
+    import torch
+
+    mags = np.geomspace(1e-8, 2.0, 600)
+    y = torch.tensor(np.concatenate([-mags, mags]), dtype=getattr(torch, dtype))
+    for fn, exact in [
+        (at.kl3_from_log_ratio, lambda t: mp.expm1(t) - t),
+        (at.divergence.is_kl3_from_log_ratio, lambda t: mp.exp(t) * (t - 1) + 1),
+    ]:
+        got = fn(y).double().numpy()
+        with mp.workdps(50):
+            want = np.array([float(exact(mp.mpf(float(t)))) for t in y.double()])
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=0, err_msg=fn.__name__)
+
+
 @pytest.mark.parametrize("dtype", [np.int8, np.int64, np.float16, np.float32])
 def test_numpy_divergences_of_small_or_integer_dtypes_are_computed_in_float64(dtype):
     # numpy evaluates expm1 of an int8 or float16 array in float16 (3 digits): the numpy backend promises float64
@@ -300,6 +320,22 @@ def test_kl3_range_stays_finite_for_huge_delta(delta):
 def test_range_functions_name_the_bad_argument(call, name):
     with pytest.raises(ValueError, match=rf"^{name} "):
         call()
+
+
+@pytest.mark.parametrize(
+    "name", ["kl1_clip_range", "kl2_clip_range", "kl3_clip_range", "kl3_clip_log_range", "is_kl3_clip_range"]
+)
+def test_constant_ranges_give_floats_for_a_scalar_and_arrays_equal_to_the_scalar_calls_for_an_array(name):
+    fn = getattr(at.ranges, name)
+    deltas = np.array([0.02, 0.07, 0.5])
+    lo, hi = fn(deltas)
+    assert isinstance(lo, np.ndarray) and isinstance(hi, np.ndarray) and lo.shape == hi.shape == (3,)
+    for d, a, b in zip(deltas, lo, hi):
+        scalar = fn(float(d))
+        assert all(type(v) is float for v in scalar)
+        assert (a, b) == pytest.approx(scalar, rel=1e-15, abs=0)
+    if name == "kl2_clip_range":  # k2 = y^2 / 2 <= delta: the closed form, by mpmath
+        assert hi == pytest.approx([float(mp.exp(mp.sqrt(2 * mp.mpf(float(d))))) for d in deltas], rel=1e-15)
 
 
 def test_kl3_delta_from_bound_returns_a_float_for_a_scalar_and_an_array_for_an_array():
