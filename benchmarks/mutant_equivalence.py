@@ -27,8 +27,8 @@ from test_ranges import _binary_kl_roots_mpmath  # noqa: E402
 
 TORCH_MUTANTS = {  # label -> (original text, mutated text); mutmut numbering of the commit named
     "trgppo_kl_log_range_torch 58 of be5a04d (lower start / p -> * p)": (
-        "y = (qlogq - delta) / ps - 1.0",
-        "y = (qlogq - delta) * ps - 1.0",
+        "(qlogq - delta) / ps - 1.0, max_iter",
+        "(qlogq - delta) * ps - 1.0, max_iter",
     ),
 }
 """The stopping-rule mutants 98 (be5a04d) and 118 (ee4f142) and the upper-start mutant 107 were of the solver's
@@ -38,6 +38,10 @@ SERIES_MUTANTS = {  # label -> (original text, mutated text) in kl3_clip_log_ran
     "kl3_clip_log_range 58 of be5a04d (lower series start p^2/3 -> 3 p^2)": (
         "log_series_lo = np.log1p(-(p - p**2 / 3 + 11 * p**3 / 72))",
         "log_series_lo = np.log1p(-(p - p**2 * 3 + 11 * p**3 / 72))",
+    ),
+    "kl3_clip_log_range 75 of ee4f142 (upper series start p^2/3 -> 3 p^2)": (
+        "log_series_hi = np.log1p(p + p**2 / 3 + 11 * p**3 / 72)",
+        "log_series_hi = np.log1p(p + p**2 * 3 + 11 * p**3 / 72)",
     ),
     "kl3_clip_log_range 71 of ee4f142 (upper series start + p^2/3 -> - p^2/3)": (
         "log_series_hi = np.log1p(p + p**2 / 3 + 11 * p**3 / 72)",

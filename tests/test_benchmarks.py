@@ -124,3 +124,24 @@ def test_pack_runs_keeps_what_resuming_and_the_table_need(tmp_path, monkeypatch)
     joined.write_bytes(b"".join(p.read_bytes() for p in parts))
     with tarfile.open(joined) as tar:
         assert set(tar.getnames()) >= kept and {m.name for m in tar.getmembers() if m.isfile()} == kept
+
+
+def test_every_equivalence_mutant_applies_to_the_current_source():
+    # benchmarks/mutant_equivalence.py rewrites atr_theory/ranges.py textually: a mutant whose original text the code
+    # no longer has must fail here, not when someone next runs the script
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import mutant_equivalence as me
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    import inspect
+
+    import atr_theory.ranges as ranges
+
+    for original, mutant in [*me.TORCH_MUTANTS.values(), *me.SERIES_MUTANTS.values()]:
+        for function in ("trgppo_kl_log_range_torch", "kl3_clip_log_range"):
+            if original in inspect.getsource(getattr(ranges, function)):
+                assert callable(me.mutated(function, original, mutant))
+                break
+        else:
+            raise AssertionError(f"{original!r} is in neither solver")
