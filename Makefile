@@ -53,7 +53,10 @@ mutation:
 	$(PY) benchmarks/mutation_fresh_process.py --out figures/mutation_fresh_process.txt
 
 # an estimate of the score from a uniform sample of 100 mutants, each judged in a fresh interpreter (~1 h on 1 core)
+# `make mutation-sample SEED=1` draws another sample (figures/mutation_sample_seed1.txt)
+SEED ?= 0
+SAMPLE_OUT = figures/mutation_sample$(if $(filter-out 0,$(SEED)),_seed$(SEED),).txt
 mutation-sample:
 	$(PIP) install --quiet mutmut==3.8.1
-	rm -rf mutants figures/mutation_sample.txt
-	$(PY) benchmarks/mutation_fresh_process.py --generate --sample 100 --seed 0 --out figures/mutation_sample.txt
+	rm -rf mutants $(SAMPLE_OUT)
+	$(PY) benchmarks/mutation_fresh_process.py --generate --sample 100 --seed $(SEED) --out $(SAMPLE_OUT)
