@@ -39,6 +39,10 @@ SERIES_MUTANTS = {  # label -> (original text, mutated text) in kl3_clip_log_ran
         "log_series_lo = np.log1p(-(p - p**2 / 3 + 11 * p**3 / 72))",
         "log_series_lo = np.log1p(-(p - p**2 * 3 + 11 * p**3 / 72))",
     ),
+    "kl3_clip_log_range 61 of 6a5054c (lower series start - p^2/3 -> + p^2/3)": (
+        "log_series_lo = np.log1p(-(p - p**2 / 3 + 11 * p**3 / 72))",
+        "log_series_lo = np.log1p(-(p + p**2 / 3 + 11 * p**3 / 72))",
+    ),
     "kl3_clip_log_range 75 of ee4f142 (upper series start p^2/3 -> 3 p^2)": (
         "log_series_hi = np.log1p(p + p**2 / 3 + 11 * p**3 / 72)",
         "log_series_hi = np.log1p(p + p**2 * 3 + 11 * p**3 / 72)",
