@@ -10,7 +10,7 @@ With ``w = pi(a) / pi_old(a)`` for ``a ~ pi_old`` (so ``E_{pi_old}[w] = 1``):
 Each function takes the log-ratio ``y = log w`` **or** the ratio ``w`` (``kl3(w)`` in the public API,
 as in the paper's Eq. 6) and works on numpy arrays and torch tensors alike. The ``*_from_log_ratio``
 forms are the numerically preferred ones: ``k3`` from ``y`` is ``expm1(y) - y`` with no
-``log(0)`` and, for torch, a Taylor branch for small ``|y|``.
+``log(0)``, and the Taylor series below a cutoff (numpy: ``|y| < 0.5``; torch: per dtype, :data:`_TORCH_SERIES`).
 """
 
 from __future__ import annotations
