@@ -194,26 +194,35 @@ def is_kl3_clip_range(delta: Any) -> tuple[Any, Any]:
     return (float(lo[0]), float(hi[0])) if scalar else (lo, hi)
 
 
+def _bernoulli_kl_and_slope(x: Any, weight: Any, weight_other: Any) -> tuple[Any, Any]:
+    r"""``KL(Ber(p) || Ber(p e^x))`` and its slope in ``x``, where ``x`` is the log-ratio of the outcome of
+    probability ``weight`` (= p) and ``weight_other`` = 1 - p (numpy or torch).
+
+    The other outcome's log-ratio is ``x' = log((1 - p e^x) / q) = log1p(-(p / q) expm1(x))``; since
+    ``p (e^x - 1) + q (e^x' - 1) = 0`` the KL ``-p x - q x'`` equals ``p k3(x) + q k3(x')``, two non-negative terms
+    (no cancellation), and its slope is ``p expm1(x - x')``. The map is symmetric: called with ``(x', q, p)`` it is the
+    same KL as a function of ``x'`` (TRGPPO's upper root is solved that way)."""
+    xp = torch if isinstance(x, torch.Tensor) else np
+    x_other = xp.log1p(-(weight / weight_other) * xp.expm1(x))
+    kl = weight * kl3_from_log_ratio(x) + weight_other * kl3_from_log_ratio(x_other)
+    return kl, weight * xp.expm1(x - x_other)
+
+
 def bernoulli_kl_of_log_ratio(y: Any, p_old: Any) -> np.ndarray:
     r"""Binary KL ``KL(Ber(p) || Ber(p w))`` with ``w = e^y`` (TRGPPO, Wang et al. 2019, Eq. 8): the smallest
     full-distribution KL(pi_old || pi) compatible with the sampled action's ratio being ``w``. Defined for
     ``w < 1/p``.
 
-    Evaluated as ``p k3(y) + q k3(y')`` with ``q = 1 - p``, ``k3(t) = e^t - 1 - t`` (:func:`kl3_from_log_ratio`)
-    and ``y' = log((1 - p w) / q) = log1p(-(p / q) expm1(y))``, the log-ratio of the other outcome: since
-    ``p (w - 1) + q (w' - 1) = 0`` the definition ``-p y - q y'`` equals that sum of two non-negative terms, so no
-    cancellation. The textbook form ``-p y + q [log1p(-p) - log1p(-p e^y)]`` subtracts terms ~``p |y|`` to get
-    ~``p y^2 / 2q`` and lost ~``eps / |y|`` relative: TRGPPO's roots were off by up to 3e-11 in ``log l`` at
-    delta = 1e-12 (``tests/test_ranges.py``, against mpmath).
+    Evaluated as ``p k3(y) + q k3(y')`` (:func:`_bernoulli_kl_and_slope`, ``y'`` the other outcome's log-ratio):
+    the textbook form ``-p y + q [log1p(-p) - log1p(-p e^y)]`` subtracts terms ~``p |y|`` to get ~``p y^2 / 2q`` and
+    lost ~``eps / |y|`` relative: TRGPPO's roots were off by up to 3e-11 in ``log l`` at delta = 1e-12
+    (``tests/test_ranges.py``, against mpmath). At ``p = 1`` it is ``-y``.
     """
     y = np.asarray(y, dtype=float)
     p = np.asarray(p_old, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        q = 1.0 - p
-        y_other = np.log1p(-(p / q) * np.expm1(y))
-        # p = 1: q k3(y') -> (1 - w) as q -> 0 (q w' = 1 - p w, q y' -> 0), so the KL is -y
-        rest = np.where(p < 1.0, q * kl3_from_log_ratio(np.where(p < 1.0, y_other, 0.0)), -np.expm1(y))
-    return p * kl3_from_log_ratio(y) + rest
+        kl, _ = _bernoulli_kl_and_slope(y, p, 1.0 - p)
+    return np.where(p < 1.0, kl, -y)
 
 
 def trgppo_kl_range(p_old: Any, delta: float) -> tuple[np.ndarray, np.ndarray]:
@@ -330,25 +339,17 @@ def trgppo_kl_log_range_torch(p_old, delta: float, max_iter: int = 60):
     qs = 1.0 - ps
     # q log q by log1p: log of a rounded 1 - p loses ~eps / p relative (2.3e-7 in l_KL at p_old = 1.4e-10 once)
     qlogq = qs * torch.log1p(-ps)
-    ratio_pq, ratio_qp = ps / qs, qs / ps
 
-    def lower(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # KL - delta and its slope in y
-        u = ratio_pq * torch.expm1(y)  # 1 - e^{y'}
-        f = ps * kl3_from_log_ratio(y) + qs * kl3_from_log_ratio(torch.log1p(-u)) - delta
-        return f, -ps + ps * torch.exp(y) / (1.0 - u)
+    def kl_minus_delta(x: torch.Tensor, weight: torch.Tensor, weight_other: torch.Tensor):  # and its slope in x
+        kl, slope = _bernoulli_kl_and_slope(x, weight, weight_other)
+        return kl - delta, slope
 
-    def upper(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # KL - delta and its slope in z = y'
-        y_of_z = torch.log1p(-ratio_qp * torch.expm1(z))
-        g = ps * kl3_from_log_ratio(y_of_z) + qs * kl3_from_log_ratio(z) - delta
-        return g, qs * (torch.expm1(z) + torch.exp(z) * torch.expm1(-y_of_z))
-
-    y = _newton_nonpositive_torch(lower, (qlogq - delta) / ps - 1.0, max_iter, tracing)
-    # upper root in z = y' = log((1 - p e^y) / q) < 0: g(z) = p k3(y(z)) + q k3(z) - delta with
-    # y(z) = log1p(-(q / p) expm1(z)) is convex and decreasing; start where its lower bound
-    # p log p + q log q - q (z + log q) - delta (the textbook form in v = z + log q) is > 0
+    y = _newton_nonpositive_torch(lambda y: kl_minus_delta(y, ps, qs), (qlogq - delta) / ps - 1.0, max_iter, tracing)
+    # upper root in z = y' = log((1 - p e^y) / q) < 0, where the KL is convex and decreasing; start where its lower
+    # bound p log p + q log q - q (z + log q) - delta (the textbook form in v = z + log q) is > 0
     z0 = (ps * torch.log(ps) + qlogq - delta) / qs - 1.0 - torch.log1p(-ps)
-    z = _newton_nonpositive_torch(upper, z0, max_iter, tracing)
-    y_hi = torch.log1p(-ratio_qp * torch.expm1(z))  # e^y = (1 - q e^z) / p
+    z = _newton_nonpositive_torch(lambda z: kl_minus_delta(z, qs, ps), z0, max_iter, tracing)
+    y_hi = torch.log1p(-(qs / ps) * torch.expm1(z))  # e^y = (1 - q e^z) / p
     y_lo = torch.where(interior, y, torch.full_like(y, -float(delta)))  # p = 1: k1 = -y <= delta
     y_hi = torch.where(interior, y_hi, torch.zeros_like(y_hi))
     return y_lo, y_hi

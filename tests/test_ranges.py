@@ -253,6 +253,12 @@ def test_kl3_log_range_against_mpmath_from_tiny_to_large_delta():
     assert at.kl3_clip_log_range(1e-200)[0] < 0.0  # scalar path too
 
 
+_DIVERGENCES_AND_DEFINITIONS = [  # each estimator of y = log w and its definition, evaluated by mpmath
+    (at.kl3_from_log_ratio, lambda t: mp.expm1(t) - t),
+    (at.divergence.is_kl3_from_log_ratio, lambda t: mp.exp(t) * (t - 1) + 1),
+]
+
+
 @pytest.mark.parametrize("dtype, rtol", [("float64", 4e-15), ("float32", 5e-6)])
 def test_torch_divergences_against_mpmath_across_the_series_cutoff(dtype, rtol):
     """torch's k3 = e^y - 1 - y and IS-k3 = e^y (y - 1) + 1 to a few ulp of the dtype, relative, from |y| = 1e-8 to
@@ -263,10 +269,7 @@ def test_torch_divergences_against_mpmath_across_the_series_cutoff(dtype, rtol):
 
     mags = np.geomspace(1e-8, 2.0, 600)
     y = torch.tensor(np.concatenate([-mags, mags]), dtype=getattr(torch, dtype))
-    for fn, exact in [
-        (at.kl3_from_log_ratio, lambda t: mp.expm1(t) - t),
-        (at.divergence.is_kl3_from_log_ratio, lambda t: mp.exp(t) * (t - 1) + 1),
-    ]:
+    for fn, exact in _DIVERGENCES_AND_DEFINITIONS:
         got = fn(y).double().numpy()
         with mp.workdps(50):
             want = np.array([float(exact(mp.mpf(float(t)))) for t in y.double()])
@@ -277,10 +280,7 @@ def test_torch_divergences_against_mpmath_across_the_series_cutoff(dtype, rtol):
 def test_numpy_divergences_of_small_or_integer_dtypes_are_computed_in_float64(dtype):
     # numpy evaluates expm1 of an int8 or float16 array in float16 (3 digits): the numpy backend promises float64
     y = np.array([1, 2, -3], dtype=dtype)
-    for fn, exact in [
-        (at.kl3_from_log_ratio, lambda t: mp.expm1(t) - t),
-        (at.divergence.is_kl3_from_log_ratio, lambda t: mp.exp(t) * (t - 1) + 1),
-    ]:
+    for fn, exact in _DIVERGENCES_AND_DEFINITIONS:
         got = fn(y)
         assert got.dtype == np.float64
         want = [float(exact(mp.mpf(float(t)))) for t in y]
