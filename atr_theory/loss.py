@@ -31,8 +31,8 @@ LOG_RATIO_CLAMP = 60.0
 """log w is clamped to [-60, 60] before exponentiation (exp(60) ~ 1e26 is finite in float32 and far
 outside any trust region; verl clamps at 20). The clamp has zero gradient beyond it."""
 
-# Each aggregation takes a (B, T) per-token quantity that is already zero on padding, the mask and
-# max_length, and returns the scalar.
+# Each aggregation takes a (B, T) per-token quantity that is already zero on padding, the boolean mask and
+# max_length, and returns the scalar (a bool mask sums to an integer count: no float copy of it is made).
 AGGREGATIONS = {
     # Liu et al. 2025 (Dr. GRPO): sum / (B * max_length); the paper's backbone
     "dr_grpo": lambda x, m, L: x.sum() / (x.shape[0] * L),
@@ -58,7 +58,7 @@ def aggregate(
     """Aggregate a (B, T) per-token quantity over valid tokens (see :data:`AGGREGATIONS`)."""
     m = mask.to(objective.dtype)
     L = objective.shape[-1] if max_length is None else max_length
-    return AGGREGATIONS[check_aggregation(aggregation)](objective * m, m, L)
+    return AGGREGATIONS[check_aggregation(aggregation)](objective * m, mask.bool(), L)
 
 
 @dataclass
@@ -277,5 +277,5 @@ def policy_loss(
         objective = objective * weights
     per_token = objective if all_valid else torch.where(m, objective, zero)
     max_len = shape[1] if max_length is None else int(max_length)
-    loss = -AGGREGATIONS[aggregation](per_token, m.to(dtype), max_len)
+    loss = -AGGREGATIONS[aggregation](per_token, m, max_len)
     return LossOutput(loss=loss, per_token=per_token, result=result, log_ratio=log_ratio.detach(), mask=m)

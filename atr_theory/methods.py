@@ -466,8 +466,9 @@ def dual_clip(batch: TokenBatch, epsilon: float, dual_clip_c: float) -> MethodRe
 def dcpo(batch: TokenBatch, epsilon_low: float, epsilon_high: float, dual_clip_c: float) -> MethodResult:
     r"""Dynamic clipping: per-token ``[l(p), u(p)]`` of :func:`atr_theory.ranges.dcpo_clip_range` with
     ``p = pi_old(token)``, ``u`` capped at ``max(c, 10)``, then the dual clip with ``c`` (as in the source)."""
-    p_old = torch.exp(batch.old_logp.detach())
-    lower, upper = ranges.dcpo_clip_range(p_old, epsilon_low, epsilon_high, ratio_cap=max(dual_clip_c, 10.0))
+    lower, upper = ranges.dcpo_clip_range_from_log(
+        batch.old_logp.detach(), epsilon_low, epsilon_high, ratio_cap=max(dual_clip_c, 10.0)
+    )
     return _dual_clip(ratio_objective(batch, lower, upper), batch.advantages, dual_clip_c)
 
 
@@ -708,9 +709,10 @@ def atr_seq(batch: TokenBatch, delta: float) -> MethodResult:
     sequence always has ``s`` inside ``kl3_clip_range(delta)``, while log-ratios of opposite signs can
     no longer cancel as they do in ``s``.
     """
-    m = batch.mask.to(batch.log_ratio.dtype)
-    seq_k3 = (kl3_from_log_ratio(batch.log_ratio) * m).sum(-1) / m.sum(-1).clamp(min=1.0)
-    keep = (seq_k3 <= delta).unsqueeze(-1).expand_as(batch.mask)
+    with torch.no_grad():  # the test's outcome carries no gradient: record no graph for it
+        # log w is 0 on padding (TokenBatch), where k3 = 0: the sum runs over the valid tokens
+        seq_k3 = kl3_from_log_ratio(batch.log_ratio).sum(-1) / batch.mask.sum(-1).clamp(min=1)
+        keep = (seq_k3 <= delta).unsqueeze(-1).expand_as(batch.mask)
     return ratio_objective(batch, 0.0, math.inf, keep)
 
 

@@ -277,7 +277,7 @@ def dcpo_clip_range(
     r"""DCPO's dynamic adaptive clipping bounds (Yang et al. 2025, arXiv 2509.02333, Eq. 6):
 
     ``l = 0.5 + 0.5 sqrt(max(1 - 4 eps_l / p, 0))``, ``u = min(0.5 + 0.5 sqrt(1 + 4 eps_u / p), cap)``
-    with ``p = pi_old(token)``. They come from bounding ``|(w - 1) p|``-style changes of the
+    with ``p = pi_old(token)`` (evaluated as ``0.5 + sqrt(1/4 - eps_l / p)``, one multiplication fewer). They come from bounding ``|(w - 1) p|``-style changes of the
     probability itself; the cap (10 in lime-RL/DCPO, ``max(clip_ratio_c, 10)``) keeps ``u`` finite
     for ``p -> 0``. Works on numpy arrays and torch tensors.
     """
@@ -286,12 +286,31 @@ def dcpo_clip_range(
     check_positive("ratio_cap", ratio_cap, allow_array=False)
     if isinstance(p_old, torch.Tensor):
         p = p_old.clamp_min(torch.finfo(p_old.dtype).tiny)
-        lo = 0.5 + 0.5 * torch.sqrt(torch.clamp(1.0 - 4.0 * eps_l / p, min=0.0))
-        hi = torch.clamp(0.5 + 0.5 * torch.sqrt(1.0 + 4.0 * eps_u / p), max=ratio_cap)
-        return lo, hi
-    p = np.maximum(np.asarray(p_old, dtype=float), np.finfo(float).tiny)
-    lo = 0.5 + 0.5 * np.sqrt(np.maximum(1.0 - 4.0 * eps_l / p, 0.0))
-    hi = np.minimum(0.5 + 0.5 * np.sqrt(1.0 + 4.0 * eps_u / p), ratio_cap)
+        return _dcpo_bounds_torch(torch.reciprocal(p), eps_l, eps_u, ratio_cap)
+    inv_p = 1.0 / np.maximum(np.asarray(p_old, dtype=float), np.finfo(float).tiny)
+    lo = np.sqrt(np.maximum(0.25 - eps_l * inv_p, 0.0)) + 0.5
+    hi = np.minimum(np.sqrt(eps_u * inv_p + 0.25) + 0.5, ratio_cap)
+    return lo, hi
+
+
+def dcpo_clip_range_from_log(
+    old_logp: torch.Tensor, epsilon_low: float = 0.16, epsilon_high: float = 0.2, ratio_cap: float = 10.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`dcpo_clip_range` of ``p_old = exp(old_logp)`` (torch), with ``1 / p_old = exp(-old_logp)`` taken
+    directly, capped at the dtype's largest value as :func:`dcpo_clip_range` floors ``p_old`` at its smallest
+    normal (so ``0 * 1/p`` stays 0 at ``epsilon = 0``)."""
+    eps_l = check_nonnegative("epsilon_low", epsilon_low)
+    eps_u = check_nonnegative("epsilon_high", epsilon_high)
+    check_positive("ratio_cap", ratio_cap, allow_array=False)
+    inv_p = torch.exp(-old_logp).clamp_(max=1.0 / torch.finfo(old_logp.dtype).tiny)
+    return _dcpo_bounds_torch(inv_p, eps_l, eps_u, ratio_cap)
+
+
+def _dcpo_bounds_torch(inv_p: torch.Tensor, eps_l: float, eps_u: float, ratio_cap: float):
+    """``l = 0.5 + sqrt(max(1/4 - eps_l / p, 0))``, ``u = min(0.5 + sqrt(1/4 + eps_u / p), cap)`` from ``1 / p``
+    (DCPO Eq. 6 with the factor 1/2 taken inside the square roots: ``0.5 sqrt(1 - 4x) = sqrt(1/4 - x)``)."""
+    lo = torch.sqrt(torch.clamp(0.25 - eps_l * inv_p, min=0.0)) + 0.5
+    hi = torch.clamp(torch.sqrt(eps_u * inv_p + 0.25) + 0.5, max=ratio_cap)
     return lo, hi
 
 

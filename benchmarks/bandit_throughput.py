@@ -12,6 +12,14 @@ Bandwidth: a large device copy (``torch``'s ``copy_``; on CPU also numpy's singl
 earlier runs) in the same run, bytes read + written. "min traffic" counts the bytes each update must stream at
 least: theta, theta_old, A read and the gradient written, 4 x 8 bytes per element.
 
+Compute ceiling: the rate of the element-wise transcendentals an exact gradient cannot avoid, each timed alone on
+a float64 tensor of the K = 1,000 size with the same threads. Two exponentials per element (the softmax
+numerators of theta and theta_old; pi and w follow from them by products) and, for ATR's rule as
+``atr_theory.methods.atr`` evaluates it (``k3(log w) <= delta``), one ``expm1``: ``1 / (2 t_exp + t_expm1)``
+elements per second. A kernel testing ``w`` against the equivalent constant range instead would need the two
+exponentials only (``1 / (2 t_exp)``, also reported). ``min_traffic_fraction_at_compute_ceiling`` is the copy
+fraction a kernel running at the ceiling would reach: the bandwidth goal is out of reach where it is below 1/3.
+
     python benchmarks/bandit_throughput.py [--quick] [--device cuda] [--out figures/bandit_throughput.json]
 """
 
@@ -64,6 +72,24 @@ def _nosync_closed_form(theta, theta_old, adv):
     return bandit.exact_gradient(theta, theta_old, adv, METHOD, validate=False)[0]
 
 
+def elementwise_seconds_per_element(op, n: int, device: str, repeats: int = 7) -> float:
+    """Median seconds per element of ``op`` on a float64 tensor of ``n`` values in [-1, 1) (all threads)."""
+    x = torch.rand(n, dtype=torch.float64, device=device) * 2 - 1
+    return timeit(op, x, repeats=repeats, device=device) / n
+
+
+def compute_ceiling(device: str, n: int) -> dict:
+    """Elements per second of the unavoidable transcendentals of one exact ATR gradient (see the module doc)."""
+    t_exp = elementwise_seconds_per_element(torch.exp, n, device)
+    t_expm1 = elementwise_seconds_per_element(torch.expm1, n, device)
+    return {
+        "exp_elements_per_s": 1 / t_exp,
+        "expm1_elements_per_s": 1 / t_expm1,
+        "ceiling_elements_per_s": 1 / (2 * t_exp + t_expm1),
+        "ceiling_range_test_elements_per_s": 1 / (2 * t_exp),
+    }
+
+
 def loop_gradient(theta, theta_old, adv):
     out = torch.empty_like(theta)
     N, S, _ = theta.shape
@@ -101,6 +127,13 @@ def main():
     bw_numpy = None if cuda else numpy_copy_bandwidth(1 << (26 if args.quick else 29))
     bw = bw_torch if cuda else bw_numpy  # CPU: numpy's copy, the reference of the earlier runs (kept comparable)
     print(f"copy bandwidth: torch {bw_torch / 1e9:.2f} GB/s" + ("" if cuda else f", numpy {bw_numpy / 1e9:.2f} GB/s"))
+    ceiling = compute_ceiling(dev, 64 * 16 * 1000)
+    print(
+        "compute ceiling (2 exp + expm1 per element): "
+        f"{ceiling['ceiling_elements_per_s'] / 1e6:.1f} M elem/s = {100 * 32 * ceiling['ceiling_elements_per_s'] / bw:.1f}%"
+        f" of copy; range test (2 exp): {ceiling['ceiling_range_test_elements_per_s'] / 1e6:.1f} M elem/s = "
+        f"{100 * 32 * ceiling['ceiling_range_test_elements_per_s'] / bw:.1f}% of copy"
+    )
     compiled = torch.compile(_nosync_closed_form, fullgraph=True, dynamic=False)
     Ks = (10, 1000, 151_936) if args.quick else (10, 100, 1000, 10_000, 151_936)
     rows = []
@@ -140,6 +173,7 @@ def main():
             "speedup_vs_loop": (t_loop / loop_elems) / (times[best] / elems),
             "min_traffic_fraction_of_bandwidth": 4 * 8 * elems / times[best] / bw,
             "min_traffic_fraction_of_torch_copy": 4 * 8 * elems / times[best] / bw_torch,
+            "fraction_of_compute_ceiling": elems / times[best] / ceiling["ceiling_elements_per_s"],
             "elements_per_s": {k: elems / t for k, t in times.items()},
             "speedup_vs_autograd": {k: times["autograd"] / t for k, t in times.items()},
             "max_abs_error_vs_autograd": err,
@@ -151,6 +185,7 @@ def main():
             + "  ".join(f"{k} {v / 1e6:8.1f}" for k, v in row["elements_per_s"].items())
             + f"  loop {row['loop_elements_per_s'] / 1e6:7.3f}  best/loop x{row['speedup_vs_loop']:6.1f}"
             f"  min-traffic {100 * row['min_traffic_fraction_of_bandwidth']:.1f}% of copy"
+            f" ({100 * row['fraction_of_compute_ceiling']:.0f}% of the compute ceiling)"
             f"  |err| {max(err.values()):.1e}",
             flush=True,
         )
@@ -164,6 +199,11 @@ def main():
         "copy_bandwidth_GBps": bw / 1e9,
         "torch_copy_bandwidth_GBps": bw_torch / 1e9,
         "threads": torch.get_num_threads(),
+        "compute_ceiling": {
+            **ceiling,
+            "min_traffic_fraction_at_compute_ceiling": 32 * ceiling["ceiling_elements_per_s"] / bw,
+            "min_traffic_fraction_at_range_test_ceiling": 32 * ceiling["ceiling_range_test_elements_per_s"] / bw,
+        },
     }
     out.write_text(json.dumps({**meta, "rows": rows}, indent=2))
     print(f"wrote {out}")

@@ -6,6 +6,7 @@ import warnings
 import mpmath as mp
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import brentq
@@ -153,6 +154,17 @@ def test_dcpo_bounds_solve_their_quadratics(p, el, eh):
         assert p * lo * (1 - lo) == pytest.approx(el, rel=1e-9)
     else:
         assert lo == 0.5
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(-800.0, 0.0), st.sampled_from([0.0, 0.01, 0.16, 0.3]), st.sampled_from([0.0, 0.2, 0.3]))
+def test_dcpo_range_from_log_p_is_the_range_of_p(log_p, el, eh):
+    """The torch path of the dcpo method (``1/p = exp(-log p)``) against the numpy bounds of ``p`` itself (which
+    solve their quadratics, above): float64 to a few ulps, also where ``p`` underflows and at ``epsilon = 0``."""
+    lo, hi = at.ranges.dcpo_clip_range_from_log(torch.tensor([log_p], dtype=torch.float64), el, eh, ratio_cap=10.0)
+    ref_lo, ref_hi = at.dcpo_clip_range(np.exp(np.array([log_p])), el, eh, ratio_cap=10.0)
+    assert float(lo[0]) == pytest.approx(float(ref_lo[0]), rel=4e-16, abs=0)
+    assert float(hi[0]) == pytest.approx(float(ref_hi[0]), rel=4e-16, abs=0)
 
 
 def test_ranges_reject_bad_delta():
