@@ -370,6 +370,8 @@ def test_metrics_report_fractions_and_quantiles():
     assert m["frac_kept"] == pytest.approx(float((k3 <= 0.07).double().mean()))
     assert m["frac_kept"] + m["frac_masked"] == pytest.approx(1.0)
     assert m["frac_clipped_low"] == pytest.approx(float(((k3 > 0.07) & (w < 1)).double().mean()))
+    assert m["frac_clipped_high"] == pytest.approx(float(((k3 > 0.07) & (w > 1)).double().mean()))
+    assert 0 < m["frac_clipped_low"] < m["frac_masked"] and 0 < m["frac_clipped_high"] < m["frac_masked"]
     assert m["mean_k3"] == pytest.approx(float(k3.mean()), rel=1e-12)
     assert m["ratio_p50"] == pytest.approx(float(w.median()), rel=0.05)
     assert m["ratio_min"] <= m["ratio_p05"] <= m["ratio_p50"] <= m["ratio_p95"] <= m["ratio_max"]
@@ -495,6 +497,15 @@ def test_non_finite_log_probs_on_valid_tokens_raise(value, kind, arg):
     t[1, 2] = value
     with pytest.raises(ValueError, match=rf"{arg} has {kind} at valid position \(1, 2\)"):
         _bad(**{arg: t})
+
+
+def test_a_log_ratio_that_overflows_from_finite_log_probs_raises():
+    """float32 log-probs of opposite signs near the float32 limit: each finite, their difference -inf."""
+    logp, old, adv, mask = (t.float() for t in _batch(0))
+    logp, old = logp.detach().clone(), old.clone()
+    logp[0, 1], old[0, 1] = -3e38, 3e38
+    with pytest.raises(ValueError, match=r"^log-ratio logp - old_logp overflows; log-probs must be finite and <= 0$"):
+        at.policy_loss(logp, old, adv, mask)
 
 
 def test_frac_ratio_moved_counts_tokens_whose_ratio_left_one_beyond_float_noise():
