@@ -53,7 +53,9 @@ FORMS = ("min", "mask", "soft", "none")
 
 @dataclass
 class TokenBatch:
-    """What a method sees. All tensors are (B, T) unless noted; ``mask`` is boolean."""
+    """What a method sees. All tensors are (B, T) unless noted; ``mask`` is boolean; ``log_ratio``, ``advantages``,
+    ``logp``, ``old_logp`` and ``position_kl`` are zero on padding (:func:`atr_theory.policy_loss` replaces whatever
+    the caller had there)."""
 
     log_ratio: torch.Tensor  # log w = logp - old_logp, zero on padding, clamped to +-LOG_RATIO_CLAMP
     advantages: torch.Tensor
@@ -391,15 +393,13 @@ def _dual_clip(result: MethodResult, adv: torch.Tensor, c: float) -> MethodResul
     return MethodResult(objective, flags)
 
 
-def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return (x * mask).sum() / mask.sum().clamp(min=1)
-
-
 def _centred_cov(batch: TokenBatch) -> torch.Tensor:
-    """Per-token ``(A - mean A)(log pi - mean log pi)`` over valid tokens, detached (Cui et al. 2025)."""
+    """Per-token ``(A - mean A)(log pi - mean log pi)`` over valid tokens, detached (Cui et al. 2025). Both are zero
+    on padding (:class:`TokenBatch`), so their sums run over the valid tokens without a multiplication by the mask."""
     adv = batch.advantages.detach()
     logp = batch.logp.detach()
-    return (adv - _masked_mean(adv, batch.mask)) * (logp - _masked_mean(logp, batch.mask))
+    n_valid = batch.mask.sum().clamp(min=1)
+    return (adv - adv.sum() / n_valid) * (logp - logp.sum() / n_valid)
 
 
 def _no_clip(objective: torch.Tensor, batch: TokenBatch) -> MethodResult:
