@@ -499,6 +499,28 @@ def test_non_finite_log_probs_on_valid_tokens_raise(value, kind, arg):
         _bad(**{arg: t})
 
 
+@pytest.mark.parametrize("dtype,expected", [(torch.bfloat16, torch.float32), (torch.float16, torch.float32)])
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_method_sees_every_tensor_in_the_losss_precision(dtype, expected, padded):
+    """Half-precision log-probs: the method's batch holds float32 ``logp`` / ``old_logp`` / advantages / log-ratio,
+    with or without padding (a batch without padding takes another branch of ``policy_loss``)."""
+    seen = {}
+
+    def probe(batch):
+        seen.update({k: getattr(batch, k).dtype for k in ("logp", "old_logp", "advantages", "log_ratio")})
+        return at.methods._no_clip(torch.exp(batch.log_ratio) * batch.advantages, batch)
+
+    at.register("dtype_probe", params={}, default_form="none", forms=("none",), reference="a test")(probe)
+    try:
+        logp, old, adv, _ = _batch(0)
+        mask = torch.ones(logp.shape, dtype=torch.bool)
+        mask[:, -1] = not padded
+        at.policy_loss(logp.detach().to(dtype), old.to(dtype), adv.float(), mask, method="dtype_probe")
+    finally:
+        at.unregister("dtype_probe")
+    assert seen == dict.fromkeys(("logp", "old_logp", "advantages", "log_ratio"), expected)
+
+
 def test_a_log_ratio_that_overflows_from_finite_log_probs_raises():
     """float32 log-probs of opposite signs near the float32 limit: each finite, their difference -inf."""
     logp, old, adv, mask = (t.float() for t in _batch(0))
