@@ -12,6 +12,7 @@ states + LM head, one chunk of V at a time) against the (B, T, V) log-softmax pa
 forward + backward, each case in a fresh process (CPU: growth of peak RSS; CUDA: max_memory_allocated).
 
     python benchmarks/loss_overhead.py [--quick] [--out figures/loss_overhead.json]
+    python benchmarks/loss_overhead.py --time-only --threads 1 --out figures/loss_overhead_time_1thread.json
     python benchmarks/loss_overhead.py --device cuda --out figures/loss_overhead_cuda.json
 """
 
@@ -66,14 +67,16 @@ def time_call(fn, logp0):
 
 
 def side_by_side(fn, peer, logp0, repeats):
-    """Median times of ``fn`` and ``peer`` (forward + backward), interleaved so drift hits both alike."""
+    """Median times of ``fn`` and ``peer`` (forward + backward), interleaved so drift hits both alike, and the median
+    of the ratios of the back-to-back pairs (less sensitive to load that changes during the run)."""
     for _ in range(3):  # warm-up (and compilation)
         time_call(fn, logp0), time_call(peer, logp0)
     ours, theirs = [], []
     for _ in range(repeats):
         ours.append(time_call(fn, logp0))
         theirs.append(time_call(peer, logp0))
-    return statistics.median(ours), statistics.median(theirs)
+    paired = statistics.median(a / b for a, b in zip(ours, theirs))
+    return statistics.median(ours), statistics.median(theirs), paired
 
 
 PER_TOKEN = [n for n in at.method_names(aliases=False) if not at.METHODS[n].needs_full_distributions]
@@ -104,8 +107,9 @@ def part1(sizes, repeats, device="cpu", modes=("eager", "nosync", "compiled")):
                     their = lambda lp: compiled_peer(lp, old, adv, maskf)  # noqa: E731
                 else:
                     fn, their = call, peer
-                m_ours, m_peer = side_by_side(fn, their, logp0, repeats)
+                m_ours, m_peer, paired = side_by_side(fn, their, logp0, repeats)
                 row = {"B": B, "T": T, "ms": 1e3 * m_ours, "peer_ms": 1e3 * m_peer, "ratio": m_ours / m_peer}
+                row["paired_ratio"] = paired
                 out[mode].setdefault(name, []).append(row)
                 print(
                     f"{mode:8s} ({B:3d}, {T:5d}) {name:12s} {row['ms']:9.3f} ms  PPO-clip {row['peer_ms']:8.3f} ms"
@@ -221,14 +225,38 @@ def main():
     ap.add_argument("--out", default="figures/loss_overhead.json")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile mode")
+    ap.add_argument(
+        "--time-only",
+        action="store_true",
+        help="part 1 only, eager and nosync at (64, 4096) (a few minutes; write it to its own --out)",
+    )
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    ap.add_argument("--repeats", type=int, default=None, help="interleaved calls per method (default 20 CPU, 50 GPU)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.time_only:
+        sizes, repeats = [(64, 4096)], args.repeats or 50
+        r1 = part1(sizes, repeats, args.device, ("eager", "nosync"))
+        result = {
+            "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "repeats": repeats,
+            "sizes": {"part1": [list(s) for s in sizes]},
+            "part1": {name: rows[-1] for name, rows in r1["eager"].items()},
+            "part1_by_mode": r1,
+        }
+        Path(args.out).write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.out}")
+        return
     cuda = args.device.startswith("cuda")
     modes = ("eager", "nosync") if args.no_compile else ("eager", "nosync", "compiled")
     if args.quick:
         sizes, repeats, H, chunk = [(4, 64), (8, 256)], 5, 16, 8
         cases = [(p, B, 16, V) for p in ("chunked", "full") for B in (1, 4) for V in (1024, 4096)]
     else:
-        sizes, repeats, chunk = [(8, 1024), (32, 2048), (64, 4096)], (50 if cuda else 20), 64
+        sizes, repeats, chunk = [(8, 1024), (32, 2048), (64, 4096)], args.repeats or (50 if cuda else 20), 64
         H = 2048 if cuda else 256  # the V-sized memory does not depend on H; CPU time does
         chunked_bt = (
             [(1, 256), (4, 256), (16, 256), (64, 256)] if not cuda else [(2, 512), (8, 512), (32, 512), (128, 512)]
