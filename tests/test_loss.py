@@ -450,7 +450,9 @@ def _bad(**kw):
             "logp is empty",
         ),
         (dict(logp=torch.zeros(3, 0), old_logp=torch.zeros(3, 0), mask=torch.ones(3, 0)), "logp is empty"),
-        (dict(token_weights=torch.full((3, 6), math.nan)), "token_weights must be finite on valid tokens"),
+        # the constant messages whole (anchored): a search would also match them inside a garbled one
+        (dict(token_weights=torch.full((3, 6), math.nan)), "^token_weights must be finite on valid tokens$"),
+        (dict(advantages=torch.tensor([0.0, math.inf, 1.0])), "^advantages must be finite on valid tokens$"),
         (dict(delta="0.07"), "delta must be a real number, got str"),
         (dict(delta=True), "delta must be a real number, got bool"),
         (dict(delta=torch.tensor(0.07)), "delta must be a real number, got Tensor"),
