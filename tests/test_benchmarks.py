@@ -145,3 +145,46 @@ def test_every_equivalence_mutant_applies_to_the_current_source():
                 break
         else:
             raise AssertionError(f"{original!r} is in neither solver")
+
+
+def test_loss_overhead_time_only_writes_the_issue_13_layout(tmp_path):
+    """``--time-only`` (part 1 at (64, 4096), eager and nosync): ``part1.<method>.ratio`` for every per-token method,
+    with the paired ratio beside it. Structure only: no timing is asserted."""
+    out = tmp_path / "t.json"
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "loss_overhead.py"),
+            "--time-only",
+            "--repeats",
+            "1",
+            "--threads",
+            "1",
+        ]
+        + ["--out", str(out)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
+    result = json.loads(out.read_text())
+    import atr_theory as at
+
+    per_token = {n for n in at.method_names(aliases=False) if not at.METHODS[n].needs_full_distributions}
+    assert set(result["part1"]) == per_token and result["threads"] == 1
+    for mode in ("eager", "nosync"):
+        for rows in result["part1_by_mode"][mode].values():
+            assert rows[0]["ratio"] > 0 and rows[0]["paired_ratio"] > 0 and (rows[0]["B"], rows[0]["T"]) == (64, 4096)
+
+
+def test_bandit_compute_ceiling_is_below_each_transcendental_alone():
+    """The ceiling combines the measured rates as 1 / (2 t_exp + t_expm1): never above half the exp rate or the expm1
+    rate (a wrong combination, e.g. a sum of rates, would be)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bandit_throughput as bt
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    c = bt.compute_ceiling("cpu", 20_000)
+    assert 0 < c["ceiling_elements_per_s"] < min(c["exp_elements_per_s"] / 2, c["expm1_elements_per_s"])
+    assert c["ceiling_elements_per_s"] < c["ceiling_range_test_elements_per_s"] <= c["exp_elements_per_s"] / 2 * 1.0001
