@@ -450,6 +450,8 @@ def _bad(**kw):
             "logp is empty",
         ),
         (dict(logp=torch.zeros(3, 0), old_logp=torch.zeros(3, 0), mask=torch.ones(3, 0)), "logp is empty"),
+        (dict(method="tr_ppo", position_kl=torch.zeros(3, 5)), r"^position_kl must have shape \(3, 6\), got \(3, 5\)$"),
+        (dict(method="truly_ppo", position_kl=[0.0]), "^position_kl must be a torch.Tensor, got list$"),
         # the constant messages whole (anchored): a search would also match them inside a garbled one
         (dict(token_weights=torch.full((3, 6), math.nan)), "^token_weights must be finite on valid tokens$"),
         (dict(advantages=torch.tensor([0.0, math.inf, 1.0])), "^advantages must be finite on valid tokens$"),

@@ -178,6 +178,23 @@ def test_ranges_reject_bad_delta():
         at.kl3_delta_from_bound(1.0)
 
 
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(epsilon_low=-0.1), "epsilon_low must be a finite number >= 0, got -0.1"),
+        (dict(epsilon_high=float("nan")), "epsilon_high must be a finite number >= 0, got nan"),
+        (dict(ratio_cap=0.0), "ratio_cap must be a finite number > 0, got 0.0"),
+        (dict(ratio_cap=np.array([5.0, 10.0])), r"ratio_cap must be a scalar, got an array of shape \(2,\)"),
+    ],
+)
+def test_dcpo_ranges_name_a_bad_argument_exactly(kwargs, message):
+    """Both DCPO entry points (of p_old, numpy; of log p_old, torch): the whole message, anchored."""
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        at.dcpo_clip_range(np.array([0.5]), **kwargs)
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        at.ranges.dcpo_clip_range_from_log(torch.tensor([-0.7]), **kwargs)
+
+
 @pytest.mark.parametrize("delta", [1e-6, 0.07, 1.0, 5.0])
 def test_trgppo_torch_newton_matches_the_bisection(delta):
     import torch
