@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from test_ranges import _binary_kl_roots_mpmath  # noqa: E402
 
 TORCH_MUTANTS = {  # label -> (original text, mutated text); mutmut numbering of the commit named
-    "trgppo_kl_log_range_torch 58 of be5a04d (lower start / p -> * p)": (
+    "trgppo_kl_log_range_torch 58 of be5a04d = 82 of 8bfc2f7 (lower start / p -> * p)": (
         "(qlogq - delta) / ps - 1.0, max_iter",
         "(qlogq - delta) * ps - 1.0, max_iter",
     ),
