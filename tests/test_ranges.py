@@ -167,6 +167,34 @@ def test_dcpo_range_from_log_p_is_the_range_of_p(log_p, el, eh):
     assert float(hi[0]) == pytest.approx(float(ref_hi[0]), rel=4e-16, abs=0)
 
 
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: at.kl3_clip_range(0.0), "delta must be a finite number > 0, got 0.0"),
+        (lambda: at.kl3_clip_log_range(-1.0), "delta must be a finite number > 0, got -1.0"),
+        (lambda: at.kl1_clip_range(float("nan")), "delta must be a finite number > 0, got nan"),
+        (lambda: at.kl2_clip_range(float("inf")), "delta must be a finite number > 0, got inf"),
+        (lambda: at.is_kl3_clip_range(0.0), "delta must be a finite number > 0, got 0.0"),
+        (lambda: at.kl3_delta_from_bound(-0.5), "bound must be a finite number > 0, got -0.5"),
+        (lambda: at.trgppo_kl_range([0.5], 0.0), "delta must be a finite number > 0, got 0.0"),
+        (lambda: at.trgppo_kl_range([0.0, 0.5], 0.07), r"p_old must lie in \(0, 1\], got \[0.0, 0.5\]"),
+        (lambda: at.trgppo_clip_range([0.5], 0.07, -0.2), "epsilon must be a finite number >= 0, got -0.2"),
+        (
+            lambda: at.ranges.trgppo_kl_log_range_torch(torch.tensor([0.5]), 0.0),
+            "delta must be a finite number > 0, got 0.0",
+        ),
+        (
+            lambda: at.ranges.trgppo_kl_range_table(torch.tensor([-0.5]), -1.0),
+            "delta must be a finite number > 0, got -1.0",
+        ),
+    ],
+)
+def test_every_range_names_its_bad_argument_exactly(call, message):
+    """The whole message, anchored: a substring search (``match="delta"``) also accepts a garbled name."""
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        call()
+
+
 def test_ranges_reject_bad_delta():
     for bad in (0.0, -1.0, float("nan"), float("inf")):
         for fn in (at.kl3_clip_range, at.kl1_clip_range, at.kl2_clip_range, at.is_kl3_clip_range):
