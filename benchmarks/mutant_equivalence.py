@@ -55,6 +55,10 @@ SERIES_MUTANTS = {  # label -> (original text, mutated text) in kl3_clip_log_ran
         "log_series_hi = np.log1p(p + p**2 / 3 + 11 * p**3 / 72)",
         "log_series_hi = np.log1p(p + p**2 / 3 - 11 * p**3 / 72)",
     ),
+    "kl3_clip_log_range 77 of 8bfc2f7 (upper series start p^2/3 -> 2 p/3)": (
+        "log_series_hi = np.log1p(p + p**2 / 3 + 11 * p**3 / 72)",
+        "log_series_hi = np.log1p(p + p * 2 / 3 + 11 * p**3 / 72)",
+    ),
     "kl3_clip_log_range 21 of 8bfc2f7 (series variable p = sqrt(2 (1 + e z)) -> sqrt(3 (1 + e z)))": (
         "p = np.sqrt(2.0 * -np.expm1(-d))",
         "p = np.sqrt(3.0 * -np.expm1(-d))",
