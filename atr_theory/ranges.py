@@ -277,13 +277,12 @@ def dcpo_clip_range(
     r"""DCPO's dynamic adaptive clipping bounds (Yang et al. 2025, arXiv 2509.02333, Eq. 6):
 
     ``l = 0.5 + 0.5 sqrt(max(1 - 4 eps_l / p, 0))``, ``u = min(0.5 + 0.5 sqrt(1 + 4 eps_u / p), cap)``
-    with ``p = pi_old(token)`` (evaluated as ``0.5 + sqrt(1/4 - eps_l / p)``, one multiplication fewer). They come from bounding ``|(w - 1) p|``-style changes of the
-    probability itself; the cap (10 in lime-RL/DCPO, ``max(clip_ratio_c, 10)``) keeps ``u`` finite
-    for ``p -> 0``. Works on numpy arrays and torch tensors.
+    with ``p = pi_old(token)`` (evaluated as ``0.5 + sqrt(1/4 - eps_l / p)``, one multiplication fewer). They come
+    from bounding ``|(w - 1) p|``-style changes of the probability itself; the cap (10 in lime-RL/DCPO,
+    ``max(clip_ratio_c, 10)``) keeps ``u`` finite for ``p -> 0``. Works on numpy arrays and torch tensors (there
+    as constants: no gradient).
     """
-    eps_l = check_nonnegative("epsilon_low", epsilon_low)
-    eps_u = check_nonnegative("epsilon_high", epsilon_high)
-    check_positive("ratio_cap", ratio_cap, allow_array=False)
+    eps_l, eps_u = _check_dcpo_parameters(epsilon_low, epsilon_high, ratio_cap)
     if isinstance(p_old, torch.Tensor):
         p = p_old.clamp_min(torch.finfo(p_old.dtype).tiny)
         return _dcpo_bounds_torch(torch.reciprocal(p), eps_l, eps_u, ratio_cap)  # a fresh tensor: consumed
@@ -299,12 +298,18 @@ def dcpo_clip_range_from_log(
     """:func:`dcpo_clip_range` of ``p_old = exp(old_logp)`` (torch), with ``1 / p_old = exp(-old_logp)`` taken
     directly, capped at the dtype's largest value as :func:`dcpo_clip_range` floors ``p_old`` at its smallest
     normal (so ``0 * 1/p`` stays 0 at ``epsilon = 0``)."""
-    eps_l = check_nonnegative("epsilon_low", epsilon_low)
-    eps_u = check_nonnegative("epsilon_high", epsilon_high)
-    check_positive("ratio_cap", ratio_cap, allow_array=False)
+    eps_l, eps_u = _check_dcpo_parameters(epsilon_low, epsilon_high, ratio_cap)
     with torch.no_grad():
         inv_p = old_logp.neg().exp_().clamp_(max=1.0 / torch.finfo(old_logp.dtype).tiny)
     return _dcpo_bounds_torch(inv_p, eps_l, eps_u, ratio_cap)
+
+
+def _check_dcpo_parameters(epsilon_low: float, epsilon_high: float, ratio_cap: float) -> tuple[float, float]:
+    """``(epsilon_low, epsilon_high)`` as floats after checking them (>= 0) and ``ratio_cap`` (a scalar > 0)."""
+    eps_l = check_nonnegative("epsilon_low", epsilon_low)
+    eps_u = check_nonnegative("epsilon_high", epsilon_high)
+    check_positive("ratio_cap", ratio_cap, allow_array=False)
+    return eps_l, eps_u
 
 
 @torch.no_grad()

@@ -219,6 +219,19 @@ def plot(result, out_png):
     fig.savefig(out_png, dpi=120)
 
 
+def part1_result(r1: dict, sizes, repeats: int, device: str) -> dict:
+    """The JSON of part 1: run metadata, ``part1.<method>`` = the eager row at the largest size, every mode's rows."""
+    return {
+        "device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "repeats": repeats,
+        "sizes": {"part1": [list(s) for s in sizes]},
+        "part1": {name: rows[-1] for name, rows in r1["eager"].items()},
+        "part1_by_mode": r1,
+    }
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
@@ -237,16 +250,7 @@ def main():
         torch.set_num_threads(args.threads)
     if args.time_only:
         sizes, repeats = [(64, 4096)], args.repeats or 50
-        r1 = part1(sizes, repeats, args.device, ("eager", "nosync"))
-        result = {
-            "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-            "torch": torch.__version__,
-            "threads": torch.get_num_threads(),
-            "repeats": repeats,
-            "sizes": {"part1": [list(s) for s in sizes]},
-            "part1": {name: rows[-1] for name, rows in r1["eager"].items()},
-            "part1_by_mode": r1,
-        }
+        result = part1_result(part1(sizes, repeats, args.device, ("eager", "nosync")), sizes, repeats, args.device)
         Path(args.out).write_text(json.dumps(result, indent=2))
         print(f"wrote {args.out}")
         return
@@ -264,23 +268,12 @@ def main():
         full_bt = chunked_bt[:3]  # the (B, T, V) path at the largest would not fit next to the others
         cases = [("chunked", B, T, V) for (B, T) in chunked_bt for V in (32_768, 151_936)]
         cases += [("full", B, T, V) for (B, T) in full_bt for V in (32_768, 151_936)]
-    r1 = part1(sizes, repeats, args.device, modes)
+    result = part1_result(part1(sizes, repeats, args.device, modes), sizes, repeats, args.device)
     r2 = part2(cases, H, chunk, args.device)
-    largest = {name: rows[-1] for name, rows in r1["eager"].items()}
     v_max = max(c[3] for c in cases)
     bt_ref = max(c[1] * c[2] for c in cases if c[0] == "full")  # the largest size both paths ran
     ref = [r for r in r2 if r["V"] == v_max and r["B"] * r["T"] == bt_ref]
-    device = torch.cuda.get_device_name() if cuda else "cpu"
-    result = {
-        "device": device,
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "sizes": {"part1": [list(s) for s in sizes]},
-        "part1": largest,
-        "part1_by_mode": r1,
-        "part2": {f"truly_ppo_{r['path']}": r for r in ref},
-        "part2_sweep": r2,
-    }
+    result.update({"part2": {f"truly_ppo_{r['path']}": r for r in ref}, "part2_sweep": r2})
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
