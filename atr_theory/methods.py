@@ -41,6 +41,7 @@ __all__ = [
     "TokenBatch",
     "get_method",
     "method_names",
+    "bound_objective",
     "ratio_objective",
     "register",
     "resolve",
@@ -380,17 +381,33 @@ def ratio_objective(
     return MethodResult(objective, flags)
 
 
-def _dual_clip(result: MethodResult, adv: torch.Tensor, c: float) -> MethodResult:
-    """Dual clip (Ye et al. 2020; verl ``clip_ratio_c``): for ``A < 0`` the objective is at least ``c A``."""
-    floor = c * adv
-    below = result.objective.detach() < floor
-    objective = torch.where((adv < 0) & below, floor, result.objective)
+def bound_objective(batch: TokenBatch, bound: torch.Tensor) -> MethodResult:
+    r"""PPO's min objective ``min(w A, b A)`` from the one bound per token that it reads,
+    ``b = ranges.bound_by_sign(l, u, A)`` (``u`` where A > 0, ``l`` where A < 0): equal in value to
+    ``ratio_objective(batch, l, u)`` in the ``min`` form and in gradient (up to ties ``w = b`` exactly, which get
+    half the gradient here and all of it there), without a clamp between two tensor bounds. ``b`` must be finite
+    (``inf * 0`` is NaN where an advantage is 0)."""
+    w, adv = torch.exp(batch.log_ratio), batch.advantages
+    objective = torch.minimum(w * adv, bound * adv)
 
     def flags():
-        capped = (adv < 0) & below
-        return result.kept & ~capped, result.clipped_low, result.clipped_high | capped
+        low = (w < bound) & (adv < 0)
+        high = (w > bound) & (adv > 0)
+        return ~(low | high), low, high
 
     return MethodResult(objective, flags)
+
+
+def _dual_clip(result: MethodResult, adv: torch.Tensor, c: float) -> MethodResult:
+    """Dual clip (Ye et al. 2020; verl ``clip_ratio_c``): for ``A < 0`` the objective is at least ``c A``.
+
+    The floor is ``c min(A, 0)``: where ``A >= 0`` it is 0, and a ratio-range objective is ``>= 0`` there (``w``,
+    ``l``, ``u`` are), so one comparison finds the capped tokens (no ``A < 0`` mask; ``torch.maximum`` would be
+    simpler but its backward costs more than ``where``'s on CPU)."""
+    floor = adv.detach().clamp(max=0.0).mul_(c)
+    capped = result.objective.detach() < floor
+    objective = torch.where(capped, floor, result.objective)
+    return MethodResult(objective, lambda: (result.kept & ~capped, result.clipped_low, result.clipped_high | capped))
 
 
 def _centred_cov(batch: TokenBatch) -> torch.Tensor:
@@ -466,10 +483,14 @@ def dual_clip(batch: TokenBatch, epsilon: float, dual_clip_c: float) -> MethodRe
 def dcpo(batch: TokenBatch, epsilon_low: float, epsilon_high: float, dual_clip_c: float) -> MethodResult:
     r"""Dynamic clipping: per-token ``[l(p), u(p)]`` of :func:`atr_theory.ranges.dcpo_clip_range` with
     ``p = pi_old(token)``, ``u`` capped at ``max(c, 10)``, then the dual clip with ``c`` (as in the source)."""
-    lower, upper = ranges.dcpo_clip_range_from_log(
-        batch.old_logp.detach(), epsilon_low, epsilon_high, ratio_cap=max(dual_clip_c, 10.0)
-    )
-    return _dual_clip(ratio_objective(batch, lower, upper), batch.advantages, dual_clip_c)
+    cap = max(dual_clip_c, 10.0)
+    if batch.form == "min":
+        bound = ranges.dcpo_bound_by_sign(batch.old_logp, batch.advantages, epsilon_low, epsilon_high, cap)
+        base = bound_objective(batch, bound)
+    else:
+        lower, upper = ranges.dcpo_clip_range_from_log(batch.old_logp.detach(), epsilon_low, epsilon_high, cap)
+        base = ratio_objective(batch, lower, upper)
+    return _dual_clip(base, batch.advantages, dual_clip_c)
 
 
 @register(
@@ -485,9 +506,12 @@ def trgppo(batch: TokenBatch, delta: float, epsilon: float) -> MethodResult:
     extreme ratios with binary ``KL(p || p w) <= delta``, ``p = pi_old(token)``.
 
     float32 (and lower) batches read the bounds from a table (:func:`atr_theory.ranges.trgppo_kl_range_table`, float32
-    accurate); float64 batches solve for them by Newton in float64
+    accurate; in the ``min`` form only the bound the advantage's sign selects,
+    :func:`atr_theory.ranges.trgppo_bound_by_sign`); float64 batches solve for them by Newton in float64
     (:func:`atr_theory.ranges.trgppo_kl_log_range_torch`)."""
     y = batch.log_ratio
+    if y.dtype != torch.float64 and batch.form == "min":
+        return bound_objective(batch, ranges.trgppo_bound_by_sign(batch.old_logp, batch.advantages, delta, epsilon))
     if y.dtype == torch.float64:
         p_old = torch.exp(batch.old_logp.detach()).clamp(min=1e-300, max=1.0)
         y_lo, y_hi = ranges.trgppo_kl_log_range_torch(p_old, delta)
@@ -595,19 +619,46 @@ def is_kl3(batch: TokenBatch, delta: float) -> MethodResult:
 def clip_cov(batch: TokenBatch, epsilon: float, cov_ratio: float, cov_lb: float, cov_ub: float) -> MethodResult:
     r"""PPO clip; then ``max(1, int(cov_ratio * n_valid))`` tokens drawn at random (``batch.generator``)
     among the unclipped valid tokens with centred ``cov(A, log pi)`` in ``(cov_lb, cov_ub)`` lose their
-    gradient. (verl zeroes their loss value too; we keep the value and drop the gradient.)"""
-    base = ratio_objective(batch, 1.0 - epsilon, 1.0 + epsilon)
-    cov = _centred_cov(batch)
-    candidates = batch.mask & base.kept & (cov > cov_lb) & (cov < cov_ub)
-    idx = torch.nonzero(candidates.reshape(-1)).squeeze(-1)
+    gradient. (verl zeroes their loss value too; we keep the value and drop the gradient.)
+
+    The covariance test runs on every token, the clip test only on the few tokens that pass it (the same candidates
+    in the same order, so the same draw as verl's ``randperm``)."""
+    lower, upper = 1.0 - epsilon, 1.0 + epsilon
+    base = ratio_objective(batch, lower, upper)
+    cov = _centred_cov(batch).reshape(-1)
+    idx = torch.nonzero((cov > cov_lb) & (cov < cov_ub)).squeeze(-1)
+    with torch.no_grad():
+        few = _tokens_at(batch, idx)
+        idx = idx[few.mask & ratio_objective(few, lower, upper).kept]
     n_pick = min(max(int(cov_ratio * int(batch.mask.sum())), 1), idx.numel())
-    drop = torch.zeros_like(candidates).reshape(-1)
-    if n_pick > 0:
-        perm = torch.randperm(idx.numel(), generator=batch.generator, device="cpu")[:n_pick]
-        drop[idx[perm.to(idx.device)]] = True
-    drop = drop.reshape(candidates.shape)
-    objective = torch.where(drop, base.objective.detach(), base.objective)
-    return MethodResult(objective, lambda: (base.kept & ~drop, base.clipped_low, base.clipped_high | drop))
+    perm = torch.randperm(idx.numel(), generator=batch.generator, device="cpu")[:n_pick]
+    dropped = idx[perm.to(idx.device)]
+    # the dropped tokens keep their value and lose their gradient: an out-of-place index_put costs a copy forward and
+    # backward, where torch.where(drop, detached, objective) costs two selects over every token
+    flat = base.objective.reshape(-1)
+    objective = flat.index_put((dropped,), flat.detach()[dropped]).view_as(base.objective)
+
+    def flags():
+        drop = torch.zeros_like(batch.mask).reshape(-1).index_fill_(0, dropped, True).view_as(batch.mask)
+        return base.kept & ~drop, base.clipped_low, base.clipped_high | drop
+
+    return MethodResult(objective, flags)
+
+
+def _tokens_at(batch: TokenBatch, flat_index: torch.Tensor) -> TokenBatch:
+    """The tokens of ``batch`` at ``flat_index`` (into the flattened (B, T)), as a 1-D batch of the per-token fields."""
+
+    def take(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(-1)[flat_index]
+
+    return TokenBatch(
+        take(batch.log_ratio),
+        take(batch.advantages),
+        take(batch.mask),
+        take(batch.logp),
+        take(batch.old_logp),
+        batch.form,
+    )
 
 
 @register(

@@ -636,3 +636,36 @@ def test_ratio_objective_keeps_a_float_bound_in_the_batchs_dtype_beside_a_tensor
     assert res.objective.dtype == torch.float64
     assert res.objective[0, 0].item() == pytest.approx(1.2, abs=1e-15)  # clipped to float64 1.2 exactly
     assert y.grad[0, 0] == 0.0 and y.grad[0, 1] == 1.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from([torch.float32, torch.float64]))
+def test_bound_objective_is_ppos_min_objective_from_one_bound(seed, dtype):
+    """``min(w A, b A)`` with the bound the sign of A selects against ``min(w A, clip(w, l, u) A)``: values bit for
+    bit, gradients and clip flags equal (ties w = b exactly are left out by construction: random ratios)."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (6, 40)
+    y = (torch.randn(shape, generator=g, dtype=torch.float64) * 0.5).to(dtype)
+    adv = torch.randn(shape[0], 1, generator=g, dtype=torch.float64).to(dtype).expand(shape).clone()
+    adv[0] = 0.0
+    adv[1] = -0.0
+    adv[2:4], adv[4:] = adv[2:4].abs(), -adv[4:].abs()
+    lower = (0.5 + 0.45 * torch.rand(shape, generator=g, dtype=torch.float64)).to(dtype)
+    upper = (1.05 + torch.rand(shape, generator=g, dtype=torch.float64)).to(dtype)
+    zeros = torch.zeros(shape, dtype=dtype)
+    mask = torch.ones(shape, dtype=torch.bool)
+    results = []
+    for use_bound in (False, True):
+        yy = y.clone().requires_grad_(True)
+        batch = at.TokenBatch(yy, adv, mask, zeros, zeros, "min")
+        if use_bound:
+            res = at.bound_objective(batch, at.ranges.bound_by_sign(lower, upper, adv))
+        else:
+            res = at.ratio_objective(batch, lower, upper)
+        (grad,) = torch.autograd.grad(res.objective.sum(), yy)
+        results.append((res.objective.detach(), grad, res.kept, res.clipped_low, res.clipped_high))
+    (o0, g0, *f0), (o1, g1, *f1) = results
+    assert torch.equal(o0, o1)
+    torch.testing.assert_close(g1, g0, rtol=0, atol=0)
+    assert all(torch.equal(a, b) for a, b in zip(f0, f1))
+    assert bool(f1[1].any()) and bool(f1[2].any())  # both sides clip somewhere: the comparison means something

@@ -489,3 +489,70 @@ def test_trgppo_torch_bounds_refuse_a_p_old_outside_its_domain_naming_it():
     for bad, shown in ((0.0, r"0\.0"), (1.5, r"1\.5"), (float("nan"), "nan"), (-0.1, r"-0\.1")):
         with pytest.raises(ValueError, match=rf"p_old must lie in \(0, 1\], got {shown}"):
             at.ranges.trgppo_kl_log_range_torch(torch.tensor([0.5, bad], dtype=torch.float64), 0.07)
+
+
+# --------------------------------------------------------------------------------------------
+# one bound per token, chosen by the sign of the advantage (what PPO's min objective reads)
+# --------------------------------------------------------------------------------------------
+def _signed_advantages(n: int, seed: int, dtype) -> torch.Tensor:
+    """Random signs and sizes, with +0.0 and -0.0 in it (the sign bit decides, not the value)."""
+    g = torch.Generator().manual_seed(seed)
+    adv = torch.randn(n, generator=g, dtype=torch.float64).to(dtype)
+    adv[:4] = torch.tensor([0.0, -0.0, 1e-30, -1e-30], dtype=dtype)
+    return adv
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(0, 10_000),
+    st.sampled_from([torch.float32, torch.float64]),
+    st.sampled_from([0.0, 0.01, 0.16, 0.3]),
+    st.sampled_from([0.0, 0.2, 0.28]),
+    st.sampled_from([0.5, 1.0, 3.0, 10.0]),
+)
+def test_dcpo_bound_by_sign_is_the_selected_bound_bit_for_bit(seed, dtype, el, eh, cap):
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(200, generator=g, dtype=torch.float64) * torch.tensor(800.0) ** torch.rand(200, generator=g)
+    old = old.to(dtype)
+    adv = _signed_advantages(200, seed, dtype)
+    lo, hi = at.ranges.dcpo_clip_range_from_log(old, el, eh, ratio_cap=cap)
+    # the sign bit, read independently: copysign(1, -0.0) = -1
+    expected = torch.where(torch.copysign(torch.ones_like(adv), adv) > 0, hi, lo)
+    got = at.ranges.dcpo_bound_by_sign(old, adv, el, eh, ratio_cap=cap)
+    assert got.dtype == dtype and torch.equal(got, expected)
+    assert torch.equal(at.ranges.bound_by_sign(lo, hi, adv), expected)
+
+
+@pytest.mark.parametrize("delta, eps", [(0.01, 0.2), (0.07, 0.2), (0.07, 0.0), (2.0, 0.5)])
+def test_trgppo_bound_by_sign_is_the_selected_clipped_bound(delta, eps):
+    """Against both bounds from the table (same cells, so bit for bit) clipped to ``1 -+ eps`` as TRGPPO's range
+    is, and against the float64 roots: ``|b - bound| < 1e-7`` for the lower bound, float32 rounding for the upper."""
+    u = _float32_log_p_grid()
+    adv = _signed_advantages(u.numel(), 0, torch.float32)
+    lo, hi = at.ranges.trgppo_kl_range_table(u, delta)
+    lo, hi = lo.clamp(max=1 - eps), hi.clamp(min=1 + eps)
+    positive = torch.copysign(torch.ones_like(adv), adv) > 0
+    big = torch.finfo(torch.float32).max
+    got = at.ranges.trgppo_bound_by_sign(u, adv, delta, eps)
+    assert torch.equal(got, torch.where(positive, hi.clamp(max=big), lo))
+    assert bool(torch.isfinite(got).all())
+    y_lo, y_hi = at.ranges.trgppo_kl_log_range_torch(torch.exp(u.double()).clamp(min=1e-300), delta)
+    ref = torch.where(positive, torch.exp(y_hi).clamp(min=1 + eps), torch.exp(y_lo).clamp(max=1 - eps))
+    neg = ~positive
+    assert float((got.double() - ref)[neg].abs().max()) < 1e-7
+    fits = positive & (ref < 1e38)
+    assert float(((got.double() - ref) / ref)[fits].abs().max()) < 2.0**-23 * (1 + float(y_hi.abs().max())) + 3e-8
+
+
+def _float32_log_p_grid():
+    """Every binade of a = -log p_old from 2^-40 to 2^8, 97 points each (ends included), plus 0."""
+    pts = [0.0]
+    for k in range(-40, 8):
+        for j in range(97):
+            pts.append(-(2.0**k) * (1 + j / 96))
+    return torch.tensor(pts, dtype=torch.float32)
+
+
+def test_a_sign_mask_needs_float32_or_float64():
+    with pytest.raises(TypeError, match="^a sign mask needs a float32 or float64 tensor, got torch.bfloat16$"):
+        at.ranges.dcpo_bound_by_sign(torch.tensor([-0.5]), torch.tensor([1.0], dtype=torch.bfloat16))
