@@ -366,19 +366,26 @@ def ratio_objective(
                 constraint = (w >= lower) & (w <= upper)
         keep = constraint
         objective = torch.where(keep, w * adv, adv)
-        return MethodResult(objective, lambda: (keep, ~keep & (y < 0), ~keep & (y > 0)))
+        return MethodResult(objective, lambda: _range_flags(w, y, adv, lower, upper, "mask", keep))
     if isinstance(lower, torch.Tensor) or isinstance(upper, torch.Tensor):
         clipped_w = torch.clamp(w, min=_bound_tensor(lower, y), max=_bound_tensor(upper, y))
     else:
         clipped_w = torch.clamp(w, min=lower, max=upper)
     objective = torch.minimum(w * adv, clipped_w * adv)
+    return MethodResult(objective, lambda: _range_flags(w, y, adv, lower, upper, "min"))
 
-    def flags():
-        low = (w < lower) & (adv < 0)
-        high = (w > upper) & (adv > 0)
-        return ~(low | high), low, high
 
-    return MethodResult(objective, flags)
+def _range_flags(w, y, adv, lower, upper, form: str, constraint: torch.Tensor | None = None):
+    """``(kept, clipped_low, clipped_high)`` of the range ``[lower, upper]`` in ``form``: in the mask form a token is
+    kept where ``constraint`` (default ``lower <= w <= upper``) holds, clipped low or high by the sign of ``log w``;
+    in the min form it is clipped low where ``w < lower`` and ``A < 0``, high where ``w > upper`` and ``A > 0`` (the
+    min then takes the constant branch)."""
+    if form == "mask":
+        keep = constraint if constraint is not None else (w >= lower) & (w <= upper)
+        return keep, ~keep & (y < 0), ~keep & (y > 0)
+    low = (w < lower) & (adv < 0)
+    high = (w > upper) & (adv > 0)
+    return ~(low | high), low, high
 
 
 def bound_objective(batch: TokenBatch, bound: torch.Tensor) -> MethodResult:
@@ -387,15 +394,10 @@ def bound_objective(batch: TokenBatch, bound: torch.Tensor) -> MethodResult:
     ``ratio_objective(batch, l, u)`` in the ``min`` form and in gradient (up to ties ``w = b`` exactly, which get
     half the gradient here and all of it there), without a clamp between two tensor bounds. ``b`` must be finite
     (``inf * 0`` is NaN where an advantage is 0)."""
-    w, adv = torch.exp(batch.log_ratio), batch.advantages
+    y, adv = batch.log_ratio, batch.advantages
+    w = torch.exp(y)
     objective = torch.minimum(w * adv, bound * adv)
-
-    def flags():
-        low = (w < bound) & (adv < 0)
-        high = (w > bound) & (adv > 0)
-        return ~(low | high), low, high
-
-    return MethodResult(objective, flags)
+    return MethodResult(objective, lambda: _range_flags(w, y, adv, bound, bound, "min"))
 
 
 def _dual_clip(result: MethodResult, adv: torch.Tensor, c: float) -> MethodResult:
@@ -410,13 +412,13 @@ def _dual_clip(result: MethodResult, adv: torch.Tensor, c: float) -> MethodResul
     return MethodResult(objective, lambda: (result.kept & ~capped, result.clipped_low, result.clipped_high | capped))
 
 
-def _centred_cov(batch: TokenBatch) -> torch.Tensor:
+def _centred_cov(batch: TokenBatch, n_valid: torch.Tensor) -> torch.Tensor:
     """Per-token ``(A - mean A)(log pi - mean log pi)`` over valid tokens, detached (Cui et al. 2025). Both are zero
     on padding (:class:`TokenBatch`), so their sums run over the valid tokens without a multiplication by the mask."""
     adv = batch.advantages.detach()
     logp = batch.logp.detach()
-    n_valid = batch.mask.sum().clamp(min=1)
-    return (adv - adv.sum() / n_valid) * (logp - logp.sum() / n_valid)
+    n_valid = n_valid.clamp(min=1)
+    return torch.sub(adv, adv.sum() / n_valid).mul_(logp - logp.sum() / n_valid)
 
 
 def _no_clip(objective: torch.Tensor, batch: TokenBatch) -> MethodResult:
@@ -625,12 +627,14 @@ def clip_cov(batch: TokenBatch, epsilon: float, cov_ratio: float, cov_lb: float,
     in the same order, so the same draw as verl's ``randperm``)."""
     lower, upper = 1.0 - epsilon, 1.0 + epsilon
     base = ratio_objective(batch, lower, upper)
-    cov = _centred_cov(batch).reshape(-1)
-    idx = torch.nonzero((cov > cov_lb) & (cov < cov_ub)).squeeze(-1)
+    n_valid = torch.count_nonzero(batch.mask)
+    cov = _centred_cov(batch, n_valid).reshape(-1)
+    idx = torch.nonzero((cov > cov_lb).logical_and_(cov < cov_ub)).squeeze(-1)
     with torch.no_grad():
-        few = _tokens_at(batch, idx)
-        idx = idx[few.mask & ratio_objective(few, lower, upper).kept]
-    n_pick = min(max(int(cov_ratio * int(batch.mask.sum())), 1), idx.numel())
+        y_few, adv_few = batch.log_ratio.reshape(-1)[idx], batch.advantages.reshape(-1)[idx]
+        kept_few = _range_flags(torch.exp(y_few), y_few, adv_few, lower, upper, batch.form)[0]
+        idx = idx[batch.mask.reshape(-1)[idx] & kept_few]
+    n_pick = min(max(int(cov_ratio * int(n_valid)), 1), idx.numel())
     perm = torch.randperm(idx.numel(), generator=batch.generator, device="cpu")[:n_pick]
     dropped = idx[perm.to(idx.device)]
     # the dropped tokens keep their value and lose their gradient: an out-of-place index_put costs a copy forward and
@@ -643,22 +647,6 @@ def clip_cov(batch: TokenBatch, epsilon: float, cov_ratio: float, cov_lb: float,
         return base.kept & ~drop, base.clipped_low, base.clipped_high | drop
 
     return MethodResult(objective, flags)
-
-
-def _tokens_at(batch: TokenBatch, flat_index: torch.Tensor) -> TokenBatch:
-    """The tokens of ``batch`` at ``flat_index`` (into the flattened (B, T)), as a 1-D batch of the per-token fields."""
-
-    def take(t: torch.Tensor) -> torch.Tensor:
-        return t.reshape(-1)[flat_index]
-
-    return TokenBatch(
-        take(batch.log_ratio),
-        take(batch.advantages),
-        take(batch.mask),
-        take(batch.logp),
-        take(batch.old_logp),
-        batch.form,
-    )
 
 
 @register(
@@ -675,19 +663,25 @@ def kl_cov(batch: TokenBatch, cov_ratio: float, kl_coef: float) -> MethodResult:
     r"""No clipping: ``w A``, and the top ``max(1, int(cov_ratio * n_valid))`` valid tokens by centred
     ``cov(A, log pi)`` get the penalty ``- kl_coef * |log w|``."""
     y = batch.log_ratio
-    objective = torch.exp(y) * batch.advantages
-    cov = torch.where(batch.mask, _centred_cov(batch), torch.full_like(y, -math.inf))
+    n_valid = torch.count_nonzero(batch.mask)
+    cov = _centred_cov(batch, n_valid)
+    cov = cov.masked_fill_(~batch.mask, -math.inf).reshape(-1)  # padding last in the ranking
     # k = max(1, int(cov_ratio * n_valid)) stays on the device: take the top k_max (a size known from the
-    # shape, n_valid <= B T) and keep the first k of them (topk returns them in descending order)
+    # shape, n_valid <= B T) and penalise the first k of them (topk returns them in descending order)
     k_max = min(max(1, int(cov_ratio * y.numel())), y.numel())
-    n_valid = batch.mask.sum()
     k = torch.clamp(torch.floor(cov_ratio * n_valid.to(torch.float64)), min=1.0)
-    top = torch.topk(cov.reshape(-1), k_max).indices
-    chosen = torch.arange(k_max, device=y.device) < k
-    penalised = torch.zeros_like(batch.mask).reshape(-1).scatter(0, top, chosen).reshape(y.shape) & batch.mask
-    objective = torch.where(penalised, objective - kl_coef * y.abs(), objective)
-    none = torch.zeros_like(batch.mask)
-    return MethodResult(objective, lambda: (torch.ones_like(batch.mask), none, penalised))
+    top = torch.topk(cov, k_max).indices
+    chosen = (torch.arange(k_max, device=y.device) < k) & batch.mask.reshape(-1)[top]
+    # the penalty enters at the top k_max positions only (times 0 where not chosen): an index_put, not a select
+    # over every token
+    flat = (torch.exp(y) * batch.advantages).reshape(-1)
+    objective = flat.index_put((top,), flat[top] - kl_coef * y.reshape(-1)[top].abs() * chosen).view_as(y)
+
+    def flags():
+        penalised = torch.zeros_like(batch.mask).reshape(-1).index_put((top,), chosen).view_as(batch.mask)
+        return torch.ones_like(batch.mask), torch.zeros_like(batch.mask), penalised
+
+    return MethodResult(objective, flags)
 
 
 @register(
