@@ -41,7 +41,6 @@ __all__ = [
     "TokenBatch",
     "get_method",
     "method_names",
-    "bound_objective",
     "ratio_objective",
     "register",
     "resolve",
@@ -347,14 +346,23 @@ def ratio_objective(
     lower: float | torch.Tensor,
     upper: float | torch.Tensor,
     constraint: torch.Tensor | None = None,
+    negative_cap: float = math.inf,
 ) -> MethodResult:
     r"""Objective of a ratio-range rule ``[lower, upper]`` in ``batch.form``.
 
-    * ``"min"`` (PPO, Schulman 2017): ``min(w A, clip(w, l, u) A)``.
+    * ``"min"`` (PPO, Schulman 2017): ``min(w A, clip(w, l, u) A)``, computed as ``A clamp(w, lo, hi)`` with
+      ``(lo, hi) = (-inf, u)`` where ``A > 0`` and ``(l, negative_cap)`` where ``A < 0`` (the sign bit decides; at
+      ``A = 0`` the objective is 0 either way): for ``A > 0`` PPO's min is ``min(w, u) A``, for ``A < 0`` it is
+      ``max(w, l) A``. The same values bit for bit and the same gradient, ties ``w = l`` or ``u`` included (clamp
+      passes the gradient at its ends as PPO's clip does), in one clamp instead of a clamp, two products and a
+      minimum (~0.6x the time on CPU). ``negative_cap = c`` is the dual clip (Ye et al. 2020; verl
+      ``clip_ratio_c``): for ``A < 0`` the objective is at least ``c A``; needs ``c >= l``.
     * ``"mask"`` (paper Eq. 5): ``w A`` where ``constraint`` holds (default ``l <= w <= u``), else the
-      constant ``w_old A = A``: zero gradient, finite value.
+      constant ``w_old A = A``: zero gradient, finite value. (``negative_cap`` is not read: see ``_dual_clip``.)
 
-    ``lower``/``upper`` are floats or (B, T) tensors (per-token ranges: DCPO, TRGPPO).
+    ``lower``/``upper`` are floats or (B, T) tensors (per-token ranges: DCPO, TRGPPO); since a token's sign picks
+    one of them, a per-token bound computed only for that sign (:func:`atr_theory.ranges.dcpo_bound_by_sign`) can be
+    passed as both.
     """
     y, adv = batch.log_ratio, batch.advantages
     # log w is clamped to +-LOG_RATIO_CLAMP upstream, so w = exp(y) is finite in float32 and a masked
@@ -367,41 +375,42 @@ def ratio_objective(
         keep = constraint
         objective = torch.where(keep, w * adv, adv)
         return MethodResult(objective, lambda: _range_flags(w, y, adv, lower, upper, "mask", keep))
-    if isinstance(lower, torch.Tensor) or isinstance(upper, torch.Tensor):
-        clipped_w = torch.clamp(w, min=_bound_tensor(lower, y), max=_bound_tensor(upper, y))
-    else:
-        clipped_w = torch.clamp(w, min=lower, max=upper)
-    objective = torch.minimum(w * adv, clipped_w * adv)
-    return MethodResult(objective, lambda: _range_flags(w, y, adv, lower, upper, "min"))
+    lo, hi = _bounds_by_sign(adv, lower, upper, negative_cap, y.dtype)
+    objective = torch.clamp(w, lo, hi) * adv
+    return MethodResult(objective, lambda: _range_flags(w, y, adv, lower, upper, "min", negative_cap=negative_cap))
 
 
-def _range_flags(w, y, adv, lower, upper, form: str, constraint: torch.Tensor | None = None):
+def _bounds_by_sign(adv: torch.Tensor, lower, upper, negative_cap: float, dtype: torch.dtype):
+    """``(lo, hi)`` of :func:`ratio_objective`'s min form: ``(lower, negative_cap)`` where the sign bit of ``adv`` is
+    set, ``(-inf, upper)`` elsewhere, as ``dtype`` tensors (bit selects for float32/float64, else ``torch.where``)."""
+    if adv.dtype == dtype and dtype in (torch.float32, torch.float64):
+        negative = ranges._sign_mask(adv.detach())
+        lo = ranges._select_by_sign(negative, lower, -math.inf, dtype)
+        return lo, ranges._select_by_sign(negative, negative_cap, upper, dtype)
+    negative = torch.signbit(adv.detach())
+    inf = _bound_tensor(math.inf, adv.to(dtype))
+    lo = torch.where(negative, _bound_tensor(lower, inf), -inf)
+    return lo, torch.where(negative, _bound_tensor(negative_cap, inf), _bound_tensor(upper, inf))
+
+
+def _range_flags(w, y, adv, lower, upper, form: str, constraint=None, negative_cap: float = math.inf):
     """``(kept, clipped_low, clipped_high)`` of the range ``[lower, upper]`` in ``form``: in the mask form a token is
     kept where ``constraint`` (default ``lower <= w <= upper``) holds, clipped low or high by the sign of ``log w``;
-    in the min form it is clipped low where ``w < lower`` and ``A < 0``, high where ``w > upper`` and ``A > 0`` (the
-    min then takes the constant branch)."""
+    in the min form it is clipped low where ``w < lower`` and ``A < 0``, high where ``w > upper`` and ``A > 0`` or
+    ``w > negative_cap`` and ``A < 0`` (the objective is then a constant)."""
     if form == "mask":
         keep = constraint if constraint is not None else (w >= lower) & (w <= upper)
         return keep, ~keep & (y < 0), ~keep & (y > 0)
     low = (w < lower) & (adv < 0)
     high = (w > upper) & (adv > 0)
+    if negative_cap != math.inf:
+        high |= (w > negative_cap) & (adv < 0)
     return ~(low | high), low, high
 
 
-def bound_objective(batch: TokenBatch, bound: torch.Tensor) -> MethodResult:
-    r"""PPO's min objective ``min(w A, b A)`` from the one bound per token that it reads,
-    ``b = ranges.bound_by_sign(l, u, A)`` (``u`` where A > 0, ``l`` where A < 0): equal in value to
-    ``ratio_objective(batch, l, u)`` in the ``min`` form and in gradient (up to ties ``w = b`` exactly, which get
-    half the gradient here and all of it there), without a clamp between two tensor bounds. ``b`` must be finite
-    (``inf * 0`` is NaN where an advantage is 0)."""
-    y, adv = batch.log_ratio, batch.advantages
-    w = torch.exp(y)
-    objective = torch.minimum(w * adv, bound * adv)
-    return MethodResult(objective, lambda: _range_flags(w, y, adv, bound, bound, "min"))
-
-
 def _dual_clip(result: MethodResult, adv: torch.Tensor, c: float) -> MethodResult:
-    """Dual clip (Ye et al. 2020; verl ``clip_ratio_c``): for ``A < 0`` the objective is at least ``c A``.
+    """Dual clip (Ye et al. 2020; verl ``clip_ratio_c``) of a mask-form objective: for ``A < 0`` it is at least
+    ``c A`` (the min form takes it inside its clamp: ``ratio_objective(..., negative_cap=c)``).
 
     The floor is ``c min(A, 0)``: where ``A >= 0`` it is 0, and a ratio-range objective is ``>= 0`` there (``w``,
     ``l``, ``u`` are), so one comparison finds the capped tokens (no ``A < 0`` mask; ``torch.maximum`` would be
@@ -466,8 +475,9 @@ def clip_higher(batch: TokenBatch, epsilon_low: float, epsilon_high: float) -> M
 )
 def dual_clip(batch: TokenBatch, epsilon: float, dual_clip_c: float) -> MethodResult:
     r"""PPO clip, and for ``A < 0`` the objective ``max(min(wA, clip(w)A), c A)``: the loss is capped at ``-c A``."""
-    base = ratio_objective(batch, 1.0 - epsilon, 1.0 + epsilon)
-    return _dual_clip(base, batch.advantages, dual_clip_c)
+    if batch.form == "min":
+        return ratio_objective(batch, 1.0 - epsilon, 1.0 + epsilon, negative_cap=dual_clip_c)
+    return _dual_clip(ratio_objective(batch, 1.0 - epsilon, 1.0 + epsilon), batch.advantages, dual_clip_c)
 
 
 @register(
@@ -488,11 +498,9 @@ def dcpo(batch: TokenBatch, epsilon_low: float, epsilon_high: float, dual_clip_c
     cap = max(dual_clip_c, 10.0)
     if batch.form == "min":
         bound = ranges.dcpo_bound_by_sign(batch.old_logp, batch.advantages, epsilon_low, epsilon_high, cap)
-        base = bound_objective(batch, bound)
-    else:
-        lower, upper = ranges.dcpo_clip_range_from_log(batch.old_logp.detach(), epsilon_low, epsilon_high, cap)
-        base = ratio_objective(batch, lower, upper)
-    return _dual_clip(base, batch.advantages, dual_clip_c)
+        return ratio_objective(batch, bound, bound, negative_cap=dual_clip_c)
+    lower, upper = ranges.dcpo_clip_range_from_log(batch.old_logp.detach(), epsilon_low, epsilon_high, cap)
+    return _dual_clip(ratio_objective(batch, lower, upper), batch.advantages, dual_clip_c)
 
 
 @register(
@@ -513,7 +521,8 @@ def trgppo(batch: TokenBatch, delta: float, epsilon: float) -> MethodResult:
     (:func:`atr_theory.ranges.trgppo_kl_log_range_torch`)."""
     y = batch.log_ratio
     if y.dtype != torch.float64 and batch.form == "min":
-        return bound_objective(batch, ranges.trgppo_bound_by_sign(batch.old_logp, batch.advantages, delta, epsilon))
+        bound = ranges.trgppo_bound_by_sign(batch.old_logp, batch.advantages, delta, epsilon)
+        return ratio_objective(batch, bound, bound)
     if y.dtype == torch.float64:
         p_old = torch.exp(batch.old_logp.detach()).clamp(min=1e-300, max=1.0)
         y_lo, y_hi = ranges.trgppo_kl_log_range_torch(p_old, delta)

@@ -508,7 +508,7 @@ def trgppo_bound_by_sign(
         bound = _trgppo_read(table, cells.add_(negative & _TABLE_ROWS), frac)
         floor = _select_by_sign(negative, 0.0, 1.0 + eps, torch.float32)
         # u_KL beyond float32 (inf from the table) becomes float32's largest value: still out of every ratio's reach,
-        # and 0 where multiplied by a zero advantage (inf * 0 would be NaN)
+        # and finite, so that a product with a zero advantage stays 0
         ceiling = _select_by_sign(negative, 1.0 - eps, float(torch.finfo(torch.float32).max), torch.float32)
         return bound.clamp_(min=floor, max=ceiling)
 
@@ -524,9 +524,9 @@ def bound_by_sign(lower: torch.Tensor, upper: torch.Tensor, advantages: torch.Te
     r"""``u`` where ``A > 0``, ``l`` where ``A < 0`` (and where ``A`` is -0.0; +0.0 takes ``u``): the only bound
     PPO's min objective reads. For ``A > 0``, ``min(w A, clip(w, l, u) A) = min(w, u) A``; for ``A < 0`` it is
     ``max(w, l) A``; at ``A = 0`` it is 0 whichever. Hence ``min(w A, b A)`` with this ``b`` equals PPO's
-    objective in value (bit for bit) and in gradient (:func:`atr_theory.methods.bound_objective`).
-    :func:`dcpo_bound_by_sign` and :func:`trgppo_bound_by_sign` compute it without the other bound; this reference
-    takes both (float32 or float64, broadcastable)."""
+    objective in value and gradient: :func:`atr_theory.ratio_objective` given ``b`` as both bounds reads ``b`` where it
+    should. :func:`dcpo_bound_by_sign` and :func:`trgppo_bound_by_sign` compute it without the other bound; this
+    reference takes both (float32 or float64, broadcastable)."""
     return torch.where(torch.signbit(advantages.detach()), lower, upper)
 
 
@@ -545,9 +545,17 @@ def _float_bits(value: float, dtype: torch.dtype) -> int:
     return struct.unpack(int_format, struct.pack(float_format, value))[0]
 
 
-def _select_by_sign(mask: torch.Tensor, negative: float, positive: float, dtype: torch.dtype) -> torch.Tensor:
-    """``negative`` where ``mask`` (of :func:`_sign_mask`) is -1, ``positive`` where it is 0, exactly, as ``dtype``:
-    the bit select ``((mask & (n ^ p)) ^ p)`` (two integer passes; ``torch.where`` on a boolean is ~5x a multiply on
-    this CPU)."""
-    pos = _float_bits(positive, dtype)
-    return (mask & (_float_bits(negative, dtype) ^ pos)).bitwise_xor_(pos).view(dtype)
+def _select_by_sign(
+    mask: torch.Tensor, negative: float | torch.Tensor, positive: float | torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """``negative`` where ``mask`` (of :func:`_sign_mask`) is -1, ``positive`` where it is 0, exactly, as ``dtype``
+    (float32 or float64); each a number or a tensor (cast to ``dtype``, broadcast to ``mask``): the bit select
+    ``((n ^ p) & mask) ^ p`` (two or three integer passes; ``torch.where`` on a boolean is ~5x a multiply here)."""
+    n, p = _bits_of(negative, dtype), _bits_of(positive, dtype)
+    return torch.bitwise_and(mask, n ^ p).bitwise_xor_(p).view(dtype)
+
+
+def _bits_of(x: float | torch.Tensor, dtype: torch.dtype) -> int | torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(dtype).view(_INT_OF_FLOAT[dtype])
+    return _float_bits(x, dtype)

@@ -639,33 +639,51 @@ def test_ratio_objective_keeps_a_float_bound_in_the_batchs_dtype_beside_a_tensor
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 10_000), st.sampled_from([torch.float32, torch.float64]))
-def test_bound_objective_is_ppos_min_objective_from_one_bound(seed, dtype):
-    """``min(w A, b A)`` with the bound the sign of A selects against ``min(w A, clip(w, l, u) A)``: values bit for
-    bit, gradients and clip flags equal (ties w = b exactly are left out by construction: random ratios)."""
+@given(
+    st.integers(0, 10_000),
+    st.sampled_from([torch.float32, torch.float64]),
+    st.sampled_from(["floats", "tensors", "one bound by sign"]),
+    st.sampled_from([math.inf, 1.5, 3.0]),
+)
+def test_the_min_form_is_ppos_min_objective_and_the_dual_clip(seed, dtype, bounds, cap):
+    """``ratio_objective``'s min form (one clamp between bounds chosen by the sign of A) against PPO's objective written
+    out, ``min(w A, clip(w, l, u) A)``, floored at ``c A`` for ``A < 0`` by the dual clip (``max(., c A)``): values bit
+    for bit, gradients equal, ties ``w = l``, ``w = u`` included; the clip flags against their definitions."""
     g = torch.Generator().manual_seed(seed)
     shape = (6, 40)
-    y = (torch.randn(shape, generator=g, dtype=torch.float64) * 0.5).to(dtype)
+    y = (torch.randn(shape, generator=g, dtype=torch.float64) * 0.6).to(dtype)
     adv = torch.randn(shape[0], 1, generator=g, dtype=torch.float64).to(dtype).expand(shape).clone()
-    adv[0] = 0.0
-    adv[1] = -0.0
+    adv[0], adv[1] = 0.0, -0.0
     adv[2:4], adv[4:] = adv[2:4].abs(), -adv[4:].abs()
-    lower = (0.5 + 0.45 * torch.rand(shape, generator=g, dtype=torch.float64)).to(dtype)
-    upper = (1.05 + torch.rand(shape, generator=g, dtype=torch.float64)).to(dtype)
+    if bounds == "floats":
+        lower, upper = 0.8, 1.28
+        w_tie = torch.tensor([lower, upper], dtype=dtype)
+    else:
+        lower = (0.5 + 0.45 * torch.rand(shape, generator=g, dtype=torch.float64)).to(dtype)
+        upper = (1.05 + torch.rand(shape, generator=g, dtype=torch.float64)).to(dtype)
+        w_tie = torch.stack([lower[2, 0], upper[2, 0]])
+    y[2, :2] = torch.log(w_tie)  # ties at the ends of a positive-advantage row's range (if exp(log) returns them)
+    y[4, :2] = torch.log(w_tie)
     zeros = torch.zeros(shape, dtype=dtype)
     mask = torch.ones(shape, dtype=torch.bool)
-    results = []
-    for use_bound in (False, True):
-        yy = y.clone().requires_grad_(True)
-        batch = at.TokenBatch(yy, adv, mask, zeros, zeros, "min")
-        if use_bound:
-            res = at.bound_objective(batch, at.ranges.bound_by_sign(lower, upper, adv))
-        else:
-            res = at.ratio_objective(batch, lower, upper)
-        (grad,) = torch.autograd.grad(res.objective.sum(), yy)
-        results.append((res.objective.detach(), grad, res.kept, res.clipped_low, res.clipped_high))
-    (o0, g0, *f0), (o1, g1, *f1) = results
-    assert torch.equal(o0, o1)
-    torch.testing.assert_close(g1, g0, rtol=0, atol=0)
-    assert all(torch.equal(a, b) for a, b in zip(f0, f1))
-    assert bool(f1[1].any()) and bool(f1[2].any())  # both sides clip somewhere: the comparison means something
+    yy = y.clone().requires_grad_(True)
+    batch = at.TokenBatch(yy, adv, mask, zeros, zeros, "min")
+    if bounds == "one bound by sign":
+        res = at.ratio_objective(batch, *(2 * (at.ranges.bound_by_sign(lower, upper, adv),)), negative_cap=cap)
+    else:
+        res = at.ratio_objective(batch, lower, upper, negative_cap=cap)
+    (grad,) = torch.autograd.grad(res.objective.sum(), yy)
+    # PPO written out, the way TRL and verl write it
+    y_ref = y.clone().requires_grad_(True)
+    w = torch.exp(y_ref)
+    ppo = torch.minimum(w * adv, torch.clamp(w, lower, upper) * adv)
+    ref = torch.where(adv < 0, torch.maximum(ppo, cap * adv), ppo) if cap != math.inf else ppo
+    (grad_ref,) = torch.autograd.grad(ref.sum(), y_ref)
+    assert torch.equal(res.objective.detach(), ref.detach())
+    torch.testing.assert_close(grad, grad_ref, rtol=0, atol=0)
+    wd = w.detach()
+    low = (wd < lower) & (adv < 0)
+    high = ((wd > upper) & (adv > 0)) | ((wd > cap) & (adv < 0))
+    assert torch.equal(res.clipped_low, low) and torch.equal(res.clipped_high, high)
+    assert torch.equal(res.kept, ~(low | high))
+    assert bool(low.any()) and bool(((wd > upper) & (adv > 0)).any())  # both sides clip: the comparison means something
