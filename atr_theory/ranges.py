@@ -552,7 +552,12 @@ def _select_by_sign(
     (float32 or float64); each a number or a tensor (cast to ``dtype``, broadcast to ``mask``): the bit select
     ``((n ^ p) & mask) ^ p`` (two or three integer passes; ``torch.where`` on a boolean is ~5x a multiply here)."""
     n, p = _bits_of(negative, dtype), _bits_of(positive, dtype)
-    return torch.bitwise_and(mask, n ^ p).bitwise_xor_(p).view(dtype)
+    n_xor_p = n ^ p
+    if isinstance(n_xor_p, torch.Tensor) and n_xor_p.shape == torch.broadcast_shapes(n_xor_p.shape, mask.shape):
+        selected = n_xor_p.bitwise_and_(mask)  # a fresh tensor of the result's shape: no second buffer
+    else:
+        selected = torch.bitwise_and(mask, n_xor_p)
+    return selected.bitwise_xor_(p).view(dtype)
 
 
 def _bits_of(x: float | torch.Tensor, dtype: torch.dtype) -> int | torch.Tensor:
