@@ -13,6 +13,7 @@ forward + backward, each case in a fresh process (CPU: growth of peak RSS; CUDA:
 
     python benchmarks/loss_overhead.py [--quick] [--out figures/loss_overhead.json]
     python benchmarks/loss_overhead.py --time-only --threads 1 --out figures/loss_overhead_time_1thread.json
+    python benchmarks/loss_overhead.py --time-only --compiled --out figures/loss_overhead_time.json  # + compiled
     python benchmarks/loss_overhead.py --device cuda --out figures/loss_overhead_cuda.json
 """
 
@@ -243,6 +244,9 @@ def main():
         action="store_true",
         help="part 1 only, eager and nosync at (64, 4096) (a few minutes; write it to its own --out)",
     )
+    ap.add_argument(
+        "--compiled", action="store_true", help="with --time-only: the compiled mode too (one compilation per method)"
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     ap.add_argument("--repeats", type=int, default=None, help="interleaved calls per method (default 20 CPU, 50 GPU)")
     args = ap.parse_args()
@@ -250,7 +254,8 @@ def main():
         torch.set_num_threads(args.threads)
     if args.time_only:
         sizes, repeats = [(64, 4096)], args.repeats or 50
-        result = part1_result(part1(sizes, repeats, args.device, ("eager", "nosync")), sizes, repeats, args.device)
+        modes = ("eager", "nosync", "compiled") if args.compiled else ("eager", "nosync")
+        result = part1_result(part1(sizes, repeats, args.device, modes), sizes, repeats, args.device)
         Path(args.out).write_text(json.dumps(result, indent=2))
         print(f"wrote {args.out}")
         return
