@@ -375,9 +375,14 @@ def ratio_objective(
         keep = constraint
         objective = torch.where(keep, w * adv, adv)
         return MethodResult(objective, lambda: _range_flags(w, y, adv, lower, upper, "mask", keep))
-    lo, hi = _bounds_by_sign(adv, lower, upper, negative_cap, y.dtype)
-    objective = torch.clamp(w, lo, hi) * adv
-    return MethodResult(objective, lambda: _range_flags(w, y, adv, lower, upper, "min", negative_cap=negative_cap))
+    return _clamp_objective(batch, w, *_bounds_by_sign(adv, lower, upper, negative_cap, y.dtype), negative_cap)
+
+
+def _clamp_objective(batch: TokenBatch, w, lo: torch.Tensor, hi: torch.Tensor, negative_cap: float = math.inf):
+    """``A clamp(w, lo, hi)``: :func:`ratio_objective`'s min form once its per-token bounds are chosen by sign."""
+    objective = torch.clamp(w, lo, hi) * batch.advantages
+    flags = lambda: _range_flags(w, batch.log_ratio, batch.advantages, lo, hi, "min", negative_cap=negative_cap)  # noqa: E731
+    return MethodResult(objective, flags)
 
 
 def _bounds_by_sign(adv: torch.Tensor, lower, upper, negative_cap: float, dtype: torch.dtype):
@@ -516,13 +521,14 @@ def trgppo(batch: TokenBatch, delta: float, epsilon: float) -> MethodResult:
     extreme ratios with binary ``KL(p || p w) <= delta``, ``p = pi_old(token)``.
 
     float32 (and lower) batches read the bounds from a table (:func:`atr_theory.ranges.trgppo_kl_range_table`, float32
-    accurate; in the ``min`` form only the bound the advantage's sign selects,
+    accurate; in the ``min`` form only the bound the advantage's sign selects, as in
     :func:`atr_theory.ranges.trgppo_bound_by_sign`); float64 batches solve for them by Newton in float64
     (:func:`atr_theory.ranges.trgppo_kl_log_range_torch`)."""
     y = batch.log_ratio
     if y.dtype != torch.float64 and batch.form == "min":
-        bound = ranges.trgppo_bound_by_sign(batch.old_logp, batch.advantages, delta, epsilon)
-        return ratio_objective(batch, bound, bound)
+        negative = ranges._sign_mask(batch.advantages.detach())
+        lo, hi = ranges._trgppo_sided_bounds(batch.old_logp, negative, delta, epsilon)
+        return _clamp_objective(batch, torch.exp(y), lo, hi)
     if y.dtype == torch.float64:
         p_old = torch.exp(batch.old_logp.detach()).clamp(min=1e-300, max=1.0)
         y_lo, y_hi = ranges.trgppo_kl_log_range_torch(p_old, delta)

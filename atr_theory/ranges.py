@@ -501,16 +501,21 @@ def trgppo_bound_by_sign(
     at each token (:func:`bound_by_sign`), from the table of :func:`trgppo_kl_range_table` (same accuracy): one
     interpolation per token instead of two (the sign of the advantage picks the table's half). Finite: where
     ``u_KL`` exceeds float32, float32's largest value."""
+    negative = _sign_mask(advantages.detach().to(torch.float32))
+    lo, hi = _trgppo_sided_bounds(old_logp, negative, delta, epsilon)
+    return _select_by_sign(negative, lo, hi.clamp_(max=torch.finfo(torch.float32).max), torch.float32)
+
+
+@torch.no_grad()
+def _trgppo_sided_bounds(old_logp: torch.Tensor, negative: torch.Tensor, delta: float, epsilon: float):
+    """``(lo, hi) = (min(l_KL, 1 - eps), inf)`` where ``negative`` (of :func:`_sign_mask`) is -1 and
+    ``(-inf, max(u_KL, 1 + eps))`` where it is 0: the clamp of PPO's min objective under TRGPPO's range
+    (:func:`atr_theory.methods.ratio_objective`), one table interpolation per token."""
     eps = check_nonnegative("epsilon", epsilon)
-    with torch.no_grad():
-        table, cells, frac = _trgppo_cells(old_logp, delta)
-        negative = _sign_mask(advantages.detach().to(torch.float32))
-        bound = _trgppo_read(table, cells.add_(negative & _TABLE_ROWS), frac)
-        floor = _select_by_sign(negative, 0.0, 1.0 + eps, torch.float32)
-        # u_KL beyond float32 (inf from the table) becomes float32's largest value: still out of every ratio's reach,
-        # and finite, so that a product with a zero advantage stays 0
-        ceiling = _select_by_sign(negative, 1.0 - eps, float(torch.finfo(torch.float32).max), torch.float32)
-        return bound.clamp_(min=floor, max=ceiling)
+    table, cells, frac = _trgppo_cells(old_logp, delta)
+    bound = _trgppo_read(table, cells.add_(negative & _TABLE_ROWS), frac)
+    lo = _select_by_sign(negative, bound, -math.inf, torch.float32).clamp_(max=1.0 - eps)
+    return lo, _select_by_sign(negative, math.inf, bound, torch.float32).clamp_(min=1.0 + eps)
 
 
 # --------------------------------------------------------------------------------------------
