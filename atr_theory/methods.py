@@ -381,7 +381,10 @@ def ratio_objective(
 def _clamp_objective(batch: TokenBatch, w, lo: torch.Tensor, hi: torch.Tensor, negative_cap: float = math.inf):
     """``A clamp(w, lo, hi)``: :func:`ratio_objective`'s min form once its per-token bounds are chosen by sign."""
     objective = torch.clamp(w, lo, hi) * batch.advantages
-    flags = lambda: _range_flags(w, batch.log_ratio, batch.advantages, lo, hi, "min", negative_cap=negative_cap)  # noqa: E731
+
+    def flags():
+        return _range_flags(w, batch.log_ratio, batch.advantages, lo, hi, "min", negative_cap=negative_cap)
+
     return MethodResult(objective, flags)
 
 
