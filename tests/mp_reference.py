@@ -1,5 +1,6 @@
 """Reference computations in mpmath shared by the oracle tests (test_oracles.py, test_compile.py): root finding
-by bisection on a divergence's definition, nothing taken from atr_theory."""
+by bisection on a divergence's definition, nothing taken from atr_theory; and the float32 input grid the TRGPPO
+table tests share (test_compile.py, test_ranges.py)."""
 
 import mpmath as mp
 
@@ -35,3 +36,14 @@ def binary_kl_roots(p, delta):
         l_kl = bisect_log(g, tiny, mp.mpf(1)) if g(tiny) > 0 else mp.mpf(0)
         u_kl = bisect_log(g, mp.mpf(1), (1 - mp.mpf(10) ** -40) / p)  # KL -> inf as p w -> 1
         return l_kl, u_kl
+
+
+def float32_log_p_grid():
+    """Every binade of a = -log p_old from 2^-40 to 2^8, 97 points each (ends included), plus 0 (float32 log p_old)."""
+    import torch
+
+    pts = [0.0]
+    for k in range(-40, 8):
+        for j in range(97):
+            pts.append(-(2.0**k) * (1 + j / 96))
+    return torch.tensor(pts, dtype=torch.float32)

@@ -15,7 +15,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mp_reference import binary_kl_roots
+from mp_reference import binary_kl_roots, float32_log_p_grid
 
 import atr_theory as at
 from atr_theory import ranges
@@ -117,18 +117,11 @@ def test_inductor_compiles_atr_and_trgppo_to_the_eager_values():
 # --------------------------------------------------------------------------------------------
 # TRGPPO's table against the float64 roots and mpmath
 # --------------------------------------------------------------------------------------------
-def _float32_log_p_grid():
-    """Every binade of a = -log p_old from 2^-40 to 2^8, 97 points each (ends included), plus 0."""
-    pts = [0.0]
-    for k in range(-40, 8):
-        for j in range(97):
-            pts.append(-(2.0**k) * (1 + j / 96))
-    return torch.tensor(pts, dtype=torch.float32)
 
 
 @pytest.mark.parametrize("delta", [0.01, 0.07, 0.3, 2.0])
 def test_trgppo_table_matches_the_float64_roots_in_every_binade(delta):
-    u = _float32_log_p_grid()
+    u = float32_log_p_grid()
     lo, hi = ranges.trgppo_kl_range_table(u, delta)
     p = torch.exp(u.double()).clamp(min=1e-300)
     y_lo, y_hi = ranges.trgppo_kl_log_range_torch(p, delta)

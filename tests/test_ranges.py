@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from mp_reference import float32_log_p_grid
 from scipy.optimize import brentq
 
 import atr_theory as at
@@ -527,7 +528,7 @@ def test_dcpo_bound_by_sign_is_the_selected_bound_bit_for_bit(seed, dtype, el, e
 def test_trgppo_bound_by_sign_is_the_selected_clipped_bound(delta, eps):
     """Against both bounds from the table (same cells, so bit for bit) clipped to ``1 -+ eps`` as TRGPPO's range
     is, and against the float64 roots: ``|b - bound| < 1e-7`` for the lower bound, float32 rounding for the upper."""
-    u = _float32_log_p_grid()
+    u = float32_log_p_grid()
     adv = _signed_advantages(u.numel(), 0, torch.float32)
     lo, hi = at.ranges.trgppo_kl_range_table(u, delta)
     lo, hi = lo.clamp(max=1 - eps), hi.clamp(min=1 + eps)
@@ -542,15 +543,6 @@ def test_trgppo_bound_by_sign_is_the_selected_clipped_bound(delta, eps):
     assert float((got.double() - ref)[neg].abs().max()) < 1e-7
     fits = positive & (ref < 1e38)
     assert float(((got.double() - ref) / ref)[fits].abs().max()) < 2.0**-23 * (1 + float(y_hi.abs().max())) + 3e-8
-
-
-def _float32_log_p_grid():
-    """Every binade of a = -log p_old from 2^-40 to 2^8, 97 points each (ends included), plus 0."""
-    pts = [0.0]
-    for k in range(-40, 8):
-        for j in range(97):
-            pts.append(-(2.0**k) * (1 + j / 96))
-    return torch.tensor(pts, dtype=torch.float32)
 
 
 def test_a_sign_mask_needs_float32_or_float64():
