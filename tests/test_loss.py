@@ -644,15 +644,19 @@ def test_ratio_objective_keeps_a_float_bound_in_the_batchs_dtype_beside_a_tensor
     st.sampled_from([torch.float32, torch.float64]),
     st.sampled_from(["floats", "tensors", "one bound by sign"]),
     st.sampled_from([math.inf, 1.5, 3.0]),
+    st.sampled_from(["the ratio's", torch.float64, torch.float16, torch.bfloat16]),
 )
-def test_the_min_form_is_ppos_min_objective_and_the_dual_clip(seed, dtype, bounds, cap):
+def test_the_min_form_is_ppos_min_objective_and_the_dual_clip(seed, dtype, bounds, cap, adv_dtype):
     """``ratio_objective``'s min form (one clamp between bounds chosen by the sign of A) against PPO's objective written
     out, ``min(w A, clip(w, l, u) A)``, floored at ``c A`` for ``A < 0`` by the dual clip (``max(., c A)``): values bit
-    for bit, gradients equal, ties ``w = l``, ``w = u`` included; the clip flags against their definitions."""
+    for bit, gradients equal, ties ``w = l``, ``w = u`` included; the clip flags against their definitions. Advantages
+    of another dtype than the ratio's (a direct call; ``policy_loss`` promotes both) take the ``torch.where`` path of
+    the bound selection instead of the bit select."""
     g = torch.Generator().manual_seed(seed)
     shape = (6, 40)
     y = (torch.randn(shape, generator=g, dtype=torch.float64) * 0.6).to(dtype)
-    adv = torch.randn(shape[0], 1, generator=g, dtype=torch.float64).to(dtype).expand(shape).clone()
+    adv_dtype = dtype if adv_dtype == "the ratio's" else adv_dtype
+    adv = torch.randn(shape[0], 1, generator=g, dtype=torch.float64).to(adv_dtype).expand(shape).clone()
     adv[0], adv[1] = 0.0, -0.0
     adv[2:4], adv[4:] = adv[2:4].abs(), -adv[4:].abs()
     if bounds == "floats":
@@ -677,7 +681,7 @@ def test_the_min_form_is_ppos_min_objective_and_the_dual_clip(seed, dtype, bound
     y_ref = y.clone().requires_grad_(True)
     w = torch.exp(y_ref)
     ppo = torch.minimum(w * adv, torch.clamp(w, lower, upper) * adv)
-    ref = torch.where(adv < 0, torch.maximum(ppo, cap * adv), ppo) if cap != math.inf else ppo
+    ref = torch.where(adv < 0, torch.maximum(ppo, cap * adv.to(ppo.dtype)), ppo) if cap != math.inf else ppo
     (grad_ref,) = torch.autograd.grad(ref.sum(), y_ref)
     assert torch.equal(res.objective.detach(), ref.detach())
     torch.testing.assert_close(grad, grad_ref, rtol=0, atol=0)
