@@ -168,6 +168,31 @@ def test_dcpo_range_from_log_p_is_the_range_of_p(log_p, el, eh):
     assert float(hi[0]) == pytest.approx(float(ref_hi[0]), rel=4e-16, abs=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_dcpo_range_of_a_tensor_is_the_numpy_range_and_the_defaults_are_dcpos(dtype):
+    """``dcpo_clip_range`` given a torch tensor (its own branch) against the numpy bounds of the same ``p`` (which solve
+    their quadratics, above), to the tensor's precision; called without parameters, it and its log / by-sign siblings
+    use DCPO's published defaults eps_l = 0.16, eps_u = 0.2 and lime-RL/DCPO's cap 10 (Yang et al. 2025)."""
+    p64 = np.concatenate([np.logspace(-12, 0, 97), [0.64, 0.5, 1e-300, 0.0]])
+    p = torch.tensor(p64, dtype=dtype)
+    ref_lo, ref_hi = at.dcpo_clip_range(p.double().numpy(), 0.16, 0.2, 10.0)
+    lo, hi = at.dcpo_clip_range(p)
+    assert lo.dtype == hi.dtype == dtype
+    tol = dict(rtol=4 * torch.finfo(dtype).eps, atol=0)
+    torch.testing.assert_close(lo, torch.as_tensor(ref_lo, dtype=dtype), **tol)
+    torch.testing.assert_close(hi, torch.as_tensor(ref_hi, dtype=dtype), **tol)
+    assert bool((hi == 10.0).any()) and bool((lo > 0.5).any()) and bool((lo == 0.5).any())  # every branch reached
+    np.testing.assert_array_equal(at.dcpo_clip_range(p64), at.dcpo_clip_range(p64, 0.16, 0.2, 10.0))
+    log_p = torch.log(torch.tensor(p64[:-2]))
+    for got, want in zip(
+        at.ranges.dcpo_clip_range_from_log(log_p), at.ranges.dcpo_clip_range_from_log(log_p, 0.16, 0.2, 10.0)
+    ):
+        assert torch.equal(got, want)
+    adv = torch.linspace(-1, 1, log_p.numel(), dtype=torch.float64)
+    by_sign = at.ranges.dcpo_bound_by_sign(log_p, adv, 0.16, 0.2, 10.0)
+    assert torch.equal(at.ranges.dcpo_bound_by_sign(log_p, adv), by_sign)
+
+
 @pytest.mark.parametrize(
     "call, message",
     [
