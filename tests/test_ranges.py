@@ -389,6 +389,20 @@ def test_numpy_divergences_of_small_or_integer_dtypes_are_computed_in_float64(dt
         np.testing.assert_allclose(got, want, rtol=1e-15)
 
 
+@pytest.mark.parametrize(
+    "y",
+    [np.array([-128, 127, 100], dtype=np.int8), np.array([300.0, -300.0, 0.5], dtype=np.float16), [0.5, -0.25, 3]],
+    ids=["int8", "float16", "list"],
+)
+def test_numpy_k1_k2_of_small_dtypes_and_lists_are_float64(y):
+    """k1 = -y and k2 = y^2 / 2 of a numpy array of any real dtype, or of a list, are float64 values of the exact
+    numbers (Python floats as the oracle): in int8 -(-128) wraps to -128 and in float16 300^2 overflows to inf."""
+    exact = [float(t) for t in y]
+    k1, k2 = at.divergence.kl1_from_log_ratio(y), at.divergence.kl2_from_log_ratio(y)
+    assert k1.dtype == k2.dtype == np.float64
+    assert k1.tolist() == [-t for t in exact] and k2.tolist() == [t * t / 2 for t in exact]
+
+
 @pytest.mark.parametrize("delta", [700.0, 744.0, 745.0, 1e3, 1e6])
 def test_kl3_range_stays_finite_for_huge_delta(delta):
     """Lambert W's argument -e^{-1-delta} underflows beyond delta ~ 708; the upper bound must not become inf/nan."""
