@@ -62,11 +62,14 @@ def test_chunked_head_scores_equal_the_full_computation(seed, chunk, bias, old_w
         torch.testing.assert_close(a, e, rtol=1e-9, atol=1e-11)
 
 
-def test_the_backward_keeps_no_vocabulary_sized_tensor_beyond_one_chunk():
+@pytest.mark.parametrize("head", ["trainable", "frozen (LoRA on the decoder)"])
+def test_the_backward_keeps_no_vocabulary_sized_tensor_beyond_one_chunk(head):
     """Every tensor autograd saves during the forward is recorded: the chunked path saves only inputs (hidden
-    states, the head), the full path saves (B T, V) log-softmax outputs."""
+    states, the head), the full path saves (B T, V) log-softmax outputs; also when only the hidden states need a
+    gradient (a frozen LM head, as with LoRA on the decoder)."""
     B, T, H, V, chunk = 4, 32, 8, 1000, 16
     hidden, old_hidden, weight, b, _, tokens = _setup(0, B, T, H, V, bias=False)
+    weight.requires_grad_(head == "trainable")
 
     def largest_saved(fn):
         sizes = []
@@ -111,15 +114,47 @@ def test_policy_loss_with_position_kl_equals_the_full_distributions(method):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(chunk_size=0), "chunk_size"),
-        (dict(temperature=0.0), "temperature"),
-        (dict(tokens=torch.zeros(2, 2, dtype=torch.long)), "tokens must have shape"),
+        (dict(chunk_size=0), r"^chunk_size must be an integer >= 1, got 0$"),
+        (dict(chunk_size=2.5), r"^chunk_size must be an integer >= 1, got 2\.5$"),
+        (dict(chunk_size=True), r"^chunk_size must be an integer >= 1, got True$"),
+        (dict(temperature=0.0), r"^temperature must be a finite number > 0, got 0\.0$"),
+        (
+            dict(tokens=torch.zeros(2, 2, dtype=torch.long)),
+            r"^tokens must have shape \(3, 7\), got \(2, 2\)$",
+        ),
+        (
+            dict(old_hidden=torch.zeros(3, 6, 16, dtype=torch.float64)),
+            r"^hidden and old_hidden must have the same shape \(\.\.\., H\), got \(3, 7, 16\) and \(3, 6, 16\)$",
+        ),
     ],
 )
 def test_bad_arguments_are_refused_by_name(kwargs, match):
     hidden, old_hidden, weight, _, _, tokens = _setup(0)
-    args = dict(tokens=tokens)
+    args = dict(tokens=tokens, old_hidden=old_hidden)
     args.update(kwargs)
-    tok = args.pop("tokens")
+    tok, old = args.pop("tokens"), args.pop("old_hidden")
     with pytest.raises(ValueError, match=match):
-        at.head_kl_chunked(hidden, old_hidden, weight, tok, **args)
+        at.head_kl_chunked(hidden, old, weight, tok, **args)
+
+
+def test_an_old_bias_and_two_dimensional_hidden_states_are_honoured():
+    """``old_bias`` (the head's bias at generation time) enters pi_old's logits, not the current bias: against the
+    log-softmax written out; and (N, H) hidden states (positions already flattened) give the (B, T, H) result."""
+    hidden, old_hidden, weight, b, w_old, tokens = _setup(3, bias=True, old_weight=True)
+    old_b = b.detach() + 0.5 * torch.randn(b.shape, generator=torch.Generator().manual_seed(4), dtype=b.dtype)
+    out = at.head_kl_chunked(hidden, old_hidden, weight, tokens, bias=b, old_weight=w_old, old_bias=old_b, chunk_size=5)
+    lsm = torch.log_softmax(hidden @ weight.T + b, -1)
+    old = torch.log_softmax(old_hidden @ w_old.T + old_b, -1)
+    torch.testing.assert_close(out.kl, (old.exp() * (old - lsm)).sum(-1), rtol=1e-10, atol=1e-12)
+    flat = at.head_kl_chunked(
+        hidden.reshape(-1, 16),
+        old_hidden.reshape(-1, 16),
+        weight,
+        tokens.reshape(-1),
+        bias=b,
+        old_weight=w_old,
+        old_bias=old_b,
+        chunk_size=5,
+    )
+    for got, want in zip(flat, out):
+        torch.testing.assert_close(got, want.reshape(-1), rtol=0, atol=0)
