@@ -582,6 +582,11 @@ def test_trgppo_bound_by_sign_is_the_selected_clipped_bound(delta, eps):
     assert float((got.double() - ref)[neg].abs().max()) < 1e-7
     fits = positive & (ref < 1e38)
     assert float(((got.double() - ref) / ref)[fits].abs().max()) < 2.0**-23 * (1 + float(y_hi.abs().max())) + 3e-8
+    # advantages of any float dtype select the same bounds (the table is float32; rounding keeps every sign)
+    for dtype in (torch.float64, torch.float16, torch.bfloat16):
+        assert torch.equal(at.ranges.trgppo_bound_by_sign(u, adv.to(dtype), delta, eps), got)
+    if (delta, eps) == (0.07, 0.2):  # the defaults: the paper's delta and TRGPPO's (Wang et al. 2019) epsilon
+        assert torch.equal(at.ranges.trgppo_bound_by_sign(u, adv), got)
 
 
 def test_a_sign_mask_needs_float32_or_float64():
