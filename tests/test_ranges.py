@@ -482,6 +482,25 @@ def test_binary_kl_and_trgppo_roots_are_quiet_at_p_old_one():
     assert np.all(np.isfinite(y_lo)) and np.all(np.isfinite(y_hi))
 
 
+def test_binary_kl_of_small_dtypes_is_float64_and_quiet_beyond_its_domain():
+    """Half-precision / integer inputs are evaluated in float64 (numpy would compute float16 with float16 inputs:
+    3 digits), against mpmath of the definition at the same numbers; a ratio beyond the domain ``w < 1/p`` (here
+    e^800) gives NaN without a RuntimeWarning (the overflow of e^y is expected there)."""
+    y16, p16 = np.array([0.2, -1.5, 3.0], dtype=np.float16), np.array([0.3, 0.7, 0.01], dtype=np.float16)
+    y8 = np.array([0, -2, 1], dtype=np.int8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for y, p in ((y16, p16), (y8, p16)):
+            kl = bernoulli_kl_of_log_ratio(y, p)
+            assert kl.dtype == np.float64
+            for k, t, q in zip(kl, y.tolist(), p.tolist()):
+                pm, w = mp.mpf(q), mp.exp(mp.mpf(t))
+                assert k == pytest.approx(
+                    float(pm * mp.log(1 / w) + (1 - pm) * mp.log((1 - pm) / (1 - pm * w))), rel=1e-14, abs=1e-300
+                )
+        assert np.isnan(bernoulli_kl_of_log_ratio(np.array([800.0]), np.array([0.5]))[0])
+
+
 def test_trgppo_clip_range_defaults_are_the_methods_and_its_upper_floor_is_ppos():
     p = np.array([0.95, 0.99, 0.5, 1e-3])
     params = at.resolve("trgppo").params  # the registered method's defaults (delta, epsilon)
