@@ -270,6 +270,19 @@ def test_clip_cov_is_reproducible_with_a_generator_and_drops_the_right_count():
     assert torch.all(g[dropped_a] == 0)
 
 
+def test_a_lone_valid_token_has_zero_centred_covariance_and_keeps_its_gradient():
+    """The centred covariance of one valid token is 0 by definition (it is its own mean), outside Clip-Cov's
+    (cov_lb, cov_ub) = (1, 5), so it is never dropped, although A log pi = 8 alone would lie inside; padding around
+    it holds values that would matter if they were counted."""
+    logp = torch.tensor([[-2.0, -7.0, -9.0], [-3.0, -1.0, -5.0]], dtype=torch.float64, requires_grad=True)
+    old = logp.detach().clone()
+    adv = torch.tensor([[-4.0, 30.0, -30.0], [25.0, 25.0, 25.0]], dtype=torch.float64)
+    mask = torch.tensor([[True, False, False], [False, False, False]])
+    out = at.policy_loss(logp, old, adv, mask, method="clip_cov", cov_ratio=1.0, aggregation="token_mean")
+    (g,) = torch.autograd.grad(out.loss, logp)
+    assert bool(out.result.kept[0, 0]) and g[0, 0].item() == 4.0  # d(-w A)/d log pi at w = 1
+
+
 def test_kl_cov_penalises_the_top_covariance_tokens():
     logp, old, adv, mask = _batch(4, B=8, T=25, scale=0.3)
     out = at.policy_loss(logp, old, adv, mask, method="kl_cov", cov_ratio=0.05, kl_coef=2.0)

@@ -608,6 +608,21 @@ def test_trgppo_bound_by_sign_is_the_selected_clipped_bound(delta, eps):
         assert torch.equal(at.ranges.trgppo_bound_by_sign(u, adv), got)
 
 
+def test_trgppo_table_reads_float64_log_probs_as_their_float32_rounding_and_needs_a_scalar_delta():
+    """The table is indexed by the float32 bits of ``-log p_old``: a float64 ``old_logp`` (a float64 batch) reads
+    the cells of its float32 rounding; an array delta is refused by name (the table is built for one delta)."""
+    u64 = -torch.rand(300, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 50
+    adv = torch.linspace(-1, 1, 300, dtype=torch.float64)
+    for got, want in zip(
+        at.ranges.trgppo_kl_range_table(u64, 0.07), at.ranges.trgppo_kl_range_table(u64.float(), 0.07)
+    ):
+        assert got.shape == (300,) and torch.equal(got, want)
+    assert torch.equal(at.ranges.trgppo_bound_by_sign(u64, adv), at.ranges.trgppo_bound_by_sign(u64.float(), adv))
+    for call in (at.ranges.trgppo_kl_range_table, lambda u, d: at.ranges.trgppo_bound_by_sign(u, adv, d)):
+        with pytest.raises(ValueError, match=r"^delta must be a scalar, got an array of shape \(2,\)$"):
+            call(u64, np.array([0.07, 0.1]))
+
+
 def test_a_sign_mask_needs_float32_or_float64():
     with pytest.raises(TypeError, match="^a sign mask needs a float32 or float64 tensor, got torch.bfloat16$"):
         at.ranges.dcpo_bound_by_sign(torch.tensor([-0.5]), torch.tensor([1.0], dtype=torch.bfloat16))
