@@ -283,6 +283,24 @@ def test_a_lone_valid_token_has_zero_centred_covariance_and_keeps_its_gradient()
     assert bool(out.result.kept[0, 0]) and g[0, 0].item() == 4.0  # d(-w A)/d log pi at w = 1
 
 
+@pytest.mark.parametrize("form", ["mask", "min"])
+def test_the_dual_clip_keeps_the_gradient_of_a_ratio_exactly_at_c(form):
+    """A tie ``w = c`` (A < 0) is inside the dual clip's range, as ``w = l`` and ``w = u`` are inside PPO's clip
+    (the min form's clamp passes the gradient at its ends): the token keeps ``d(-w A)/d log pi = -w A``; just above
+    ``c`` the gradient is 0. ``c = 1.125`` lies inside ``1 + eps = 1.2`` so the mask form's kept tokens reach it
+    (exp(log 1.125) = 1.125 exactly in float64)."""
+    w = torch.tensor([[1.125, 1.125 * (1 + 1e-12)]], dtype=torch.float64)
+    logp = torch.log(w).requires_grad_(True)
+    adv = torch.tensor([-2.0], dtype=torch.float64)
+    mask = torch.ones_like(w, dtype=torch.bool)
+    out = at.policy_loss(
+        logp, torch.zeros_like(w), adv, mask, method="dual_clip", dual_clip_c=1.125, form=form, aggregation="token_mean"
+    )
+    (g,) = torch.autograd.grad(out.loss, logp)
+    assert g[0, 0].item() == pytest.approx(2.0 * 1.125 / 2, rel=1e-15) and g[0, 1].item() == 0.0
+    assert out.result.kept.tolist() == [[True, False]]
+
+
 def test_kl_cov_penalises_the_top_covariance_tokens():
     logp, old, adv, mask = _batch(4, B=8, T=25, scale=0.3)
     out = at.policy_loss(logp, old, adv, mask, method="kl_cov", cov_ratio=0.05, kl_coef=2.0)
