@@ -298,7 +298,7 @@ def test_the_dual_clip_keeps_the_gradient_of_a_ratio_exactly_at_c(form):
     )
     (g,) = torch.autograd.grad(out.loss, logp)
     assert g[0, 0].item() == pytest.approx(2.0 * 1.125 / 2, rel=1e-15) and g[0, 1].item() == 0.0
-    assert out.result.kept.tolist() == [[True, False]]
+    assert out.result.kept.tolist() == [[True, False]] and out.result.clipped_high.tolist() == [[False, True]]
 
 
 def test_kl_cov_penalises_the_top_covariance_tokens():
