@@ -54,10 +54,12 @@ __all__ = [
 
 
 def _newton(f, fprime, y0: np.ndarray, max_iter: int = 100) -> np.ndarray:
-    """Vectorised Newton iteration, stopped when every step is below a few ulp of y."""
+    """Vectorised Newton iteration, stopped when every step is below a few ulp of y. A step that is not finite
+    (``f' = 0``, or ``f / f'`` overflowing where an entry has no root and wanders off, as IS-k3's lower root does
+    for delta >= 1) is taken as 0, quietly."""
     y = np.array(y0, dtype=float, copy=True)
     for _ in range(max_iter):
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             step = f(y) / fprime(y)
         step = np.where(np.isfinite(step), step, 0.0)
         y = y - step
@@ -129,9 +131,19 @@ def kl3_clip_range(delta: Any) -> tuple[Any, Any]:
 
 
 def _exp_pair(y_lo, y_hi):
+    """``(e^y_lo, e^y_hi)``; an end beyond float64 is ``inf``, quietly: the exact bound admits every finite ratio
+    (k2's ``u = e^sqrt(2 delta)`` for delta > ~2.5e5; k1's upper end is inf for every delta)."""
     if np.ndim(y_lo) == 0:
-        return math.exp(y_lo), math.exp(y_hi)
-    return np.exp(y_lo), np.exp(y_hi)
+        return _exp_or_inf(y_lo), _exp_or_inf(y_hi)
+    with np.errstate(over="ignore"):
+        return np.exp(y_lo), np.exp(y_hi)
+
+
+def _exp_or_inf(y: float) -> float:
+    try:
+        return math.exp(y)
+    except OverflowError:
+        return math.inf
 
 
 def kl3_delta_from_bound(bound: Any) -> Any:

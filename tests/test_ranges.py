@@ -469,6 +469,23 @@ def test_trgppo_lower_root_at_p_old_one_is_finite():
     assert y_lo[0] == pytest.approx(-0.1, rel=1e-12) and y_hi[0] == 0.0
 
 
+def test_the_range_functions_are_quiet_over_their_whole_delta_domain():
+    """No RuntimeWarning reaches the user for any delta (a training loop that logs warnings would log one per call):
+    IS-k3's Newton iteration for the lower root, which does not exist for delta >= 1 (l = 0), overflowed ``f / f'``
+    at delta = 269.153... (found by a mutant of its start point); the values are checked elsewhere."""
+    deltas = np.logspace(-300, 6, 3001)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for fn in (at.kl3_clip_range, at.ranges.kl3_clip_log_range, at.is_kl3_clip_range, at.kl2_clip_range):
+            lo, hi = fn(deltas)
+            assert not np.any(np.isnan(lo)) and not np.any(np.isnan(hi)) and np.all(hi > 0)
+        assert at.is_kl3_clip_range(269.1534803926958)[0] == 0.0
+        # k2's u = e^sqrt(2 delta) exceeds float64 beyond delta ~ 2.5e5: inf (every finite ratio passes), also for a
+        # scalar delta (math.exp raised OverflowError there)
+        assert at.kl2_clip_range(1e6) == (0.0, math.inf)
+        assert at.kl2_clip_range(2.5e5)[1] == pytest.approx(math.exp(math.sqrt(5e5)), rel=1e-13)
+
+
 def test_binary_kl_and_trgppo_roots_are_quiet_at_p_old_one():
     # p_old = 1 makes log1p(-p) = -inf and 0 * inf in the branch np.where discards: no RuntimeWarning may reach
     # the user (a training loop that logs warnings would log one per step); values against mpmath
