@@ -65,6 +65,45 @@ SERIES_MUTANTS = {  # label -> (original text, mutated text) in kl3_clip_log_ran
     ),
 }
 
+_LOWER_START = "w_l = np.real(np.exp(1.0 + lambertw(np.minimum(z, -1e-300), -1)))"
+_LO0 = "lo0 = np.where(small | ~np.isfinite(np.log(w_l)), -s, np.log(w_l))"
+IS_KL3_MUTANTS = {  # label -> (original text, mutated text) in is_kl3_clip_range's Newton start points
+    "is_kl3_clip_range 42 of 0aee899 (lower start lambertw(-1))": (
+        _LOWER_START,
+        "w_l = np.real(np.exp(1.0 + lambertw(-1)))",
+    ),
+    "is_kl3_clip_range 48 (lower start min(z, +1e-300))": (_LOWER_START, _LOWER_START.replace("-1e-300", "+1e-300")),
+    "is_kl3_clip_range 49 (lower start min(z, -1))": (_LOWER_START, _LOWER_START.replace("-1e-300", "-1.0")),
+    "is_kl3_clip_range 53 (series start for delta <= 1e-3)": (
+        "small = d < 1e-3\n    s = np.sqrt",
+        "small = d <= 1e-3\n    s = np.sqrt",
+    ),
+    "is_kl3_clip_range 54 (series start for delta < 1.001)": (
+        "small = d < 1e-3\n    s = np.sqrt",
+        "small = d < 1.001\n    s = np.sqrt",
+    ),
+    "is_kl3_clip_range 58 (series start sqrt(3 delta))": ("s = np.sqrt(2.0 * d)", "s = np.sqrt(3.0 * d)"),
+    "is_kl3_clip_range 60 (upper start always log w_u)": (
+        "hi0 = np.where(small, s, np.log(w_u))",
+        "hi0 = np.where(None, s, np.log(w_u))",
+    ),
+    "is_kl3_clip_range 68 (lower start always log w_l)": (_LO0, "lo0 = np.where(None, -s, np.log(w_l))"),
+    "is_kl3_clip_range 74 (lower series start only where small and log w_l infinite)": (
+        _LO0,
+        _LO0.replace("small | ~np.isfinite", "small & ~np.isfinite"),
+    ),
+    "is_kl3_clip_range 75 (lower series start where log w_l is finite)": (
+        _LO0,
+        _LO0.replace("~np.isfinite", "np.isfinite"),
+    ),
+    "is_kl3_clip_range 102 (lower start -1 for every delta)": (
+        "y_lo = _newton(f, fp, np.where(d < 1.0, lo0, -1.0))",
+        "y_lo = _newton(f, fp, np.where(None, lo0, -1.0))",
+    ),
+}
+"""Full mutmut run of this numbering (0aee899); 33 (``lambertw(z, 0)`` -> ``lambertw(z)``: 0 is scipy's default
+branch) and 104 (the dummy start for delta >= 1 -> None: that root is discarded) need no measurement."""
+
 
 def mutated(function: str, original: str, mutant: str):
     """``function`` of a copy of ``atr_theory.ranges`` whose source has ``original`` replaced by ``mutant``."""
@@ -117,7 +156,26 @@ def compare_kl3_series() -> None:
         )
 
 
+def compare_is_kl3() -> None:
+    import warnings
+
+    d = np.concatenate([np.logspace(-300, 6, 20001), [1e-3, 1.0, np.nextafter(1.0, 0), 0.999, 1.001]])
+    lo0, hi0 = ranges.is_kl3_clip_range(d)
+    for label, (original, mutant) in IS_KL3_MUTANTS.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a mutant's start may warn; only its roots are compared
+            lo1, hi1 = mutated("is_kl3_clip_range", original, mutant)(d)
+        ulp = [np.abs(a - b) / np.maximum(np.abs(a), 1e-300) / np.finfo(float).eps for a, b in ((lo0, lo1), (hi0, hi1))]
+        ulp = [np.where(np.isnan(u), np.inf, u) for u in ulp]
+        print(
+            f"{label}: {d.size} deltas in (1e-300, 1e6): l at most {ulp[0].max():.2f} ulp apart, u at most"
+            f" {ulp[1].max():.2f} ulp apart (worst at delta = {d[int(np.argmax(np.maximum(*ulp)))]:.3g})",
+            flush=True,
+        )
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
+    compare_is_kl3()
     compare_kl3_series()
     compare_trgppo()

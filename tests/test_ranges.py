@@ -486,6 +486,43 @@ def test_the_range_functions_are_quiet_over_their_whole_delta_domain():
         assert at.kl2_clip_range(2.5e5)[1] == pytest.approx(math.exp(math.sqrt(5e5)), rel=1e-13)
 
 
+def _is_kl3_roots_mpmath(delta: float) -> tuple[float, float]:
+    """The roots of ``IS-k3 = y e^y - (e^y - 1) = delta`` (y = log w) by bisection of the definition at 250 digits, on a
+    geometric grid of ``|y|`` (relative precision also for ``|y| ~ 1e-150``): ``(l, u)``, ``l = 0`` for delta >= 1."""
+    with mp.workdps(250):
+        d = mp.mpf(delta)
+
+        def root(sign, hi):
+            a, b = mp.mpf("1e-200"), mp.mpf(hi)  # |y| in [a, b]: the definition minus delta changes sign
+            for _ in range(500):
+                m = mp.sqrt(a * b)
+                y = sign * m
+                if y * mp.exp(y) - mp.expm1(y) - d > 0:  # |y| beyond the root, on either side
+                    b = m
+                else:
+                    a = m
+            return float(mp.exp(sign * mp.sqrt(a * b)))
+
+        return (root(-1, 800) if delta < 1 else 0.0), root(+1, 50)
+
+
+@pytest.mark.parametrize(
+    "delta",
+    [1e-300, 1e-100, 1e-20, 1e-3, 0.07, 0.5, 0.999, 1 - 1e-9, float(np.nextafter(1.0, 0.0)), 1.0, 2.0, 1e6],
+)
+def test_is_kl3_range_against_mpmath_from_tiny_delta_to_the_end_of_its_lower_root(delta):
+    """Both ends of the IS-k3 range against an mpmath bisection of the definition, to 4e-15 relative: from delta =
+    1e-300 (where ``u - 1 ~ 1.4e-150``) to delta -> 1-, where the lower root runs off to ``l -> 0`` (l = 2.7e-18 at
+    the largest float below 1) and Newton's start matters (a start from ``W_{-1}`` at the wrong point gave l 10% off
+    there: a survivor of the full mutmut run); l = 0 for delta >= 1."""
+    lo, hi = at.is_kl3_clip_range(delta)
+    ref_lo, ref_hi = _is_kl3_roots_mpmath(delta)
+    assert hi == pytest.approx(ref_hi, rel=4e-15, abs=0)
+    assert lo == pytest.approx(ref_lo, rel=4e-15, abs=0)
+    lo_a, hi_a = at.is_kl3_clip_range(np.array([delta, 0.07]))  # the array path gives the scalar's values
+    assert (lo_a[0], hi_a[0]) == (lo, hi)
+
+
 def test_binary_kl_and_trgppo_roots_are_quiet_at_p_old_one():
     # p_old = 1 makes log1p(-p) = -inf and 0 * inf in the branch np.where discards: no RuntimeWarning may reach
     # the user (a training loop that logs warnings would log one per step); values against mpmath
