@@ -781,11 +781,10 @@ def atr_seq(batch: TokenBatch, delta: float) -> MethodResult:
 
 def _position_kl(batch: TokenBatch, name: str) -> torch.Tensor:
     """(B, T) ``KL(pi_old(.|s_t) || pi(.|s_t))``: ``batch.position_kl`` when the caller computed it (e.g. chunk by
-    chunk from hidden states, :func:`atr_theory.head_kl_chunked`), else from the full distributions."""
+    chunk from hidden states, :func:`atr_theory.head_kl_chunked`; :func:`atr_theory.policy_loss` checked its
+    shape), else from the full distributions."""
     expected = tuple(batch.log_ratio.shape)
     if batch.position_kl is not None:
-        if tuple(batch.position_kl.shape) != expected:
-            raise ValueError(f"position_kl must have shape {expected}, got {tuple(batch.position_kl.shape)}")
         return batch.position_kl.to(batch.log_ratio.dtype)
     if batch.old_full_logp is None or batch.full_logp is None:
         raise ValueError(

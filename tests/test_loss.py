@@ -301,6 +301,19 @@ def test_the_dual_clip_keeps_the_gradient_of_a_ratio_exactly_at_c(form):
     assert out.result.kept.tolist() == [[True, False]] and out.result.clipped_high.tolist() == [[False, True]]
 
 
+def test_the_min_form_of_a_half_precision_batch_is_ppos_objective():
+    """A direct ``ratio_objective`` call with bfloat16 log-ratios and advantages (``policy_loss`` would promote them)
+    takes the ``torch.where`` path of the bound selection: PPO's objective written out in bfloat16, bit for bit."""
+    g = torch.Generator().manual_seed(0)
+    y = (torch.randn(4, 50, generator=g) * 0.5).to(torch.bfloat16)
+    adv = torch.randn(4, 1, generator=g).to(torch.bfloat16).expand(4, 50).clone()
+    zeros = torch.zeros_like(y)
+    batch = at.TokenBatch(y, adv, torch.ones_like(y, dtype=torch.bool), zeros, zeros, "min")
+    res = at.ratio_objective(batch, 0.8, 1.2)
+    w = torch.exp(y)
+    assert torch.equal(res.objective, torch.minimum(w * adv, torch.clamp(w, 0.8, 1.2) * adv))
+
+
 def test_kl_cov_penalises_the_top_covariance_tokens():
     logp, old, adv, mask = _batch(4, B=8, T=25, scale=0.3)
     out = at.policy_loss(logp, old, adv, mask, method="kl_cov", cov_ratio=0.05, kl_coef=2.0)
@@ -451,12 +464,19 @@ def _bad(**kw):
         (dict(aggregation="mean"), "unknown aggregation 'mean'; known: dr_grpo"),
         (dict(method="clip", delta=0.1), r"unknown parameter\(s\) \['delta'\] for method 'clip'"),
         (dict(method="sapo", form="mask"), "form 'mask' is not available for method 'sapo'"),
-        (dict(method="tr_ppo"), "needs the full distributions"),
+        (
+            dict(method="tr_ppo"),
+            "^method 'tr_ppo' needs the full distributions: pass old_full_logp and full_logp of shape \\(B, T, V\\), or their per-position KL as position_kl \\(B, T\\)$",
+        ),
         (dict(method="tr_ppo", full_logp=torch.zeros(3, 6, 4)), "needs the full distributions"),  # one of two
         (dict(method="tr_ppo", old_full_logp=torch.zeros(3, 6, 4)), "needs the full distributions"),
         (
             dict(method="tr_ppo", old_full_logp=torch.zeros(3, 5, 4), full_logp=torch.zeros(3, 6, 4)),
             r"old_full_logp must have shape \(B, T, V\) with \(B, T\) = \(3, 6\), got \(3, 5, 4\)",
+        ),
+        (
+            dict(method="tr_ppo", old_full_logp=torch.zeros(3, 6, 4), full_logp=torch.zeros(3, 6)),
+            r"^full_logp must have shape \(B, T, V\) with \(B, T\) = \(3, 6\), got \(3, 6\)$",
         ),
         (dict(advantages=[1.0, 2.0, 3.0]), "advantages must be a torch.Tensor, got list"),
         (dict(method="clip", epsilon=-0.1), r"epsilon must be in .*, got -0\.1 \(method 'clip'\)"),
@@ -494,6 +514,26 @@ def _bad(**kw):
 def test_bad_input_raises_value_error_naming_the_argument(kwargs, match):
     with pytest.raises(ValueError, match=match):
         _bad(**kwargs)
+
+
+@pytest.mark.parametrize("source", ["position_kl", "full distributions"])
+def test_a_float32_kl_enters_a_float64_loss_as_its_exact_value(source):
+    """Truly PPO's penalty ``alpha KL`` with a float32 KL (given as ``position_kl``, or computed from float32 full
+    distributions) and float64 log-probs: the float32 KL values are upcast before the penalty is formed, so the loss
+    equals the one given the same KL values in float64, bit for bit (a float32 product alpha KL would round)."""
+    B, T, V = 3, 6, 5
+    logp, old, adv, mask = (t.double() if t.is_floating_point() else t for t in _batch(0))
+    mask = torch.ones_like(mask)  # all valid: no padding select to promote the KL on the way
+    g = torch.Generator().manual_seed(1)
+    ofl = torch.log_softmax(torch.randn(B, T, V, generator=g, dtype=torch.float32) * 3, -1)
+    nfl = torch.log_softmax(torch.randn(B, T, V, generator=g, dtype=torch.float32) * 3, -1)
+    kl32 = at.divergence.full_kl(ofl, nfl)
+    kw = dict(method="truly_ppo", aggregation="token_mean")
+    ref = at.policy_loss(logp, old, adv, mask, position_kl=kl32.double(), **kw).loss
+    given = dict(position_kl=kl32) if source == "position_kl" else dict(old_full_logp=ofl, full_logp=nfl)
+    out = at.policy_loss(logp, old, adv, mask, **given, **kw).loss
+    assert out.dtype == torch.float64 and kl32.dtype == torch.float32
+    assert out.item() == ref.item()
 
 
 @pytest.mark.parametrize("method", ["atr", "clip", "trgppo", "gspo"])
