@@ -219,6 +219,9 @@ def test_full_kl_is_stable_and_chunking_does_not_change_it():
     pa = torch.softmax(a2, -1)
     ref = (pa * (torch.log(pa) - torch.log_softmax(b2, -1))).sum(-1)
     np.testing.assert_allclose(at.full_kl(a2, b2).numpy(), ref.numpy(), rtol=1e-10)
+    msg = r"^old_full_logp and full_logp must have the same shape, got \(3, 5, 50\) and \(3, 4, 50\)$"
+    with pytest.raises(ValueError, match=msg):
+        at.full_kl(a, b[:, :4])
 
 
 @pytest.mark.parametrize("method", ["truly_ppo", "tr_ppo"])
