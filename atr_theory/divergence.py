@@ -215,9 +215,9 @@ def full_kl(old_full_logp: torch.Tensor, full_logp: torch.Tensor, *, chunk_size:
     old2 = old_full_logp.reshape(-1, v)
     new2 = full_logp.reshape(-1, v)
     n = old2.shape[0]
-    step = n if not chunk_size or chunk_size >= n else int(chunk_size)
+    step = max(n if not chunk_size or chunk_size >= n else int(chunk_size), 1)
     parts = []
-    for start in range(0, max(n, 1), step):
+    for start in range(0, n, step):  # no position (n = 0): an empty result of shape (...)
         o = torch.log_softmax(_upcast(old2[start : start + step]), dim=-1)
         q = torch.log_softmax(_upcast(new2[start : start + step]), dim=-1)
         # where pi_old == 0 exactly, the term is 0 whatever log pi is (even -inf)

@@ -222,6 +222,9 @@ def test_full_kl_is_stable_and_chunking_does_not_change_it():
     msg = r"^old_full_logp and full_logp must have the same shape, got \(3, 5, 50\) and \(3, 4, 50\)$"
     with pytest.raises(ValueError, match=msg):
         at.full_kl(a, b[:, :4])
+    for shape, chunk in (((0, 50), None), ((2, 0, 50), 4)):  # no position: an empty KL, not range()'s error
+        empty = at.full_kl(torch.zeros(shape), torch.zeros(shape), chunk_size=chunk)
+        assert empty.shape == shape[:-1]
 
 
 @pytest.mark.parametrize("method", ["truly_ppo", "tr_ppo"])
