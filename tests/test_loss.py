@@ -320,6 +320,27 @@ def test_the_min_form_of_a_half_precision_batch_is_ppos_objective():
     assert torch.equal(res.objective, torch.minimum(w * adv, torch.clamp(w, 0.8, 1.2) * adv))
 
 
+def test_clip_cov_in_the_mask_form_drops_only_tokens_its_clip_rule_keeps():
+    """Mask-form Clip-Cov with every valid token a covariance candidate and cov_ratio = 1: the dropped tokens are
+    exactly those the clip rule keeps, ``l <= w <= u`` (ties at both ends included: w = 0.75 and 1.25 exactly);
+    a token clipped low is never also flagged clipped high."""
+    logp, old, adv, mask = (t.double() if t.is_floating_point() else t for t in _batch(5, B=4, T=16, scale=0.4))
+    with torch.no_grad():
+        old[0, :2] = 0.0  # so that log w = logp exactly
+        logp[0, :2] = torch.log(torch.tensor([0.75, 1.25], dtype=torch.float64))
+    assert torch.exp(logp - old)[0, :2].tolist() == [0.75, 1.25]
+    kw = dict(form="mask", epsilon=0.25)
+    base = at.policy_loss(logp, old, adv, mask, method="clip", **kw).result
+    out = at.policy_loss(logp, old, adv, mask, method="clip_cov", cov_ratio=1.0, cov_lb=-1e9, cov_ub=1e9, **kw).result
+    w = torch.exp(logp - old).detach()
+    in_range = (w >= 0.75) & (w <= 1.25)
+    assert torch.equal(base.kept, in_range) and bool(in_range[0, :2].all())
+    assert bool(base.clipped_low.any()) and bool(base.clipped_high.any())  # both sides are out of range somewhere
+    assert torch.equal(out.kept, torch.zeros_like(in_range))  # every kept token was dropped
+    assert torch.equal(out.clipped_high, base.clipped_high | in_range)
+    assert torch.equal(out.clipped_low, base.clipped_low) and not bool((out.clipped_low & out.clipped_high).any())
+
+
 def test_kl_cov_penalises_the_top_covariance_tokens():
     logp, old, adv, mask = _batch(4, B=8, T=25, scale=0.3)
     out = at.policy_loss(logp, old, adv, mask, method="kl_cov", cov_ratio=0.05, kl_coef=2.0)
@@ -485,6 +506,7 @@ def _bad(**kw):
             r"^full_logp must have shape \(B, T, V\) with \(B, T\) = \(3, 6\), got \(3, 6\)$",
         ),
         (dict(advantages=[1.0, 2.0, 3.0]), "advantages must be a torch.Tensor, got list"),
+        (dict(logp=[[0.0] * 6] * 3), "^logp must be a torch.Tensor, got list$"),
         (dict(method="clip", epsilon=-0.1), r"epsilon must be in .*, got -0\.1 \(method 'clip'\)"),
         (dict(old_logp=torch.zeros(3, 5)), r"old_logp must have shape \(3, 6\)"),
         (dict(mask=torch.ones(2, 6)), "mask must have shape"),
