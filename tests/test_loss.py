@@ -222,6 +222,10 @@ def test_full_kl_is_stable_and_chunking_does_not_change_it():
     msg = r"^old_full_logp and full_logp must have the same shape, got \(3, 5, 50\) and \(3, 4, 50\)$"
     with pytest.raises(ValueError, match=msg):
         at.full_kl(a, b[:, :4])
+    # half-precision inputs are evaluated in float32 (their exact values upcast), not in their own precision
+    a16, b16 = a2.to(torch.bfloat16), b2.to(torch.bfloat16)
+    kl16 = at.full_kl(a16, b16)
+    assert kl16.dtype == torch.float32 and torch.equal(kl16, at.full_kl(a16.float(), b16.float()))
     for shape, chunk in (((0, 50), None), ((2, 0, 50), 4)):  # no position: an empty KL, not range()'s error
         empty = at.full_kl(torch.zeros(shape), torch.zeros(shape), chunk_size=chunk)
         assert empty.shape == shape[:-1]
