@@ -188,9 +188,10 @@ def test_dcpo_range_of_a_tensor_is_the_numpy_range_and_the_defaults_are_dcpos(dt
         at.ranges.dcpo_clip_range_from_log(log_p), at.ranges.dcpo_clip_range_from_log(log_p, 0.16, 0.2, 10.0)
     ):
         assert torch.equal(got, want)
-    adv = torch.linspace(-1, 1, log_p.numel(), dtype=torch.float64)
+    adv = torch.where(torch.arange(log_p.numel()) % 2 == 0, -1.0, 1.0).double()  # both bounds at every scale of p
     by_sign = at.ranges.dcpo_bound_by_sign(log_p, adv, 0.16, 0.2, 10.0)
     assert torch.equal(at.ranges.dcpo_bound_by_sign(log_p, adv), by_sign)
+    assert bool((by_sign > 0.5).logical_and(by_sign < 1).any())  # a lower bound above 1/2: eps_l is read
 
 
 @pytest.mark.parametrize(
