@@ -7,13 +7,14 @@ import mpmath as mp
 DPS = 40  # digits of every computation here
 
 
-def bisect_log(f, a, b):
+def bisect_log(f, a, b, dps=DPS, steps=170):
     """The sign change of f on [a, b] (0 < a < b, f(a) and f(b) of opposite signs), halving the interval in
-    log scale (brackets span up to 600 decades) to ~30 significant digits."""
-    with mp.workdps(DPS):
+    log scale (brackets span up to 600 decades) to ~30 significant digits (more with more ``steps``); f is
+    evaluated at ``dps`` digits (a definition that cancels, e.g. at |y| ~ 1e-150, needs more than the default)."""
+    with mp.workdps(dps):
         a, b = mp.mpf(a), mp.mpf(b)
         fa = f(a) > 0
-        for _ in range(170):
+        for _ in range(steps):
             m = mp.sqrt(a * b)
             if (f(m) > 0) == fa:
                 a = m

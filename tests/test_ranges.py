@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mp_reference import float32_log_p_grid
+from mp_reference import bisect_log, float32_log_p_grid
 from scipy.optimize import brentq
 
 import atr_theory as at
@@ -488,23 +488,14 @@ def test_the_range_functions_are_quiet_over_their_whole_delta_domain():
 
 
 def _is_kl3_roots_mpmath(delta: float) -> tuple[float, float]:
-    """The roots of ``IS-k3 = y e^y - (e^y - 1) = delta`` (y = log w) by bisection of the definition at 250 digits, on a
-    geometric grid of ``|y|`` (relative precision also for ``|y| ~ 1e-150``): ``(l, u)``, ``l = 0`` for delta >= 1."""
-    with mp.workdps(250):
-        d = mp.mpf(delta)
+    """The roots of ``IS-k3 = y e^y - (e^y - 1) = delta`` (y = log w) by a log-scale bisection of the definition in
+    ``|y|`` at 250 digits (relative precision also for ``|y| ~ 1e-150``): ``(l, u)``, ``l = 0`` for delta >= 1."""
 
-        def root(sign, hi):
-            a, b = mp.mpf("1e-200"), mp.mpf(hi)  # |y| in [a, b]: the definition minus delta changes sign
-            for _ in range(500):
-                m = mp.sqrt(a * b)
-                y = sign * m
-                if y * mp.exp(y) - mp.expm1(y) - d > 0:  # |y| beyond the root, on either side
-                    b = m
-                else:
-                    a = m
-            return float(mp.exp(sign * mp.sqrt(a * b)))
+    def root(sign, hi):
+        excess = lambda m: sign * m * mp.exp(sign * m) - mp.expm1(sign * m) - delta  # noqa: E731  (> 0 beyond the root)
+        return float(mp.exp(sign * bisect_log(excess, "1e-200", hi, dps=250, steps=500)))
 
-        return (root(-1, 800) if delta < 1 else 0.0), root(+1, 50)
+    return (root(-1, 800) if delta < 1 else 0.0), root(+1, 50)
 
 
 @pytest.mark.parametrize(
