@@ -188,3 +188,54 @@ def test_bandit_compute_ceiling_is_below_each_transcendental_alone():
     c = bt.compute_ceiling("cpu", 20_000)
     assert 0 < c["ceiling_elements_per_s"] < min(c["exp_elements_per_s"] / 2, c["expm1_elements_per_s"])
     assert c["ceiling_elements_per_s"] < c["ceiling_range_test_elements_per_s"] <= c["exp_elements_per_s"] / 2 * 1.0001
+
+
+def test_the_differential_mutant_judge_tells_rounding_from_a_wrong_root(monkeypatch):
+    """benchmarks/mutant_differential.py lists a root-finder mutant as equivalent only if its roots are within 2 ulp
+    (ratios: 2 ulp of their log): a stand-in module whose "mutants" move the roots by 1 ulp, by 1e-12, to another
+    output type, or raise, must get each verdict."""
+    import os
+    import types
+
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import mutant_differential as md
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    import atr_theory.ranges as ranges
+
+    def kl3_clip_log_range(delta):
+        lo, hi = ranges.kl3_clip_log_range(delta)
+        mutant = os.environ.get("MUTANT_UNDER_TEST", "").rpartition("__mutmut_")[2]
+        if mutant == "1" and np.ndim(delta):  # the lower roots one ulp down: the same roots to rounding
+            return np.nextafter(lo, -np.inf), hi
+        if mutant == "2" and np.ndim(delta):  # a wrong root, off by 1e-12 relative
+            return lo * (1 + 1e-12), hi
+        if mutant == "3":  # a scalar delta answered with arrays
+            return np.atleast_1d(lo), np.atleast_1d(hi)
+        if mutant == "4" and np.ndim(delta):
+            raise ZeroDivisionError("mutant")
+        return lo, hi
+
+    def kl3_clip_range(delta):
+        lo, hi = kl3_clip_log_range(delta)
+        return np.exp(lo), np.exp(hi)
+
+    fake = types.SimpleNamespace(kl3_clip_log_range=kl3_clip_log_range, kl3_clip_range=kl3_clip_range)
+    name = "atr_theory.ranges.x_kl3_clip_log_range__mutmut_"
+    monkeypatch.setenv("MUTANT_UNDER_TEST", "")
+    verdicts = {k: md.judge(name + k, fake) for k in "012345"}
+    assert verdicts["0"].endswith(": identical") and verdicts["5"].endswith(": identical")
+    assert "DIFFERS" not in verdicts["1"] and "ulp apart" in verdicts["1"]
+    assert "DIFFERS" in verdicts["2"] and "ulp apart" in verdicts["2"]
+    assert "DIFFERS -- output types" in verdicts["3"]
+    assert "DIFFERS -- raises ZeroDivisionError" in verdicts["4"]
+    assert md.judge("atr_theory.ranges.x_unknown__mutmut_1", fake).endswith("no probe for x_unknown")
+    # e^y of a root y exact to its last bit is exact to |y| ulp only: 61 ulp of l = 6.8e-15 are 2 ulp of log l
+    l0 = np.array([6.793727725636885e-15])
+    assert md.ulp_difference(l0, np.array([6.793727725636837e-15]))[0] == 61
+    assert md.ulp_difference(l0, np.array([6.793727725636837e-15]), ratio=True)[0] < 2
+    assert md.ulp_difference(np.array([np.inf, np.nan]), np.array([np.inf, np.nan]))[0] == 0
+    assert md.ulp_difference(np.array([1.0]), np.array([np.nan]))[0] == np.inf

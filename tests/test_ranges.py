@@ -596,6 +596,23 @@ def test_trgppo_torch_bounds_refuse_a_p_old_outside_its_domain_naming_it():
             at.ranges.trgppo_kl_log_range_torch(torch.tensor([0.5, bad], dtype=torch.float64), 0.07)
 
 
+def test_trgppo_torch_bounds_need_a_scalar_delta_and_solve_in_float64():
+    # one delta for the batch (an array of positive deltas was accepted by mutants 7 and 10 of the 2026-11-24 run);
+    # the roots are float64 whatever p_old's dtype ("float64 inside": a float32 p_old gave float32 roots in mutant 12)
+    import numpy as np
+    import torch
+
+    p = torch.tensor([1e-3, 0.5, 0.9])
+    for delta in (np.array([0.1, 0.2]), [0.1, 0.2], torch.tensor([0.1, 0.2])):
+        with pytest.raises(ValueError, match=r"^delta must be a scalar"):
+            at.ranges.trgppo_kl_log_range_torch(p, delta)
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        y_lo, y_hi = at.ranges.trgppo_kl_log_range_torch(p.to(dtype), 0.07)
+        assert y_lo.dtype == y_hi.dtype == torch.float64
+        ref_lo, ref_hi = at.ranges.trgppo_kl_log_range(p.to(dtype).double().numpy(), 0.07)  # bisection, float64
+        assert np.allclose(y_lo.numpy(), ref_lo, rtol=1e-14) and np.allclose(y_hi.numpy(), ref_hi, rtol=1e-14)
+
+
 # --------------------------------------------------------------------------------------------
 # one bound per token, chosen by the sign of the advantage (what PPO's min objective reads)
 # --------------------------------------------------------------------------------------------
