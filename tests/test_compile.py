@@ -155,3 +155,21 @@ def test_trgppo_float32_loss_equals_the_float64_solver_to_float32_precision(seed
     )
     torch.testing.assert_close(l32.double(), l64, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(g32.double(), g64, rtol=1e-5, atol=1e-6)
+
+
+def test_trgppo_float64_newton_solver_compiles_into_one_graph():
+    """A float64 batch takes TRGPPO's bounds from the Newton solver, not the float32 table: under torch.compile that
+    solver must read nothing on the host (``tracing``: a fixed number of steps, no input scan) to stay one graph."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    logp, old, adv, mask = _batch(5, dtype=torch.float64, per_token=True)
+
+    def loss_fn(lp, o, a, m):
+        return at.policy_loss(lp, o, a, m, method="trgppo", validate=False).loss
+
+    compiled = torch.compile(loss_fn, backend="eager", fullgraph=True)
+    l0, g0 = _loss_and_grad(loss_fn, logp, old, adv, mask)
+    l1, g1 = _loss_and_grad(compiled, logp, old, adv, mask)
+    torch.testing.assert_close(l1, l0, rtol=1e-12, atol=0)
+    torch.testing.assert_close(g1, g0, rtol=1e-12, atol=0)
