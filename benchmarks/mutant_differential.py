@@ -7,7 +7,9 @@ script tells the two apart by measurement: it calls each named mutant through mu
 domain and prints, per mutant, the largest difference to the original in units in the last place, and whether it
 raised or warned where the original does not. A mutant whose outputs are identical (or within 1 ulp: the same root
 to rounding) is listed as equivalent in ``figures/mutation_survivors.md`` with this line; any larger difference is
-a test gap, and gets a test.
+a test gap, and gets a test. The probes run eagerly: a mutant that acts only under ``torch.compile`` (the solvers'
+``tracing`` flag: trgppo_kl_log_range_torch 14, 69, 100) reads "identical" here, and only the compile tests, which
+mutmut cannot run, see it (``tests/test_compile.py``'s float64 TRGPPO case kills those three).
 
     python -m mutmut run ...      # writes mutants/ (``make mutation``)
     python benchmarks/mutant_differential.py --mutants-dir mutants atr_theory.ranges.x_kl3_clip_log_range__mutmut_21
