@@ -490,7 +490,10 @@ def _bad(**kw):
         (dict(method="clip_higher", epsilon_low=1.0), "epsilon_low must be in"),
         (dict(method="dual_clip", dual_clip_c=0.5), "dual_clip_c"),
         (dict(method="sapo", tau_pos=0.0), "tau_pos"),
-        (dict(method="clip_cov", cov_lb=5.0, cov_ub=1.0), "needs cov_lb < cov_ub"),
+        (  # the relation and every resolved value, whole
+            dict(method="clip_cov", cov_lb=5.0, cov_ub=1.0),
+            "^method 'clip_cov' needs cov_lb < cov_ub, got epsilon=0.2, cov_ratio=0.0002, cov_lb=5.0, cov_ub=1.0$",
+        ),
         (dict(method="nope"), "unknown method 'nope'; known methods: atr, atr_seq"),
         (dict(aggregation="mean"), "unknown aggregation 'mean'; known: dr_grpo"),
         (dict(method="clip", delta=0.1), r"unknown parameter\(s\) \['delta'\] for method 'clip'"),
@@ -518,7 +521,10 @@ def _bad(**kw):
         (dict(logp=torch.zeros(18)), r"logp must have shape \(B, T\)"),
         (dict(max_length=0), "max_length must be an integer >= T"),
         (dict(max_length=5), r"max_length must be an integer >= T = 6, got 5"),
-        (dict(max_length=8, aggregation="token_mean"), "max_length is used by aggregation 'dr_grpo' only"),
+        (
+            dict(max_length=8, aggregation="token_mean"),
+            "^max_length is used by aggregation 'dr_grpo' only, not by 'token_mean'; leave it None$",
+        ),
         (dict(mask=torch.full((3, 6), 0.5)), "mask must be boolean or hold only 0 and 1, got the value 0.5"),
         (dict(mask=-torch.ones(3, 6)), "mask must be boolean or hold only 0 and 1, got the value -1"),
         (dict(mask=torch.full((3, 6), math.nan)), "mask must be boolean or hold only 0 and 1, got the value nan"),
@@ -675,6 +681,21 @@ def test_non_finite_values_on_padding_change_nothing(method):
     assert torch.isfinite(clean[0]) and torch.equal(clean[0], dirty[0])
     assert torch.equal(clean[1], dirty[1]) and bool(torch.isfinite(dirty[1]).all())
     assert clean[2] == dirty[2]
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["all_valid", "padded"])
+def test_float64_token_weights_enter_a_float32_loss_in_float32(padded):
+    """The loss is computed in logp's precision (at least float32): float64 token weights are cast to it, on the
+    padded path (where they pass through a select) as on the all-valid one, so loss and per-token values stay
+    float32 and equal those given the same weights in float32."""
+    logp, old, adv, mask = (t.detach().float() if t.is_floating_point() else t for t in _batch(4))
+    if padded:
+        mask[1, 4:] = False
+    w64 = torch.rand(3, 6, generator=torch.Generator().manual_seed(2), dtype=torch.float64) + 0.5
+    out64 = at.policy_loss(logp, old, adv, mask, token_weights=w64)
+    out32 = at.policy_loss(logp, old, adv, mask, token_weights=w64.float())
+    assert out64.loss.dtype == torch.float32 and out64.per_token.dtype == torch.float32
+    assert torch.equal(out64.loss, out32.loss) and torch.equal(out64.per_token, out32.per_token)
 
 
 def test_tensors_on_two_devices_are_refused_naming_them():

@@ -91,8 +91,11 @@ class TieAtABound(Exception):
     """A token's ratio lies on a per-token bound to float64 precision: the brute force does not decide it."""
 
 
-def brute_force_loss(method, form, params, logp, old, adv, mask, aggregation, old_full=None, full=None):
-    """-aggregate of the per-token objective, built token by token (torch scalars carry the gradient)."""
+def brute_force_loss(
+    method, form, params, logp, old, adv, mask, aggregation, old_full=None, full=None, max_length=None
+):
+    """-aggregate of the per-token objective, built token by token (torch scalars carry the gradient); Dr. GRPO
+    divides the sum by B * max_length (Liu et al. 2025), max_length defaulting to T."""
     B, T = logp.shape
     per_seq_adv = adv.ndim == 1
     objective = {}
@@ -158,7 +161,7 @@ def brute_force_loss(method, form, params, logp, old, adv, mask, aggregation, ol
     n_valid = [sum(bool(mask[b, t]) for t in range(T)) for b in range(B)]
     seq_sums = [sum((objective[b, t] for t in range(T) if mask[b, t]), zero) for b in range(B)]
     if aggregation == "dr_grpo":
-        value = sum(seq_sums, zero) / (B * T)
+        value = sum(seq_sums, zero) / (B * (T if max_length is None else max_length))
     elif aggregation == "token_mean":
         value = sum(seq_sums, zero) / max(sum(n_valid), 1)
     elif aggregation == "seq_mean_token_mean":
@@ -237,23 +240,27 @@ def _check(method, form, data):
     params = _params(method, data.draw)
     logp, old, adv, mask, old_full, full = data.draw(problems(method))
     aggregation = data.draw(st.sampled_from(AGGREGATIONS))
+    max_length = None  # dr_grpo's divisor: the generation budget, any integer >= T
+    if aggregation == "dr_grpo" and data.draw(st.booleans()):
+        max_length = logp.shape[1] + data.draw(st.integers(0, 9))
     leaf = logp.clone().requires_grad_(True)
     full_leaf = None if full is None else full.clone().requires_grad_(True)
     kw = {} if full is None else dict(old_full_logp=old_full, full_logp=full_leaf)
-    ours = at.policy_loss(leaf, old, adv, mask, method=method, form=form, aggregation=aggregation, **kw, **params).loss
+    kw.update(aggregation=aggregation, max_length=max_length)
+    ours = at.policy_loss(leaf, old, adv, mask, method=method, form=form, **kw, **params).loss
     leaves = [leaf] + ([full_leaf] if full is not None else [])
     g_ours = _grads(ours, leaves)
 
     leaf2 = logp.clone().requires_grad_(True)
     full2 = None if full is None else full.clone().requires_grad_(True)
     try:
-        theirs = brute_force_loss(method, form, params, leaf2, old, adv, mask, aggregation, old_full, full2)
+        theirs = brute_force_loss(method, form, params, leaf2, old, adv, mask, aggregation, old_full, full2, max_length)
     except TieAtABound:
         reject()
     leaves2 = [leaf2] + ([full2] if full is not None else [])
     g_theirs = _grads(theirs, leaves2)
 
-    assert float(ours) == pytest.approx(float(theirs), rel=1e-9, abs=1e-12)
+    assert ours.item() == pytest.approx(theirs.item(), rel=1e-9, abs=1e-12)
     for a, b in zip(g_ours, g_theirs):
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-12)
 
