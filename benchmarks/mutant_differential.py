@@ -97,6 +97,103 @@ def _trgppo_probe(r) -> list:
     return out + [_outcome(r.trgppo_kl_log_range_torch, P_OLD[:3], d) for d in BAD_DELTAS]
 
 
+def _loss_batch(dtype: torch.dtype, padded: bool, per_token_adv: bool, seed: int = 0) -> dict:
+    """A (4, 7) batch whose log-ratios include the clamp (+-60) exactly and beyond it, NaN / inf garbage on padded
+    positions (which must change nothing), and full distributions (V = 5) for the methods that need them."""
+    g = torch.Generator().manual_seed(seed)
+    B, T, V = 4, 7, 5
+    old = -(torch.rand(B, T, generator=g, dtype=torch.float64) * 4 + 0.05)
+    y = torch.randn(B, T, generator=g, dtype=torch.float64) * 0.4
+    y[0, 0], y[0, 1], y[1, 0], y[1, 1] = 60.0, 64.0, -60.0, -75.0  # at the clamp and beyond (LOG_RATIO_CLAMP = 60)
+    y[2, 0] = 0.0
+    adv = torch.randn(B, T, generator=g, dtype=torch.float64) if per_token_adv else torch.randn(B, generator=g)
+    weights = torch.rand(B, T, generator=g, dtype=torch.float64) + 0.5  # float64: cast to the loss's dtype
+    mask = torch.ones(B, T, dtype=torch.bool)
+    logp = old + y
+    if padded:
+        mask[1, 5:] = mask[3, 2:] = False
+        logp = torch.where(mask, logp, torch.tensor(float("nan"), dtype=torch.float64))
+        old = torch.where(mask, old, torch.tensor(float("-inf"), dtype=torch.float64))
+        if per_token_adv:
+            adv = torch.where(mask, adv, torch.tensor(float("inf"), dtype=torch.float64))
+        weights = torch.where(mask, weights, torch.tensor(float("nan"), dtype=torch.float64))
+    old_full = torch.log_softmax(torch.randn(B, T, V, generator=g, dtype=torch.float64) * 2, -1)
+    full = torch.log_softmax(old_full + 0.3 * torch.randn(B, T, V, generator=g, dtype=torch.float64), -1)
+    cast = {"logp": logp.to(dtype), "old_logp": old.to(dtype), "old_full_logp": old_full.to(dtype)}
+    return dict(cast, advantages=adv.to(dtype), mask=mask, token_weights=weights, full_logp=full.to(dtype))
+
+
+def _policy_loss_probe(r) -> list:
+    """Every method x form x aggregation through ``policy_loss`` in float32 / float64 / bfloat16, padded or not, with
+    validation on and off: loss, per-token objective, mask, log-ratio and the gradients (logp and full_logp)."""
+    import atr_theory as at
+    from atr_theory.methods import METHODS
+
+    out = []
+    for i, (name, spec) in enumerate(sorted(METHODS.items())):
+        for form in spec.forms:
+            for j, aggregation in enumerate(at.AGGREGATIONS):
+                for dtype, padded, validate in [
+                    (torch.float64, True, True),
+                    (torch.float64, False, True),
+                    (torch.float32, True, True),
+                    (torch.float32, True, False),
+                    (torch.bfloat16, False, True),
+                ]:
+                    batch = _loss_batch(dtype, padded, per_token_adv=(i + j) % 2 == 1, seed=i)
+                    full = spec.needs_full_distributions
+                    leaves = [batch["logp"]] + ([batch["full_logp"]] if full else [])
+                    leaves = [t.clone().requires_grad_(True) for t in leaves]
+                    kwargs = dict(batch, logp=leaves[0], method=name, form=form, aggregation=aggregation)
+                    kwargs.update(validate=validate, generator=torch.Generator().manual_seed(3))
+                    kwargs.update(max_length=8 if aggregation == "dr_grpo" else None)
+                    if full:
+                        kwargs["full_logp"] = leaves[1]
+                    else:
+                        del kwargs["full_logp"], kwargs["old_full_logp"]
+
+                    def call(kw=kwargs, leaves=leaves):
+                        result = at.policy_loss(**kw)
+                        grads = torch.autograd.grad(result.loss, leaves, allow_unused=True)
+                        tensors = [result.loss, result.per_token, result.mask, result.log_ratio]
+                        return tensors + [torch.zeros(0) if g is None else g for g in grads]
+
+                    out.append(_outcome(call))
+    return out
+
+
+BAD_VALUES = [0, -1, float("nan"), float("inf"), "0.1", True, 1e9]
+
+
+def _bad_loss_input_probe(r) -> list:
+    """Bad arguments of ``policy_loss`` and bad values of every method parameter: the error type and message."""
+    import atr_theory as at
+    from atr_theory.methods import METHODS
+
+    base = _loss_batch(torch.float64, True, False)
+    del base["full_logp"], base["old_full_logp"], base["token_weights"]
+    bad_args = [
+        dict(mask=torch.full((4, 7), 0.5)),
+        dict(logp=torch.zeros(4, 7, dtype=torch.long)),
+        dict(max_length=6),
+        dict(max_length=9, aggregation="token_mean"),
+        dict(aggregation="mean"),
+        dict(method="nope"),
+        dict(method="sapo", form="mask"),
+        dict(method="tr_ppo"),
+        dict(advantages=torch.zeros(5)),
+        dict(logp=torch.zeros(0, 7), old_logp=torch.zeros(0, 7), mask=torch.ones(0, 7), advantages=torch.zeros(0)),
+        dict(token_weights=torch.full((4, 7), float("nan"))),
+        dict(method="clip_cov", cov_lb=5.0, cov_ub=1.0),
+    ]
+    bad_args += [{"method": n, k: v} for n, spec in sorted(METHODS.items()) for k in spec.params for v in BAD_VALUES]
+    return [_outcome(lambda kw=kw: at.policy_loss(**{**base, **kw}).loss) for kw in bad_args]
+
+
+def _loss_probes(r) -> list:
+    return _policy_loss_probe(r) + _bad_loss_input_probe(r)
+
+
 PROBES: dict[str, Callable] = {  # mangled function -> what exercises it (every public caller, every input form)
     "x_kl3_clip_log_range": _kl3_probe,
     "x_kl3_clip_range": _kl3_probe,
@@ -110,6 +207,12 @@ PROBES: dict[str, Callable] = {  # mangled function -> what exercises it (every 
     "x__bernoulli_kl_and_slope": lambda r: (
         _trgppo_probe(r) + [r.bernoulli_kl_of_log_ratio(np.linspace(-30, 30, 601)[:, None], P_OLD.numpy()[None, ::7])]
     ),
+    "x_policy_loss": _loss_probes,
+    "x__check_structure": _loss_probes,
+    "x__check_tensor": _loss_probes,
+    "x__check_logp": _loss_probes,
+    "x_resolve": _bad_loss_input_probe,
+    "xǁParamǁcheck": _bad_loss_input_probe,
 }
 
 

@@ -239,3 +239,34 @@ def test_the_differential_mutant_judge_tells_rounding_from_a_wrong_root(monkeypa
     assert md.ulp_difference(l0, np.array([6.793727725636837e-15]), ratio=True)[0] < 2
     assert md.ulp_difference(np.array([np.inf, np.nan]), np.array([np.inf, np.nan]))[0] == 0
     assert md.ulp_difference(np.array([1.0]), np.array([np.nan]))[0] == np.inf
+
+
+def test_the_differential_judge_of_policy_loss_sees_a_dropped_argument_and_a_changed_message(monkeypatch):
+    """The judge's policy_loss probe (every method x form x aggregation, padded or not, three dtypes) must call a
+    mutant that ignores ``max_length`` (a mutant no test caught before the oracle test drew max_length) and one
+    that rewords an error message DIFFERS, and the unmutated function identical to itself."""
+    import os
+
+    import atr_theory as at
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import mutant_differential as md
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    original = at.policy_loss
+
+    def policy_loss(*args, **kwargs):
+        mutant = os.environ.get("MUTANT_UNDER_TEST", "").rpartition("__mutmut_")[2]
+        if mutant == "1" and kwargs.get("max_length") == 8:  # the probe's valid max_length, dropped
+            kwargs["max_length"] = None
+        if mutant == "2" and kwargs.get("aggregation") == "mean":
+            raise ValueError("XXunknown aggregationXX")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(at, "policy_loss", policy_loss)
+    monkeypatch.setenv("MUTANT_UNDER_TEST", "")
+    name = "atr_theory.loss.x_policy_loss__mutmut_"
+    assert md.judge(name + "0", None).endswith(": identical")
+    assert "DIFFERS" in md.judge(name + "1", None) and "ulp apart" in md.judge(name + "1", None)
+    assert "DIFFERS -- output" in md.judge(name + "2", None) and "XXunknown aggregationXX" in md.judge(name + "2", None)
