@@ -351,3 +351,39 @@ def test_params_from_the_environment_are_honoured_and_checked(monkeypatch):
     monkeypatch.delenv(verl_plugin.PARAMS_ENV)
     with pytest.raises(ValueError, match="clip_ratio_low=0.2 and clip_ratio_high=0.28 differ"):
         _plugin(logp, old, adv, mask, "clip", "token-mean", clip_ratio_low=0.2, clip_ratio_high=0.28)
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+@pytest.mark.parametrize("extra", [0, 3, 4087])
+def test_dr_grpo_max_length_is_verls_loss_scale_factor(per_token, extra):
+    """Dr. GRPO's divisor B * max_length (Liu et al. 2025): ours with ``max_length = L`` equals verl's
+    ``seq-mean-token-sum-norm`` with ``global_batch_info['loss_scale_factor'] = L``, loss and gradient."""
+    cfg_kw = dict(clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=1e12)
+    for seed in SEEDS:
+        logp, old, adv, mask = _batch(seed, per_token, scale=1.0)
+        L = logp.shape[1] + extra
+        lp = logp.clone().requires_grad_(True)
+        out = at.policy_loss(lp, old, adv, mask, method="clip", epsilon=0.2, aggregation="dr_grpo", max_length=L)
+        (go,) = torch.autograd.grad(out.loss, lp)
+        cfg = _config("vanilla", **cfg_kw)
+        cfg.global_batch_info.update(loss_scale_factor=L)
+        lv_leaf = logp.clone().requires_grad_(True)
+        fn = core_algos.get_policy_loss_fn("vanilla")
+        lv, _ = fn(old, lv_leaf, adv, mask.double(), "seq-mean-token-sum-norm", cfg)
+        (gv,) = torch.autograd.grad(lv, lv_leaf)
+        assert _close(out.loss.detach(), lv.detach()) and _close(go, gv), (seed, L)
+
+
+def test_an_all_padding_row_counts_in_our_batch_size_but_not_in_verls():
+    """A documented difference: verl's seq-mean-token-sum(-norm) divides by the number of sequences with at least
+    one valid token, ours (Dr. GRPO's B * max_length, the paper's Eq. 2) by B; with one of B = 6 rows all padding
+    the two differ by exactly the factor 6 / 5 and agree otherwise."""
+    logp, old, adv, mask = _batch(0, per_token=False, scale=1.0)
+    mask[2] = False
+    for ours_agg, verl_agg in [("dr_grpo", "seq-mean-token-sum-norm"), ("seq_mean_token_sum", "seq-mean-token-sum")]:
+        lo, _ = _ours(logp, old, adv, mask, "clip", ours_agg, epsilon=0.2)
+        lv, _, _ = _verl(
+            logp, old, adv, mask, "vanilla", verl_agg, clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=1e12
+        )
+        assert not _close(lo, lv)
+        assert _close(lo * 6 / 5, lv), ours_agg
