@@ -140,7 +140,7 @@ def brute_force_loss(
                     obj = w * A if lo <= w_mp <= hi else torch.tensor(A, dtype=torch.float64)
                 else:
                     obj = torch.minimum(w * A, torch.clamp(w, float(lo), float(hi)) * A)
-                if method == "dcpo" and A < 0 and float(obj) < params["dual_clip_c"] * A:  # dual clip
+                if method == "dcpo" and A < 0 and obj.item() < params["dual_clip_c"] * A:  # dual clip
                     obj = torch.tensor(params["dual_clip_c"] * A, dtype=torch.float64)
             elif method == "tr_ppo":
                 kl = float(full_kl_by_sum(old_full[b, t], full[b, t].detach()))
@@ -150,7 +150,7 @@ def brute_force_loss(
                     obj = torch.minimum(w * A, torch.tensor(A, dtype=torch.float64)) if kl >= params["delta"] else w * A
             elif method == "truly_ppo":
                 kl = full_kl_by_sum(old_full[b, t], full[b, t])
-                rollback = float(kl) >= params["delta"] and float(w_mp) * A > A
+                rollback = kl.item() >= params["delta"] and float(w_mp) * A > A
                 obj = w * A - params["alpha"] * kl if rollback else w * A
             elif method == "atr_seq":
                 obj = w * A if seq_keep[b] else torch.tensor(A, dtype=torch.float64)
