@@ -689,3 +689,16 @@ def test_trgppo_table_reads_float64_log_probs_as_their_float32_rounding_and_need
 def test_a_sign_mask_needs_float32_or_float64():
     with pytest.raises(TypeError, match="^a sign mask needs a float32 or float64 tensor, got torch.bfloat16$"):
         at.ranges.dcpo_bound_by_sign(torch.tensor([-0.5]), torch.tensor([1.0], dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_select_by_sign_casts_a_tensor_of_another_dtype_as_documented(dtype):
+    """``_select_by_sign`` takes each side as a number or a tensor, cast to ``dtype``: a float64 tensor beside a
+    float32 result (and the reverse) is rounded to ``dtype`` first, not reinterpreted bit by bit (mutation testing:
+    every caller in the package passes a tensor already of ``dtype``, which hid a dropped cast)."""
+    other = torch.float64 if dtype == torch.float32 else torch.float32
+    x = torch.tensor([-0.3, 0.4, -0.0, 2.5], dtype=dtype)
+    negative = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=other)
+    got = at.ranges._select_by_sign(at.ranges._sign_mask(x), negative, 7.0, dtype)
+    expected = torch.where(torch.signbit(x), negative.to(dtype), torch.tensor(7.0, dtype=dtype))
+    assert got.dtype == dtype and torch.equal(got, expected)
