@@ -108,10 +108,13 @@ def _ours(logp, old, adv, mask, method, aggregation, **params):
     return out.loss.detach(), grad
 
 
-def _verl(logp, old, adv, mask, loss_mode, agg_mode, **cfg):
+def _verl(logp, old, adv, mask, loss_mode, agg_mode, batch_info=None, **cfg):
+    """verl's loss and gradient; ``batch_info`` goes into the config's ``global_batch_info`` (e.g. loss_scale_factor)."""
     lp = logp.clone().requires_grad_(True)
     fn = core_algos.get_policy_loss_fn(loss_mode)
-    loss, metrics = fn(old, lp, adv, mask.to(torch.float64), agg_mode, _config(loss_mode, **cfg))
+    config = _config(loss_mode, **cfg)
+    config.global_batch_info.update(batch_info or {})
+    loss, metrics = fn(old, lp, adv, mask.to(torch.float64), agg_mode, config)
     (grad,) = torch.autograd.grad(loss, lp)
     return loss.detach(), grad, metrics
 
@@ -358,20 +361,13 @@ def test_params_from_the_environment_are_honoured_and_checked(monkeypatch):
 def test_dr_grpo_max_length_is_verls_loss_scale_factor(per_token, extra):
     """Dr. GRPO's divisor B * max_length (Liu et al. 2025): ours with ``max_length = L`` equals verl's
     ``seq-mean-token-sum-norm`` with ``global_batch_info['loss_scale_factor'] = L``, loss and gradient."""
-    cfg_kw = dict(clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=1e12)
+    cfg = dict(clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=1e12)
     for seed in SEEDS:
-        logp, old, adv, mask = _batch(seed, per_token, scale=1.0)
-        L = logp.shape[1] + extra
-        lp = logp.clone().requires_grad_(True)
-        out = at.policy_loss(lp, old, adv, mask, method="clip", epsilon=0.2, aggregation="dr_grpo", max_length=L)
-        (go,) = torch.autograd.grad(out.loss, lp)
-        cfg = _config("vanilla", **cfg_kw)
-        cfg.global_batch_info.update(loss_scale_factor=L)
-        lv_leaf = logp.clone().requires_grad_(True)
-        fn = core_algos.get_policy_loss_fn("vanilla")
-        lv, _ = fn(old, lv_leaf, adv, mask.double(), "seq-mean-token-sum-norm", cfg)
-        (gv,) = torch.autograd.grad(lv, lv_leaf)
-        assert _close(out.loss.detach(), lv.detach()) and _close(go, gv), (seed, L)
+        batch = _batch(seed, per_token, scale=1.0)
+        L = batch[0].shape[1] + extra
+        lo, go = _ours(*batch, "clip", "dr_grpo", epsilon=0.2, max_length=L)
+        lv, gv, _ = _verl(*batch, "vanilla", "seq-mean-token-sum-norm", batch_info=dict(loss_scale_factor=L), **cfg)
+        assert _close(lo, lv) and _close(go, gv), (seed, L)
 
 
 def test_an_all_padding_row_counts_in_our_batch_size_but_not_in_verls():
