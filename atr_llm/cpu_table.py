@@ -19,20 +19,29 @@ Writes into ``--out`` (default ``figures/``): ``cpu_llm_table.csv`` (one row per
 ``cpu_llm_curves.csv`` + ``cpu_llm_curves.png`` (training reward, entropy, completion length: Figs. 3-5's
 quantities) and ``cpu_llm_table.json`` (settings, versions, paired statistics). Runs live in ``--runs-dir``;
 a finished run (``result.json``) is not trained again, so an interrupted table resumes. The table in ``--out``
-accumulates: rows of an earlier invocation with the same protocol stay (a re-run (run, seed) replaces its own),
-so rows can be added in later sessions even when their ``--runs-dir`` is gone (``--replace-table`` starts over).
+accumulates: rows of an earlier invocation with the same protocol stay (a re-run (run, seed, SFT model) replaces
+its own), so rows can be added in later sessions even when their ``--runs-dir`` is gone (``--replace-table``
+starts over).
+
+Every row records the SFT model it started from (``sft_model``: :func:`sft_model_id`, a hash of its weights) and
+the invocation that wrote it. The same command trains different SFT models on different kinds of CPU (kernels
+round differently and 600 steps amplify it), so rows are only paired when they started from the same model, and
+SFT models trained together form one *start* (:func:`start_labels`); with more than one start in a table every
+row is named with its start (``atr [B]``) and the table lists which models each start holds.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import json
 import math
 import os
 import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from datetime import datetime, timezone
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -104,6 +113,28 @@ def train_sft(seed: int, sft_steps: int, runs_dir: Path) -> Path:
     return out
 
 
+def sft_model_id(model_dir: Path | str) -> str:
+    """Identity of a saved model's weights: the first 16 hex digits of SHA-256 over every tensor of its
+    ``*.safetensors`` files in name order (name, dtype, shape, then the raw bytes). File metadata and
+    shard layout do not enter, so two saves of equal weights agree and a change of one bit in one weight does not."""
+    import torch
+    from safetensors import safe_open
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors file in {model_dir}: not a saved model directory")
+    tensors = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            tensors.update({name: f.get_tensor(name) for name in f.keys()})
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())  # the raw bits, any dtype (bfloat16 too)
+    return digest.hexdigest()[:16]
+
+
 def evaluate_model(
     model_dir: Path,
     tokenizer_dir: Path,
@@ -161,7 +192,7 @@ def train_and_evaluate(job: dict) -> dict:
     run_dir = Path(job["runs_dir"]) / f"{job['run']}-s{job['seed']}"
     done = run_dir / "result.json"
     if done.exists():
-        return json.loads(done.read_text())
+        return _started_from(json.loads(done.read_text()), job, done)
     run_dir.mkdir(parents=True, exist_ok=True)
     _send_output_to(run_dir / "train.log")
     argv = ["--config", str(BASE_CONFIG), "--model_name_or_path", job["sft_dir"], "--seed", str(job["seed"])]
@@ -179,7 +210,8 @@ def train_and_evaluate(job: dict) -> dict:
         if step not in evals:  # the checkpoint at max_steps holds the final weights too: evaluated once
             evals[step] = evaluate_every_benchmark(path, job["sft_dir"], job, path / "eval")
     history = json.loads((run_dir / "log_history.json").read_text())
-    result = {"run": job["run"], "seed": job["seed"], "evals": {str(k): v for k, v in evals.items()}}
+    result = {"run": job["run"], "seed": job["seed"], "sft_model": job["sft_model"]}
+    result["evals"] = {str(k): v for k, v in evals.items()}
     result["curves"] = [{k: h.get(k) for k in CURVE_KEYS} for h in history if "reward" in h and "step" in h]
     done.write_text(json.dumps(result))
     return result
@@ -190,10 +222,22 @@ def evaluate_sft(job: dict) -> dict:
     sft_dir = Path(job["sft_dir"])
     done = sft_dir / "result.json"
     if done.exists():
-        return json.loads(done.read_text())
+        return _started_from(json.loads(done.read_text()), job, done)
     res = evaluate_every_benchmark(sft_dir, sft_dir, job, sft_dir / "eval")
-    result = {"run": "sft", "seed": job["seed"], "evals": {"0": res}, "curves": []}
+    result = {"run": "sft", "seed": job["seed"], "sft_model": job["sft_model"], "evals": {"0": res}, "curves": []}
     done.write_text(json.dumps(result))
+    return result
+
+
+def _started_from(result: dict, job: dict, path: Path) -> dict:
+    """A finished result read back, checked to have started from the job's SFT model (results written before
+    the SFT model was recorded take the job's)."""
+    recorded = result.setdefault("sft_model", job["sft_model"])
+    if recorded != job["sft_model"]:
+        raise ValueError(
+            f"{path} started from SFT model {recorded}, but {job['sft_dir']} now holds {job['sft_model']}: "
+            "the SFT model was trained again; move the run away (or use another --runs-dir) to train it anew"
+        )
     return result
 
 
@@ -223,9 +267,11 @@ def _worker_init() -> None:
 
 
 def _seed_job(seed: int, settings: dict, runs_dir: Path) -> dict:
+    sft_dir = train_sft(seed, settings["sft_steps"], runs_dir)
     return {
         "seed": seed,
-        "sft_dir": str(train_sft(seed, settings["sft_steps"], runs_dir)),
+        "sft_dir": str(sft_dir),
+        "sft_model": sft_model_id(sft_dir),
         "test_problems": settings["test_problems"],
         "samples": settings["samples"],
         "device": settings["device"],
@@ -260,6 +306,8 @@ def _table_row(r: dict, benchmark: str, evals: dict[int, dict], last: dict, k: i
         "method": r["run"],
         "seed": r["seed"],
         "benchmark": benchmark,
+        "sft_model": r.get("sft_model"),
+        "invocation": r.get("invocation"),
         f"mean_at_{k}": round(evals[final_step][f"mean@{k}"], 3),
         f"pass_at_{k}": round(evals[final_step][f"pass@{k}"], 3),
         f"best_mean_at_{k}": round(evals[best_step][f"mean@{k}"], 3),
@@ -281,31 +329,79 @@ def _mean(xs) -> float | None:
 
 
 def paired_difference(rows: list[dict], run: str, reference: str, key: str) -> dict | None:
-    """Mean over seeds of ``key``(run) - ``key``(reference) on the same seed (same SFT model, same data order)
-    and its 95% Student-t interval; ``significant`` when the interval excludes 0. None with < 2 shared seeds."""
+    """Mean over pairs of ``key``(run) - ``key``(reference) on the same seed started from the same SFT model
+    (``sft_model``; same data order) and its 95% Student-t interval; ``significant`` when the interval excludes 0.
+    None with < 2 pairs: rows of one seed that started from different SFT models are never paired."""
     from scipy import stats
 
     benchmarks = {r.get("benchmark") for r in rows}
     if len(benchmarks) > 1:
         raise ValueError(f"paired_difference needs the rows of one benchmark, got {sorted(map(str, benchmarks))}")
-    by = {(r["method"], r["seed"]): r[key] for r in rows}
-    seeds = sorted({s for m, s in by if m == run} & {s for m, s in by if m == reference})
-    if run == reference or len(seeds) < 2:
+    by = {(r["method"], _start(r)): r[key] for r in rows}
+    starts = sorted({s for name, s in by if name == run} & {s for name, s in by if name == reference}, key=str)
+    if run == reference or len(starts) < 2:
         return None
-    d = [by[(run, s)] - by[(reference, s)] for s in seeds]
+    d = [by[(run, start)] - by[(reference, start)] for start in starts]
     n, mean, sd = len(d), statistics.fmean(d), statistics.stdev(d)
     half = float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
     return {"mean": mean, "low": mean - half, "high": mean + half, "n": n, "significant": bool(half < abs(mean))}
 
 
+def start_labels(rows: list[dict]) -> dict[str, str]:
+    """SFT model id -> the letter of its *start* ("A", "B", ...), or "" for every id when the rows have one start.
+
+    A start is the set of SFT models trained together: ids that appear in rows of one invocation are one start
+    (the seeds of one machine), joined across invocations that share an id; letters follow the earliest
+    invocation of each start. Rows without a recorded model (``sft_model`` None) count as one model."""
+    parent: dict = {}
+
+    def root(x):
+        while parent.setdefault(x, x) != x:
+            x = parent[x]
+        return x
+
+    first_seen: dict = {}
+    for r in sorted(rows, key=lambda r: str(r.get("invocation") or "")):
+        first_seen.setdefault(r.get("sft_model"), str(r.get("invocation") or ""))
+        parent[root(r.get("sft_model"))] = root(("invocation", r.get("invocation")))
+    groups: dict = {}
+    for model in first_seen:
+        groups.setdefault(root(model), []).append(model)
+    if len(groups) == 1:
+        return {model: "" for model in first_seen}
+    ordered = sorted(groups.values(), key=lambda ids: min(first_seen[m] for m in ids))
+    return {model: chr(ord("A") + i) for i, ids in enumerate(ordered) for model in ids}
+
+
+def _start(row: dict) -> tuple:
+    """What a row is paired on: its seed and the SFT model it started from."""
+    return row["seed"], row.get("sft_model")
+
+
+def display_name(row: dict, labels: dict[str, str]) -> str:
+    """``method`` when the table has one start, else ``method [letter]`` (:func:`start_labels`)."""
+    letter = labels.get(row.get("sft_model"), "")
+    return f"{row['method']} [{letter}]" if letter else row["method"]
+
+
 def markdown_tables(rows: list[dict], runs: list[str], k: int) -> str:
-    """One :func:`markdown_table` per benchmark, each under its own heading."""
+    """One :func:`markdown_table` per benchmark, each under its own heading, then which SFT models each start
+    holds when there is more than one."""
     parts = []
     for benchmark, sampling in BENCHMARKS.items():
         mine = [r for r in rows if r["benchmark"] == benchmark]
         if mine:
             head = f"### {benchmark} (T = {sampling['temperature']}, top-p {sampling['top_p']})"
             parts.append(f"{head}\n\n{markdown_table(mine, runs, k)}")
+    labels = start_labels(rows)
+    if any(labels.values()):
+        lines = ["### Starts (the SFT models a row started from; only rows of one start are paired)", ""]
+        for letter in sorted(set(labels.values())):
+            models = sorted({(r["seed"], r.get("sft_model")) for r in rows if labels[r.get("sft_model")] == letter})
+            invocations = sorted({str(r.get("invocation")) for r in rows if labels[r.get("sft_model")] == letter})
+            listed = ", ".join(f"seed {seed}: {model}" for seed, model in models)
+            lines.append(f"- **{letter}**: {listed} (written by: {'; '.join(invocations)})")
+        parts.append("\n".join(lines) + "\n")
     return "\n".join(parts)
 
 
@@ -322,12 +418,19 @@ def masks_tokens(run: str) -> bool:
 
 def markdown_table(rows: list[dict], runs: list[str], k: int) -> str:
     """Means (and standard deviations) over seeds, with paired differences against clip and atr (rows of one
-    benchmark); the masked fraction is "-" for a run that masks nothing by construction (:func:`masks_tokens`)."""
+    benchmark); one line per run and start (:func:`start_labels`), paired only within a start ("other start"
+    where the reference ran those seeds from other SFT models only); the masked fraction is "-" for a run that
+    masks nothing by construction (:func:`masks_tokens`)."""
     key, pkey, bkey = f"mean_at_{k}", f"pass_at_{k}", f"best_mean_at_{k}"
+    labels = start_labels(rows)
 
-    def fmt(d):
+    def fmt(mine, ref):
+        theirs = [r for r in rows if r["method"] == ref]
+        d = paired_difference(mine + theirs, mine[0]["method"], ref, key)
         if d is None:
-            return "-"
+            same_seed = {r["seed"] for r in mine} & {r["seed"] for r in theirs}
+            same_start = {_start(r) for r in mine} & {_start(r) for r in theirs}
+            return "other start" if same_seed and not same_start and mine[0]["method"] != ref else "-"
         star = " *" if d["significant"] else ""
         return f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}]{star}"
 
@@ -336,18 +439,13 @@ def markdown_table(rows: list[dict], runs: list[str], k: int) -> str:
         f"Mean@{k}: run - atr [95% CI] | masked/clipped tokens |",
         "|---|---|---|---|---|---|---|",
     ]
-    for run in ["sft", *runs]:
-        mine = [r for r in rows if r["method"] == run]
-        if not mine:
-            continue
+    for name, mine in _units(rows, ["sft", *runs], labels).items():
         m, p, b = (_mean([r[x] for r in mine]) for x in (key, pkey, bkey))
         sd = statistics.stdev([r[key] for r in mine]) if len(mine) > 1 else 0.0
-        fm = _mean([r["frac_masked_mean"] for r in mine]) if masks_tokens(run) else None
+        fm = _mean([r["frac_masked_mean"] for r in mine]) if masks_tokens(mine[0]["method"]) else None
         lines.append(
-            f"| {run} | {len(mine)} | {m:.1f} ± {sd:.1f} ({b:.1f}) | {p:.1f} | "
-            f"{fmt(paired_difference(rows, run, 'clip', key))} | {fmt(paired_difference(rows, run, 'atr', key))} | "
-            + ("-" if fm is None else f"{100 * fm:.2f}%")
-            + " |"
+            f"| {name} | {len(mine)} | {m:.1f} ± {sd:.1f} ({b:.1f}) | {p:.1f} | "
+            f"{fmt(mine, 'clip')} | {fmt(mine, 'atr')} | " + ("-" if fm is None else f"{100 * fm:.2f}%") + " |"
         )
     return "\n".join(lines) + "\n"
 
@@ -390,10 +488,13 @@ _PROTOCOL_KEYS = (
 """Settings that must agree for two invocations' rows to share one table (everything but runs, seeds, device)."""
 
 
-def previous_outputs(out: Path, settings: dict, fresh: set[tuple[str, int]]) -> tuple[list[dict], list[dict], str]:
+def previous_outputs(
+    out: Path, settings: dict, fresh: set[tuple[str, int, str | None]]
+) -> tuple[list[dict], list[dict], str]:
     """The rows and training curves already written into ``out`` by an earlier invocation with the same protocol
-    (:data:`_PROTOCOL_KEYS`), for the (run, seed) pairs that are not in ``fresh``; so the table accumulates over
-    invocations (and sessions whose ``--runs-dir`` is gone) while a re-run pair replaces its old rows.
+    (:data:`_PROTOCOL_KEYS`), for the (run, seed, SFT model) triples that are not in ``fresh``; so the table
+    accumulates over invocations (and sessions whose ``--runs-dir`` is gone) while a re-run triple replaces its
+    old rows, and a run of the same seed from another SFT model (another machine kind) is kept beside it.
 
     Returns ``(rows, curve_sets, why)``: ``curve_sets`` are ``{"run", "seed", "curves"}`` dicts like the results';
     ``why`` says what was kept or, when nothing is, why (no earlier output, or a different protocol, named)."""
@@ -404,17 +505,17 @@ def previous_outputs(out: Path, settings: dict, fresh: set[tuple[str, int]]) -> 
     differ = [key for key in _PROTOCOL_KEYS if before.get("settings", {}).get(key) != settings.get(key)]
     if differ:
         return [], [], f"earlier table in {out} not kept: its settings differ in {differ}"
-    rows = [r for r in before["rows"] if (r["method"], r["seed"]) not in fresh]
-    kept = {(r["method"], r["seed"]) for r in rows}
-    curves: dict[tuple[str, int], list[dict]] = {}
+    rows = [r for r in before["rows"] if (r["method"], *_start(r)) not in fresh]
+    kept = {(r["method"], *_start(r)) for r in rows}
+    curves: dict[tuple[str, int, str | None], list[dict]] = {}
     if curves_path.exists():
         with curves_path.open(newline="") as f:
             for point in csv.DictReader(f):
-                pair = (point["method"], int(point["seed"]))
-                if pair in kept:
-                    curves.setdefault(pair, []).append({k: _number_or_none(point[k]) for k in CURVE_KEYS})
-    curve_sets = [{"run": run, "seed": seed, "curves": c} for (run, seed), c in curves.items()]
-    return rows, curve_sets, f"kept {len(kept)} (run, seed) pairs of the earlier table in {out}"
+                triple = (point["method"], int(point["seed"]), point.get("sft_model") or None)
+                if triple in kept:
+                    curves.setdefault(triple, []).append({k: _number_or_none(point[k]) for k in CURVE_KEYS})
+    curve_sets = [{"run": run, "seed": seed, "sft_model": m, "curves": c} for (run, seed, m), c in curves.items()]
+    return rows, curve_sets, f"kept {len(kept)} (run, seed, SFT model) triples of the earlier table in {out}"
 
 
 def _number_or_none(text: str) -> float | int | None:
@@ -435,30 +536,41 @@ def write_outputs(results: list[dict], settings: dict, out: Path, keep_previous:
     """Write the CSV / Markdown / JSON / curves of :func:`main` into ``out``; with ``keep_previous`` the rows of
     earlier invocations with the same protocol stay (:func:`previous_outputs`), and the table covers all of them."""
     k = settings["samples"]
-    fresh = {(r["run"], r["seed"]) for r in results}
+    fresh = {(r["run"], r["seed"], r.get("sft_model")) for r in results}
     old_rows, old_curves, why = previous_outputs(out, settings, fresh) if keep_previous else ([], [], "")
     if why:
         print(why)
     rows = old_rows + table_rows(results, k)
-    curve_sets = old_curves + [{"run": r["run"], "seed": r["seed"], "curves": r["curves"]} for r in results]
+    curve_sets = old_curves + [
+        {"run": r["run"], "seed": r["seed"], "sft_model": r.get("sft_model"), "curves": r["curves"]} for r in results
+    ]
     runs = _table_order({r["method"] for r in rows} - {"sft"})
+    labels = start_labels(rows)
     out.mkdir(parents=True, exist_ok=True)
     with (out / "cpu_llm_table.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
-        w.writerows(sorted(rows, key=lambda r: (r["method"], r["seed"], r["benchmark"])))
+        w.writerows(sorted(rows, key=lambda r: (r["method"], r["seed"], r["benchmark"], str(r.get("sft_model")))))
     with (out / "cpu_llm_curves.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["method", "seed", *CURVE_KEYS])
+        w = csv.DictWriter(f, fieldnames=["method", "seed", "sft_model", *CURVE_KEYS])
         w.writeheader()
-        for r in sorted(curve_sets, key=lambda r: (r["run"], r["seed"])):
+        for r in sorted(curve_sets, key=lambda r: (r["run"], r["seed"], str(r.get("sft_model")))):
             for c in r["curves"]:
-                w.writerow({"method": r["run"], "seed": r["seed"], **c})
+                w.writerow({"method": r["run"], "seed": r["seed"], "sft_model": r.get("sft_model"), **c})
     md = markdown_tables(rows, runs, k)
     (out / "cpu_llm_table.md").write_text(md)
-    plot_curves(curve_sets, TABLE2 if set(TABLE2) <= set(runs) else runs, out / "cpu_llm_curves.png")
+    named = [{**c, "run": display_name({"method": c["run"], **c}, labels)} for c in curve_sets]
+    shown = list(_units(rows, TABLE2 if set(TABLE2) <= set(runs) else runs, labels))
+    plot_curves(named, shown, out / "cpu_llm_curves.png")
     paired = {
         benchmark: {
-            run: {ref: paired_difference(mine, run, ref, f"mean_at_{k}") for ref in ("clip", "atr")} for run in runs
+            name: {
+                ref: paired_difference(
+                    unit + [r for r in mine if r["method"] == ref], unit[0]["method"], ref, f"mean_at_{k}"
+                )
+                for ref in ("clip", "atr")
+            }
+            for name, unit in _units(mine, runs, labels).items()
         }
         for benchmark in BENCHMARKS
         for mine in [[r for r in rows if r["benchmark"] == benchmark]]
@@ -472,6 +584,16 @@ def write_outputs(results: list[dict], settings: dict, out: Path, keep_previous:
     }
     (out / "cpu_llm_table.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def _units(rows: list[dict], runs: list[str], labels: dict[str, str]) -> dict[str, list[dict]]:
+    """The rows of each of ``runs`` and start, by :func:`display_name`, in the order of ``runs`` then of starts."""
+    units: dict[str, list[dict]] = {}
+    for run in runs:
+        mine = [r for r in rows if r["method"] == run]
+        for r in sorted(mine, key=lambda r: labels[r.get("sft_model")]):
+            units.setdefault(display_name(r, labels), []).append(r)
+    return units
 
 
 def _versions() -> dict:
@@ -528,6 +650,7 @@ def main(argv=None) -> dict:
 
     import multiprocessing as mp
 
+    invocation = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")  # when: rows of one machine
     results = []
     with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn"), initializer=_worker_init) as pool:
         seed_jobs = {}
@@ -550,6 +673,8 @@ def main(argv=None) -> dict:
         futures = [pool.submit(train_and_evaluate, j) for j in jobs]
         for f in tqdm(as_completed(futures), total=len(futures), desc="GRPO runs"):
             results.append(f.result())
+    for r in results:
+        r["invocation"] = invocation
     summary = write_outputs(results, settings, Path(args.out), keep_previous=not args.replace_table)
     print((Path(args.out) / "cpu_llm_table.md").read_text())
     return summary

@@ -77,7 +77,14 @@ def test_quick_table_runs_end_to_end_and_writes_every_output(tmp_path):
     md = (tmp_path / "fig" / "cpu_llm_table.md").read_text()
     assert md.count("| atr | 1 |") == len(cpu_table.BENCHMARKS) and all(f"### {b} " in md for b in cpu_table.BENCHMARKS)
     again = cpu_table.main(["--quick", "--runs-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "fig2")])
-    assert again["rows"] == summary["rows"]  # finished runs are read back, not trained again
+    sft_model = cpu_table.sft_model_id(tmp_path / "runs" / "sft-s0")
+    assert {r["sft_model"] for r in summary["rows"]} == {sft_model} and all(r["invocation"] for r in summary["rows"])
+
+    def without_invocation(rows):
+        return [{k: v for k, v in r.items() if k != "invocation"} for r in rows]
+
+    # finished runs are read back, not trained again (only the invocation's time stamp differs)
+    assert without_invocation(again["rows"]) == without_invocation(summary["rows"])
 
 
 def _fake_result(run: str, seed: int, score: float) -> dict:
@@ -123,3 +130,71 @@ def test_table_accumulates_over_invocations_and_a_rerun_pair_replaces_its_rows(t
         keep_previous=False,
     )
     assert {r["method"] for r in again["rows"]} == {"kl2"}
+
+
+def test_sft_model_id_is_the_weights_not_the_file(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(0)
+    weights = {"a.weight": torch.randn(4, 3, generator=g), "b.bias": torch.randn(5, generator=g).to(torch.bfloat16)}
+    save_file(weights, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    (tmp_path / "sharded").mkdir()  # the same weights in two shards, other metadata
+    save_file({"b.bias": weights["b.bias"]}, str(tmp_path / "sharded" / "model-00001-of-00002.safetensors"))
+    save_file({"a.weight": weights["a.weight"]}, str(tmp_path / "sharded" / "model-00002-of-00002.safetensors"))
+    reference = cpu_table.sft_model_id(tmp_path)
+    assert cpu_table.sft_model_id(tmp_path / "sharded") == reference and len(reference) == 16
+    for name in weights:  # one bit of one element, in a float32 and in a bfloat16 tensor
+        changed = {k: v.clone() for k, v in weights.items()}
+        bits = changed[name].view(torch.int16 if changed[name].dtype == torch.bfloat16 else torch.int32)
+        bits.view(-1)[2] ^= 1
+        (tmp_path / name).mkdir()
+        save_file(changed, str(tmp_path / name / "model.safetensors"), metadata={"format": "pt"})
+        assert cpu_table.sft_model_id(tmp_path / name) != reference
+    with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
+        cpu_table.sft_model_id(tmp_path / "a.weight" / "missing")
+
+
+def test_a_finished_run_from_another_sft_model_is_refused(tmp_path):
+    done = tmp_path / "result.json"
+    job = {"sft_model": "b0", "sft_dir": "runs/sft-s0"}
+    assert cpu_table._started_from({"run": "atr", "sft_model": "b0"}, job, done)["sft_model"] == "b0"
+    assert cpu_table._started_from({"run": "atr"}, job, done)["sft_model"] == "b0"  # written before it was recorded
+    with pytest.raises(ValueError, match="started from SFT model a0, but runs/sft-s0 now holds b0"):
+        cpu_table._started_from({"run": "atr", "sft_model": "a0"}, job, done)
+
+
+def test_rows_from_other_sft_models_are_kept_beside_and_never_paired(tmp_path):
+    settings = {**cpu_table.FULL, "task": cpu_table.TASK, "base_config": "cpu-table.yaml"}
+    settings.update(benchmarks=cpu_table.BENCHMARKS, device="cpu", runs=["clip", "atr"], seeds=[0, 1, 2])
+
+    def on(start, invocation, results):
+        return [{**r, "sft_model": f"{start}{r['seed']}", "invocation": invocation} for r in results]
+
+    # machine 1: SFT models a0..a2, clip and atr; machine 2 trains other SFT models b0..b2 from the same command
+    first = on(
+        "a", "2026-11-23T10:00:00Z", [_fake_result(m, s, 40.0 + s) for m in ("sft", "clip", "atr") for s in range(3)]
+    )
+    cpu_table.write_outputs(first, settings, tmp_path)
+    second = [_fake_result("sft", s, 30.0 + 2 * s) for s in range(3)] + [_fake_result("atr", s, 50.0) for s in range(3)]
+    second += [_fake_result("atr-delta0.15", s, 50.0 + s * s) for s in range(3)]
+    summary = cpu_table.write_outputs(on("b", "2026-11-24T10:00:00Z", second), settings, tmp_path)
+    rows = [r for r in summary["rows"] if r["benchmark"] == "steps-test-T1"]
+    assert sorted((r["method"], r["sft_model"]) for r in rows if r["seed"] == 0) == sorted(
+        [("sft", "a0"), ("clip", "a0"), ("atr", "a0"), ("sft", "b0"), ("atr", "b0"), ("atr-delta0.15", "b0")]
+    )  # the second invocation's sft and atr rows did not replace the first's
+    assert cpu_table.start_labels(rows) == {"a0": "A", "a1": "A", "a2": "A", "b0": "B", "b1": "B", "b2": "B"}
+    paired = summary["paired_mean_at_k"]["steps-test-T1"]
+    assert paired["atr-delta0.15 [B]"]["clip"] is None  # clip never ran from b0..b2
+    assert paired["atr-delta0.15 [B]"]["atr"]["mean"] == pytest.approx((0 + 1 + 4) / 3)  # against atr [B] only
+    assert paired["atr [A]"]["clip"]["mean"] == pytest.approx(0.0) and paired["atr [B]"]["clip"] is None
+    md = (tmp_path / "cpu_llm_table.md").read_text()
+    table = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in md.splitlines() if line.startswith("| ")}
+    assert table["sft [A]"][1].startswith(" 41.0 ±") and table["sft [B]"][1].startswith(" 32.0 ±")
+    assert table["atr-delta0.15 [B]"][3].strip() == "other start" and table["atr-delta0.15 [B]"][4].strip() != "-"
+    assert "- **B**: seed 0: b0, seed 1: b1, seed 2: b2 (written by: 2026-11-24T10:00:00Z)" in md
+    # a later invocation on machine 2 with one seed joins start B through its SFT model b1
+    third = on("b", "2026-11-25T10:00:00Z", [_fake_result("clip", 1, 45.0)])
+    again = cpu_table.write_outputs(third, settings, tmp_path)
+    assert set(cpu_table.start_labels(again["rows"]).values()) == {"A", "B"}
+    assert "clip [B]" in again["paired_mean_at_k"]["steps-test-T1"]
