@@ -17,7 +17,7 @@ the final step and the best over the saved checkpoints, as in Table 2's "final (
 Writes into ``--out`` (default ``figures/``): ``cpu_llm_table.csv`` (one row per run x seed x benchmark),
 ``cpu_llm_table.md`` (means over seeds, paired differences against clip and atr with 95% t intervals),
 ``cpu_llm_curves.csv`` + ``cpu_llm_curves.png`` (training reward, entropy, completion length: Figs. 3-5's
-quantities) and ``cpu_llm_table.json`` (settings, versions, paired statistics). Runs live in ``--runs-dir``;
+quantities), ``cpu_llm_delta_ablation.csv`` + ``.png`` (Mean@8 against ATR's delta: Fig. 4's question) and ``cpu_llm_table.json`` (settings, versions, paired statistics). Runs live in ``--runs-dir``;
 a finished run (``result.json``) is not trained again, so an interrupted table resumes. The table in ``--out``
 accumulates: rows of an earlier invocation with the same protocol stay (a re-run (run, seed, SFT model) replaces
 its own), so rows can be added in later sessions even when their ``--runs-dir`` is gone (``--replace-table``
@@ -450,6 +450,83 @@ def markdown_table(rows: list[dict], runs: list[str], k: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def delta_ablation(rows: list[dict], k: int) -> list[dict]:
+    """The ATR delta ablation (the paper's Fig. 4 at this scale): per benchmark and start, one point per delta
+    (``atr`` is delta 0.07) with Mean@k over seeds and its paired difference to delta 0.07 on the same SFT models
+    (:func:`paired_difference`); only starts where atr and at least one other delta ran."""
+    key = f"mean_at_{k}"
+    labels = start_labels(rows)
+    ablation = {run: CPU_RUNS[run]["delta"] for run in ["atr", *DELTA_ABLATION]}
+    points = []
+    for benchmark in BENCHMARKS:
+        for letter in sorted(set(labels.values())):
+            mine = [r for r in rows if r["benchmark"] == benchmark and labels[r.get("sft_model")] == letter]
+            ran = [run for run in ablation if any(r["method"] == run for r in mine)]
+            if "atr" not in ran or len(ran) < 2:
+                continue
+            for run in sorted(ran, key=ablation.get):
+                scores = [r[key] for r in mine if r["method"] == run]
+                d = paired_difference(mine, run, "atr", key)
+                points.append(
+                    {
+                        "benchmark": benchmark,
+                        "start": letter,
+                        "delta": ablation[run],
+                        "run": run,
+                        "seeds": len(scores),
+                        key: statistics.fmean(scores),
+                        f"sd_{key}": statistics.stdev(scores) if len(scores) > 1 else 0.0,
+                        "minus_delta0.07": None if d is None else d["mean"],
+                        "ci_low": None if d is None else d["low"],
+                        "ci_high": None if d is None else d["high"],
+                    }
+                )
+    return points
+
+
+def plot_delta_ablation(points: list[dict], k: int, path: Path) -> None:
+    """Mean@k against delta per benchmark (log x), with the paired 95% interval of each delta's difference to
+    0.07 drawn around delta 0.07's mean (:func:`delta_ablation`)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    benchmarks = list(dict.fromkeys(p["benchmark"] for p in points))
+    fig, axes = plt.subplots(1, len(benchmarks), figsize=(5.5 * len(benchmarks), 4), squeeze=False)
+    for ax, benchmark in zip(axes[0], benchmarks):
+        for start in sorted({p["start"] for p in points if p["benchmark"] == benchmark}):
+            mine = [p for p in points if p["benchmark"] == benchmark and p["start"] == start]
+            x = [p["delta"] for p in mine]
+            ax.errorbar(
+                x,
+                [p[f"mean_at_{k}"] for p in mine],
+                yerr=[p[f"sd_mean_at_{k}"] for p in mine],
+                marker="o",
+                capsize=3,
+                label=f"start {start}: mean +- sd over seeds" if start else "mean +- sd over seeds",
+            )
+            ref = next(p[f"mean_at_{k}"] for p in mine if p["run"] == "atr")
+            paired = [p for p in mine if p["ci_low"] is not None]
+            ax.vlines(
+                [p["delta"] for p in paired],
+                [ref + p["ci_low"] for p in paired],
+                [ref + p["ci_high"] for p in paired],
+                colors="gray",
+                lw=6,
+                alpha=0.35,
+                label="0.07's mean + paired 95% CI of the difference",
+            )
+        ax.set_xscale("log")
+        ax.set_xlabel("delta")
+        ax.set_ylabel(f"held-out Mean@{k} (%)")
+        ax.set_title(benchmark)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def plot_curves(results: list[dict], runs: list[str], path: Path) -> None:
     """Training reward, entropy and completion length against the step, mean over seeds (Figs. 3-5)."""
     import matplotlib
@@ -562,6 +639,13 @@ def write_outputs(results: list[dict], settings: dict, out: Path, keep_previous:
     named = [{**c, "run": display_name({"method": c["run"], **c}, labels)} for c in curve_sets]
     shown = list(_units(rows, TABLE2 if set(TABLE2) <= set(runs) else runs, labels))
     plot_curves(named, shown, out / "cpu_llm_curves.png")
+    ablation = delta_ablation(rows, k)
+    if ablation:
+        with (out / "cpu_llm_delta_ablation.csv").open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(ablation[0]))
+            w.writeheader()
+            w.writerows(ablation)
+        plot_delta_ablation(ablation, k, out / "cpu_llm_delta_ablation.png")
     paired = {
         benchmark: {
             name: {
@@ -580,6 +664,7 @@ def write_outputs(results: list[dict], settings: dict, out: Path, keep_previous:
         "settings": {**settings, "runs": runs, "seeds": seeds, "this_invocation": sorted(map(list, fresh))},
         "versions": _versions(),
         "paired_mean_at_k": paired,
+        "delta_ablation": ablation,
         "rows": rows,
     }
     (out / "cpu_llm_table.json").write_text(json.dumps(summary, indent=1))

@@ -193,6 +193,16 @@ def test_rows_from_other_sft_models_are_kept_beside_and_never_paired(tmp_path):
     assert table["sft [A]"][1].startswith(" 41.0 ±") and table["sft [B]"][1].startswith(" 32.0 ±")
     assert table["atr-delta0.15 [B]"][3].strip() == "other start" and table["atr-delta0.15 [B]"][4].strip() != "-"
     assert "- **B**: seed 0: b0, seed 1: b1, seed 2: b2 (written by: 2026-11-24T10:00:00Z)" in md
+    # the delta ablation is read within start B only (atr [A] has no other delta beside it)
+    ablation = [p for p in summary["delta_ablation"] if p["benchmark"] == "steps-test-T1"]
+    assert [(p["start"], p["delta"], p["seeds"]) for p in ablation] == [("B", 0.07, 3), ("B", 0.15, 3)]
+    assert ablation[1]["mean_at_8"] == pytest.approx(50 + 5 / 3) and ablation[1]["minus_delta0.07"] == pytest.approx(
+        5 / 3
+    )
+    assert ablation[1]["ci_low"] < 5 / 3 < ablation[1]["ci_high"] and ablation[0]["minus_delta0.07"] is None
+    with (tmp_path / "cpu_llm_delta_ablation.csv").open() as f:
+        assert len(list(csv.DictReader(f))) == 2 * len(cpu_table.BENCHMARKS)
+    assert (tmp_path / "cpu_llm_delta_ablation.png").stat().st_size > 0
     # a later invocation on machine 2 with one seed joins start B through its SFT model b1
     third = on("b", "2026-11-25T10:00:00Z", [_fake_result("clip", 1, 45.0)])
     again = cpu_table.write_outputs(third, settings, tmp_path)
