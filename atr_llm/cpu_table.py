@@ -17,9 +17,9 @@ the final step and the best over the saved checkpoints, as in Table 2's "final (
 Writes into ``--out`` (default ``figures/``): ``cpu_llm_table.csv`` (one row per run x seed x benchmark),
 ``cpu_llm_table.md`` (means over seeds, paired differences against clip and atr with 95% t intervals),
 ``cpu_llm_curves.csv`` + ``cpu_llm_curves.png`` (training reward, entropy, completion length: Figs. 3-5's
-quantities), ``cpu_llm_delta_ablation.csv`` + ``.png`` (Mean@8 against ATR's delta: Fig. 4's question) and ``cpu_llm_table.json`` (settings, versions, paired statistics). Runs live in ``--runs-dir``;
-a finished run (``result.json``) is not trained again, so an interrupted table resumes. The table in ``--out``
-accumulates: rows of an earlier invocation with the same protocol stay (a re-run (run, seed, SFT model) replaces
+quantities), ``cpu_llm_delta_ablation.csv`` + ``.png`` (Mean@8 against ATR's delta: Fig. 4's question) and
+``cpu_llm_table.json`` (settings, versions, paired statistics). Runs live in ``--runs-dir``; a finished run
+(``result.json``) is not trained again, so an interrupted table resumes. The table in ``--out`` accumulates: rows of an earlier invocation with the same protocol stay (a re-run (run, seed, SFT model) replaces
 its own), so rows can be added in later sessions even when their ``--runs-dir`` is gone (``--replace-table``
 starts over).
 
@@ -573,7 +573,7 @@ def previous_outputs(
     accumulates over invocations (and sessions whose ``--runs-dir`` is gone) while a re-run triple replaces its
     old rows, and a run of the same seed from another SFT model (another machine kind) is kept beside it.
 
-    Returns ``(rows, curve_sets, why)``: ``curve_sets`` are ``{"run", "seed", "curves"}`` dicts like the results';
+    Returns ``(rows, curve_sets, why)``: ``curve_sets`` are ``{"run", "seed", "sft_model", "curves"}`` dicts;
     ``why`` says what was kept or, when nothing is, why (no earlier output, or a different protocol, named)."""
     summary_path, curves_path = out / "cpu_llm_table.json", out / "cpu_llm_curves.csv"
     if not summary_path.exists():
