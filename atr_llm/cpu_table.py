@@ -19,9 +19,9 @@ Writes into ``--out`` (default ``figures/``): ``cpu_llm_table.csv`` (one row per
 ``cpu_llm_curves.csv`` + ``cpu_llm_curves.png`` (training reward, entropy, completion length: Figs. 3-5's
 quantities), ``cpu_llm_delta_ablation.csv`` + ``.png`` (Mean@8 against ATR's delta: Fig. 4's question) and
 ``cpu_llm_table.json`` (settings, versions, paired statistics). Runs live in ``--runs-dir``; a finished run
-(``result.json``) is not trained again, so an interrupted table resumes. The table in ``--out`` accumulates: rows of an earlier invocation with the same protocol stay (a re-run (run, seed, SFT model) replaces
-its own), so rows can be added in later sessions even when their ``--runs-dir`` is gone (``--replace-table``
-starts over).
+(``result.json``) is not trained again, so an interrupted table resumes. The table in ``--out`` accumulates:
+rows of an earlier invocation with the same protocol stay (a re-run (run, seed, SFT model) replaces its own), so
+rows can be added in later sessions even when their ``--runs-dir`` is gone (``--replace-table`` starts over).
 
 Every row records the SFT model it started from (``sft_model``: :func:`sft_model_id`, a hash of its weights) and
 the invocation that wrote it. The same command trains different SFT models on different kinds of CPU (kernels
