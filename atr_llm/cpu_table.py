@@ -521,6 +521,10 @@ def plot_delta_ablation(points: list[dict], k: int, path: Path) -> None:
                 label="0.07's mean + paired 95% CI of the difference",
             )
         ax.set_xscale("log")
+        deltas = sorted({p["delta"] for p in points})
+        ax.set_xticks(deltas, [f"{d:g}" for d in deltas])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_ylim(0, 100)  # a percentage: an interval of two seeds can reach past it
         ax.set_xlabel("delta")
         ax.set_ylabel(f"held-out Mean@{k} (%)")
         ax.set_title(benchmark)
