@@ -381,6 +381,11 @@ def _start(row: dict) -> tuple:
     return row["seed"], row.get("sft_model")
 
 
+def _of_start(rows: list[dict], labels: dict[str, str], letter: str) -> list[dict]:
+    """The rows that started from an SFT model of start ``letter`` (:func:`start_labels`)."""
+    return [r for r in rows if labels[r.get("sft_model")] == letter]
+
+
 def display_name(row: dict, labels: dict[str, str]) -> str:
     """``method`` when the table has one start, else ``method [letter]`` (:func:`start_labels`)."""
     letter = labels.get(row.get("sft_model"), "")
@@ -400,8 +405,9 @@ def markdown_tables(rows: list[dict], runs: list[str], k: int) -> str:
     if any(labels.values()):
         lines = ["### Starts (the SFT models a row started from; only rows of one start are paired)", ""]
         for letter in sorted(set(labels.values())):
-            models = sorted({(r["seed"], r.get("sft_model")) for r in rows if labels[r.get("sft_model")] == letter})
-            invocations = sorted({str(r.get("invocation")) for r in rows if labels[r.get("sft_model")] == letter})
+            of_start = _of_start(rows, labels, letter)
+            models = sorted({(r["seed"], r.get("sft_model")) for r in of_start})
+            invocations = sorted({str(r.get("invocation")) for r in of_start})
             listed = ", ".join(f"seed {seed}: {model}" for seed, model in models)
             lines.append(f"- **{letter}**: {listed} (written by: {'; '.join(invocations)})")
         parts.append("\n".join(lines) + "\n")
@@ -463,7 +469,7 @@ def delta_ablation(rows: list[dict], k: int) -> list[dict]:
     points = []
     for benchmark in BENCHMARKS:
         for letter in sorted(set(labels.values())):
-            mine = [r for r in rows if r["benchmark"] == benchmark and labels[r.get("sft_model")] == letter]
+            mine = [r for r in _of_start(rows, labels, letter) if r["benchmark"] == benchmark]
             ran = [run for run in ablation if any(r["method"] == run for r in mine)]
             if "atr" not in ran or len(ran) < 2:
                 continue
