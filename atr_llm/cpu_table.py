@@ -350,6 +350,12 @@ def paired_difference(rows: list[dict], run: str, reference: str, key: str) -> d
     return {"mean": mean, "low": mean - half, "high": mean + half, "n": n, "significant": bool(half < abs(mean))}
 
 
+def unit_minus_reference(unit: list[dict], rows: list[dict], reference: str, key: str) -> dict | None:
+    """:func:`paired_difference` of one table line's rows (``unit``: one run, one start) against every row of
+    ``reference`` in ``rows``; pairs form only where the reference ran the same seed from the same SFT model."""
+    return paired_difference(unit + [r for r in rows if r["method"] == reference], unit[0]["method"], reference, key)
+
+
 def start_labels(rows: list[dict]) -> dict[str, str]:
     """SFT model id -> the letter of its *start* ("A", "B", ...), or "" for every id when the rows have one start.
 
@@ -435,7 +441,7 @@ def markdown_table(rows: list[dict], runs: list[str], k: int) -> str:
 
     def fmt(mine, ref):
         theirs = [r for r in rows if r["method"] == ref]
-        d = paired_difference(mine + theirs, mine[0]["method"], ref, key)
+        d = unit_minus_reference(mine, rows, ref, key)
         if d is None:
             same_seed = {r["seed"] for r in mine} & {r["seed"] for r in theirs}
             same_start = {_start(r) for r in mine} & {_start(r) for r in theirs}
@@ -661,12 +667,7 @@ def write_outputs(results: list[dict], settings: dict, out: Path, keep_previous:
         plot_delta_ablation(ablation, k, out / "cpu_llm_delta_ablation.png")
     paired = {
         benchmark: {
-            name: {
-                ref: paired_difference(
-                    unit + [r for r in mine if r["method"] == ref], unit[0]["method"], ref, f"mean_at_{k}"
-                )
-                for ref in ("clip", "atr")
-            }
+            name: {ref: unit_minus_reference(unit, mine, ref, f"mean_at_{k}") for ref in ("clip", "atr")}
             for name, unit in _units(mine, runs, labels).items()
         }
         for benchmark in BENCHMARKS
