@@ -18,7 +18,7 @@ Writes into ``--out`` (default ``figures/``): ``cpu_llm_table.csv`` (one row per
 ``cpu_llm_table.md`` (means over seeds, paired differences against clip and atr with 95% t intervals),
 ``cpu_llm_curves.csv`` + ``cpu_llm_curves.png`` (training reward, entropy, completion length: Figs. 3-5's
 quantities), ``cpu_llm_delta_ablation.csv`` + ``.png`` (Mean@8 against ATR's delta: Fig. 4's question) and
-``cpu_llm_table.json`` (settings, versions, paired statistics). Runs live in ``--runs-dir``; a finished run
+``cpu_llm_table.json`` (settings, versions, paired statistics, each run's change from its own SFT model). Runs live in ``--runs-dir``; a finished run
 (``result.json``) is not trained again, so an interrupted table resumes. The table in ``--out`` accumulates:
 rows of an earlier invocation with the same protocol stay (a re-run (run, seed, SFT model) replaces its own), so
 rows can be added in later sessions even when their ``--runs-dir`` is gone (``--replace-table`` starts over).
@@ -499,6 +499,34 @@ def delta_ablation(rows: list[dict], k: int) -> list[dict]:
     return points
 
 
+def grpo_minus_own_sft(rows: list[dict], k: int) -> dict[str, dict]:
+    """Per benchmark: each GRPO row's final Mean@k minus that of the SFT model it started from (same seed, same
+    ``sft_model``), how many runs raise / lower / keep it, and every change by run (:func:`display_name`) and seed.
+    A GRPO row whose SFT model has no ``sft`` row in ``rows`` is left out (``unmatched`` counts them)."""
+    key = f"mean_at_{k}"
+    labels = start_labels(rows)
+    out = {}
+    for benchmark in BENCHMARKS:
+        mine = [r for r in rows if r["benchmark"] == benchmark]
+        sft = {_start(r): r[key] for r in mine if r["method"] == "sft"}
+        grpo = [r for r in mine if r["method"] != "sft"]
+        changes = [
+            {"run": display_name(r, labels), "seed": r["seed"], "change": r[key] - sft[_start(r)]}
+            for r in grpo
+            if _start(r) in sft
+        ]
+        out[benchmark] = {
+            "runs": len(changes),
+            "raised": sum(c["change"] > 0 for c in changes),
+            "lowered": sum(c["change"] < 0 for c in changes),
+            "unchanged": sum(c["change"] == 0 for c in changes),
+            "unmatched": len(grpo) - len(changes),
+            "mean_change": _mean(c["change"] for c in changes),
+            "changes": sorted(changes, key=lambda c: c["change"]),
+        }
+    return out
+
+
 def plot_delta_ablation(points: list[dict], k: int, path: Path) -> None:
     """Mean@k against delta per benchmark (log x), with the paired 95% interval of each delta's difference to
     0.07 drawn around delta 0.07's mean (:func:`delta_ablation`)."""
@@ -679,6 +707,7 @@ def write_outputs(results: list[dict], settings: dict, out: Path, keep_previous:
         "versions": _versions(),
         "paired_mean_at_k": paired,
         "delta_ablation": ablation,
+        "grpo_minus_own_sft": grpo_minus_own_sft(rows, k),
         "rows": rows,
     }
     (out / "cpu_llm_table.json").write_text(json.dumps(summary, indent=1))

@@ -208,3 +208,32 @@ def test_rows_from_other_sft_models_are_kept_beside_and_never_paired(tmp_path):
     again = cpu_table.write_outputs(third, settings, tmp_path)
     assert set(cpu_table.start_labels(again["rows"]).values()) == {"A", "B"}
     assert "clip [B]" in again["paired_mean_at_k"]["steps-test-T1"]
+
+
+def test_grpo_minus_own_sft_subtracts_the_sft_row_of_the_same_seed_and_model():
+    def row(method, seed, model, score, benchmark="steps-test-T1"):
+        return {
+            "method": method,
+            "seed": seed,
+            "sft_model": model,
+            "invocation": "i" + model[0],
+            "benchmark": benchmark,
+            "mean_at_8": score,
+        }
+
+    rows = [row("sft", 0, "a0", 40.0), row("sft", 1, "a1", 30.0), row("sft", 0, "b0", 70.0)]
+    rows += [row("clip", 0, "a0", 45.5), row("clip", 1, "a1", 29.0), row("atr", 0, "a0", 40.0)]
+    rows += [row("atr", 0, "b0", 71.0), row("atr", 1, "b1", 10.0)]  # b1 has no sft row: unmatched
+    rows += [row("sft", 0, "a0", 1.0, "steps-test-T0.3"), row("clip", 0, "a0", 0.0, "steps-test-T0.3")]
+    got = cpu_table.grpo_minus_own_sft(rows, 8)
+    t1 = got["steps-test-T1"]
+    assert (t1["runs"], t1["raised"], t1["lowered"], t1["unchanged"], t1["unmatched"]) == (4, 2, 1, 1, 1)
+    assert [(c["run"], c["seed"], c["change"]) for c in t1["changes"]] == [
+        ("clip [A]", 1, -1.0),
+        ("atr [A]", 0, 0.0),
+        ("atr [B]", 0, 1.0),
+        ("clip [A]", 0, 5.5),
+    ]  # atr [B] seed 0 against sft b0 (70), not sft a0 (40)
+    assert t1["mean_change"] == pytest.approx((5.5 - 1.0 + 0.0 + 1.0) / 4)
+    t03 = got["steps-test-T0.3"]
+    assert (t03["runs"], t03["lowered"], t03["mean_change"]) == (1, 1, -1.0)
