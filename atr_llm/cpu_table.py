@@ -347,7 +347,48 @@ def paired_difference(rows: list[dict], run: str, reference: str, key: str) -> d
     d = [by[(run, start)] - by[(reference, start)] for start in starts]
     n, mean, sd = len(d), statistics.fmean(d), statistics.stdev(d)
     half = float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
-    return {"mean": mean, "low": mean - half, "high": mean + half, "n": n, "significant": bool(half < abs(mean))}
+    if sd > 0:
+        p = float(2 * stats.t.sf(abs(mean) / (sd / math.sqrt(n)), n - 1))
+    else:  # every pair differs by the same amount: certain if it is not 0
+        p = 0.0 if mean != 0 else 1.0
+    return {
+        "mean": mean,
+        "low": mean - half,
+        "high": mean + half,
+        "n": n,
+        "p": p,
+        "significant": bool(half < abs(mean)),
+    }
+
+
+def holm_adjusted(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjustment of ``p_values`` (Holm 1979, "A simple sequentially rejective multiple test
+    procedure"), in their order: with the p-values sorted ascending p_(1) <= ... <= p_(m),
+    adjusted p_(i) = max over j <= i of min(1, (m - j + 1) p_(j)). Rejecting where adjusted p < alpha keeps the
+    family-wise error rate at alpha over the m tests."""
+    m = len(p_values)
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(sorted(range(m), key=lambda i: p_values[i])):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def paired_against_references(
+    rows: list[dict], runs: list[str], key: str, references: tuple[str, ...] = ("clip", "atr")
+) -> dict[str, dict[str, dict | None]]:
+    """For each table line of ``runs`` (:func:`_units`; rows of one benchmark) and each of ``references``, the
+    :func:`unit_minus_reference` difference, with ``p_holm``: its p-value adjusted by Holm over every difference
+    of this table (:func:`holm_adjusted`), so ``p_holm < 0.05`` is significant for the table as a family."""
+    table = {
+        name: {ref: unit_minus_reference(unit, rows, ref, key) for ref in references}
+        for name, unit in _units(rows, runs, start_labels(rows)).items()
+    }
+    tested = [d for by_ref in table.values() for d in by_ref.values() if d is not None]
+    for d, p_holm in zip(tested, holm_adjusted([d["p"] for d in tested])):
+        d["p_holm"] = p_holm
+    return table
 
 
 def unit_minus_reference(unit: list[dict], rows: list[dict], reference: str, key: str) -> dict | None:
@@ -434,34 +475,45 @@ def masks_tokens(run: str) -> bool:
 def markdown_table(rows: list[dict], runs: list[str], k: int) -> str:
     """Means (and standard deviations) over seeds, with paired differences against clip and atr (rows of one
     benchmark); one line per run and start (:func:`start_labels`), paired only within a start ("other start"
-    where the reference ran those seeds from other SFT models only); the masked fraction is "-" for a run that
-    masks nothing by construction (:func:`masks_tokens`)."""
+    where the reference ran those seeds from other SFT models only; "*" where the 95% interval excludes 0, "†"
+    where Holm's adjustment over the table's differences keeps p < 0.05: :func:`paired_against_references`); the
+    masked fraction is "-" for a run that masks nothing by construction (:func:`masks_tokens`)."""
     key, pkey, bkey = f"mean_at_{k}", f"pass_at_{k}", f"best_mean_at_{k}"
     labels = start_labels(rows)
 
-    def fmt(mine, ref):
-        theirs = [r for r in rows if r["method"] == ref]
-        d = unit_minus_reference(mine, rows, ref, key)
+    units = _units(rows, ["sft", *runs], labels)
+    paired = paired_against_references(rows, ["sft", *runs], key)
+
+    def fmt(name, ref):
+        mine, theirs = units[name], [r for r in rows if r["method"] == ref]
+        d = paired[name][ref]
         if d is None:
             same_seed = {r["seed"] for r in mine} & {r["seed"] for r in theirs}
             same_start = {_start(r) for r in mine} & {_start(r) for r in theirs}
             return "other start" if same_seed and not same_start and mine[0]["method"] != ref else "-"
-        star = " *" if d["significant"] else ""
-        return f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}]{star}"
+        mark = (" *" if d["significant"] else "") + (" †" if d["p_holm"] < 0.05 else "")
+        return f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}]{mark}"
 
     lines = [
         f"| run | seeds | Mean@{k} final (best) | Pass@{k} final | Mean@{k}: run - clip [95% CI] | "
         f"Mean@{k}: run - atr [95% CI] | masked/clipped tokens |",
         "|---|---|---|---|---|---|---|",
     ]
-    for name, mine in _units(rows, ["sft", *runs], labels).items():
+    for name, mine in units.items():
         m, p, b = (_mean([r[x] for r in mine]) for x in (key, pkey, bkey))
         sd = statistics.stdev([r[key] for r in mine]) if len(mine) > 1 else 0.0
         fm = _mean([r["frac_masked_mean"] for r in mine]) if masks_tokens(mine[0]["method"]) else None
         lines.append(
             f"| {name} | {len(mine)} | {m:.1f} ± {sd:.1f} ({b:.1f}) | {p:.1f} | "
-            f"{fmt(mine, 'clip')} | {fmt(mine, 'atr')} | " + ("-" if fm is None else f"{100 * fm:.2f}%") + " |"
+            f"{fmt(name, 'clip')} | {fmt(name, 'atr')} | " + ("-" if fm is None else f"{100 * fm:.2f}%") + " |"
         )
+    tests = sum(d is not None for by_ref in paired.values() for d in by_ref.values())
+    lines += [
+        "",
+        f"{tests} paired differences in this table. *: the 95% t interval excludes 0 (one test alone; about "
+        f"{tests / 20:.1f} such are expected by chance when no method differs); †: Holm-adjusted p < 0.05 over the "
+        f"{tests} (significant for the table as a whole).",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -694,12 +746,10 @@ def write_outputs(results: list[dict], settings: dict, out: Path, keep_previous:
             w.writerows(ablation)
         plot_delta_ablation(ablation, k, out / "cpu_llm_delta_ablation.png")
     paired = {
-        benchmark: {
-            name: {ref: unit_minus_reference(unit, mine, ref, f"mean_at_{k}") for ref in ("clip", "atr")}
-            for name, unit in _units(mine, runs, labels).items()
-        }
+        benchmark: paired_against_references(
+            [r for r in rows if r["benchmark"] == benchmark], ["sft", *runs], f"mean_at_{k}"
+        )
         for benchmark in BENCHMARKS
-        for mine in [[r for r in rows if r["benchmark"] == benchmark]]
     }
     seeds = sorted({r["seed"] for r in rows})
     summary = {

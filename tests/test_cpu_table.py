@@ -4,6 +4,8 @@ import csv
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("trl")
 pytest.importorskip("math_verify")
@@ -42,6 +44,7 @@ def test_paired_difference_is_scipys_paired_t_interval():
     assert d["mean"] == pytest.approx(sum(a) / 4 - sum(b) / 4)
     assert (d["low"], d["high"]) == pytest.approx((ci.low, ci.high), rel=1e-12)
     assert d["significant"] == (ci.low > 0 or ci.high < 0)
+    assert d["p"] == pytest.approx(stats.ttest_rel(a, b).pvalue, rel=1e-10)
     assert cpu_table.paired_difference(rows[:1] + rows[4:5], "x", "clip", "m") is None  # one seed: no interval
     mixed = [{**r, "benchmark": b} for r in rows for b in ("T0.3", "T1")]
     with pytest.raises(ValueError, match="one benchmark"):  # (method, seed) pairs of two benchmarks never mix
@@ -56,6 +59,7 @@ def test_masked_fraction_is_a_dash_only_for_runs_that_mask_nothing_by_constructi
     cells = {
         line.split("|")[1].strip(): line.split("|")[-2].strip()
         for line in cpu_table.markdown_table(rows, ["sapo", "clip", "atr"], 8).splitlines()[2:]
+        if line.startswith("|")  # the table's lines, not its legend
     }
     assert cells == {"sft": "-", "sapo": "-", "clip": "0.11%", "atr": "0.00%"}  # atr masked none here: a measured 0
     assert [r for r in cpu_table.CPU_RUNS if not cpu_table.masks_tokens(r)] == ["sapo"]
@@ -237,3 +241,45 @@ def test_grpo_minus_own_sft_subtracts_the_sft_row_of_the_same_seed_and_model():
     assert t1["mean_change"] == pytest.approx((5.5 - 1.0 + 0.0 + 1.0) / 4)
     t03 = got["steps-test-T0.3"]
     assert (t03["runs"], t03["lowered"], t03["mean_change"]) == (1, 1, -1.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=40))
+def test_holm_adjusted_is_statsmodels_holm(p_values):
+    from statsmodels.stats.multitest import multipletests
+
+    expected = multipletests(p_values, alpha=0.05, method="holm")[1]
+    assert cpu_table.holm_adjusted(p_values) == pytest.approx(list(expected), abs=1e-12)
+
+
+def test_table_marks_a_difference_that_survives_holm_over_the_whole_table():
+    from statsmodels.stats.multitest import multipletests
+
+    shift = {"sft": -30.0, "clip": 0.0, "atr": 0.0, "sapo": 0.0, "kl1": 6.0}
+    noise = {"sft": [0.1, -0.2, 0.1, 0.0], "clip": [0, 0, 0, 0], "atr": [3.0, -4.0, 5.0, -2.0]}
+    noise |= {"sapo": [-6.0, 4.0, 1.0, 7.0], "kl1": [0.2, 1.5, -0.4, 0.9]}
+    rows = [
+        {
+            "method": m,
+            "seed": s,
+            "mean_at_8": 50.0 + shift[m] + noise[m][s],
+            "pass_at_8": 90.0,
+            "best_mean_at_8": 60.0,
+            "frac_masked_mean": 0.0,
+        }
+        for m in shift
+        for s in range(4)
+    ]
+    runs = ["clip", "atr", "sapo", "kl1"]
+    paired = cpu_table.paired_against_references(rows, ["sft", *runs], "mean_at_8")
+    tested = [(name, ref, d) for name, by in paired.items() for ref, d in by.items() if d is not None]
+    assert len(tested) == 8  # sft, sapo, kl1 against both; atr against clip and clip against atr
+    holm = multipletests([d["p"] for _, _, d in tested], method="holm")[1]
+    assert [d["p_holm"] for _, _, d in tested] == pytest.approx(list(holm), abs=1e-12)
+    md = cpu_table.markdown_table(rows, runs, 8)
+    cells = {line.split("|")[1].strip(): line.split("|")[5:7] for line in md.splitlines() if line.startswith("| ")}
+    survives = {(name, ref) for name, ref, d in tested if d["p_holm"] < 0.05}
+    assert ("sft", "clip") in survives and ("sapo", "clip") not in survives
+    for name, ref, _ in tested:
+        assert ("†" in cells[name][0 if ref == "clip" else 1]) == ((name, ref) in survives)
+    assert "8 paired differences in this table" in md
