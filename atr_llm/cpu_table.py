@@ -361,6 +361,9 @@ def paired_difference(rows: list[dict], run: str, reference: str, key: str) -> d
     }
 
 
+REFERENCES = ("clip", "atr")  # the table's reference rules: each line's paired difference against each of them
+
+
 def holm_adjusted(p_values: list[float]) -> list[float]:
     """Holm's step-down adjustment of ``p_values`` (Holm 1979, "A simple sequentially rejective multiple test
     procedure"), in their order: with the p-values sorted ascending p_(1) <= ... <= p_(m),
@@ -376,7 +379,7 @@ def holm_adjusted(p_values: list[float]) -> list[float]:
 
 
 def paired_against_references(
-    rows: list[dict], runs: list[str], key: str, references: tuple[str, ...] = ("clip", "atr")
+    rows: list[dict], runs: list[str], key: str, references: tuple[str, ...] = REFERENCES
 ) -> dict[str, dict[str, dict | None]]:
     """For each table line of ``runs`` (:func:`_units`; rows of one benchmark) and each of ``references``, the
     :func:`unit_minus_reference` difference, with ``p_holm``: its p-value adjusted by Holm over every difference
@@ -495,9 +498,10 @@ def markdown_table(rows: list[dict], runs: list[str], k: int) -> str:
         return f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}]{mark}"
 
     lines = [
-        f"| run | seeds | Mean@{k} final (best) | Pass@{k} final | Mean@{k}: run - clip [95% CI] | "
-        f"Mean@{k}: run - atr [95% CI] | masked/clipped tokens |",
-        "|---|---|---|---|---|---|---|",
+        f"| run | seeds | Mean@{k} final (best) | Pass@{k} final | "
+        + "".join(f"Mean@{k}: run - {ref} [95% CI] | " for ref in REFERENCES)
+        + "masked/clipped tokens |",
+        "|---|---|---|---|" + "---|" * len(REFERENCES) + "---|",
     ]
     for name, mine in units.items():
         m, p, b = (_mean([r[x] for r in mine]) for x in (key, pkey, bkey))
@@ -505,7 +509,9 @@ def markdown_table(rows: list[dict], runs: list[str], k: int) -> str:
         fm = _mean([r["frac_masked_mean"] for r in mine]) if masks_tokens(mine[0]["method"]) else None
         lines.append(
             f"| {name} | {len(mine)} | {m:.1f} ± {sd:.1f} ({b:.1f}) | {p:.1f} | "
-            f"{fmt(name, 'clip')} | {fmt(name, 'atr')} | " + ("-" if fm is None else f"{100 * fm:.2f}%") + " |"
+            + "".join(f"{fmt(name, ref)} | " for ref in REFERENCES)
+            + ("-" if fm is None else f"{100 * fm:.2f}%")
+            + " |"
         )
     tests = sum(d is not None for by_ref in paired.values() for d in by_ref.values())
     lines += [
