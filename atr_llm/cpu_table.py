@@ -3,6 +3,7 @@
     python -m atr_llm.cpu_table                  # every run x 3 seeds, resumable (see the README for the cost)
     python -m atr_llm.cpu_table --device cuda --workers 8   # the same table on one GPU, 8 runs at a time
     python -m atr_llm.cpu_table --quick          # 2 runs x 1 seed x a few steps (CI)
+    python -m atr_llm.cpu_table --at-step 250        # the table of 250-step runs, read from finished runs' checkpoints
 
 Per seed: a tiny Qwen3 (``atr_llm.tiny``) gets a formatting SFT (600 steps) on three-term arithmetic answered
 step by step (``a +- b +- c`` over digits, ``atr_llm.data.OFFLINE_TASKS["arithmetic-3step-steps"]``); then every
@@ -218,6 +219,28 @@ def train_and_evaluate(job: dict) -> dict:
     result["curves"] = [{k: h.get(k) for k in CURVE_KEYS} for h in history if "reward" in h and "step" in h]
     done.write_text(json.dumps(result))
     return result
+
+
+def result_at_step(result: dict, step: int) -> dict:
+    """``result`` as a run of ``step`` training steps would have written it: its evaluations at checkpoints <= ``step``
+    and its training curves up to ``step`` (the SFT model's own result, step 0, unchanged). With the constant learning
+    rate of cpu-table.yaml a run's checkpoint at ``step`` holds the weights of a ``step``-step run of the same seed
+    (``tests/test_cpu_table.py`` trains both and compares), so this is that shorter run's result without training it.
+    One exception, in the curves only: a run also logs its last step when that is off the logging interval (10 steps
+    in cpu-table.yaml), a point the longer run never logged; at multiples of 10 the curves agree too."""
+    if result["run"] == "sft":
+        return result
+    steps = sorted(int(s) for s in result["evals"])
+    if step not in steps:
+        raise ValueError(
+            f"{result['run']} seed {result['seed']} has no evaluated checkpoint at step {step} (it has {steps}): "
+            "--at-step must be a step at which the runs saved a checkpoint (a multiple of save_steps, <= max_steps)"
+        )
+    return {
+        **result,
+        "evals": {s: v for s, v in result["evals"].items() if int(s) <= step},
+        "curves": [c for c in result["curves"] if c["step"] <= step],
+    }
 
 
 def evaluate_sft(job: dict) -> dict:
@@ -804,10 +827,18 @@ def main(argv=None) -> dict:
     ap.add_argument("--runs", nargs="+", choices=sorted(CPU_RUNS), help="subset of runs (default: all)")
     ap.add_argument("--seeds", nargs="+", type=int)
     ap.add_argument("--max-steps", type=int)
+    ap.add_argument(
+        "--at-step",
+        type=int,
+        help="write the table of runs that stop at this step, read from each run's checkpoint there "
+        "(a multiple of save_steps, <= max-steps; runs not yet trained are trained to max-steps first)",
+    )
     ap.add_argument("--workers", type=int, default=2, help="parallel training processes (one thread each)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where SFT, GRPO and evaluation run")
     ap.add_argument("--runs-dir", default="runs/cpu_table_steps")
-    ap.add_argument("--out", default="figures")
+    ap.add_argument(
+        "--out", help="where the table goes (default: figures/, with --at-step S figures/cpu_table_at_stepS/)"
+    )
     ap.add_argument(
         "--replace-table",
         action="store_true",
@@ -823,6 +854,14 @@ def main(argv=None) -> dict:
         settings["max_steps"] = args.max_steps
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    if args.at_step is not None and not (
+        0 < args.at_step <= settings["max_steps"] and args.at_step % settings["save_steps"] == 0
+    ):
+        raise ValueError(
+            f"--at-step {args.at_step}: the runs save checkpoints every {settings['save_steps']} steps up to "
+            f"{settings['max_steps']}; expected one of those steps"
+        )
+    out = Path(args.out or ("figures" if args.at_step is None else f"figures/cpu_table_at_step{args.at_step}"))
     runs_dir = Path(args.runs_dir)
     runs_dir.mkdir(parents=True, exist_ok=True)
     if args.device == "cuda":
@@ -857,10 +896,13 @@ def main(argv=None) -> dict:
         futures = [pool.submit(train_and_evaluate, j) for j in jobs]
         for f in tqdm(as_completed(futures), total=len(futures), desc="GRPO runs"):
             results.append(f.result())
+    if args.at_step is not None:  # the table of shorter runs: its protocol says so (it never mixes with max_steps')
+        results = [result_at_step(r, args.at_step) for r in results]
+        settings["max_steps"] = args.at_step
     for r in results:
         r["invocation"] = invocation
-    summary = write_outputs(results, settings, Path(args.out), keep_previous=not args.replace_table)
-    print((Path(args.out) / "cpu_llm_table.md").read_text())
+    summary = write_outputs(results, settings, out, keep_previous=not args.replace_table)
+    print((out / "cpu_llm_table.md").read_text())
     return summary
 
 

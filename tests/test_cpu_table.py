@@ -91,6 +91,43 @@ def test_quick_table_runs_end_to_end_and_writes_every_output(tmp_path):
     assert without_invocation(again["rows"]) == without_invocation(summary["rows"])
 
 
+def test_a_checkpoint_holds_the_shorter_runs_weights_and_at_step_writes_that_runs_table(tmp_path):
+    """--at-step S reads a longer run's checkpoint at S as the S-step run: true only if nothing of the first S steps
+    depends on max_steps (the learning-rate schedule above all), so train both and compare weights and rows. (On the
+    real protocol, clip seed 0's 250-step run and its 1,000-step run's checkpoint-250 agreed in weights, held-out
+    numbers and all 25 logged points.)"""
+    import shutil
+
+    long_runs, short_runs = tmp_path / "long", tmp_path / "short"
+    quick = ["--quick", "--runs", "clip"]
+    with pytest.raises(ValueError, match="--at-step 3: the runs save checkpoints every 2 steps up to 4"):
+        cpu_table.main([*quick, "--at-step", "3", "--runs-dir", str(long_runs)])  # refused before any training
+    assert not (long_runs / "sft-s0").exists()
+    long = cpu_table.main([*quick, "--runs-dir", str(long_runs), "--out", str(tmp_path / "long_table")])
+    assert long["settings"]["max_steps"] == 4
+    shutil.copytree(long_runs / "sft-s0", short_runs / "sft-s0")  # the same SFT model, not trained again
+    short = cpu_table.main([*quick, "--max-steps", "2", "--runs-dir", str(short_runs), "--out", str(tmp_path / "s")])
+    two_step_weights = cpu_table.sft_model_id(short_runs / "clip-s0" / "final")
+    assert two_step_weights == cpu_table.sft_model_id(long_runs / "clip-s0" / "checkpoint-2")
+    assert two_step_weights != cpu_table.sft_model_id(long_runs / "clip-s0" / "final")  # the run went on
+    at = cpu_table.main([*quick, "--at-step", "2", "--runs-dir", str(long_runs), "--out", str(tmp_path / "at")])
+
+    def evaluations(rows):  # the rows without the invocation and the values of the last logged training step
+        curve_fields = {"invocation", "train_reward_last", "entropy_last", "length_last", "frac_masked_mean"}
+        return [{k: v for k, v in r.items() if k not in curve_fields} for r in rows]
+
+    assert at["settings"]["max_steps"] == 2 and evaluations(at["rows"]) == evaluations(short["rows"])
+    # the curves agree but for one point: a run logs its last step even off the logging interval (10 steps in
+    # cpu-table.yaml), which the longer run never logged at step 2 (at the table's steps, multiples of 10, none)
+    with (tmp_path / "s" / "cpu_llm_curves.csv").open() as f:
+        short_curve = list(csv.DictReader(f))
+    with (tmp_path / "at" / "cpu_llm_curves.csv").open() as f:
+        at_curve = list(csv.DictReader(f))
+    assert [p["step"] for p in short_curve] == ["2"] and at_curve == short_curve[:-1]
+    with pytest.raises(ValueError, match="clip seed 0 has no evaluated checkpoint at step 3 \\(it has \\[2, 4\\]\\)"):
+        cpu_table.result_at_step(json.loads((long_runs / "clip-s0" / "result.json").read_text()), 3)
+
+
 def _fake_result(run: str, seed: int, score: float) -> dict:
     evals = {b: {"mean@8": score, "pass@8": min(100.0, score + 10), "problems": 4} for b in cpu_table.BENCHMARKS}
     curves = [
