@@ -420,5 +420,43 @@ class ATRLossMixin:
         super().log(logs, *args, **kwargs)
 
 
-class ATRGRPOTrainer(ATRLossMixin, GRPOTrainer):
+def completed_epochs(checkpoint) -> int:
+    """Whole epochs a saved checkpoint had finished: ``floor`` of the ``epoch`` in its ``trainer_state.json``."""
+    import json
+    from pathlib import Path
+
+    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
+    return math.floor(state["epoch"] + 1e-6)  # 250 steps of 250 per epoch may be stored as 0.9999999
+
+
+class ExactResumeMixin:
+    """A run resumed from a checkpoint sees the prompts in the uninterrupted run's order.
+
+    TRL's ``RepeatSampler`` draws one permutation per epoch from a generator seeded once and has no ``set_epoch``;
+    on resume transformers builds a fresh sampler and skips batches of the current epoch only, so after k finished
+    epochs the resumed run replayed permutation 1 where the uninterrupted run draws permutation k + 1 (measured: a
+    clip run resumed at an epoch boundary differed in the weights of every later checkpoint). Here the fresh
+    sampler's generator first draws the k permutations the uninterrupted run had drawn (test: resumed = uninterrupted,
+    weights bit for bit, at and off an epoch boundary)."""
+
+    _epochs_before_resume = 0
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        checkpoint = resume_from_checkpoint
+        if checkpoint is True:
+            from transformers.trainer_utils import get_last_checkpoint
+
+            checkpoint = get_last_checkpoint(self.args.output_dir)
+        self._epochs_before_resume = completed_epochs(checkpoint) if checkpoint else 0
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def _get_train_sampler(self, *args, **kwargs):
+        sampler = super()._get_train_sampler(*args, **kwargs)
+        if getattr(sampler, "shuffle", False):
+            for _ in range(self._epochs_before_resume):  # the permutations of the epochs already trained
+                torch.randperm(sampler.num_samples, generator=sampler.generator)
+        return sampler
+
+
+class ATRGRPOTrainer(ExactResumeMixin, ATRLossMixin, GRPOTrainer):
     """GRPOTrainer whose loss is ``atr_theory.policy_loss(method=args.method, ...)``."""

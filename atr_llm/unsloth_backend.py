@@ -217,12 +217,12 @@ def unsloth_trainer_class():
     require_unsloth()
     import trl
 
-    from .trainer import ATRLossMixin
+    from .trainer import ATRLossMixin, ExactResumeMixin
 
     if "Unsloth" not in trl.GRPOTrainer.__name__:
         raise RuntimeError(f"trl.GRPOTrainer is {trl.GRPOTrainer.__name__}, not Unsloth's: is unsloth importable?")
 
-    class UnslothATRGRPOTrainer(ATRLossMixin, trl.GRPOTrainer):
+    class UnslothATRGRPOTrainer(ExactResumeMixin, ATRLossMixin, trl.GRPOTrainer):
         def __init__(self, *args, **kwargs):
             check_unsloth_config(kwargs.get("args"))
             super().__init__(*args, **kwargs)

@@ -289,6 +289,36 @@ def test_cli_runs_and_resume_continues_where_it_stopped(tmp_path):
     assert steps == [1, 2, 3, 4, 5, 6]  # steps 1-4 come from the checkpoint, 5-6 were trained after resuming
 
 
+def test_a_resumed_run_equals_the_uninterrupted_run_and_transformers_own_resume_does_not(tmp_path, monkeypatch):
+    """Oracle: the same run trained without interruption. 8 prompts, 4 per generation batch, num_iterations 2: an
+    epoch is 4 steps, so resuming at step 4 starts the second epoch (where TRL's sampler replayed the first epoch's
+    order) and at step 6 lands inside it."""
+    from atr_llm import trainer
+    from atr_llm.cpu_table import sft_model_id
+
+    base = ["--config", str(CONFIGS / "cpu-tiny.yaml"), "--sft_steps", "60", "--dataset_limit", "8"]
+    base += ["--save_steps", "2", "--logging_steps", "1", "--save_total_limit", "10"]
+
+    def weights(name, step):
+        return sft_model_id(tmp_path / name / f"checkpoint-{step}")
+
+    def resumed(name, at):
+        train.main(base + ["--output_dir", str(tmp_path / name), "--max_steps", str(at)])
+        ckpt = tmp_path / name / f"checkpoint-{at}"
+        train.main(
+            base + ["--output_dir", str(tmp_path / name), "--max_steps", "10", "--resume_from_checkpoint", str(ckpt)]
+        )
+
+    train.main(base + ["--output_dir", str(tmp_path / "whole"), "--max_steps", "10"])
+    assert len({weights("whole", s) for s in (4, 6, 8, 10)}) == 4  # the policy moves: data order can matter
+    for resume_step in (4, 6):
+        resumed(f"at{resume_step}", resume_step)
+        assert [weights(f"at{resume_step}", s) for s in (8, 10)] == [weights("whole", s) for s in (8, 10)]
+    monkeypatch.setattr(trainer, "completed_epochs", lambda checkpoint: 0)  # transformers' and TRL's resume alone
+    resumed("plain", 4)
+    assert weights("plain", 10) != weights("whole", 10)
+
+
 def test_plain_sft_loss_scores_only_completions_and_equals_transformers_labels_loss():
     """Oracle: the model's own ``labels=`` cross-entropy (transformers' shift-and-mask) on the right-padded,
     full-length batch with the prompt masked; ours left-pads and computes logits for the last positions only."""
