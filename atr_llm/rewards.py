@@ -15,6 +15,7 @@ state (measured on the CPU demo: README).
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections import Counter
@@ -23,6 +24,8 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 STATUSES = ("correct", "wrong", "unparsable", "timeout", "error")
+# the statuses that depend on the text alone (a timeout or an error may not recur): the ones a grade cache keeps
+DETERMINISTIC_STATUSES = ("correct", "wrong", "unparsable")
 
 
 def completion_text(completion) -> str:
@@ -34,13 +37,22 @@ def completion_text(completion) -> str:
     return str(completion)
 
 
+@functools.lru_cache(maxsize=4096)
+def parsed_gold(gold: str, timeout_seconds: int | None) -> list:
+    """math-verify's parse of the gold answer ``$gold$``, cached: a dataset has few distinct answers and every
+    completion of a group is graded against the same one (a parse that raises, e.g. on timeout, is not cached)."""
+    from math_verify import parse
+
+    return parse(f"${gold}$", parsing_timeout=timeout_seconds)
+
+
 def grade_with_answer(completion: str, gold: str, timeout_seconds: int | None = 5) -> tuple[str, str | None]:
     """``(status, extracted answer)``; status is one of :data:`STATUSES`. Main thread only when timeouts are set."""
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
     from math_verify.errors import TimeoutException
 
     try:
-        gold_parsed = parse(f"${gold}$", parsing_timeout=timeout_seconds)
+        gold_parsed = parsed_gold(gold, timeout_seconds)
         pred = parse(
             completion,
             extraction_config=[LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()],
@@ -80,11 +92,12 @@ def grade_many(
     ``future_timeout`` (default ``10 * timeout_seconds + 30`` s) counts as ``timeout``; its worker is killed."""
     if not pairs:
         return []
+    distinct = list(dict.fromkeys(pairs))  # equal pairs are graded once (GRPO's groups and Mean@k repeat texts)
     results = []
     wait = 10 * timeout_seconds + 30 if future_timeout is None else future_timeout
     pool = ProcessPoolExecutor(max_workers=workers)
     try:
-        futures = [pool.submit(grader, (c, g, timeout_seconds)) for c, g in pairs]
+        futures = [pool.submit(grader, (c, g, timeout_seconds)) for c, g in distinct]
         for f in futures:
             try:
                 results.append(f.result(timeout=wait))
@@ -96,7 +109,8 @@ def grade_many(
         for proc in list(getattr(pool, "_processes", {}).values()):  # a stuck grader must not hang the run
             proc.kill()
         pool.shutdown(wait=False, cancel_futures=True)
-    return results
+    by_pair = dict(zip(distinct, results))
+    return [by_pair[p] for p in pairs]
 
 
 def check_truncated_reward(value: float | None) -> None:
@@ -116,6 +130,12 @@ class CorrectnessReward:
     ``truncated_reward`` (with ``eos_token_ids``): the reward of a completion whose ``completion_ids`` (which
     TRL passes) hold no eos id, given instead of its grade and counted as ``truncated``; ``None`` grades every
     completion. ``stats`` counts the statuses since the last :meth:`pop_stats` (the trainer logs them).
+
+    Grades are cached: a (completion, gold) pair already graded ``correct`` / ``wrong`` / ``unparsable`` is not
+    graded again (at most ``cache_size`` pairs, the oldest dropped first; ``cache_size=0`` turns it off), and equal
+    pairs in one call are graded once. Grading is a function of the two strings, so rewards are unchanged (test);
+    on the CPU table's task a GRPO group often samples the same text several times, and math-verify costs ~1 ms
+    a pair (measured: 16% of a training step before the cache).
     """
 
     __name__ = "correctness"
@@ -127,7 +147,12 @@ class CorrectnessReward:
         *,
         truncated_reward: float | None = None,
         eos_token_ids: Iterable[int] = (),
+        cache_size: int = 100_000,
     ):
+        if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 0:
+            raise ValueError(f"cache_size must be a non-negative int (0: no cache), got {cache_size!r}")
+        self.cache_size = cache_size
+        self._cache: dict[tuple[str, str], str] = {}
         self.timeout_seconds = timeout_seconds
         self.workers = workers
         check_truncated_reward(truncated_reward)
@@ -137,10 +162,23 @@ class CorrectnessReward:
             raise ValueError("truncated_reward needs eos_token_ids (how else is a truncated completion recognised?)")
         self.stats: Counter = Counter()
 
-    def _grade_all(self, pairs: list[tuple[str, str]]) -> list[str]:
+    def _grade_uncached(self, pairs: list[tuple[str, str]]) -> list[str]:
         if threading.current_thread() is threading.main_thread():
             return [grade(c, g, self.timeout_seconds) for c, g in pairs]
         return [status for status, _ in grade_many(pairs, self.timeout_seconds, self.workers)]
+
+    def _grade_all(self, pairs: list[tuple[str, str]]) -> list[str]:
+        """Statuses of ``pairs``: cached ones from the cache, the distinct others graded once each."""
+        todo = [p for p in dict.fromkeys(pairs) if p not in self._cache]
+        fresh = dict(zip(todo, self._grade_uncached(todo)))
+        statuses = [fresh[p] if p in fresh else self._cache[p] for p in pairs]
+        if self.cache_size:
+            self._cache.update((p, s) for p, s in fresh.items() if s in DETERMINISTIC_STATUSES)
+            excess = len(self._cache) - self.cache_size
+            if excess > 0:
+                for p in list(self._cache)[:excess]:
+                    del self._cache[p]  # insertion order: the oldest first
+        return statuses
 
     def __call__(self, prompts=None, completions=None, answer=None, completion_ids=None, **kwargs) -> list[float]:
         completions = completions or []

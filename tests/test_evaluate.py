@@ -4,6 +4,7 @@ import itertools
 import json
 import math
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -65,6 +66,25 @@ def test_unparsable_is_wrong_and_a_grading_timeout_is_wrong_and_counted():
     summary = ev.summarise_samples(rows, [1, 2, 4])
     assert summary["b"]["mean@4"] == pytest.approx(25.0)
     assert summary["b"]["status"] == {"correct": 1, "timeout": 1, "unparsable": 1, "wrong": 1}
+
+
+def _logging_grader(args):
+    completion, gold, _ = args
+    with open(gold, "a") as f:  # the gold names a log file: one line per pair actually graded
+        f.write(completion + "\n")
+    return ("wrong", completion)
+
+
+def test_grade_many_grades_each_distinct_pair_once_and_answers_every_pair_in_order(tmp_path):
+    log = str(tmp_path / "graded.txt")
+    other = str(tmp_path / "other.txt")
+    pairs = [("a", log), ("b", log), ("a", log), ("a", other), ("b", log), ("c", log)]
+    res = ev.grade_many(pairs, grader=_logging_grader, workers=2)
+    assert res == [("wrong", c) for c, _ in pairs]
+    assert sorted(Path(log).read_text().split()) == ["a", "b", "c"] and Path(other).read_text().split() == ["a"]
+    # and with math-verify: duplicates get the grade of their first copy
+    real = [("\\boxed{3}", "3"), ("\\boxed{4}", "3"), ("\\boxed{3}", "3"), ("nothing", "3")]
+    assert [s for s, _ in ev.grade_many(real, timeout_seconds=2)] == ["correct", "wrong", "correct", "unparsable"]
 
 
 def test_offline_run_writes_jsonl_table_figure_and_resumes_without_regenerating(tmp_path):

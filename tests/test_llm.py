@@ -150,6 +150,64 @@ def _compare_with_trl(tmp_path, tok, model, ours, theirs):
     assert a._metrics["train"]["clip/frac_masked"][-1] > 0
 
 
+def test_trls_log_prob_tile_is_fitted_to_the_vocabulary_and_computes_the_same_bits(tmp_path, tok, monkeypatch):
+    """TRL's fused head allocates a [4096, 32768] tile buffer per call whatever the vocabulary (512 MiB for the
+    toy's 512 tokens); ours narrows it to the vocabulary. Oracle: TRL's own method on the same trainer, unpatched:
+    log-probs, entropies and their gradients equal bit for bit, and the tile width each passed is recorded."""
+    import trl.trainer.utils as trl_utils
+
+    from atr_llm.trainer import logprob_tile_fitted_to_vocabulary
+
+    if not trl_logps_kernel_available() or not hasattr(trl_utils, "_CHUNKED_LOGPROB_CHUNK_SIZE"):
+        pytest.skip("this TRL has no CPU fused log-prob head")
+    default = trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE
+    model = tiny.build_tiny_model(tok)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    assert vocab < default
+    widths = []
+    real_apply = trl_utils._ChunkedLogProbFunction.apply
+
+    def spy(hidden, weight, bias, targets, temperature, chunk_size, *rest):
+        widths.append(chunk_size)
+        return real_apply(hidden, weight, bias, targets, temperature, chunk_size, *rest)
+
+    monkeypatch.setattr(trl_utils._ChunkedLogProbFunction, "apply", spy)
+    ds = data.to_grpo_dataset(data.arithmetic_dataset(16))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = ATRGRPOTrainer(
+            model=model,
+            reward_funcs=[rewards.CorrectnessReward()],
+            args=ATRGRPOConfig(method="atr", **_common(tmp_path)),
+            train_dataset=ds,
+            processing_class=tok,
+        )
+    inputs = _batch(tok, B=8, P=6, T=8)
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    msk = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    params = [p for p in trainer.model.parameters() if p.requires_grad]
+
+    def logps_entropies_and_grads(get):
+        lp, ent = get(trainer.model, ids, msk, 8, compute_entropy=True)[:2]
+        return lp, ent, torch.autograd.grad(lp.sum() + 0.5 * ent.sum(), params)
+
+    ours = logps_entropies_and_grads(trainer._get_per_token_logps_and_entropies)
+    assert widths == [vocab] and trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE == default  # narrowed, then restored
+    theirs = logps_entropies_and_grads(
+        lambda *a, **kw: trl.GRPOTrainer._get_per_token_logps_and_entropies(trainer, *a, **kw)
+    )
+    assert widths == [vocab, default]
+    assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])
+    assert all(torch.equal(x, y) for x, y in zip(ours[2], theirs[2]))
+    # a vocabulary at least as wide as TRL's tile is left alone, and the constant comes back after an error
+    with logprob_tile_fitted_to_vocabulary(default + 1):
+        assert trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE == default
+    with pytest.raises(RuntimeError, match="boom"), logprob_tile_fitted_to_vocabulary(7):
+        assert trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE == 7
+        raise RuntimeError("boom")
+    assert trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE == default
+
+
 @pytest.mark.parametrize("method", at.method_names(aliases=False))
 def test_every_method_trains_a_few_steps_on_the_tiny_model(tmp_path, tok, method):
     model = tiny.build_tiny_model(tok)
@@ -454,6 +512,51 @@ def test_reward_grades_and_counts_and_never_raises():
     t.start()
     t.join(60)
     assert result["v"] == [1.0, 1.0]
+
+
+def test_reward_cache_gives_math_verifys_grades_and_grades_each_distinct_pair_once(monkeypatch):
+    """Oracle: ``rewards.grade`` (math-verify) on every pair, uncached. The cache must give the same rewards and
+    counts, grade a repeated pair once (also within one call), never keep a timeout, and drop the oldest first."""
+    pairs = [
+        ("so \\boxed{12}", "12"),
+        ("\\boxed{13}", "12"),
+        ("no answer here", "12"),
+        ("\\boxed{1/2}", "\\frac{1}{2}"),
+    ]
+    pairs += [pairs[0], pairs[1], pairs[0], ("\\boxed{12}", "13")]
+    expected = [1.0 if rewards.grade(c, g) == "correct" else 0.0 for c, g in pairs]
+    assert expected == [1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0]
+    real_grade, calls = rewards.grade, []
+    monkeypatch.setattr(rewards, "grade", lambda c, g, t=5: calls.append((c, g)) or real_grade(c, g, t))
+    r = rewards.CorrectnessReward()
+    completions, answers = [c for c, _ in pairs], [g for _, g in pairs]
+    assert r(completions=completions, answer=answers) == expected
+    assert sorted(calls) == sorted(set(pairs))  # 5 distinct pairs graded once each
+    stats = r.pop_stats()
+    assert stats["reward/correct_frac"] == pytest.approx(4 / 8) and stats["reward/unparsable_frac"] == pytest.approx(
+        1 / 8
+    )
+    calls.clear()
+    assert r(completions=completions[::-1], answer=answers[::-1]) == expected[::-1] and calls == []
+    assert r.pop_stats() == stats  # counts are of rewards given, cached or not
+    # a timeout is not kept: the pair is graded again next time
+    outcomes = iter(["timeout", "correct", "correct"])
+    monkeypatch.setattr(rewards, "grade", lambda c, g, t=5: calls.append((c, g)) or next(outcomes))
+    fresh = rewards.CorrectnessReward()
+    assert fresh(completions=["x"], answer=["1"]) == [0.0] and fresh(completions=["x"], answer=["1"]) == [1.0]
+    assert fresh(completions=["x"], answer=["1"]) == [1.0] and calls == [("x", "1"), ("x", "1")]
+    # bounded: with room for 2, the oldest goes first; cache_size=0 keeps nothing
+    monkeypatch.setattr(rewards, "grade", lambda c, g, t=5: "wrong")
+    small = rewards.CorrectnessReward(cache_size=2)
+    for c in ("a", "b", "c"):
+        small(completions=[c], answer=["1"])
+    assert list(small._cache) == [("b", "1"), ("c", "1")]
+    off = rewards.CorrectnessReward(cache_size=0)
+    off(completions=["a", "a"], answer=["1", "1"])
+    assert off._cache == {}
+    for bad in (-1, 1.5, True, None):
+        with pytest.raises(ValueError, match="cache_size must be a non-negative int"):
+            rewards.CorrectnessReward(cache_size=bad)
 
 
 def test_truncated_reward_scores_completions_cut_at_the_cap_and_counts_them():
