@@ -209,8 +209,9 @@ def test_trls_log_prob_tile_is_fitted_to_the_vocabulary_and_computes_the_same_bi
 
 
 def test_training_without_gradient_checkpointing_gives_the_same_bits_as_with_it(tmp_path, tok):
-    """cpu-table.yaml turns TRL's default activation checkpointing off (the tiny model's activations are small; the
-    recomputation cost ~11% of a step). Oracle: the checkpointed run; the weights after 3 steps must be equal."""
+    """cpu-table.yaml and cpu-tiny.yaml turn TRL's default activation checkpointing off (the tiny model's
+    activations are small; the recomputation cost ~11% of a step). Oracle: the checkpointed run; the weights after
+    3 steps must be equal."""
 
     def length_reward(completions, **kw):  # the untrained model is never right: a reward that varies in a group
         return [float(len(str(c)) % 3) for c in completions]
@@ -235,8 +236,9 @@ def test_training_without_gradient_checkpointing_gives_the_same_bits_as_with_it(
     start = tiny.build_tiny_model(tok).state_dict()
     assert any(not torch.equal(weights[False][k], start[k]) for k in start)  # it trained
     assert all(torch.equal(weights[True][k], weights[False][k]) for k in start)
-    training_args = train.parse(["--config", str(CONFIGS / "cpu-table.yaml"), "--output_dir", str(tmp_path)])[1]
-    assert training_args.gradient_checkpointing is False
+    for config in ("cpu-table.yaml", "cpu-tiny.yaml"):
+        training_args = train.parse(["--config", str(CONFIGS / config), "--output_dir", str(tmp_path)])[1]
+        assert training_args.gradient_checkpointing is False, config
 
 
 @pytest.mark.parametrize("method", at.method_names(aliases=False))
