@@ -5,6 +5,10 @@ Two measurements: (1) the loss step alone -- ``_compute_loss`` + backward + Adam
 batch with old log-probs != new ones; (2) end to end -- ``trainer.train()`` for a few steps,
 generation included (identical work on both sides, so this ratio is the one a user sees).
 
+Our trainer narrows TRL's log-prob tile to the vocabulary (``logprob_tile_fitted_to_vocabulary``), which stock TRL
+does not: ``stock`` is TRL as shipped (the ratio a user switching sees), ``stock_fitted`` is TRL with the same tile
+(so ``*_vs_stock_fitted`` is the cost of our loss alone, the same log-prob work on both sides).
+
     python benchmarks/trainer_step.py [--quick] [--out figures/trainer_step.json]
 """
 
@@ -22,7 +26,15 @@ import torch
 import trl
 
 from atr_llm import data, rewards, tiny
-from atr_llm.trainer import ATRGRPOConfig, ATRGRPOTrainer
+from atr_llm.trainer import ATRGRPOConfig, ATRGRPOTrainer, logprob_tile_fitted_to_vocabulary
+
+
+class StockWithFittedTile(trl.GRPOTrainer):
+    """Stock TRL, its log-prob tile narrowed to the vocabulary as ours is (nothing else changed)."""
+
+    def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
+        with logprob_tile_fitted_to_vocabulary(model.get_output_embeddings().weight.shape[0]):
+            return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
 
 
 def make(kind, tok, tmp, method="atr", max_steps=4):
@@ -46,8 +58,8 @@ def make(kind, tok, tmp, method="atr", max_steps=4):
     ds = data.to_grpo_dataset(data.arithmetic_dataset(256))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if kind == "stock":
-            return trl.GRPOTrainer(
+        if kind in ("stock", "stock_fitted"):
+            return (trl.GRPOTrainer if kind == "stock" else StockWithFittedTile)(
                 model=model,
                 reward_funcs=[rewards.CorrectnessReward()],
                 args=trl.GRPOConfig(**common),
@@ -85,6 +97,7 @@ def main():
     tmp = tempfile.mkdtemp()
     trainers = {
         "stock": make("stock", tok, tmp),
+        "stock_fitted": make("stock_fitted", tok, tmp),
         "atr": make("ours", tok, tmp, "atr"),
         "clip": make("ours", tok, tmp, "clip"),
     }
@@ -119,16 +132,17 @@ def main():
     result = {
         "loss_step_ms": {k: 1e3 * v for k, v in med.items()},
         "loss_step_ratio_vs_stock": {k: med[k] / med["stock"] for k in ("atr", "clip")},
+        "loss_step_ratio_vs_stock_fitted": {k: med[k] / med["stock_fitted"] for k in ("atr", "clip")},
     }
     # end to end, generation included
     e2e = {k: [] for k in trainers}
     for _ in range(2 if args.quick else 3):
         for k in trainers:
             tr = make(
-                "stock" if k == "stock" else "ours",
+                k if k.startswith("stock") else "ours",
                 tok,
                 tempfile.mkdtemp(),
-                k if k != "stock" else "atr",
+                "atr" if k.startswith("stock") else k,
                 max_steps=4 if args.quick else 10,
             )
             t0 = time.perf_counter()
@@ -137,6 +151,7 @@ def main():
     med2 = {k: statistics.median(v) for k, v in e2e.items()}
     result["end_to_end_s_per_step"] = med2
     result["end_to_end_ratio_vs_stock"] = {k: med2[k] / med2["stock"] for k in ("atr", "clip")}
+    result["end_to_end_ratio_vs_stock_fitted"] = {k: med2[k] / med2["stock_fitted"] for k in ("atr", "clip")}
     print(json.dumps(result, indent=1))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
