@@ -24,7 +24,7 @@ quantities), ``cpu_llm_delta_ablation.csv`` + ``.png`` (Mean@8 against ATR's del
 rows of an earlier invocation with the same protocol stay (a re-run (run, seed, SFT model) replaces its own), so
 rows can be added in later sessions even when their ``--runs-dir`` is gone (``--replace-table`` starts over).
 
-Every row records the SFT model it started from (``sft_model``: :func:`sft_model_id`, a hash of its weights) and
+Every row records the SFT model it started from (``sft_model``: :func:`weights_id`, a hash of its weights) and
 the invocation that wrote it. The same command trains different SFT models on different kinds of CPU (kernels
 round differently and 600 steps amplify it), so rows are only paired when they started from the same model, and
 SFT models trained together form one *start* (:func:`start_labels`); with more than one start in a table every
@@ -117,7 +117,7 @@ def train_sft(seed: int, sft_steps: int, runs_dir: Path) -> Path:
     return out
 
 
-def sft_model_id(model_dir: Path | str) -> str:
+def weights_id(model_dir: Path | str) -> str:
     """Identity of a saved model's weights: the first 16 hex digits of SHA-256 over every tensor of its
     ``*.safetensors`` files in name order (name, dtype, shape, then the raw bytes). File metadata and
     shard layout do not enter, so two saves of equal weights agree and a change of one bit in one weight does not."""
@@ -297,7 +297,7 @@ def _seed_job(seed: int, settings: dict, runs_dir: Path) -> dict:
     return {
         "seed": seed,
         "sft_dir": str(sft_dir),
-        "sft_model": sft_model_id(sft_dir),
+        "sft_model": weights_id(sft_dir),
         "test_problems": settings["test_problems"],
         "samples": settings["samples"],
         "device": settings["device"],

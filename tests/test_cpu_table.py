@@ -81,7 +81,7 @@ def test_quick_table_runs_end_to_end_and_writes_every_output(tmp_path):
     md = (tmp_path / "fig" / "cpu_llm_table.md").read_text()
     assert md.count("| atr | 1 |") == len(cpu_table.BENCHMARKS) and all(f"### {b} " in md for b in cpu_table.BENCHMARKS)
     again = cpu_table.main(["--quick", "--runs-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "fig2")])
-    sft_model = cpu_table.sft_model_id(tmp_path / "runs" / "sft-s0")
+    sft_model = cpu_table.weights_id(tmp_path / "runs" / "sft-s0")
     assert {r["sft_model"] for r in summary["rows"]} == {sft_model} and all(r["invocation"] for r in summary["rows"])
 
     def without_invocation(rows):
@@ -107,9 +107,9 @@ def test_a_checkpoint_holds_the_shorter_runs_weights_and_at_step_writes_that_run
     assert long["settings"]["max_steps"] == 4
     shutil.copytree(long_runs / "sft-s0", short_runs / "sft-s0")  # the same SFT model, not trained again
     short = cpu_table.main([*quick, "--max-steps", "2", "--runs-dir", str(short_runs), "--out", str(tmp_path / "s")])
-    two_step_weights = cpu_table.sft_model_id(short_runs / "clip-s0" / "final")
-    assert two_step_weights == cpu_table.sft_model_id(long_runs / "clip-s0" / "checkpoint-2")
-    assert two_step_weights != cpu_table.sft_model_id(long_runs / "clip-s0" / "final")  # the run went on
+    two_step_weights = cpu_table.weights_id(short_runs / "clip-s0" / "final")
+    assert two_step_weights == cpu_table.weights_id(long_runs / "clip-s0" / "checkpoint-2")
+    assert two_step_weights != cpu_table.weights_id(long_runs / "clip-s0" / "final")  # the run went on
     at = cpu_table.main([*quick, "--at-step", "2", "--runs-dir", str(long_runs), "--out", str(tmp_path / "at")])
 
     def evaluations(rows):  # the rows without the invocation and the values of the last logged training step
@@ -173,7 +173,7 @@ def test_table_accumulates_over_invocations_and_a_rerun_pair_replaces_its_rows(t
     assert {r["method"] for r in again["rows"]} == {"kl2"}
 
 
-def test_sft_model_id_is_the_weights_not_the_file(tmp_path):
+def test_weights_id_is_the_weights_not_the_file(tmp_path):
     import torch
     from safetensors.torch import save_file
 
@@ -183,17 +183,17 @@ def test_sft_model_id_is_the_weights_not_the_file(tmp_path):
     (tmp_path / "sharded").mkdir()  # the same weights in two shards, other metadata
     save_file({"b.bias": weights["b.bias"]}, str(tmp_path / "sharded" / "model-00001-of-00002.safetensors"))
     save_file({"a.weight": weights["a.weight"]}, str(tmp_path / "sharded" / "model-00002-of-00002.safetensors"))
-    reference = cpu_table.sft_model_id(tmp_path)
-    assert cpu_table.sft_model_id(tmp_path / "sharded") == reference and len(reference) == 16
+    reference = cpu_table.weights_id(tmp_path)
+    assert cpu_table.weights_id(tmp_path / "sharded") == reference and len(reference) == 16
     for name in weights:  # one bit of one element, in a float32 and in a bfloat16 tensor
         changed = {k: v.clone() for k, v in weights.items()}
         bits = changed[name].view(torch.int16 if changed[name].dtype == torch.bfloat16 else torch.int32)
         bits.view(-1)[2] ^= 1
         (tmp_path / name).mkdir()
         save_file(changed, str(tmp_path / name / "model.safetensors"), metadata={"format": "pt"})
-        assert cpu_table.sft_model_id(tmp_path / name) != reference
+        assert cpu_table.weights_id(tmp_path / name) != reference
     with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
-        cpu_table.sft_model_id(tmp_path / "a.weight" / "missing")
+        cpu_table.weights_id(tmp_path / "a.weight" / "missing")
 
 
 def test_a_finished_run_from_another_sft_model_is_refused(tmp_path):
