@@ -158,8 +158,10 @@ def test_trls_log_prob_tile_is_fitted_to_the_vocabulary_and_computes_the_same_bi
 
     from atr_llm.trainer import logprob_tile_fitted_to_vocabulary
 
-    if not trl_logps_kernel_available() or not hasattr(trl_utils, "_CHUNKED_LOGPROB_CHUNK_SIZE"):
-        pytest.skip("this TRL has no CPU fused log-prob head")
+    if not trl_logps_kernel_available():
+        pytest.skip("this TRL's fused log-prob head needs Triton (none on CPU)")
+    # the fix sets a private TRL constant: if a release renames it, the fix becomes a silent no-op -- fail instead
+    assert hasattr(trl_utils, "_CHUNKED_LOGPROB_CHUNK_SIZE"), "TRL renamed its tile width: re-check the tile buffer"
     default = trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE
     model = tiny.build_tiny_model(tok)
     vocab = model.get_output_embeddings().weight.shape[0]
