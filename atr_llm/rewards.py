@@ -16,6 +16,7 @@ state (measured on the CPU demo: README).
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import threading
 from collections import Counter
@@ -176,7 +177,7 @@ class CorrectnessReward:
             self._cache.update((p, s) for p, s in fresh.items() if s in DETERMINISTIC_STATUSES)
             excess = len(self._cache) - self.cache_size
             if excess > 0:
-                for p in list(self._cache)[:excess]:
+                for p in list(itertools.islice(self._cache, excess)):
                     del self._cache[p]  # insertion order: the oldest first
         return statuses
 

@@ -27,13 +27,14 @@ import trl
 
 from atr_llm import data, rewards, tiny
 from atr_llm.trainer import ATRGRPOConfig, ATRGRPOTrainer, logprob_tile_fitted_to_vocabulary
+from atr_llm.unsloth_backend import output_head
 
 
 class StockWithFittedTile(trl.GRPOTrainer):
     """Stock TRL, its log-prob tile narrowed to the vocabulary as ours is (nothing else changed)."""
 
     def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
-        with logprob_tile_fitted_to_vocabulary(model.get_output_embeddings().weight.shape[0]):
+        with logprob_tile_fitted_to_vocabulary(output_head(model).weight.shape[0]):
             return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
 
 
