@@ -4,6 +4,9 @@
     python -m atr_llm.cpu_table --device cuda --workers 8   # the same table on one GPU, 8 runs at a time
     python -m atr_llm.cpu_table --quick          # 2 runs x 1 seed x a few steps (CI)
     python -m atr_llm.cpu_table --at-step 250        # the table of 250-step runs, read from finished runs' checkpoints
+    python -m atr_llm.cpu_table --learning-rate 3e-4 --max-steps 400 --save-steps 100 \
+        --runs clip atr atr-min clip-mask --runs-dir runs/cpu_table_lr3e-4 --out figures/cpu_table_lr3e-4
+                                                     # another protocol: its own runs directory and table
 
 Per seed: a tiny Qwen3 (``atr_llm.tiny``) gets a formatting SFT (600 steps) on three-term arithmetic answered
 step by step (``a +- b +- c`` over digits, ``atr_llm.data.OFFLINE_TASKS["arithmetic-3step-steps"]``); then every
@@ -61,15 +64,21 @@ BENCHMARKS: dict[str, dict] = {
 TABLE2 = ["clip", "clip-higher", "dual-clip", "dcpo", "clip-cov", "sapo", "atr"]
 TABLE3 = ["kl1", "kl2", "is-kl3", "clip-eps0.329", "clip-eps0.422", "clip-higher-0.329-0.422"]
 DELTA_ABLATION = ["atr-delta0.03", "atr-delta0.05", "atr-delta0.1", "atr-delta0.15"]
+FORM_CONTROL = ["clip-mask", "atr-min"]
+"""Each rule in the other form of Eq. 5 (not in the default table): clip as a mask (both signs frozen outside
+[0.8, 1.2]) and atr in PPO's min form (its exact range [0.671, 1.422], frozen only where the advantage's sign
+makes the clipped objective the smaller one)."""
 
 _NOT_PRESETS: dict[str, dict] = {
     # ATR's ratio range at delta = 0.07 is [0.671, 1.422]: clip-higher with exactly that range is the matched control
     "clip-higher-0.329-0.422": {"method": "clip_higher", "epsilon_low": 0.329, "epsilon_high": 0.422},
     "atr-delta0.03": {"method": "atr", "delta": 0.03},
     "atr-delta0.15": {"method": "atr", "delta": 0.15},
+    "clip-mask": {"method": "clip", "form": "mask"},
+    "atr-min": {"method": "atr", "form": "min"},
 }
 CPU_RUNS: dict[str, dict] = {
-    run: RUNS[run] if run in RUNS else _NOT_PRESETS[run] for run in TABLE2 + TABLE3 + DELTA_ABLATION
+    run: RUNS[run] if run in RUNS else _NOT_PRESETS[run] for run in TABLE2 + TABLE3 + DELTA_ABLATION + FORM_CONTROL
 }
 """Run name -> method and parameters (the paper's presets where it has one: :data:`atr_llm.presets.RUNS`), in the
 table's order: Table 2, Table 3, the ablation."""
@@ -187,6 +196,20 @@ def evaluate_every_benchmark(model_dir: Path, tokenizer_dir: Path, job: dict, ou
     }
 
 
+def grpo_learning_rate(requested: float | None) -> float | None:
+    """The ``learning_rate`` setting of a table: ``None`` for cpu-table.yaml's own rate (so tables written before
+    the option existed keep their rows), else the requested rate (> 0, finite), which makes a protocol of its own."""
+    import yaml
+
+    if requested is None:
+        return None
+    if not (math.isfinite(requested) and requested > 0):
+        raise ValueError(f"--learning-rate must be a finite number > 0, got {requested}")
+    if requested == float(yaml.safe_load(BASE_CONFIG.read_text())["learning_rate"]):
+        return None
+    return requested
+
+
 def train_and_evaluate(job: dict) -> dict:
     """Train one (run, seed) from the seed's SFT model with ``python -m atr_llm.train``'s entry point, then
     evaluate every saved checkpoint and the final model; the result is also written to ``result.json``."""
@@ -202,6 +225,8 @@ def train_and_evaluate(job: dict) -> dict:
     argv = ["--config", str(BASE_CONFIG), "--model_name_or_path", job["sft_dir"], "--seed", str(job["seed"])]
     argv += ["--output_dir", str(run_dir), "--max_steps", str(job["max_steps"]), "--save_steps", str(job["save_steps"])]
     argv += run_args(job["run"])
+    if job.get("learning_rate") is not None:  # a protocol other than cpu-table.yaml's rate (``--learning-rate``)
+        argv += ["--learning_rate", repr(float(job["learning_rate"]))]
     if job.get("device", "cpu") != "cpu":
         argv += ["--use_cpu", "false"]
     ckpts = _checkpoints(run_dir, 1)
@@ -215,6 +240,7 @@ def train_and_evaluate(job: dict) -> dict:
             evals[step] = evaluate_every_benchmark(path, job["sft_dir"], job, path / "eval")
     history = json.loads((run_dir / "log_history.json").read_text())
     result = {"run": job["run"], "seed": job["seed"], "sft_model": job["sft_model"]}
+    result.update({key: job.get(key) for key in _RUN_PROTOCOL_KEYS})
     result["evals"] = {str(k): v for k, v in evals.items()}
     result["curves"] = [{k: h.get(k) for k in CURVE_KEYS} for h in history if "reward" in h and "step" in h]
     done.write_text(json.dumps(result))
@@ -256,15 +282,33 @@ def evaluate_sft(job: dict) -> dict:
 
 
 def _started_from(result: dict, job: dict, path: Path) -> dict:
-    """A finished result read back, checked to have started from the job's SFT model (results written before
-    the SFT model was recorded take the job's)."""
+    """A finished result read back, checked to have started from the job's SFT model and, for a GRPO run, to have
+    trained under the job's learning rate and step count (results written before these were recorded take the
+    job's)."""
     recorded = result.setdefault("sft_model", job["sft_model"])
     if recorded != job["sft_model"]:
         raise ValueError(
             f"{path} started from SFT model {recorded}, but {job['sft_dir']} now holds {job['sft_model']}: "
             "the SFT model was trained again; move the run away (or use another --runs-dir) to train it anew"
         )
+    if result["run"] != "sft":
+        refuse_other_protocol(result, job, path)
     return result
+
+
+def refuse_other_protocol(result: dict, job: dict, path: Path) -> None:
+    """Raise if the finished GRPO run ``result`` (read from ``path``) was trained with another learning rate or step
+    count than ``job`` asks for; a result written before these were recorded takes the job's."""
+    for key in _RUN_PROTOCOL_KEYS:
+        if result.setdefault(key, job.get(key)) != job.get(key):
+            raise ValueError(
+                f"{path} was trained with {key} = {result[key]}, this invocation asks for {job.get(key)} "
+                "(None: cpu-table.yaml's): use another --runs-dir for another protocol"
+            )
+
+
+_RUN_PROTOCOL_KEYS = ("learning_rate", "max_steps")
+"""What a finished GRPO run records of how it was trained, beyond its method, seed and SFT model."""
 
 
 CURVE_KEYS = (
@@ -689,6 +733,7 @@ _PROTOCOL_KEYS = (
     "task",
     "base_config",
     "benchmarks",
+    "learning_rate",
 )
 """Settings that must agree for two invocations' rows to share one table (everything but runs, seeds, device)."""
 
@@ -827,11 +872,17 @@ def main(argv=None) -> dict:
     ap.add_argument("--runs", nargs="+", choices=sorted(CPU_RUNS), help="subset of runs (default: all)")
     ap.add_argument("--seeds", nargs="+", type=int)
     ap.add_argument("--max-steps", type=int)
+    ap.add_argument("--save-steps", type=int, help="steps between evaluated checkpoints (default 250)")
     ap.add_argument(
         "--at-step",
         type=int,
         help="write the table of runs that stop at this step, read from each run's checkpoint there "
         "(a multiple of save_steps, <= max-steps; runs not yet trained are trained to max-steps first)",
+    )
+    ap.add_argument(
+        "--learning-rate",
+        type=float,
+        help="GRPO's learning rate when not cpu-table.yaml's (a protocol of its own: its rows never join another's)",
     )
     ap.add_argument("--workers", type=int, default=2, help="parallel training processes (one thread each)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where SFT, GRPO and evaluation run")
@@ -852,6 +903,11 @@ def main(argv=None) -> dict:
         settings["seeds"] = args.seeds
     if args.max_steps:
         settings["max_steps"] = args.max_steps
+    if args.save_steps is not None:
+        if args.save_steps < 1:
+            raise ValueError(f"--save-steps must be >= 1, got {args.save_steps}")
+        settings["save_steps"] = args.save_steps
+    settings["learning_rate"] = grpo_learning_rate(args.learning_rate)
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     if args.at_step is not None and not (
@@ -871,6 +927,12 @@ def main(argv=None) -> dict:
             raise ValueError("--device cuda: no CUDA device is available here (run on a GPU machine, or --device cpu)")
     settings.update(task=TASK, base_config=str(BASE_CONFIG.name), benchmarks=BENCHMARKS, device=args.device)
 
+    for run in settings["runs"]:  # a finished run of another protocol is refused before any model is trained
+        for seed in settings["seeds"]:
+            done = runs_dir / f"{run}-s{seed}" / "result.json"
+            if done.exists():
+                refuse_other_protocol(json.loads(done.read_text()), settings, done)
+
     import multiprocessing as mp
 
     invocation = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")  # when: rows of one machine
@@ -889,6 +951,7 @@ def main(argv=None) -> dict:
                 "runs_dir": str(runs_dir),
                 "max_steps": settings["max_steps"],
                 "save_steps": settings["save_steps"],
+                "learning_rate": settings["learning_rate"],
             }
             for run in settings["runs"]  # run-major: the first runs of the list get every seed first
             for s in settings["seeds"]

@@ -19,10 +19,13 @@ def test_every_run_parses_into_its_method_and_parameters(run):
     argv = ["--config", str(cpu_table.BASE_CONFIG), "--output_dir", "/tmp/unused", *cpu_table.run_args(run)]
     _, args, _ = train.parse(argv)
     spec = cpu_table.CPU_RUNS[run]
-    assert args.resolved_method.name == spec["method"]
-    assert {k: v for k, v in args.resolved_method.params.items() if k in spec} == {
-        k: v for k, v in spec.items() if k != "method"
+    method = args.resolved_method
+    assert method.name == spec["method"]
+    assert method.form == spec.get("form", method.spec.default_form)
+    assert {k: v for k, v in method.params.items() if k in spec} == {
+        k: v for k, v in spec.items() if k not in ("method", "form")
     }
+    assert set(spec) - {"method", "form"} <= set(method.params)  # no parameter of the run is dropped
 
 
 def test_train_and_test_splits_never_share_a_problem():
@@ -320,3 +323,29 @@ def test_table_marks_a_difference_that_survives_holm_over_the_whole_table():
     for name, ref, _ in tested:
         assert ("†" in cells[name][0 if ref == "clip" else 1]) == ((name, ref) in survives)
     assert "8 paired differences in this table" in md
+
+
+def test_learning_rate_option_reaches_the_trainer_and_makes_a_protocol_of_its_own(tmp_path):
+    """--learning-rate: the trainer really runs at it (its own log says so), the table records it, and a runs
+    directory or table of another rate is refused or kept apart, never mixed in."""
+    runs, fig = tmp_path / "runs", tmp_path / "fig"
+    quick = ["--quick", "--runs", "clip", "--runs-dir", str(runs), "--out", str(fig)]
+    summary = cpu_table.main([*quick, "--learning-rate", "5e-4", "--save-steps", "1"])
+    assert summary["settings"]["learning_rate"] == 5e-4 and summary["settings"]["save_steps"] == 1
+    import torch
+
+    for step in (1, 4):  # the rate the optimizer itself stepped with (constant schedule in cpu-table.yaml)
+        state = torch.load(runs / "clip-s0" / f"checkpoint-{step}" / "optimizer.pt", weights_only=False)
+        assert {group["lr"] for group in state["param_groups"]} == {5e-4}
+    assert sorted(int(s) for s in json.loads((runs / "clip-s0" / "result.json").read_text())["evals"]) == [1, 2, 3, 4]
+    with pytest.raises(ValueError, match="trained with learning_rate = 0.0005, this invocation asks for None"):
+        cpu_table.main(quick)  # cpu-table.yaml's own rate over the same runs directory
+    with pytest.raises(ValueError, match="trained with max_steps = 4, this invocation asks for 2"):
+        cpu_table.main([*quick, "--learning-rate", "5e-4", "--max-steps", "2"])
+    # the base config's own rate is the default protocol (None), so older tables keep their rows
+    assert cpu_table.grpo_learning_rate(1e-4) is None and cpu_table.grpo_learning_rate(None) is None
+    for bad in (0.0, -1e-4, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="--learning-rate must be a finite number > 0"):
+            cpu_table.grpo_learning_rate(bad)
+    rows, _, why = cpu_table.previous_outputs(fig, {**summary["settings"], "learning_rate": None}, set())
+    assert rows == [] and "settings differ in ['learning_rate']" in why
