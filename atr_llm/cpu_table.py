@@ -298,9 +298,12 @@ def _started_from(result: dict, job: dict, path: Path) -> dict:
 
 def refuse_other_protocol(result: dict, job: dict, path: Path) -> None:
     """Raise if the finished GRPO run ``result`` (read from ``path``) was trained with another learning rate or step
-    count than ``job`` asks for; a result written before these were recorded takes the job's."""
+    count than ``job`` asks for. A result written before these were recorded was trained at cpu-table.yaml's rate
+    (the only one then) for as many steps as its last evaluation's."""
+    result.setdefault("learning_rate", None)
+    result.setdefault("max_steps", max(int(step) for step in result["evals"]))
     for key in _RUN_PROTOCOL_KEYS:
-        if result.setdefault(key, job.get(key)) != job.get(key):
+        if result[key] != job.get(key):
             raise ValueError(
                 f"{path} was trained with {key} = {result[key]}, this invocation asks for {job.get(key)} "
                 "(None: cpu-table.yaml's): use another --runs-dir for another protocol"

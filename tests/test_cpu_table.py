@@ -342,6 +342,12 @@ def test_learning_rate_option_reaches_the_trainer_and_makes_a_protocol_of_its_ow
         cpu_table.main(quick)  # cpu-table.yaml's own rate over the same runs directory
     with pytest.raises(ValueError, match="trained with max_steps = 4, this invocation asks for 2"):
         cpu_table.main([*quick, "--learning-rate", "5e-4", "--max-steps", "2"])
+    legacy = json.loads((runs / "clip-s0" / "result.json").read_text())
+    for key in ("learning_rate", "max_steps"):  # as written before the protocol was recorded
+        del legacy[key]
+    (runs / "clip-s0" / "result.json").write_text(json.dumps(legacy))
+    with pytest.raises(ValueError, match="trained with learning_rate = None, this invocation asks for 0.0005"):
+        cpu_table.main([*quick, "--learning-rate", "5e-4"])  # an old result is one of cpu-table.yaml's rate
     # the base config's own rate is the default protocol (None), so older tables keep their rows
     assert cpu_table.grpo_learning_rate(1e-4) is None and cpu_table.grpo_learning_rate(None) is None
     for bad in (0.0, -1e-4, float("nan"), float("inf")):
