@@ -282,9 +282,9 @@ def evaluate_sft(job: dict) -> dict:
 
 
 def _started_from(result: dict, job: dict, path: Path) -> dict:
-    """A finished result read back, checked to have started from the job's SFT model and, for a GRPO run, to have
-    trained under the job's learning rate and step count (results written before these were recorded take the
-    job's)."""
+    """A finished result read back, checked to have started from the job's SFT model (results written before
+    the SFT model was recorded take the job's) and, for a GRPO run, to have been trained and saved as the job asks
+    (:func:`refuse_other_protocol`)."""
     recorded = result.setdefault("sft_model", job["sft_model"])
     if recorded != job["sft_model"]:
         raise ValueError(
@@ -298,10 +298,13 @@ def _started_from(result: dict, job: dict, path: Path) -> dict:
 
 def refuse_other_protocol(result: dict, job: dict, path: Path) -> None:
     """Raise if the finished GRPO run ``result`` (read from ``path``) was trained with another learning rate or step
-    count than ``job`` asks for. A result written before these were recorded was trained at cpu-table.yaml's rate
-    (the only one then) for as many steps as its last evaluation's."""
+    count, or saved its evaluated checkpoints at another interval, than ``job`` asks for. A result written before
+    these were recorded was trained at cpu-table.yaml's rate (the only one then) for as many steps as its last
+    evaluation's, with a checkpoint at its first evaluation's step."""
+    evaluated = sorted(int(step) for step in result["evals"])
     result.setdefault("learning_rate", None)
-    result.setdefault("max_steps", max(int(step) for step in result["evals"]))
+    result.setdefault("max_steps", evaluated[-1])
+    result.setdefault("save_steps", evaluated[0])
     for key in _RUN_PROTOCOL_KEYS:
         if result[key] != job.get(key):
             raise ValueError(
@@ -310,8 +313,8 @@ def refuse_other_protocol(result: dict, job: dict, path: Path) -> None:
             )
 
 
-_RUN_PROTOCOL_KEYS = ("learning_rate", "max_steps")
-"""What a finished GRPO run records of how it was trained, beyond its method, seed and SFT model."""
+_RUN_PROTOCOL_KEYS = ("learning_rate", "max_steps", "save_steps")
+"""What a finished GRPO run records of how it was trained and saved, beyond its method, seed and SFT model."""
 
 
 CURVE_KEYS = (

@@ -201,11 +201,12 @@ def test_weights_id_is_the_weights_not_the_file(tmp_path):
 
 def test_a_finished_run_from_another_sft_model_is_refused(tmp_path):
     done = tmp_path / "result.json"
-    job = {"sft_model": "b0", "sft_dir": "runs/sft-s0"}
-    assert cpu_table._started_from({"run": "atr", "sft_model": "b0"}, job, done)["sft_model"] == "b0"
-    assert cpu_table._started_from({"run": "atr"}, job, done)["sft_model"] == "b0"  # written before it was recorded
+    job = {"sft_model": "b0", "sft_dir": "runs/sft-s0", "learning_rate": None, "max_steps": 1000, "save_steps": 250}
+    evals = {"evals": {"250": {}, "500": {}, "750": {}, "1000": {}}}  # a result as written before its protocol was
+    assert cpu_table._started_from({"run": "atr", "sft_model": "b0", **evals}, job, done)["sft_model"] == "b0"
+    assert cpu_table._started_from({"run": "atr", **evals}, job, done)["sft_model"] == "b0"  # nor its SFT model
     with pytest.raises(ValueError, match="started from SFT model a0, but runs/sft-s0 now holds b0"):
-        cpu_table._started_from({"run": "atr", "sft_model": "a0"}, job, done)
+        cpu_table._started_from({"run": "atr", "sft_model": "a0", **evals}, job, done)
 
 
 def test_rows_from_other_sft_models_are_kept_beside_and_never_paired(tmp_path):
@@ -326,14 +327,14 @@ def test_table_marks_a_difference_that_survives_holm_over_the_whole_table():
 
 
 def test_learning_rate_option_reaches_the_trainer_and_makes_a_protocol_of_its_own(tmp_path):
-    """--learning-rate: the trainer really runs at it (its own log says so), the table records it, and a runs
-    directory or table of another rate is refused or kept apart, never mixed in."""
+    """--learning-rate: the optimizer really steps at it (its saved state says so), the table records it, and a runs
+    directory or table of another rate, step count or checkpoint interval is refused or kept apart, never mixed in."""
+    import torch
+
     runs, fig = tmp_path / "runs", tmp_path / "fig"
     quick = ["--quick", "--runs", "clip", "--runs-dir", str(runs), "--out", str(fig)]
     summary = cpu_table.main([*quick, "--learning-rate", "5e-4", "--save-steps", "1"])
     assert summary["settings"]["learning_rate"] == 5e-4 and summary["settings"]["save_steps"] == 1
-    import torch
-
     for step in (1, 4):  # the rate the optimizer itself stepped with (constant schedule in cpu-table.yaml)
         state = torch.load(runs / "clip-s0" / f"checkpoint-{step}" / "optimizer.pt", weights_only=False)
         assert {group["lr"] for group in state["param_groups"]} == {5e-4}
@@ -342,12 +343,16 @@ def test_learning_rate_option_reaches_the_trainer_and_makes_a_protocol_of_its_ow
         cpu_table.main(quick)  # cpu-table.yaml's own rate over the same runs directory
     with pytest.raises(ValueError, match="trained with max_steps = 4, this invocation asks for 2"):
         cpu_table.main([*quick, "--learning-rate", "5e-4", "--max-steps", "2"])
+    with pytest.raises(ValueError, match="trained with save_steps = 1, this invocation asks for 2"):
+        cpu_table.main([*quick, "--learning-rate", "5e-4"])  # its best-of-checkpoints would not be the one asked
     legacy = json.loads((runs / "clip-s0" / "result.json").read_text())
-    for key in ("learning_rate", "max_steps"):  # as written before the protocol was recorded
+    for key in ("learning_rate", "max_steps", "save_steps"):  # as written before the protocol was recorded
         del legacy[key]
     (runs / "clip-s0" / "result.json").write_text(json.dumps(legacy))
     with pytest.raises(ValueError, match="trained with learning_rate = None, this invocation asks for 0.0005"):
-        cpu_table.main([*quick, "--learning-rate", "5e-4"])  # an old result is one of cpu-table.yaml's rate
+        cpu_table.main([*quick, "--learning-rate", "5e-4", "--save-steps", "1"])  # an old result: cpu-table.yaml's
+    cpu_table.refuse_other_protocol(legacy, {"learning_rate": None, "max_steps": 4, "save_steps": 1}, runs)
+    assert (legacy["max_steps"], legacy["save_steps"]) == (4, 1)  # inferred from its evaluated checkpoints
     # the base config's own rate is the default protocol (None), so older tables keep their rows
     assert cpu_table.grpo_learning_rate(1e-4) is None and cpu_table.grpo_learning_rate(None) is None
     for bad in (0.0, -1e-4, float("nan"), float("inf")):
