@@ -53,6 +53,20 @@ from tqdm.auto import tqdm
 from .presets import RUNS
 
 BASE_CONFIG = Path(__file__).parent / "configs" / "cpu-table.yaml"
+
+
+def base_config_value(key: str):
+    """``key`` of :data:`BASE_CONFIG` (cpu-table.yaml), the training settings every run starts from."""
+    import yaml
+
+    return yaml.safe_load(BASE_CONFIG.read_text())[key]
+
+
+def run_directory(runs_dir: Path | str, run: str, seed: int) -> Path:
+    """Where (``run``, ``seed``) trains and writes its checkpoints and ``result.json``."""
+    return Path(runs_dir) / f"{run}-s{seed}"
+
+
 TASK = "arithmetic-3step-steps"
 EVAL_SAMPLING = dict(temperature=0.3, top_p=0.95)  # the paper's evaluation sampling (Sec. 5)
 BENCHMARKS: dict[str, dict] = {
@@ -163,7 +177,6 @@ def evaluate_model(
     """Mean@1/Pass@1 and Mean@k/Pass@k (%) on ``task``'s test split (its first ``test_problems`` problems of seed
     12345), ``samples`` completions per problem; ``max_tokens`` defaults to the training cap of cpu-table.yaml and
     ``sampling`` to :data:`EVAL_SAMPLING`."""
-    import yaml
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .data import OFFLINE_TASKS, arithmetic_dataset
@@ -174,7 +187,7 @@ def evaluate_model(
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir)).to(device)
     if max_tokens is None:
-        max_tokens = yaml.safe_load(BASE_CONFIG.read_text())["max_completion_length"]  # as in training
+        max_tokens = base_config_value("max_completion_length")  # as in training
     gen = HFGenerator(model, tok, max_tokens=max_tokens, batch_size=512, seed=0, **(sampling or EVAL_SAMPLING))
     rows = evaluate_benchmarks(gen, {"test": test}, out_dir, n=samples, chunk_problems=test_problems, workers=1)
     return summarise_samples(rows, [1, samples])["test"]
@@ -199,13 +212,11 @@ def evaluate_every_benchmark(model_dir: Path, tokenizer_dir: Path, job: dict, ou
 def grpo_learning_rate(requested: float | None) -> float | None:
     """The ``learning_rate`` setting of a table: ``None`` for cpu-table.yaml's own rate (so tables written before
     the option existed keep their rows), else the requested rate (> 0, finite), which makes a protocol of its own."""
-    import yaml
-
     if requested is None:
         return None
     if not (math.isfinite(requested) and requested > 0):
         raise ValueError(f"--learning-rate must be a finite number > 0, got {requested}")
-    if requested == float(yaml.safe_load(BASE_CONFIG.read_text())["learning_rate"]):
+    if requested == float(base_config_value("learning_rate")):
         return None
     return requested
 
@@ -216,7 +227,7 @@ def train_and_evaluate(job: dict) -> dict:
     from . import train
     from .evaluate import _checkpoints
 
-    run_dir = Path(job["runs_dir"]) / f"{job['run']}-s{job['seed']}"
+    run_dir = run_directory(job["runs_dir"], job["run"], job["seed"])
     done = run_dir / "result.json"
     if done.exists():
         return _started_from(json.loads(done.read_text()), job, done)
@@ -300,7 +311,7 @@ def refuse_other_protocol(result: dict, job: dict, path: Path) -> None:
     """Raise if the finished GRPO run ``result`` (read from ``path``) was trained with another learning rate or step
     count, or saved its evaluated checkpoints at another interval, than ``job`` asks for. A result written before
     these were recorded was trained at cpu-table.yaml's rate (the only one then) for as many steps as its last
-    evaluation's, with a checkpoint at its first evaluation's step."""
+    evaluation's, with a checkpoint at its first evaluation's step; those values are filled into ``result``."""
     evaluated = sorted(int(step) for step in result["evals"])
     result.setdefault("learning_rate", None)
     result.setdefault("max_steps", evaluated[-1])
@@ -935,7 +946,7 @@ def main(argv=None) -> dict:
 
     for run in settings["runs"]:  # a finished run of another protocol is refused before any model is trained
         for seed in settings["seeds"]:
-            done = runs_dir / f"{run}-s{seed}" / "result.json"
+            done = run_directory(runs_dir, run, seed) / "result.json"
             if done.exists():
                 refuse_other_protocol(json.loads(done.read_text()), settings, done)
 
