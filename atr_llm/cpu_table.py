@@ -30,8 +30,9 @@ rows can be added in later sessions even when their ``--runs-dir`` is gone (``--
 Every row records the SFT model it started from (``sft_model``: :func:`weights_id`, a hash of its weights) and
 the invocation that wrote it. The same command trains different SFT models on different kinds of CPU (kernels
 round differently and 600 steps amplify it), so rows are only paired when they started from the same model, and
-SFT models trained together form one *start* (:func:`start_labels`); with more than one start in a table every
-row is named with its start (``atr [B]``) and the table lists which models each start holds.
+SFT models trained on one kind of machine form one *start* (:func:`start_labels`; each SFT model records the machine
+that trained it, :func:`machine_kind`, so seeds added in a later invocation join their start); with more than one
+start in a table every row is named with its start (``atr [B]``) and the table lists which models each start holds.
 """
 
 from __future__ import annotations
@@ -137,7 +138,43 @@ def train_sft(seed: int, sft_steps: int, runs_dir: Path) -> Path:
     tok, model = build_tokenizer_and_model("toy", seed=seed)
     ds = load_source(TASK, None, 4000, seed=seed + 1)
     run_sft(model, tok, ds, out, max_steps=sft_steps, learning_rate=3e-3, batch_size=32, seed=seed)
+    (out / MACHINE_FILE).write_text(json.dumps({"machine": machine_kind()}))
     return out
+
+
+MACHINE_FILE = "machine.json"
+"""Written beside an SFT model by :func:`train_sft`: the :func:`machine_kind` that trained it."""
+
+
+def machine_kind() -> str:
+    """The kind of machine this process computes on, as far as it decides an SFT model's bits beyond seed and
+    protocol: the CPU's model name and the vector instruction set torch dispatches to, the CUDA device when one is
+    available (TRL's trainers use it), and torch's version -- e.g. ``"AMD EPYC | cpu AVX2 | torch 2.13.0+cpu"``.
+    Two machines that agree here are taken to train the same SFT model from the same seed (kernels of one ISA and
+    torch build round alike); the cpu-table's starts are these kinds (:func:`start_labels`)."""
+    import platform
+
+    import torch
+
+    name = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    name = name or platform.processor() or platform.machine()
+    capability = getattr(torch.backends.cpu, "get_cpu_capability", lambda: "?")()
+    parts = [name, f"cpu {capability}"]
+    if torch.cuda.is_available():
+        parts.append(f"cuda {torch.cuda.get_device_name(0)}")
+    return " | ".join([*parts, f"torch {torch.__version__}"])
+
+
+def sft_machine(model_dir: Path | str) -> str | None:
+    """The machine kind recorded beside an SFT model (:data:`MACHINE_FILE`), or None for a model trained before
+    it was recorded."""
+    path = Path(model_dir) / MACHINE_FILE
+    return json.loads(path.read_text())["machine"] if path.exists() else None
 
 
 def weights_id(model_dir: Path | str) -> str:
@@ -250,7 +287,7 @@ def train_and_evaluate(job: dict) -> dict:
         if step not in evals:  # the checkpoint at max_steps holds the final weights too: evaluated once
             evals[step] = evaluate_every_benchmark(path, job["sft_dir"], job, path / "eval")
     history = json.loads((run_dir / "log_history.json").read_text())
-    result = {"run": job["run"], "seed": job["seed"], "sft_model": job["sft_model"]}
+    result = _result_of(job["run"], job)
     result.update({key: job.get(key) for key in _RUN_PROTOCOL_KEYS})
     result["evals"] = {str(k): v for k, v in evals.items()}
     result["curves"] = [{k: h.get(k) for k in CURVE_KEYS} for h in history if "reward" in h and "step" in h]
@@ -287,16 +324,22 @@ def evaluate_sft(job: dict) -> dict:
     if done.exists():
         return _started_from(json.loads(done.read_text()), job, done)
     res = evaluate_every_benchmark(sft_dir, sft_dir, job, sft_dir / "eval")
-    result = {"run": "sft", "seed": job["seed"], "sft_model": job["sft_model"], "evals": {"0": res}, "curves": []}
+    result = {**_result_of("sft", job), "evals": {"0": res}, "curves": []}
     done.write_text(json.dumps(result))
     return result
 
 
+def _result_of(run: str, job: dict) -> dict:
+    """The head of a finished result: which run, which seed, and the SFT model (and its machine) it started from."""
+    return {"run": run, "seed": job["seed"], "sft_model": job["sft_model"], "sft_machine": job.get("sft_machine")}
+
+
 def _started_from(result: dict, job: dict, path: Path) -> dict:
     """A finished result read back, checked to have started from the job's SFT model (results written before
-    the SFT model was recorded take the job's) and, for a GRPO run, to have been trained and saved as the job asks
-    (:func:`refuse_other_protocol`)."""
+    the SFT model was recorded take the job's, and its machine kind with it) and, for a GRPO run, to have been
+    trained and saved as the job asks (:func:`refuse_other_protocol`)."""
     recorded = result.setdefault("sft_model", job["sft_model"])
+    result.setdefault("sft_machine", job.get("sft_machine"))
     if recorded != job["sft_model"]:
         raise ValueError(
             f"{path} started from SFT model {recorded}, but {job['sft_dir']} now holds {job['sft_model']}: "
@@ -359,6 +402,7 @@ def _seed_job(seed: int, settings: dict, runs_dir: Path) -> dict:
         "seed": seed,
         "sft_dir": str(sft_dir),
         "sft_model": weights_id(sft_dir),
+        "sft_machine": sft_machine(sft_dir),
         "test_problems": settings["test_problems"],
         "samples": settings["samples"],
         "device": settings["device"],
@@ -394,6 +438,7 @@ def _table_row(r: dict, benchmark: str, evals: dict[int, dict], last: dict, k: i
         "seed": r["seed"],
         "benchmark": benchmark,
         "sft_model": r.get("sft_model"),
+        "sft_machine": r.get("sft_machine"),
         "invocation": r.get("invocation"),
         f"mean_at_{k}": round(evals[final_step][f"mean@{k}"], 3),
         f"pass_at_{k}": round(evals[final_step][f"pass@{k}"], 3),
@@ -487,9 +532,11 @@ def unit_minus_reference(unit: list[dict], rows: list[dict], reference: str, key
 def start_labels(rows: list[dict]) -> dict[str, str]:
     """SFT model id -> the letter of its *start* ("A", "B", ...), or "" for every id when the rows have one start.
 
-    A start is the set of SFT models trained together: ids that appear in rows of one invocation are one start
-    (the seeds of one machine), joined across invocations that share an id; letters follow the earliest
-    invocation of each start. Rows without a recorded model (``sft_model`` None) count as one model."""
+    A start is the set of SFT models trained on one kind of machine: models with the same recorded
+    ``sft_machine`` (:func:`machine_kind`) are one start, whichever invocation wrote their rows. Rows without a
+    recorded machine (written before it was recorded) are grouped by invocation instead (the seeds of one machine),
+    and groups that share a model id are joined. Letters follow the earliest invocation of each start. Rows without
+    a recorded model (``sft_model`` None) count as one model."""
     parent: dict = {}
 
     def root(x):
@@ -500,7 +547,10 @@ def start_labels(rows: list[dict]) -> dict[str, str]:
     first_seen: dict = {}
     for r in sorted(rows, key=lambda r: str(r.get("invocation") or "")):
         first_seen.setdefault(r.get("sft_model"), str(r.get("invocation") or ""))
-        parent[root(r.get("sft_model"))] = root(("invocation", r.get("invocation")))
+        # an invocation stamps the results it reads back too, which may have been trained elsewhere: it groups only
+        # the rows whose machine was not recorded
+        by = ("machine", r["sft_machine"]) if r.get("sft_machine") else ("invocation", r.get("invocation"))
+        parent[root(r.get("sft_model"))] = root(by)
     groups: dict = {}
     for model in first_seen:
         groups.setdefault(root(model), []).append(model)
@@ -542,8 +592,10 @@ def markdown_tables(rows: list[dict], runs: list[str], k: int) -> str:
             of_start = _of_start(rows, labels, letter)
             models = sorted({(r["seed"], r.get("sft_model")) for r in of_start})
             invocations = sorted({str(r.get("invocation")) for r in of_start})
+            machines = sorted({r["sft_machine"] for r in of_start if r.get("sft_machine")})
             listed = ", ".join(f"seed {seed}: {model}" for seed, model in models)
-            lines.append(f"- **{letter}**: {listed} (written by: {'; '.join(invocations)})")
+            trained_on = f"trained on: {'; '.join(machines)}; " if machines else ""
+            lines.append(f"- **{letter}**: {listed} ({trained_on}written by: {'; '.join(invocations)})")
         parts.append("\n".join(lines) + "\n")
     return "\n".join(parts)
 
@@ -815,8 +867,8 @@ def write_outputs(results: list[dict], settings: dict, out: Path, keep_previous:
     labels = start_labels(rows)
     out.mkdir(parents=True, exist_ok=True)
     with (out / "cpu_llm_table.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(key for r in rows for key in r)))  # rows of older tables
+        w.writeheader()  # may lack a newer column (sft_machine): its cell is left empty
         w.writerows(sorted(rows, key=lambda r: (r["method"], r["seed"], r["benchmark"], str(r.get("sft_model")))))
     with (out / "cpu_llm_curves.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["method", "seed", "sft_model", *CURVE_KEYS])

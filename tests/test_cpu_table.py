@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 pytest.importorskip("trl")
 pytest.importorskip("math_verify")
 
+import torch  # noqa: E402
+
 from atr_llm import cpu_table, train  # noqa: E402
 from atr_llm.data import OFFLINE_TASKS, arithmetic_dataset, is_held_out  # noqa: E402
 
@@ -86,6 +88,9 @@ def test_quick_table_runs_end_to_end_and_writes_every_output(tmp_path):
     again = cpu_table.main(["--quick", "--runs-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "fig2")])
     sft_model = cpu_table.weights_id(tmp_path / "runs" / "sft-s0")
     assert {r["sft_model"] for r in summary["rows"]} == {sft_model} and all(r["invocation"] for r in summary["rows"])
+    recorded = json.loads((tmp_path / "runs" / "sft-s0" / cpu_table.MACHINE_FILE).read_text())["machine"]
+    assert recorded == cpu_table.machine_kind() and f"torch {torch.__version__}" in recorded
+    assert {r["sft_machine"] for r in summary["rows"]} == {recorded}  # every row: the machine its SFT model came from
 
     def without_invocation(rows):
         return [{k: v for k, v in r.items() if k != "invocation"} for r in rows]
@@ -253,6 +258,65 @@ def test_rows_from_other_sft_models_are_kept_beside_and_never_paired(tmp_path):
     again = cpu_table.write_outputs(third, settings, tmp_path)
     assert set(cpu_table.start_labels(again["rows"]).values()) == {"A", "B"}
     assert "clip [B]" in again["paired_mean_at_k"]["steps-test-T1"]
+
+
+def test_seeds_added_later_on_the_same_machine_kind_join_its_start(tmp_path):
+    settings = {**cpu_table.FULL, "task": cpu_table.TASK, "base_config": "cpu-table.yaml"}
+    settings.update(benchmarks=cpu_table.BENCHMARKS, device="cpu", runs=["clip", "atr"], seeds=[0, 1, 2])
+
+    def on(machine, invocation, results, prefix="c"):
+        return [
+            {**r, "sft_model": f"{prefix}{r['seed']}", "sft_machine": machine, "invocation": invocation}
+            for r in results
+        ]
+
+    def of(seeds, score=40.0):
+        return [_fake_result(m, s, score + s) for m in ("sft", "clip", "atr") for s in seeds]
+
+    epyc, xeon = "AMD EPYC | cpu AVX2 | torch 2.13.0+cpu", "Intel Xeon | cpu AVX512 | torch 2.13.0+cpu"
+    cpu_table.write_outputs(on(epyc, "2026-11-25T08:00:00Z", of([0, 1, 2])), settings, tmp_path)
+    summary = cpu_table.write_outputs(on(epyc, "2026-11-25T10:00:00Z", of([3])), settings, tmp_path)
+    labels = cpu_table.start_labels(summary["rows"])
+    assert labels == {f"c{s}": "" for s in range(4)}  # one start: no row is named with a letter
+    paired = summary["paired_mean_at_k"]["steps-test-T1"]
+    assert paired["atr"]["clip"]["n"] == 4  # seed 3 pairs with seeds 0-2's rows
+    # another machine kind is another start, in the same invocation or not
+    summary = cpu_table.write_outputs(on(xeon, "2026-11-25T10:00:00Z", of([0]), "x"), settings, tmp_path)
+    assert cpu_table.start_labels(summary["rows"]) == {"c0": "A", "c1": "A", "c2": "A", "c3": "A", "x0": "B"}
+    md = (tmp_path / "cpu_llm_table.md").read_text()
+    assert f"- **B**: seed 0: x0 (trained on: {xeon}; written by: 2026-11-25T10:00:00Z)" in md
+    # rows written before the machine was recorded still group by invocation; one that shares a model joins it
+    legacy = [{**r, "sft_machine": None} for r in on(None, "2026-11-20T08:00:00Z", of([0]), "l")]
+    legacy += [{**r, "sft_machine": None} for r in on(None, "2026-11-21T08:00:00Z", of([1]), "l")]
+    legacy += [{**r, "sft_machine": None} for r in on(None, "2026-11-21T08:00:00Z", of([2]), "c")]
+    rows = cpu_table.table_rows(legacy, 8) + summary["rows"]
+    assert cpu_table.start_labels(rows) == {
+        "l0": "A",
+        "l1": "B",
+        "c2": "B",
+        "c0": "B",
+        "c1": "B",
+        "c3": "B",
+        "x0": "C",
+    }  # l1 and c2 were written together; c2 is start EPYC's, so l1 is too
+
+
+def test_a_table_written_before_sft_machine_existed_takes_rows_that_have_it(tmp_path):
+    settings = {**cpu_table.FULL, "task": cpu_table.TASK, "base_config": "cpu-table.yaml"}
+    settings.update(benchmarks=cpu_table.BENCHMARKS, device="cpu", runs=["clip"], seeds=[0])
+    old = [
+        {**_fake_result(m, 0, 40.0), "sft_model": "a0", "invocation": "2026-11-20T08:00:00Z"} for m in ("sft", "clip")
+    ]
+    cpu_table.write_outputs(old, settings, tmp_path)
+    summary = json.loads((tmp_path / "cpu_llm_table.json").read_text())
+    for r in summary["rows"]:
+        del r["sft_machine"]  # as the table's JSON was written before the column existed
+    (tmp_path / "cpu_llm_table.json").write_text(json.dumps(summary))
+    new = [{**r, "sft_model": "a1", "sft_machine": "m", "invocation": "2026-11-25T08:00:00Z"} for r in old]
+    cpu_table.write_outputs([{**r, "seed": 1} for r in new], settings, tmp_path)
+    with (tmp_path / "cpu_llm_table.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert sorted((r["seed"], r["sft_machine"]) for r in rows) == [("0", "")] * 4 + [("1", "m")] * 4
 
 
 def test_grpo_minus_own_sft_subtracts_the_sft_row_of_the_same_seed_and_model():
