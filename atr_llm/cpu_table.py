@@ -163,8 +163,7 @@ def machine_kind() -> str:
     except OSError:
         pass
     name = name or platform.processor() or platform.machine()
-    capability = getattr(torch.backends.cpu, "get_cpu_capability", lambda: "?")()
-    parts = [name, f"cpu {capability}"]
+    parts = [name, f"cpu {torch.backends.cpu.get_cpu_capability()}"]
     if torch.cuda.is_available():
         parts.append(f"cuda {torch.cuda.get_device_name(0)}")
     return " | ".join([*parts, f"torch {torch.__version__}"])
@@ -867,8 +866,9 @@ def write_outputs(results: list[dict], settings: dict, out: Path, keep_previous:
     labels = start_labels(rows)
     out.mkdir(parents=True, exist_ok=True)
     with (out / "cpu_llm_table.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(key for r in rows for key in r)))  # rows of older tables
-        w.writeheader()  # may lack a newer column (sft_machine): its cell is left empty
+        # every row's keys: rows kept from an older table may lack a newer column (sft_machine), left empty there
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(key for r in rows for key in r)))
+        w.writeheader()
         w.writerows(sorted(rows, key=lambda r: (r["method"], r["seed"], r["benchmark"], str(r.get("sft_model")))))
     with (out / "cpu_llm_curves.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["method", "seed", "sft_model", *CURVE_KEYS])
