@@ -486,7 +486,44 @@ def paired_difference(rows: list[dict], run: str, reference: str, key: str) -> d
         "n": n,
         "p": p,
         "significant": bool(half < abs(mean)),
+        "sd": sd,
+        "detectable_80": detectable_difference(sd, n),
     }
+
+
+def paired_t_power(difference: float, sd: float, n: int, alpha: float = 0.05) -> float:
+    """Power of the two-sided paired t test at level ``alpha`` with ``n`` pairs whose differences have standard
+    deviation ``sd``, when the true mean difference is ``difference``: with df = n - 1, the noncentrality
+    nc = difference sqrt(n) / sd and the critical value c = t_{1 - alpha/2, df},
+    power = P(T' > c) + P(T' < -c) for T' ~ noncentral t(df, nc) (e.g. Cohen 1988, ch. 2)."""
+    from scipy import stats
+
+    if n < 2 or not sd > 0:
+        raise ValueError(f"paired_t_power needs n >= 2 pairs and sd > 0, got n = {n}, sd = {sd}")
+    df, nc = n - 1, difference * math.sqrt(n) / sd
+    c = float(stats.t.ppf(1 - alpha / 2, df))
+    # P(T' < -c) written as P(T'' > c) for T'' ~ noncentral t(df, -nc): the same number, and scipy 1.17's
+    # nct.cdf returns NaN for it at df = 1 and nc ~ 8 where nct.sf does not
+    return float(stats.nct.sf(c, df, nc) + stats.nct.sf(c, df, -nc))
+
+
+def detectable_difference(sd: float, n: int, power: float = 0.8, alpha: float = 0.05) -> float:
+    """The smallest true mean difference that a two-sided paired t test (level ``alpha``, ``n`` pairs, standard
+    deviation ``sd`` of the differences) detects with probability ``power``: the root in d >= 0 of
+    :func:`paired_t_power` (d) = ``power``. With the observed ``sd`` plugged in it says how large a difference a
+    "not significant" line of the table still leaves open (0 when every pair differs by the same amount)."""
+    from scipy.optimize import brentq
+
+    if not 0 < alpha < power < 1:
+        raise ValueError(f"detectable_difference needs 0 < alpha < power < 1, got alpha = {alpha}, power = {power}")
+    if n < 2:
+        raise ValueError(f"detectable_difference needs n >= 2 pairs, got {n}")
+    if sd == 0:
+        return 0.0
+    high = sd
+    while paired_t_power(high, sd, n, alpha) < power:  # power rises with the difference: bracket the root
+        high *= 2
+    return float(brentq(lambda d: paired_t_power(d, sd, n, alpha) - power, 0.0, high, xtol=1e-12 * sd))
 
 
 REFERENCES = ("clip", "atr")  # the table's reference rules: each line's paired difference against each of them
@@ -632,11 +669,15 @@ def markdown_table(rows: list[dict], runs: list[str], k: int) -> str:
         mark = (" *" if d["significant"] else "") + (" †" if d["p_holm"] < 0.05 else "")
         return f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}]{mark}"
 
+    def detectable(name):
+        found = [paired[name][ref] for ref in REFERENCES]
+        return " / ".join("-" if d is None else f"{d['detectable_80']:.1f}" for d in found)
+
     lines = [
         f"| run | seeds | Mean@{k} final (best) | Pass@{k} final | "
         + "".join(f"Mean@{k}: run - {ref} [95% CI] | " for ref in REFERENCES)
-        + "masked/clipped tokens |",
-        "|---|---|---|---|" + "---|" * len(REFERENCES) + "---|",
+        + f"detectable vs {' / '.join(REFERENCES)} | masked/clipped tokens |",
+        "|---|---|---|---|" + "---|" * len(REFERENCES) + "---|---|",
     ]
     for name, mine in units.items():
         m, p, b = (_mean([r[x] for r in mine]) for x in (key, pkey, bkey))
@@ -645,6 +686,7 @@ def markdown_table(rows: list[dict], runs: list[str], k: int) -> str:
         lines.append(
             f"| {name} | {len(mine)} | {m:.1f} ± {sd:.1f} ({b:.1f}) | {p:.1f} | "
             + "".join(f"{fmt(name, ref)} | " for ref in REFERENCES)
+            + f"{detectable(name)} | "
             + ("-" if fm is None else f"{100 * fm:.2f}%")
             + " |"
         )
@@ -653,7 +695,9 @@ def markdown_table(rows: list[dict], runs: list[str], k: int) -> str:
         "",
         f"{tests} paired differences in this table. *: the 95% t interval excludes 0 (one test alone; about "
         f"{tests / 20:.1f} such are expected by chance when no method differs); †: Holm-adjusted p < 0.05 over the "
-        f"{tests} (significant for the table as a whole).",
+        f"{tests} (significant for the table as a whole). Detectable: the true difference a paired t test over "
+        f"these seeds would find (5% level, one test alone) with 80% power, taking the observed spread of the differences as the "
+        f"true one (`atr_llm.cpu_table.detectable_difference`); a difference that is not significant may still be this large.",
     ]
     return "\n".join(lines) + "\n"
 

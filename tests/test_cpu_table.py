@@ -56,6 +56,46 @@ def test_paired_difference_is_scipys_paired_t_interval():
         cpu_table.paired_difference(mixed, "x", "clip", "m")
 
 
+@pytest.mark.parametrize("n", [2, 3, 5, 10, 16])
+def test_detectable_difference_is_statsmodels_solved_effect_size_times_sd(n):
+    from statsmodels.stats.power import TTestPower
+
+    effect = TTestPower().solve_power(nobs=n, alpha=0.05, power=0.8, alternative="two-sided")
+    assert cpu_table.detectable_difference(7.3, n) == pytest.approx(7.3 * effect, rel=1e-5)
+    for d in (0.0, 0.5, 1.5):  # the power function itself (statsmodels' own is NaN at d = 3, n = 10: scipy's nct.cdf)
+        assert cpu_table.paired_t_power(d * 7.3, 7.3, n) == pytest.approx(TTestPower().power(d, n, 0.05), abs=1e-9)
+    assert cpu_table.detectable_difference(0.0, n) == 0.0  # identical differences: any nonzero mean is certain
+
+
+def test_detectable_difference_is_detected_in_80_percent_of_simulated_experiments():
+    import numpy as np
+    from scipy import stats
+
+    n, sd = 5, 6.0
+    d = cpu_table.detectable_difference(sd, n)
+    diffs = np.random.default_rng(0).normal(d, sd, size=(40_000, n))
+    rejected = stats.ttest_1samp(diffs, 0.0, axis=1).pvalue < 0.05
+    assert rejected.mean() == pytest.approx(0.8, abs=0.01)  # binomial SE 0.002
+    assert cpu_table.paired_difference(  # the table's differences carry it, from their own sd and n
+        [{"method": m, "seed": s, "k": v} for s in range(4) for m, v in (("x", s * s), ("clip", 0.0))],
+        "x",
+        "clip",
+        "k",
+    )["detectable_80"] == pytest.approx(cpu_table.detectable_difference(float(np.std([0, 1, 4, 9], ddof=1)), 4))
+    rows = [  # the Markdown table shows it per line and reference ("-" where there is no pair)
+        {"method": m, "seed": s, "mean_at_8": v, "pass_at_8": 90.0, "best_mean_at_8": v, "frac_masked_mean": 0.01}
+        for s in range(3)
+        for m, v in (("clip", 50.0 + s), ("atr", 50.0 + s * s), ("sft", 70.0))
+    ]
+    line = next(x for x in cpu_table.markdown_table(rows, ["clip", "atr"], 8).splitlines() if x.startswith("| atr "))
+    expected = cpu_table.detectable_difference(float(np.std([0, 0, 2], ddof=1)), 3)
+    assert line.split("|")[-3].strip() == f"{expected:.1f} / -"
+    with pytest.raises(ValueError, match="n >= 2"):
+        cpu_table.detectable_difference(1.0, 1)
+    with pytest.raises(ValueError, match="power = 0.01"):
+        cpu_table.detectable_difference(1.0, 5, power=0.01)
+
+
 @pytest.mark.slow
 def test_masked_fraction_is_a_dash_only_for_runs_that_mask_nothing_by_construction():
     row = {"mean_at_8": 50.0, "pass_at_8": 80.0, "best_mean_at_8": 55.0, "frac_masked_mean": 0.0}
