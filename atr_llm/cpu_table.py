@@ -894,9 +894,12 @@ def _table_order(runs: set[str]) -> list[str]:
     return known + sorted(runs - set(known))
 
 
-def write_outputs(results: list[dict], settings: dict, out: Path, keep_previous: bool = True) -> dict:
+def write_outputs(
+    results: list[dict], settings: dict, out: Path, keep_previous: bool = True, versions: dict | None = None
+) -> dict:
     """Write the CSV / Markdown / JSON / curves of :func:`main` into ``out``; with ``keep_previous`` the rows of
-    earlier invocations with the same protocol stay (:func:`previous_outputs`), and the table covers all of them."""
+    earlier invocations with the same protocol stay (:func:`previous_outputs`), and the table covers all of them.
+    ``versions``: the library versions to record (default: this process's, :func:`_versions`)."""
     k = settings["samples"]
     fresh = {(r["run"], r["seed"], r.get("sft_model")) for r in results}
     old_rows, old_curves, why = previous_outputs(out, settings, fresh) if keep_previous else ([], [], "")
@@ -941,13 +944,28 @@ def write_outputs(results: list[dict], settings: dict, out: Path, keep_previous:
     seeds = sorted({r["seed"] for r in rows})
     summary = {
         "settings": {**settings, "runs": runs, "seeds": seeds, "this_invocation": sorted(map(list, fresh))},
-        "versions": _versions(),
+        "versions": versions or _versions(),
         "paired_mean_at_k": paired,
         "delta_ablation": ablation,
         "grpo_minus_own_sft": grpo_minus_own_sft(rows, k),
         "rows": rows,
     }
     (out / "cpu_llm_table.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def rewrite_outputs(out: Path) -> dict:
+    """Write ``out``'s table again from its own rows and curves (``cpu_llm_table.json``, ``cpu_llm_curves.csv``),
+    training and evaluating nothing: for when the table's statistics or layout change after its runs are gone.
+    Settings and library versions stay those of the invocations that trained the rows."""
+    summary_path = out / "cpu_llm_table.json"
+    if not summary_path.exists():
+        raise FileNotFoundError(f"--rewrite: no table to rewrite in {out} (expected {summary_path})")
+    before = json.loads(summary_path.read_text())
+    settings = {k: v for k, v in before["settings"].items() if k not in ("runs", "seeds", "this_invocation")}
+    summary = write_outputs([], settings, out, keep_previous=True, versions=before.get("versions"))
+    summary["settings"]["this_invocation"] = before["settings"].get("this_invocation", [])
+    summary_path.write_text(json.dumps(summary, indent=1))
     return summary
 
 
@@ -1008,7 +1026,19 @@ def main(argv=None) -> dict:
         action="store_true",
         help="write only this invocation's rows (default: add them to the table already in --out, if its settings match)",
     )
+    ap.add_argument(
+        "--rewrite",
+        action="store_true",
+        help="write the table in --out again from its own rows (after a change to its statistics); trains nothing",
+    )
     args = ap.parse_args(argv)
+    if args.rewrite:
+        given = [a for a in argv or [] if a.startswith("--") and a.split("=")[0] not in ("--rewrite", "--out")]
+        if given or not args.out:
+            raise ValueError(f"--rewrite takes only --out DIR (the table to rewrite), got {given or 'no --out'}")
+        summary = rewrite_outputs(Path(args.out))
+        print((Path(args.out) / "cpu_llm_table.md").read_text())
+        return summary
     settings = dict(QUICK if args.quick else FULL)
     if args.runs:
         settings["runs"] = args.runs

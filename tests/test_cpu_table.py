@@ -138,6 +138,21 @@ def test_quick_table_runs_end_to_end_and_writes_every_output(tmp_path):
     # finished runs are read back, not trained again (only the invocation's time stamp differs)
     assert without_invocation(again["rows"]) == without_invocation(summary["rows"])
 
+    # --rewrite writes the same table from the table alone (its runs gone), keeping the training's versions
+    fig = tmp_path / "fig"
+    files = {name: (fig / name).read_text() for name in ("cpu_llm_table.csv", "cpu_llm_table.md", "cpu_llm_curves.csv")}
+    (fig / "cpu_llm_table.md").unlink()
+    summary["versions"]["torch"] = "the training's torch"
+    (fig / "cpu_llm_table.json").write_text(json.dumps(summary))
+    with pytest.raises(ValueError, match=r"--runs"):  # nothing of a training run is taken silently
+        cpu_table.main(["--rewrite", "--runs", "clip", "--out", str(fig)])
+    with pytest.raises(ValueError, match="no --out"):
+        cpu_table.main(["--rewrite"])
+    rewritten = cpu_table.main(["--rewrite", f"--out={fig}"])
+    assert {name: (fig / name).read_text() for name in files} == files
+    assert rewritten["rows"] == summary["rows"] and rewritten["versions"]["torch"] == "the training's torch"
+    assert rewritten["settings"] == summary["settings"]
+
 
 def test_a_checkpoint_holds_the_shorter_runs_weights_and_at_step_writes_that_runs_table(tmp_path):
     """--at-step S reads a longer run's checkpoint at S as the S-step run: true only if nothing of the first S steps
