@@ -453,6 +453,43 @@ def _table_row(r: dict, benchmark: str, evals: dict[int, dict], last: dict, k: i
     }
 
 
+def seeds_needed(sd: float, difference: float, power: float = 0.8, alpha: float = 0.05) -> int:
+    """The fewest seeds (pairs, >= 2) with which a two-sided paired t test at level ``alpha`` detects a true mean
+    difference ``difference`` with probability >= ``power`` when the paired differences have standard deviation
+    ``sd``: the smallest n with :func:`paired_t_power` (difference, sd, n) >= ``power`` (power rises with n)."""
+    if not (sd > 0 and difference != 0):
+        raise ValueError(
+            f"seeds_needed needs sd > 0 and a nonzero difference, got sd = {sd}, difference = {difference}"
+        )
+    n = 2
+    while paired_t_power(abs(difference), sd, n, alpha) < power:
+        n += 1
+    return n
+
+
+def pooled_sd(differences: list[dict]) -> tuple[float, int] | None:
+    """Pooled standard deviation of paired differences, each of :func:`paired_difference` (its ``sd`` over ``n``
+    pairs): sqrt(sum (n_i - 1) sd_i^2 / sum (n_i - 1)), with its degrees of freedom sum (n_i - 1); one noise level
+    for a table whose lines each rest on few seeds. None without differences."""
+    df = sum(d["n"] - 1 for d in differences)
+    if df == 0:
+        return None
+    return math.sqrt(sum((d["n"] - 1) * d["sd"] ** 2 for d in differences) / df), df
+
+
+def between_rule_noise(rows: list[dict], runs: list[str], k: int) -> dict | None:
+    """How noisy a comparison of two GRPO rules is in this table (rows of one benchmark): the :func:`pooled_sd` of
+    every paired Mean@k difference between ``runs`` (the SFT line left out: GRPO against its starting model is
+    another spread) and the seeds :func:`seeds_needed` for 80% power at 2, 5 and 10 points. None without any
+    difference of nonzero spread."""
+    paired = paired_against_references(rows, [r for r in runs if r != "sft"], f"mean_at_{k}")
+    pooled = pooled_sd([d for by_ref in paired.values() for d in by_ref.values() if d is not None and d["sd"] > 0])
+    if pooled is None:
+        return None
+    sd, df = pooled
+    return {"sd": sd, "df": df, "seeds_needed_80": {str(x): seeds_needed(sd, x) for x in (2, 5, 10)}}
+
+
 def _mean(xs) -> float | None:
     """Mean of the values that are not None (None if there are none)."""
     xs = [x for x in xs if x is not None]
@@ -690,15 +727,24 @@ def markdown_table(rows: list[dict], runs: list[str], k: int) -> str:
             + ("-" if fm is None else f"{100 * fm:.2f}%")
             + " |"
         )
-    tests = sum(d is not None for by_ref in paired.values() for d in by_ref.values())
+    tested = [d for by_ref in paired.values() for d in by_ref.values() if d is not None]
     lines += [
         "",
-        f"{tests} paired differences in this table. *: the 95% t interval excludes 0 (one test alone; about "
-        f"{tests / 20:.1f} such are expected by chance when no method differs); †: Holm-adjusted p < 0.05 over the "
-        f"{tests} (significant for the table as a whole). Detectable: the true difference a paired t test over "
-        f"these seeds would find (5% level, one test alone) with 80% power, taking the observed spread of the differences as the "
-        f"true one (`atr_llm.cpu_table.detectable_difference`); a difference that is not significant may still be this large.",
+        f"{len(tested)} paired differences in this table. *: the 95% t interval excludes 0 (one test alone; about "
+        f"{len(tested) / 20:.1f} such are expected by chance when no method differs); †: Holm-adjusted p < 0.05 over "
+        f"the {len(tested)} (significant for the table as a whole). Detectable: the true difference a paired t test "
+        "over these seeds would find (5% level, one test alone) with 80% power, taking the line's observed spread of "
+        "the differences as the true one (`atr_llm.cpu_table.detectable_difference`); a difference that is not "
+        "significant may still be this large.",
     ]
+    noise = between_rule_noise(rows, runs, k)
+    if noise:
+        needed = ", ".join(f"{x} points: {n}" for x, n in noise["seeds_needed_80"].items())
+        lines[-1] += (
+            f" Pooled over the differences between rules, a paired difference has sd {noise['sd']:.1f} (sum of n - 1: "
+            f"{noise['df']}, fewer independent, as lines share runs; a line's own sd rests on its n - 1 alone); seeds "
+            f"needed for 80% power at that spread: {needed}."
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -946,6 +992,10 @@ def write_outputs(
         "settings": {**settings, "runs": runs, "seeds": seeds, "this_invocation": sorted(map(list, fresh))},
         "versions": versions or _versions(),
         "paired_mean_at_k": paired,
+        "between_rule_noise": {
+            benchmark: between_rule_noise([r for r in rows if r["benchmark"] == benchmark], runs, k)
+            for benchmark in BENCHMARKS
+        },
         "delta_ablation": ablation,
         "grpo_minus_own_sft": grpo_minus_own_sft(rows, k),
         "rows": rows,

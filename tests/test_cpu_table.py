@@ -67,6 +67,48 @@ def test_detectable_difference_is_statsmodels_solved_effect_size_times_sd(n):
     assert cpu_table.detectable_difference(0.0, n) == 0.0  # identical differences: any nonzero mean is certain
 
 
+@pytest.mark.parametrize("sd", [2.0, 5.0, 9.3])
+def test_seeds_needed_is_statsmodels_sample_size_rounded_up(sd):
+    import math
+
+    from statsmodels.stats.power import TTestPower
+
+    for difference in (2.0, 5.0, 10.0):
+        exact = TTestPower().solve_power(effect_size=difference / sd, alpha=0.05, power=0.8, nobs=None)
+        assert cpu_table.seeds_needed(sd, difference) == max(2, math.ceil(exact))
+        assert cpu_table.seeds_needed(sd, -difference) == cpu_table.seeds_needed(sd, difference)
+    with pytest.raises(ValueError, match="difference = 0"):
+        cpu_table.seeds_needed(sd, 0)
+
+
+def test_between_rule_noise_pools_the_rules_differences_and_leaves_the_sft_line_out():
+    import numpy as np
+
+    values = {"clip": [50, 61, 40, 55], "atr": [47, 63, 35, 52], "sapo": [52, 58, 41, 49], "sft": [80, 20, 90, 10]}
+    rows = [
+        {
+            "method": m,
+            "seed": s,
+            "mean_at_8": float(v[s]),
+            "pass_at_8": 90.0,
+            "best_mean_at_8": 0.0,
+            "frac_masked_mean": 0.0,
+        }
+        for m, v in values.items()
+        for s in range(4)
+    ]
+    a = {m: np.array(v, dtype=float) for m, v in values.items()}
+    # the table's differences: every line against clip and atr (its references), not against itself
+    diffs = [a["clip"] - a["atr"], a["atr"] - a["clip"], a["sapo"] - a["clip"], a["sapo"] - a["atr"]]
+    sd = np.sqrt(sum(d.var(ddof=1) for d in diffs) / len(diffs))  # equal n: the mean of the variances
+    noise = cpu_table.between_rule_noise(rows, ["clip", "atr", "sapo"], 8)
+    assert noise["sd"] == pytest.approx(float(sd), rel=1e-12) and noise["df"] == 4 * 3
+    assert noise["seeds_needed_80"]["5"] == cpu_table.seeds_needed(float(sd), 5)
+    assert cpu_table.between_rule_noise(rows, ["sft", "clip", "atr", "sapo"], 8) == noise  # the SFT line is not a rule
+    md = cpu_table.markdown_table(rows, ["clip", "atr", "sapo"], 8)
+    assert f"a paired difference has sd {sd:.1f}" in md and f"5 points: {noise['seeds_needed_80']['5']}" in md
+
+
 def test_detectable_difference_is_detected_in_80_percent_of_simulated_experiments():
     import numpy as np
     from scipy import stats
