@@ -453,43 +453,6 @@ def _table_row(r: dict, benchmark: str, evals: dict[int, dict], last: dict, k: i
     }
 
 
-def seeds_needed(sd: float, difference: float, power: float = 0.8, alpha: float = 0.05) -> int:
-    """The fewest seeds (pairs, >= 2) with which a two-sided paired t test at level ``alpha`` detects a true mean
-    difference ``difference`` with probability >= ``power`` when the paired differences have standard deviation
-    ``sd``: the smallest n with :func:`paired_t_power` (difference, sd, n) >= ``power`` (power rises with n)."""
-    if not (sd > 0 and difference != 0):
-        raise ValueError(
-            f"seeds_needed needs sd > 0 and a nonzero difference, got sd = {sd}, difference = {difference}"
-        )
-    n = 2
-    while paired_t_power(abs(difference), sd, n, alpha) < power:
-        n += 1
-    return n
-
-
-def pooled_sd(differences: list[dict]) -> tuple[float, int] | None:
-    """Pooled standard deviation of paired differences, each of :func:`paired_difference` (its ``sd`` over ``n``
-    pairs): sqrt(sum (n_i - 1) sd_i^2 / sum (n_i - 1)), with its degrees of freedom sum (n_i - 1); one noise level
-    for a table whose lines each rest on few seeds. None without differences."""
-    df = sum(d["n"] - 1 for d in differences)
-    if df == 0:
-        return None
-    return math.sqrt(sum((d["n"] - 1) * d["sd"] ** 2 for d in differences) / df), df
-
-
-def between_rule_noise(rows: list[dict], runs: list[str], k: int) -> dict | None:
-    """How noisy a comparison of two GRPO rules is in this table (rows of one benchmark): the :func:`pooled_sd` of
-    every paired Mean@k difference between ``runs`` (the SFT line left out: GRPO against its starting model is
-    another spread) and the seeds :func:`seeds_needed` for 80% power at 2, 5 and 10 points. None without any
-    difference of nonzero spread."""
-    paired = paired_against_references(rows, [r for r in runs if r != "sft"], f"mean_at_{k}")
-    pooled = pooled_sd([d for by_ref in paired.values() for d in by_ref.values() if d is not None and d["sd"] > 0])
-    if pooled is None:
-        return None
-    sd, df = pooled
-    return {"sd": sd, "df": df, "seeds_needed_80": {str(x): seeds_needed(sd, x) for x in (2, 5, 10)}}
-
-
 def _mean(xs) -> float | None:
     """Mean of the values that are not None (None if there are none)."""
     xs = [x for x in xs if x is not None]
@@ -563,6 +526,30 @@ def detectable_difference(sd: float, n: int, power: float = 0.8, alpha: float = 
     return float(brentq(lambda d: paired_t_power(d, sd, n, alpha) - power, 0.0, high, xtol=1e-12 * sd))
 
 
+def seeds_needed(sd: float, difference: float, power: float = 0.8, alpha: float = 0.05) -> int:
+    """The fewest seeds (pairs, >= 2) with which a two-sided paired t test at level ``alpha`` detects a true mean
+    difference ``difference`` with probability >= ``power`` when the paired differences have standard deviation
+    ``sd``: the smallest n with :func:`paired_t_power` (difference, sd, n) >= ``power`` (power rises with n)."""
+    if not (sd > 0 and difference != 0):
+        raise ValueError(
+            f"seeds_needed needs sd > 0 and a nonzero difference, got sd = {sd}, difference = {difference}"
+        )
+    n = 2
+    while paired_t_power(abs(difference), sd, n, alpha) < power:
+        n += 1
+    return n
+
+
+def pooled_sd(differences: list[dict]) -> tuple[float, int] | None:
+    """Pooled standard deviation of paired differences, each of :func:`paired_difference` (its ``sd`` over ``n``
+    pairs): sqrt(sum (n_i - 1) sd_i^2 / sum (n_i - 1)), with its degrees of freedom sum (n_i - 1); one noise level
+    for a table whose lines each rest on few seeds. None without differences."""
+    df = sum(d["n"] - 1 for d in differences)
+    if df == 0:
+        return None
+    return math.sqrt(sum((d["n"] - 1) * d["sd"] ** 2 for d in differences) / df), df
+
+
 REFERENCES = ("clip", "atr")  # the table's reference rules: each line's paired difference against each of them
 
 
@@ -600,6 +587,19 @@ def unit_minus_reference(unit: list[dict], rows: list[dict], reference: str, key
     """:func:`paired_difference` of one table line's rows (``unit``: one run, one start) against every row of
     ``reference`` in ``rows``; pairs form only where the reference ran the same seed from the same SFT model."""
     return paired_difference(unit + [r for r in rows if r["method"] == reference], unit[0]["method"], reference, key)
+
+
+def between_rule_noise(rows: list[dict], runs: list[str], k: int) -> dict | None:
+    """How noisy a comparison of two GRPO rules is in this table (rows of one benchmark): the :func:`pooled_sd` of
+    every paired Mean@k difference between ``runs`` (the SFT line left out: GRPO against its starting model is
+    another spread) and the seeds :func:`seeds_needed` for 80% power at 2, 5 and 10 points. None without any
+    difference of nonzero spread."""
+    paired = paired_against_references(rows, [r for r in runs if r != "sft"], f"mean_at_{k}")
+    pooled = pooled_sd([d for by_ref in paired.values() for d in by_ref.values() if d is not None and d["sd"] > 0])
+    if pooled is None:
+        return None
+    sd, df = pooled
+    return {"sd": sd, "df": df, "seeds_needed_80": {str(x): seeds_needed(sd, x) for x in (2, 5, 10)}}
 
 
 def start_labels(rows: list[dict]) -> dict[str, str]:
@@ -1083,7 +1083,11 @@ def main(argv=None) -> dict:
     )
     args = ap.parse_args(argv)
     if args.rewrite:
-        given = [a for a in argv or [] if a.startswith("--") and a.split("=")[0] not in ("--rewrite", "--out")]
+        given = [
+            a
+            for a in (sys.argv[1:] if argv is None else argv)
+            if a.startswith("--") and a.split("=")[0] not in ("--rewrite", "--out")
+        ]
         if given or not args.out:
             raise ValueError(f"--rewrite takes only --out DIR (the table to rewrite), got {given or 'no --out'}")
         summary = rewrite_outputs(Path(args.out))
