@@ -19,13 +19,16 @@ T = 0.3, top-p 0.95 (the paper's evaluation sampling) and T = 1 (the training sa
 the final step and the best over the saved checkpoints, as in Table 2's "final (best)".
 
 Writes into ``--out`` (default ``figures/``): ``cpu_llm_table.csv`` (one row per run x seed x benchmark),
-``cpu_llm_table.md`` (means over seeds, paired differences against clip and atr with 95% t intervals),
+``cpu_llm_table.md`` (means over seeds, paired differences against clip and atr with 95% t intervals, the
+difference each line's seeds would detect with 80% power, and the seeds a comparison between rules needs at the
+table's pooled spread: :func:`detectable_difference`, :func:`between_rule_noise`),
 ``cpu_llm_curves.csv`` + ``cpu_llm_curves.png`` (training reward, entropy, completion length: Figs. 3-5's
 quantities), ``cpu_llm_delta_ablation.csv`` + ``.png`` (Mean@8 against ATR's delta: Fig. 4's question) and
 ``cpu_llm_table.json`` (settings, versions, paired statistics, each run's change from its own SFT model). Runs live in ``--runs-dir``; a finished run
 (``result.json``) is not trained again, so an interrupted table resumes. The table in ``--out`` accumulates:
 rows of an earlier invocation with the same protocol stay (a re-run (run, seed, SFT model) replaces its own), so
-rows can be added in later sessions even when their ``--runs-dir`` is gone (``--replace-table`` starts over).
+rows can be added in later sessions even when their ``--runs-dir`` is gone (``--replace-table`` starts over;
+``--rewrite`` writes a table again from its own rows, training nothing, after a change to its statistics).
 
 Every row records the SFT model it started from (``sft_model``: :func:`weights_id`, a hash of its weights) and
 the invocation that wrote it. The same command trains different SFT models on different kinds of CPU (kernels
