@@ -992,7 +992,13 @@ def write_outputs(
     }
     seeds = sorted({r["seed"] for r in rows})
     summary = {
-        "settings": {**settings, "runs": runs, "seeds": seeds, "this_invocation": sorted(map(list, fresh))},
+        # a rewrite (no results) keeps the invocation that trained the rows
+        "settings": {
+            **settings,
+            "runs": runs,
+            "seeds": seeds,
+            "this_invocation": sorted(map(list, fresh)) if results else settings.get("this_invocation", []),
+        },
         "versions": versions or _versions(),
         "paired_mean_at_k": paired,
         "between_rule_noise": {
@@ -1015,11 +1021,8 @@ def rewrite_outputs(out: Path) -> dict:
     if not summary_path.exists():
         raise FileNotFoundError(f"--rewrite: no table to rewrite in {out} (expected {summary_path})")
     before = json.loads(summary_path.read_text())
-    settings = {k: v for k, v in before["settings"].items() if k not in ("runs", "seeds", "this_invocation")}
-    summary = write_outputs([], settings, out, keep_previous=True, versions=before.get("versions"))
-    summary["settings"]["this_invocation"] = before["settings"].get("this_invocation", [])
-    summary_path.write_text(json.dumps(summary, indent=1))
-    return summary
+    settings = {k: v for k, v in before["settings"].items() if k not in ("runs", "seeds")}
+    return write_outputs([], settings, out, keep_previous=True, versions=before.get("versions"))
 
 
 def _units(rows: list[dict], runs: list[str], labels: dict[str, str]) -> dict[str, list[dict]]:
