@@ -21,7 +21,8 @@ the final step and the best over the saved checkpoints, as in Table 2's "final (
 Writes into ``--out`` (default ``figures/``): ``cpu_llm_table.csv`` (one row per run x seed x benchmark),
 ``cpu_llm_table.md`` (means over seeds, paired differences against clip and atr with 95% t intervals, the
 difference each line's seeds would detect with 80% power, and the seeds a comparison between rules needs at the
-table's pooled spread: :func:`detectable_difference`, :func:`between_rule_noise`),
+table's pooled spread: :func:`detectable_difference`, :func:`between_rule_noise`; when clip, clip-mask, atr-min
+and atr ran on the same seeds, Eq. 5's form crossed with the ratio range as a 2 x 2: :func:`forms_factorial`),
 ``cpu_llm_curves.csv`` + ``cpu_llm_curves.png`` (training reward, entropy, completion length: Figs. 3-5's
 quantities), ``cpu_llm_delta_ablation.csv`` + ``.png`` (Mean@8 against ATR's delta: Fig. 4's question) and
 ``cpu_llm_table.json`` (settings, versions, paired statistics, each run's change from its own SFT model). Runs live in ``--runs-dir``; a finished run
@@ -465,22 +466,36 @@ def _mean(xs) -> float | None:
 def paired_difference(rows: list[dict], run: str, reference: str, key: str) -> dict | None:
     """Mean over pairs of ``key``(run) - ``key``(reference) on the same seed started from the same SFT model
     (``sft_model``; same data order) and its 95% Student-t interval; ``significant`` when the interval excludes 0.
-    None with < 2 pairs: rows of one seed that started from different SFT models are never paired."""
+    None with < 2 pairs: rows of one seed that started from different SFT models are never paired.
+    The contrast {run: +1, reference: -1} of :func:`paired_contrast`."""
+    if run == reference:
+        return None
+    return paired_contrast(rows, {run: 1.0, reference: -1.0}, key)
+
+
+def paired_contrast(rows: list[dict], weights: dict[str, float], key: str) -> dict | None:
+    """A within-seed contrast of runs: on every start (seed and SFT model, :func:`_start`) that all runs of
+    ``weights`` share, c = sum over runs of weight * ``key``(run); the mean of c over starts with its 95% Student-t
+    interval (n - 1 degrees of freedom), two-sided p, ``significant`` when the interval excludes 0, the sd of c and
+    the difference detectable with 80% power (:func:`detectable_difference`). Rows of one benchmark only. None with
+    < 2 shared starts. A difference of two runs is {run: +1, reference: -1}; an interaction of a 2 x 2 design
+    (a1b1 - a1b0 - a0b1 + a0b0) is the one-sample t test of a repeated-measures ANOVA's interaction (t^2 = F)."""
     from scipy import stats
 
     benchmarks = {r.get("benchmark") for r in rows}
     if len(benchmarks) > 1:
-        raise ValueError(f"paired_difference needs the rows of one benchmark, got {sorted(map(str, benchmarks))}")
+        raise ValueError(f"paired statistics need the rows of one benchmark, got {sorted(map(str, benchmarks))}")
     by = {(r["method"], _start(r)): r[key] for r in rows}
-    starts = sorted({s for name, s in by if name == run} & {s for name, s in by if name == reference}, key=str)
-    if run == reference or len(starts) < 2:
+    shared = set.intersection(*({s for name, s in by if name == run} for run in weights)) if weights else set()
+    starts = sorted(shared, key=str)
+    if len(starts) < 2:
         return None
-    d = [by[(run, start)] - by[(reference, start)] for start in starts]
+    d = [sum(w * by[(run, start)] for run, w in weights.items()) for start in starts]
     n, mean, sd = len(d), statistics.fmean(d), statistics.stdev(d)
     half = float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
     if sd > 0:
         p = float(2 * stats.t.sf(abs(mean) / (sd / math.sqrt(n)), n - 1))
-    else:  # every pair differs by the same amount: certain if it is not 0
+    else:  # every start gives the same contrast: certain if it is not 0
         p = 0.0 if mean != 0 else 1.0
     return {
         "mean": mean,
@@ -785,6 +800,58 @@ def delta_ablation(rows: list[dict], k: int) -> list[dict]:
     return points
 
 
+FORMS_2X2_EFFECTS: dict[str, dict[str, float]] = {
+    "range": {"atr": 0.5, "atr-min": 0.5, "clip": -0.5, "clip-mask": -0.5},
+    "form": {"atr": 0.5, "clip-mask": 0.5, "atr-min": -0.5, "clip": -0.5},
+    "interaction": {"atr": 1.0, "atr-min": -1.0, "clip-mask": -1.0, "clip": 1.0},
+}
+"""Eq. 5's two forms crossed with two ratio ranges (clip's [0.8, 1.2], atr's [0.671, 1.422] at delta = 0.07):
+``range``: atr's range minus clip's, averaged over the two forms; ``form``: the mask form minus PPO's min form,
+averaged over the two ranges; ``interaction``: the form's effect at atr's range minus that at clip's
+((atr - atr-min) - (clip-mask - clip)). Contrast weights over the four runs, for :func:`paired_contrast`."""
+
+
+def forms_factorial(rows: list[dict], k: int) -> dict[str, dict[str, dict]] | None:
+    """Per benchmark, the :data:`FORMS_2X2_EFFECTS` of Mean@k as :func:`paired_contrast` s over the seeds (and SFT
+    models) on which all four of clip, clip-mask, atr, atr-min ran, each with ``p_holm``: Holm over the three
+    (:func:`holm_adjusted`). None unless some benchmark has >= 2 such seeds."""
+    key = f"mean_at_{k}"
+    out = {}
+    for benchmark in BENCHMARKS:
+        mine = [r for r in rows if r["benchmark"] == benchmark]
+        effects = {name: paired_contrast(mine, weights, key) for name, weights in FORMS_2X2_EFFECTS.items()}
+        if any(e is None for e in effects.values()):
+            continue
+        for e, p_holm in zip(effects.values(), holm_adjusted([e["p"] for e in effects.values()])):
+            e["p_holm"] = p_holm
+        out[benchmark] = effects
+    return out or None
+
+
+def markdown_forms_factorial(factorial: dict[str, dict[str, dict]], k: int) -> str:
+    """The :func:`forms_factorial` effects as one Markdown table (a line per benchmark and effect)."""
+    lines = [
+        "### The forms as a 2 x 2: ratio range x form of Eq. 5 (clip, clip-mask, atr-min, atr)",
+        "",
+        f"| benchmark | effect on Mean@{k} | seeds | mean [95% CI] | p | p (Holm over 3) | detectable (80%) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for benchmark, effects in factorial.items():
+        for name, e in effects.items():
+            lines.append(
+                f"| {benchmark} | {name} | {e['n']} | {e['mean']:+.1f} [{e['low']:+.1f}, {e['high']:+.1f}] | "
+                f"{e['p']:.3f} | {e['p_holm']:.3f} | {e['detectable_80']:.1f} |"
+            )
+    lines += [
+        "",
+        "range: atr's [0.671, 1.422] minus clip's [0.8, 1.2], averaged over the two forms; form: the mask form "
+        "(freeze outside the range whatever the advantage's sign) minus PPO's min form, averaged over the two ranges; "
+        "interaction: (atr - atr-min) - (clip-mask - clip), the form's effect at atr's range minus at clip's. Each is "
+        "a within-seed contrast with a paired t interval (`atr_llm.cpu_table.paired_contrast`).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def grpo_minus_own_sft(rows: list[dict], k: int) -> dict[str, dict]:
     """Per benchmark: each GRPO row's final Mean@k minus that of the SFT model it started from (same seed, same
     ``sft_model``), how many runs raise / lower / keep it, and every change by run (:func:`display_name`) and seed.
@@ -973,6 +1040,9 @@ def write_outputs(
             for c in r["curves"]:
                 w.writerow({"method": r["run"], "seed": r["seed"], "sft_model": r.get("sft_model"), **c})
     md = markdown_tables(rows, runs, k)
+    factorial = forms_factorial(rows, k)
+    if factorial:
+        md += "\n" + markdown_forms_factorial(factorial, k)
     (out / "cpu_llm_table.md").write_text(md)
     named = [{**c, "run": display_name({"method": c["run"], **c}, labels)} for c in curve_sets]
     shown = list(_units(rows, TABLE2 if set(TABLE2) <= set(runs) else runs, labels))
@@ -1006,6 +1076,7 @@ def write_outputs(
             for benchmark in BENCHMARKS
         },
         "delta_ablation": ablation,
+        "forms_factorial": factorial,
         "grpo_minus_own_sft": grpo_minus_own_sft(rows, k),
         "rows": rows,
     }

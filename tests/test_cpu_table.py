@@ -445,6 +445,64 @@ def test_grpo_minus_own_sft_subtracts_the_sft_row_of_the_same_seed_and_model():
     assert (t03["runs"], t03["lowered"], t03["mean_change"]) == (1, 1, -1.0)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_forms_2x2_effects_are_a_repeated_measures_anovas(seed):
+    """Each effect's t^2 and p are statsmodels' AnovaRM F and p for the 2 x 2 within-seed design (range x form);
+    a wrong sign on any cell's weight changes some F. A seed missing one cell is left out of every effect."""
+    import numpy as np
+    import pandas as pd
+    from statsmodels.stats.anova import AnovaRM
+
+    rng = np.random.default_rng(seed)
+    cells = {"clip": ("clip", "min"), "clip-mask": ("clip", "mask"), "atr-min": ("atr", "min"), "atr": ("atr", "mask")}
+    shift = {"clip": 0.0, "clip-mask": -2.0, "atr-min": -6.0, "atr": -4.0}
+    values = {
+        (run, s): 60 + 10 * rng.standard_normal() + shift[run] + 3 * rng.standard_normal()
+        for run in cells
+        for s in range(7)
+    }
+    rows = [
+        {"method": run, "seed": s, "benchmark": "steps-test-T0.3", "mean_at_8": v} for (run, s), v in values.items()
+    ]
+    rows.append({"method": "atr", "seed": 7, "benchmark": "steps-test-T0.3", "mean_at_8": 99.0})  # one cell only
+    effects = cpu_table.forms_factorial(rows, 8)["steps-test-T0.3"]
+    frame = pd.DataFrame(
+        [{"seed": s, "range": cells[run][0], "form": cells[run][1], "y": v} for (run, s), v in values.items()]
+    )
+    anova = AnovaRM(frame, "y", "seed", within=["range", "form"]).fit().anova_table
+    for effect, term in [("range", "range"), ("form", "form"), ("interaction", "range:form")]:
+        e = effects[effect]
+        assert e["n"] == 7
+        assert (e["mean"] / (e["sd"] / 7**0.5)) ** 2 == pytest.approx(anova.loc[term, "F Value"], rel=1e-9)
+        assert e["p"] == pytest.approx(anova.loc[term, "Pr > F"], rel=1e-9)
+    means = frame.groupby(["range", "form"])["y"].mean()
+    assert effects["range"]["mean"] == pytest.approx(means["atr"].mean() - means["clip"].mean())
+    assert effects["interaction"]["mean"] == pytest.approx(
+        (means["atr", "mask"] - means["atr", "min"]) - (means["clip", "mask"] - means["clip", "min"])
+    )
+    assert cpu_table.forms_factorial([r for r in rows if r["method"] != "clip-mask"], 8) is None
+
+
+def test_a_table_with_the_four_forms_writes_their_2x2(tmp_path):
+    rows = [
+        {"method": run, "seed": s, "benchmark": b, "mean_at_8": 50.0 + 3 * s + i * (s % 3), "pass_at_8": 90.0}
+        | {"best_mean_at_8": 70.0, "frac_masked_mean": 0.001}
+        for i, run in enumerate(["clip", "clip-mask", "atr-min", "atr"])
+        for s in range(4)
+        for b in cpu_table.BENCHMARKS
+    ]
+    (tmp_path / "cpu_llm_table.json").write_text(json.dumps({"settings": {"samples": 8}, "rows": rows}))
+    summary = cpu_table.rewrite_outputs(tmp_path)
+    assert summary["forms_factorial"] == cpu_table.forms_factorial(rows, 8)
+    md = (tmp_path / "cpu_llm_table.md").read_text()
+    interaction = summary["forms_factorial"]["steps-test-T1"]["interaction"]
+    assert f"| steps-test-T1 | interaction | 4 | {interaction['mean']:+.1f} [" in md
+    two_only = [r for r in rows if r["method"] in ("clip", "atr")]
+    (tmp_path / "cpu_llm_table.json").write_text(json.dumps({"settings": {"samples": 8}, "rows": two_only}))
+    assert cpu_table.rewrite_outputs(tmp_path)["forms_factorial"] is None
+    assert "2 x 2" not in (tmp_path / "cpu_llm_table.md").read_text()
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=40))
 def test_holm_adjusted_is_statsmodels_holm(p_values):
