@@ -22,7 +22,8 @@ Writes into ``--out`` (default ``figures/``): ``cpu_llm_table.csv`` (one row per
 ``cpu_llm_table.md`` (means over seeds, paired differences against clip and atr with 95% t intervals, the
 difference each line's seeds would detect with 80% power, and the seeds a comparison between rules needs at the
 table's pooled spread: :func:`detectable_difference`, :func:`between_rule_noise`; when clip, clip-mask, atr-min
-and atr ran on the same seeds, Eq. 5's form crossed with the ratio range as a 2 x 2: :func:`forms_factorial`),
+and atr ran on the same seeds, Eq. 5's form crossed with the ratio range as a 2 x 2: :func:`forms_factorial`;
+training reward, entropy and length over each run's last 100 steps, paired: :func:`curve_tails`),
 ``cpu_llm_curves.csv`` + ``cpu_llm_curves.png`` (training reward, entropy, completion length: Figs. 3-5's
 quantities), ``cpu_llm_delta_ablation.csv`` + ``.png`` (Mean@8 against ATR's delta: Fig. 4's question) and
 ``cpu_llm_table.json`` (settings, versions, paired statistics, each run's change from its own SFT model). Runs live in ``--runs-dir``; a finished run
@@ -828,6 +829,11 @@ def forms_factorial(rows: list[dict], k: int) -> dict[str, dict[str, dict]] | No
     return out or None
 
 
+def _p_value(p: float) -> str:
+    """A p-value for a table: three decimals, or "< 0.001"."""
+    return f"{p:.3f}" if p >= 0.001 else "< 0.001"
+
+
 def markdown_forms_factorial(factorial: dict[str, dict[str, dict]], k: int) -> str:
     """The :func:`forms_factorial` effects as one Markdown table (a line per benchmark and effect)."""
     lines = [
@@ -840,7 +846,7 @@ def markdown_forms_factorial(factorial: dict[str, dict[str, dict]], k: int) -> s
         for name, e in effects.items():
             lines.append(
                 f"| {benchmark} | {name} | {e['n']} | {e['mean']:+.1f} [{e['low']:+.1f}, {e['high']:+.1f}] | "
-                f"{e['p']:.3f} | {e['p_holm']:.3f} | {e['detectable_80']:.1f} |"
+                f"{_p_value(e['p'])} | {_p_value(e['p_holm'])} | {e['detectable_80']:.1f} |"
             )
     lines += [
         "",
@@ -848,6 +854,75 @@ def markdown_forms_factorial(factorial: dict[str, dict[str, dict]], k: int) -> s
         "(freeze outside the range whatever the advantage's sign) minus PPO's min form, averaged over the two ranges; "
         "interaction: (atr - atr-min) - (clip-mask - clip), the form's effect at atr's range minus at clip's. Each is "
         "a within-seed contrast with a paired t interval (`atr_llm.cpu_table.paired_contrast`).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+TAIL_STEPS = 100
+TAIL_KEYS = {"reward": "reward", "entropy": "entropy", "length": "completions/mean_length"}
+"""Where a run ends, in its training curves: name -> logged key, averaged over the last :data:`TAIL_STEPS` steps."""
+
+
+def curve_tails(rows: list[dict], curve_sets: list[dict], last_steps: int = TAIL_STEPS) -> list[dict]:
+    """One row per GRPO run, seed and SFT model of ``curve_sets`` (``{"run", "seed", "sft_model", "curves"}``) that
+    has a table row in ``rows``: for each of :data:`TAIL_KEYS` (``<name>_tail``) the mean over its logged points with
+    step > final step - ``last_steps`` (less noisy than the last point alone), with the table row's seed, SFT model,
+    machine and invocation, so that :func:`paired_against_references` pairs and groups it as the table does."""
+    identity = {(r["method"], *_start(r)): r for r in rows}
+    tails = []
+    for c in sorted(curve_sets, key=lambda c: (c["run"], c["seed"], str(c.get("sft_model")))):
+        row = identity.get((c["run"], c["seed"], c.get("sft_model")))
+        if row is None or not c["curves"]:
+            continue
+        end = max(point["step"] for point in c["curves"])
+        tail = [point for point in c["curves"] if point["step"] > end - last_steps]
+        tails.append(
+            {key: row.get(key) for key in ("method", "seed", "sft_model", "sft_machine", "invocation")}
+            | {"final_step": end, "points": len(tail)}
+            | {f"{name}_tail": _mean(point.get(logged) for point in tail) for name, logged in TAIL_KEYS.items()}
+        )
+    return tails
+
+
+def markdown_curve_tails(tails: list[dict], runs: list[str], last_steps: int = TAIL_STEPS) -> str:
+    """Training reward, entropy and completion length where the runs end (:func:`curve_tails`), mean over seeds,
+    with the paired differences of reward and entropy against clip and atr (* and † as in :func:`markdown_table`,
+    Holm over each column family: one quantity's differences in this table)."""
+    labels = start_labels(tails)
+    units = _units(tails, runs, labels)
+    paired = {name: paired_against_references(tails, runs, f"{name}_tail") for name in ("reward", "entropy")}
+    places = {"reward": 3, "entropy": 4, "length": 1}
+
+    def fmt(name, quantity, ref):
+        d = paired[quantity][name][ref]
+        if d is None:
+            return "-"
+        f = f"+.{places[quantity]}f"
+        mark = (" *" if d["significant"] else "") + (" †" if d["p_holm"] < 0.05 else "")
+        return f"{d['mean']:{f}} [{d['low']:{f}}, {d['high']:{f}}]{mark}"
+
+    pairs = [(quantity, ref) for ref in REFERENCES for quantity in ("reward", "entropy")]
+    lines = [
+        f"### Where the runs end: training curves over the last {last_steps} steps",
+        "",
+        "| run | seeds | reward (T = 1) | entropy (nats) | length (tokens) | "
+        + " | ".join(f"{quantity}: run - {ref} [95% CI]" for quantity, ref in pairs)
+        + " |",
+        "|---|---|---|---|---|" + "---|" * len(pairs),
+    ]
+    for name, mine in units.items():
+        means = {q: _mean(r[f"{q}_tail"] for r in mine) for q in places}
+        lines.append(
+            f"| {name} | {len(mine)} | "
+            + "".join("- | " if means[q] is None else f"{means[q]:.{places[q]}f} | " for q in places)
+            + " | ".join(fmt(name, quantity, ref) for quantity, ref in pairs)
+            + " |"
+        )
+    lines += [
+        "",
+        f"Each run's mean over its logged points in its last {last_steps} steps, then the mean over seeds; differences "
+        "paired over seeds from the same SFT model. *: the 95% t interval excludes 0; †: Holm-adjusted p < 0.05 over "
+        "the column family (one quantity's differences in this table).",
     ]
     return "\n".join(lines) + "\n"
 
@@ -1043,6 +1118,9 @@ def write_outputs(
     factorial = forms_factorial(rows, k)
     if factorial:
         md += "\n" + markdown_forms_factorial(factorial, k)
+    tails = curve_tails(rows, curve_sets)
+    if tails:
+        md += "\n" + markdown_curve_tails(tails, runs)
     (out / "cpu_llm_table.md").write_text(md)
     named = [{**c, "run": display_name({"method": c["run"], **c}, labels)} for c in curve_sets]
     shown = list(_units(rows, TABLE2 if set(TABLE2) <= set(runs) else runs, labels))
@@ -1077,6 +1155,11 @@ def write_outputs(
         },
         "delta_ablation": ablation,
         "forms_factorial": factorial,
+        "curve_tails": {
+            "last_steps": TAIL_STEPS,
+            "paired": {name: paired_against_references(tails, runs, f"{name}_tail") for name in ("reward", "entropy")},
+            "rows": tails,
+        },
         "grpo_minus_own_sft": grpo_minus_own_sft(rows, k),
         "rows": rows,
     }

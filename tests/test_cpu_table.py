@@ -166,7 +166,15 @@ def test_quick_table_runs_end_to_end_and_writes_every_output(tmp_path):
     assert summary["settings"]["runs"] == ["clip", "atr"] and "torch" in summary["versions"]
     assert (tmp_path / "fig" / "cpu_llm_curves.png").stat().st_size > 0
     md = (tmp_path / "fig" / "cpu_llm_table.md").read_text()
-    assert md.count("| atr | 1 |") == len(cpu_table.BENCHMARKS) and all(f"### {b} " in md for b in cpu_table.BENCHMARKS)
+    assert all(f"### {b} " in md for b in cpu_table.BENCHMARKS)
+    with (tmp_path / "fig" / "cpu_llm_curves.csv").open() as f:
+        logged = [point["method"] for point in csv.DictReader(f)]
+    # a 4-step run lies within its last 100 steps: every logged point is in its tail
+    assert [(t["method"], t["points"]) for t in summary["curve_tails"]["rows"]] == [
+        ("atr", logged.count("atr")),
+        ("clip", logged.count("clip")),
+    ]
+    assert "### Where the runs end" in md and md.count("| atr | 1 |") == len(cpu_table.BENCHMARKS) + 1
     again = cpu_table.main(["--quick", "--runs-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "fig2")])
     sft_model = cpu_table.weights_id(tmp_path / "runs" / "sft-s0")
     assert {r["sft_model"] for r in summary["rows"]} == {sft_model} and all(r["invocation"] for r in summary["rows"])
@@ -336,7 +344,12 @@ def test_rows_from_other_sft_models_are_kept_beside_and_never_paired(tmp_path):
     assert paired["atr-delta0.15 [B]"]["atr"]["mean"] == pytest.approx((0 + 1 + 4) / 3)  # against atr [B] only
     assert paired["atr [A]"]["clip"]["mean"] == pytest.approx(0.0) and paired["atr [B]"]["clip"] is None
     md = (tmp_path / "cpu_llm_table.md").read_text()
-    table = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in md.splitlines() if line.startswith("| ")}
+    benchmark_tables = md.split("### Where the runs end")[0]  # the Mean@8 tables, not the training curves' one
+    table = {
+        line.split("|")[1].strip(): line.split("|")[2:-1]
+        for line in benchmark_tables.splitlines()
+        if line.startswith("| ")
+    }
     assert table["sft [A]"][1].startswith(" 41.0 ±") and table["sft [B]"][1].startswith(" 32.0 ±")
     assert table["atr-delta0.15 [B]"][3].strip() == "other start" and table["atr-delta0.15 [B]"][4].strip() != "-"
     assert "- **B**: seed 0: b0, seed 1: b1, seed 2: b2 (written by: 2026-11-24T10:00:00Z)" in md
@@ -481,6 +494,32 @@ def test_forms_2x2_effects_are_a_repeated_measures_anovas(seed):
         (means["atr", "mask"] - means["atr", "min"]) - (means["clip", "mask"] - means["clip", "min"])
     )
     assert cpu_table.forms_factorial([r for r in rows if r["method"] != "clip-mask"], 8) is None
+
+
+def test_curve_tails_average_the_last_100_steps_and_pair_like_the_table():
+    from scipy import stats
+
+    def curves(offset, last_step=1000):  # logged every 10 steps, reward = step / 1000 + offset
+        steps = [*range(10, last_step + 1 - last_step % 10, 10)] + ([last_step] if last_step % 10 else [])
+        return [{"step": t, "reward": t / 1000 + offset, "entropy": offset} for t in steps]
+
+    offsets = {("clip", 0): 0.0, ("clip", 1): 0.1, ("clip", 2): 0.3, ("atr", 0): 0.05, ("atr", 1): 0.1, ("atr", 2): 0.4}
+    sets = [{"run": run, "seed": s, "sft_model": f"m{s}", "curves": curves(o)} for (run, s), o in offsets.items()]
+    sets.append({"run": "atr", "seed": 3, "sft_model": "m3", "curves": curves(0.0, last_step=997)})
+    rows = [{"method": run, "seed": s, "sft_model": f"m{s}", "benchmark": "b"} for run, s in offsets]
+    rows += [{"method": "atr", "seed": 3, "sft_model": "m3", "benchmark": "b"}]
+    rows += [{"method": "clip", "seed": 4, "sft_model": "m4", "benchmark": "b"}]  # a row without curves: no tail
+    tails = {(t["method"], t["seed"]): t for t in cpu_table.curve_tails(rows, sets)}
+    assert set(tails) == set(offsets) | {("atr", 3)}
+    # steps 910, ..., 1000: mean step 955; a run ending off the interval (997) averages 900, ..., 990 and 997
+    assert tails["clip", 1]["reward_tail"] == pytest.approx(0.955 + 0.1) and tails["clip", 1]["points"] == 10
+    assert tails["atr", 3]["reward_tail"] == pytest.approx((sum(range(900, 991, 10)) + 997) / 11 / 1000)
+    paired = cpu_table.paired_against_references(list(tails.values()), ["clip", "atr"], "entropy_tail")
+    expected = stats.ttest_rel([0.05, 0.1, 0.4], [0.0, 0.1, 0.3])  # seed 3 has no clip run to pair with
+    assert paired["atr"]["clip"]["p"] == pytest.approx(expected.pvalue, rel=1e-10)
+    assert paired["atr"]["clip"]["mean"] == pytest.approx(0.05)
+    md = cpu_table.markdown_curve_tails(list(tails.values()), ["clip", "atr"])
+    assert "| atr | 4 | 1.091 | 0.1375 | - |" in md  # reward (3 x 0.955 + 0.55 + 0.94973) / 4; no length logged
 
 
 def test_a_table_with_the_four_forms_writes_their_2x2(tmp_path):
