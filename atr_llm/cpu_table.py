@@ -479,14 +479,15 @@ def paired_contrast(rows: list[dict], weights: dict[str, float], key: str) -> di
     ``weights`` share, c = sum over runs of weight * ``key``(run); the mean of c over starts with its 95% Student-t
     interval (n - 1 degrees of freedom), two-sided p, ``significant`` when the interval excludes 0, the sd of c and
     the difference detectable with 80% power (:func:`detectable_difference`). Rows of one benchmark only. None with
-    < 2 shared starts. A difference of two runs is {run: +1, reference: -1}; an interaction of a 2 x 2 design
+    < 2 shared starts; a start where some run lacks ``key`` (None: e.g. a curve that did not log it) is left out.
+    A difference of two runs is {run: +1, reference: -1}; an interaction of a 2 x 2 design
     (a1b1 - a1b0 - a0b1 + a0b0) is the one-sample t test of a repeated-measures ANOVA's interaction (t^2 = F)."""
     from scipy import stats
 
     benchmarks = {r.get("benchmark") for r in rows}
     if len(benchmarks) > 1:
         raise ValueError(f"paired statistics need the rows of one benchmark, got {sorted(map(str, benchmarks))}")
-    by = {(r["method"], _start(r)): r[key] for r in rows}
+    by = {(r["method"], _start(r)): r[key] for r in rows if r.get(key) is not None}  # a value not logged: no pair
     shared = set.intersection(*({s for name, s in by if name == run} for run in weights)) if weights else set()
     starts = sorted(shared, key=str)
     if len(starts) < 2:

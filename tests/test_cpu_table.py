@@ -518,6 +518,10 @@ def test_curve_tails_average_the_last_100_steps_and_pair_like_the_table():
     expected = stats.ttest_rel([0.05, 0.1, 0.4], [0.0, 0.1, 0.3])  # seed 3 has no clip run to pair with
     assert paired["atr"]["clip"]["p"] == pytest.approx(expected.pvalue, rel=1e-10)
     assert paired["atr"]["clip"]["mean"] == pytest.approx(0.05)
+    # a run whose curves did not log entropy has no entropy tail, and its seed drops out of that pairing only
+    no_entropy = [{**t, "entropy_tail": None} if (t["method"], t["seed"]) == ("atr", 2) else t for t in tails.values()]
+    fewer = cpu_table.paired_against_references(no_entropy, ["clip", "atr"], "entropy_tail")["atr"]["clip"]
+    assert fewer["n"] == 2 and fewer["mean"] == pytest.approx((0.05 + 0.0) / 2)
     md = cpu_table.markdown_curve_tails(list(tails.values()), ["clip", "atr"])
     assert "| atr | 4 | 1.091 | 0.1375 | - |" in md  # reward (3 x 0.955 + 0.55 + 0.94973) / 4; no length logged
 
