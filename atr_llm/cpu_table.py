@@ -704,6 +704,13 @@ def masks_tokens(run: str) -> bool:
     return spec.get("form", get_method(spec["method"]).default_form) not in ("soft", "none")
 
 
+def difference_cell(d: dict, places: int = 1) -> str:
+    """A paired difference as a table cell: "mean [low, high]" with ``places`` decimals, then " *" where the 95%
+    interval excludes 0 and " †" where its Holm-adjusted p (``p_holm``) is < 0.05."""
+    mark = (" *" if d["significant"] else "") + (" †" if d["p_holm"] < 0.05 else "")
+    return f"{d['mean']:+.{places}f} [{d['low']:+.{places}f}, {d['high']:+.{places}f}]{mark}"
+
+
 def markdown_table(rows: list[dict], runs: list[str], k: int) -> str:
     """Means (and standard deviations) over seeds, with paired differences against clip and atr (rows of one
     benchmark); one line per run and start (:func:`start_labels`), paired only within a start ("other start"
@@ -723,8 +730,7 @@ def markdown_table(rows: list[dict], runs: list[str], k: int) -> str:
             same_seed = {r["seed"] for r in mine} & {r["seed"] for r in theirs}
             same_start = {_start(r) for r in mine} & {_start(r) for r in theirs}
             return "other start" if same_seed and not same_start and mine[0]["method"] != ref else "-"
-        mark = (" *" if d["significant"] else "") + (" †" if d["p_holm"] < 0.05 else "")
-        return f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}]{mark}"
+        return difference_cell(d)
 
     def detectable(name):
         found = [paired[name][ref] for ref in REFERENCES]
@@ -885,22 +891,27 @@ def curve_tails(rows: list[dict], curve_sets: list[dict], last_steps: int = TAIL
     return tails
 
 
-def markdown_curve_tails(tails: list[dict], runs: list[str], last_steps: int = TAIL_STEPS) -> str:
+def curve_tail_differences(tails: list[dict], runs: list[str]) -> dict[str, dict]:
+    """Per paired quantity ("reward", "entropy"): :func:`paired_against_references` of its ``<name>_tail`` over the
+    :func:`curve_tails` rows (Holm over that quantity's differences)."""
+    return {name: paired_against_references(tails, runs, f"{name}_tail") for name in ("reward", "entropy")}
+
+
+def markdown_curve_tails(
+    tails: list[dict], runs: list[str], last_steps: int = TAIL_STEPS, paired: dict[str, dict] | None = None
+) -> str:
     """Training reward, entropy and completion length where the runs end (:func:`curve_tails`), mean over seeds,
-    with the paired differences of reward and entropy against clip and atr (* and † as in :func:`markdown_table`,
-    Holm over each column family: one quantity's differences in this table)."""
+    with the paired differences of reward and entropy against clip and atr (``paired``, by default
+    :func:`curve_tail_differences`; * and † as in :func:`markdown_table`, Holm over each column family: one
+    quantity's differences in this table)."""
     labels = start_labels(tails)
     units = _units(tails, runs, labels)
-    paired = {name: paired_against_references(tails, runs, f"{name}_tail") for name in ("reward", "entropy")}
+    paired = curve_tail_differences(tails, runs) if paired is None else paired
     places = {"reward": 3, "entropy": 4, "length": 1}
 
     def fmt(name, quantity, ref):
         d = paired[quantity][name][ref]
-        if d is None:
-            return "-"
-        f = f"+.{places[quantity]}f"
-        mark = (" *" if d["significant"] else "") + (" †" if d["p_holm"] < 0.05 else "")
-        return f"{d['mean']:{f}} [{d['low']:{f}}, {d['high']:{f}}]{mark}"
+        return "-" if d is None else difference_cell(d, places[quantity])
 
     pairs = [(quantity, ref) for ref in REFERENCES for quantity in ("reward", "entropy")]
     lines = [
@@ -1120,8 +1131,9 @@ def write_outputs(
     if factorial:
         md += "\n" + markdown_forms_factorial(factorial, k)
     tails = curve_tails(rows, curve_sets)
+    tail_differences = curve_tail_differences(tails, runs)
     if tails:
-        md += "\n" + markdown_curve_tails(tails, runs)
+        md += "\n" + markdown_curve_tails(tails, runs, paired=tail_differences)
     (out / "cpu_llm_table.md").write_text(md)
     named = [{**c, "run": display_name({"method": c["run"], **c}, labels)} for c in curve_sets]
     shown = list(_units(rows, TABLE2 if set(TABLE2) <= set(runs) else runs, labels))
@@ -1158,7 +1170,7 @@ def write_outputs(
         "forms_factorial": factorial,
         "curve_tails": {
             "last_steps": TAIL_STEPS,
-            "paired": {name: paired_against_references(tails, runs, f"{name}_tail") for name in ("reward", "entropy")},
+            "paired": tail_differences,
             "rows": tails,
         },
         "grpo_minus_own_sft": grpo_minus_own_sft(rows, k),
