@@ -897,6 +897,78 @@ def curve_tail_differences(tails: list[dict], runs: list[str]) -> dict[str, dict
     return {name: paired_against_references(tails, runs, f"{name}_tail") for name in ("reward", "entropy")}
 
 
+def _same_value(a, b) -> bool:
+    """Equal, or both NaN (a logged NaN is the same value twice)."""
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+
+
+def where_curves_part(curve_sets: list[dict], runs: list[str], reference: str = "clip") -> dict[str, list[dict]]:
+    """Per run of ``runs`` other than ``reference``, one entry per start (seed and SFT model) it shares with
+    ``reference``: ``{"seed", "sft_model", "parts_at"}``, where ``parts_at`` is the first logged step at which any
+    value of :data:`CURVE_KEYS` differs from ``reference``'s, or None when every logged point is equal bit for bit
+    (the same steps, every value). Training on one machine kind is deterministic (a rerun reproduces its curves), and
+    two rules that give the same loss and gradient on every batch make the same updates, so None says the rule never
+    changed an update on that start: e.g. the dual clip's floor c A (Ye et al. 2020) where no ratio of an A < 0
+    token passed c. Runs without a shared start are left out."""
+    by = {(c["run"], c["seed"], c.get("sft_model")): c["curves"] for c in curve_sets}
+    parted: dict[str, list[dict]] = {}
+    for run in runs:
+        if run == reference:
+            continue
+        for run_, seed, model in sorted((k for k in by if k[0] == run and (reference, k[1], k[2]) in by), key=str):
+            mine = {p["step"]: p for p in by[run_, seed, model]}
+            theirs = {p["step"]: p for p in by[reference, seed, model]}
+            steps = sorted(set(mine) | set(theirs))
+            differ = [
+                t
+                for t in steps
+                if t not in mine
+                or t not in theirs
+                or any(not _same_value(mine[t].get(k), theirs[t].get(k)) for k in CURVE_KEYS)
+            ]
+            parted.setdefault(run, []).append({"seed": seed, "sft_model": model, "parts_at": min(differ, default=None)})
+    return parted
+
+
+def markdown_curves_equal(
+    parted: dict[str, list[dict]], labels: dict[str, str] | None = None, reference: str = "clip"
+) -> str:
+    """One line per run of :func:`where_curves_part` that equals ``reference`` on at least one start: on how many
+    starts (which seeds, with their start letter from ``labels`` where the table has several:
+    :func:`start_labels`) its curves are ``reference``'s bit for bit, and at which step they part on the others.
+    "" when no run equals ``reference`` anywhere."""
+    labels = labels or {}
+
+    def names(starts: list[dict]) -> str:
+        shown = [
+            f"{s['seed']} [{labels[s['sft_model']]}]" if labels.get(s["sft_model"]) else str(s["seed"]) for s in starts
+        ]
+        return f"seed{'s' * (len(shown) > 1)} {', '.join(shown)}"
+
+    lines = []
+    for run, starts in parted.items():
+        same = [s for s in starts if s["parts_at"] is None]
+        if not same:
+            continue
+        by_step: dict[int, list[dict]] = {}
+        for s in starts:
+            if s["parts_at"] is not None:
+                by_step.setdefault(s["parts_at"], []).append(s)
+        elsewhere = "; ".join(f"step {t} ({names(v)})" for t, v in sorted(by_step.items()))
+        lines.append(
+            f"- {run}: every logged value equals {reference}'s on {len(same)} of {len(starts)} starts ({names(same)}):"
+            " the rule never changed an update there"
+            + (f"; elsewhere the curves part at {elsewhere}" if elsewhere else "")
+        )
+    if not lines:
+        return ""
+    return (
+        f"Runs whose training curves equal {reference}'s bit for bit (`where_curves_part`; training on one machine kind"
+        " is deterministic, so equal curves mean equal updates; where curves part at logged step t, the first changed"
+        " update came no later than step t):\n\n" + "\n".join(lines) + "\n"
+    )
+
+
 def markdown_curve_tails(
     tails: list[dict], runs: list[str], last_steps: int = TAIL_STEPS, paired: dict[str, dict] | None = None
 ) -> str:
@@ -1134,6 +1206,10 @@ def write_outputs(
     tail_differences = curve_tail_differences(tails, runs)
     if tails:
         md += "\n" + markdown_curve_tails(tails, runs, paired=tail_differences)
+    parted = where_curves_part(curve_sets, runs)
+    equal_lines = markdown_curves_equal(parted, labels)
+    if equal_lines:
+        md += "\n" + equal_lines
     (out / "cpu_llm_table.md").write_text(md)
     named = [{**c, "run": display_name({"method": c["run"], **c}, labels)} for c in curve_sets]
     shown = list(_units(rows, TABLE2 if set(TABLE2) <= set(runs) else runs, labels))
@@ -1173,6 +1249,7 @@ def write_outputs(
             "paired": tail_differences,
             "rows": tails,
         },
+        "curves_part_from_clip": parted,
         "grpo_minus_own_sft": grpo_minus_own_sft(rows, k),
         "rows": rows,
     }

@@ -2,6 +2,7 @@
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -622,3 +623,52 @@ def test_learning_rate_option_reaches_the_trainer_and_makes_a_protocol_of_its_ow
             cpu_table.grpo_learning_rate(bad)
     rows, _, why = cpu_table.previous_outputs(fig, {**summary["settings"], "learning_rate": None}, set())
     assert rows == [] and "settings differ in ['learning_rate']" in why
+
+
+def test_where_curves_part_finds_the_first_logged_step_where_any_curve_value_differs():
+    def curves():  # fresh dicts every time: equality must be of values, not of objects
+        return [
+            {"step": t, "reward": t / 1000, "entropy": 0.2, "clip/ratio_max": 1.2, "clip/frac_masked": float("nan")}
+            for t in range(10, 101, 10)
+        ]
+
+    sets = [{"run": "clip", "seed": s, "sft_model": f"m{s}", "curves": curves()} for s in range(4)]
+    for seed in range(4):
+        sets.append({"run": "dual-clip", "seed": seed, "sft_model": f"m{seed}", "curves": curves()})
+    sets[5]["curves"][2]["clip/ratio_max"] = 1.2000000000000002  # seed 1: one ulp, in a key other than reward
+    sets[6]["curves"][6]["entropy"] = 0.21  # seed 2: from step 70
+    del sets[7]["curves"][-1]  # seed 3: stops one logged point early
+    sets.append({"run": "dual-clip", "seed": 4, "sft_model": "m4", "curves": curves()})  # no clip run: left out
+    sets.append({"run": "atr", "seed": 0, "sft_model": "m0", "curves": curves()})
+    sets[-1]["curves"][0]["reward"] = 0.0
+    parted = cpu_table.where_curves_part(sets, ["clip", "dual-clip", "atr"])
+    assert {s["seed"]: s["parts_at"] for s in parted["dual-clip"]} == {0: None, 1: 30, 2: 70, 3: 100}
+    assert parted["atr"] == [{"seed": 0, "sft_model": "m0", "parts_at": 10}]
+    md = cpu_table.markdown_curves_equal(parted)
+    assert "- dual-clip: every logged value equals clip's on 1 of 4 starts (seed 0)" in md
+    assert "part at step 30 (seed 1); step 70 (seed 2); step 100 (seed 3)" in md
+    assert "atr" not in md.split("\n\n", 1)[1]  # atr equals clip nowhere: no line
+    assert cpu_table.markdown_curves_equal({"atr": parted["atr"]}) == ""
+
+
+def test_where_curves_part_on_the_committed_start_c_table_agrees_with_pandas():
+    """The committed curves of dual-clip and clip from start C, compared by pandas (an implementation we did not
+    write): per seed, the first logged step whose row differs in any column, or none."""
+    import pandas as pd
+
+    out = Path(__file__).resolve().parents[1] / "figures" / "cpu_table_startC"
+    rows, sets, _ = cpu_table.previous_outputs(
+        out, json.loads((out / "cpu_llm_table.json").read_text())["settings"], set()
+    )
+    runs = sorted({s["run"] for s in sets})
+    if "dual-clip" not in runs:
+        pytest.skip("the committed start C table has no dual-clip runs")
+    ours = {s["seed"]: s["parts_at"] for s in cpu_table.where_curves_part(sets, runs)["dual-clip"]}
+    frame = pd.read_csv(out / "cpu_llm_curves.csv")
+    expected = {}
+    for seed, both in frame[frame.method.isin(["clip", "dual-clip"])].groupby("seed"):
+        a, b = (both[both.method == m].set_index("step")[list(cpu_table.CURVE_KEYS[1:])] for m in ("clip", "dual-clip"))
+        differs = ~((a == b) | (a.isna() & b.isna())).all(axis=1)
+        expected[seed] = int(differs[differs].index.min()) if differs.any() else None
+    assert ours == expected
+    assert sum(step is None for step in ours.values()) >= 1  # the dual clip's floor never acted on some seed
