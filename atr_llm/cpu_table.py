@@ -866,7 +866,14 @@ def markdown_forms_factorial(factorial: dict[str, dict[str, dict]], k: int) -> s
 
 
 TAIL_STEPS = 100
-TAIL_KEYS = {"reward": "reward", "entropy": "entropy", "length": "completions/mean_length"}
+TAIL_KEYS = {
+    "reward": "reward",
+    "entropy": "entropy",
+    "length": "completions/mean_length",
+    # the largest token ratio w = pi / pi_old of a loss call, averaged over the step's calls: how far the rule let
+    # ratios go in fact, whatever its nominal bound (kl1 has none above; sapo none at all)
+    "ratio_max": "clip/ratio_max",
+}
 """Where a run ends, in its training curves: name -> logged key, averaged over the last :data:`TAIL_STEPS` steps."""
 
 
@@ -895,6 +902,67 @@ def curve_tail_differences(tails: list[dict], runs: list[str]) -> dict[str, dict
     """Per paired quantity ("reward", "entropy"): :func:`paired_against_references` of its ``<name>_tail`` over the
     :func:`curve_tails` rows (Holm over that quantity's differences)."""
     return {name: paired_against_references(tails, runs, f"{name}_tail") for name in ("reward", "entropy")}
+
+
+ASSOCIATED_TAILS = ("ratio_max", "entropy", "reward")
+"""The curve tails :func:`outcome_association` relates to the final Mean@k."""
+
+
+def outcome_association(
+    rows: list[dict], tails: list[dict], k: int, names: tuple[str, ...] = ASSOCIATED_TAILS
+) -> dict[str, dict[str, dict | None]]:
+    """Per benchmark and per curve quantity ``name`` of ``names``: how a GRPO run's final Mean@k moves with where its
+    training curve ends (``<name>_tail`` of :func:`curve_tails`), within starts. Over the runs of every rule that have
+    both, x = the tail and y = ``mean_at_<k>``, each minus the mean of its start (seed and SFT model; starts with one
+    run are left out): the least-squares slope b = sum(x y) / sum(x^2), its 95% t interval and two-sided p with
+    n - g - 1 degrees of freedom (n runs, g starts), and Pearson's r of the centred values -- the slope, standard
+    error and p of an OLS of y on x with one indicator per start (a fixed-effects regression). None where fewer than
+    three degrees of freedom remain or x does not vary.
+
+    Exploratory: the rules were not assigned a ratio, runs of one start share its SFT model, and a quantity chosen
+    after looking at the table has no multiple-testing protection; it says which curve quantity tracks the outcome
+    across rules, not what causes it."""
+    from scipy import stats
+
+    tail_of = {(t["method"], *_start(t)): t for t in tails}
+    out: dict[str, dict[str, dict | None]] = {}
+    for benchmark in sorted({r["benchmark"] for r in rows}):
+        out[benchmark] = {}
+        for name in names:
+            groups: dict[tuple, list[tuple[float, float]]] = {}
+            for r in rows:
+                t = tail_of.get((r["method"], *_start(r)))
+                if r["benchmark"] != benchmark or t is None:
+                    continue
+                x, y = t.get(f"{name}_tail"), r.get(f"mean_at_{k}")
+                if x is not None and y is not None and math.isfinite(x) and math.isfinite(y):
+                    groups.setdefault(_start(r), []).append((x, y))
+            centred = []
+            for pairs in (g for g in groups.values() if len(g) > 1):
+                mx, my = statistics.fmean(p[0] for p in pairs), statistics.fmean(p[1] for p in pairs)
+                centred += [(x - mx, y - my) for x, y in pairs]
+            starts = sum(len(g) > 1 for g in groups.values())
+            df = len(centred) - starts - 1
+            sxx = sum(x * x for x, _ in centred)
+            if df < 3 or sxx == 0:
+                out[benchmark][name] = None
+                continue
+            sxy, syy = sum(x * y for x, y in centred), sum(y * y for _, y in centred)
+            slope = sxy / sxx
+            se = math.sqrt(max(syy - slope * sxy, 0.0) / df / sxx)
+            half = stats.t.ppf(0.975, df) * se
+            p = 2 * stats.t.sf(abs(slope / se), df) if se > 0 else 0.0
+            out[benchmark][name] = {
+                "n": len(centred),
+                "starts": starts,
+                "df": df,
+                "slope": slope,
+                "low": slope - half,
+                "high": slope + half,
+                "p": p,
+                "r": sxy / math.sqrt(sxx * syy) if syy > 0 else 0.0,
+            }
+    return out
 
 
 def _same_value(a, b) -> bool:
@@ -979,7 +1047,7 @@ def markdown_curve_tails(
     labels = start_labels(tails)
     units = _units(tails, runs, labels)
     paired = curve_tail_differences(tails, runs) if paired is None else paired
-    places = {"reward": 3, "entropy": 4, "length": 1}
+    places = {"reward": 3, "entropy": 4, "length": 1, "ratio_max": 3}
 
     def fmt(name, quantity, ref):
         d = paired[quantity][name][ref]
@@ -989,10 +1057,10 @@ def markdown_curve_tails(
     lines = [
         f"### Where the runs end: training curves over the last {last_steps} steps",
         "",
-        "| run | seeds | reward (T = 1) | entropy (nats) | length (tokens) | "
+        "| run | seeds | reward (T = 1) | entropy (nats) | length (tokens) | max ratio | "
         + " | ".join(f"{quantity}: run - {ref} [95% CI]" for quantity, ref in pairs)
         + " |",
-        "|---|---|---|---|---|" + "---|" * len(pairs),
+        "|---|---|---|---|---|---|" + "---|" * len(pairs),
     ]
     for name, mine in units.items():
         means = {q: _mean(r[f"{q}_tail"] for r in mine) for q in places}
@@ -1004,11 +1072,33 @@ def markdown_curve_tails(
         )
     lines += [
         "",
-        f"Each run's mean over its logged points in its last {last_steps} steps, then the mean over seeds; differences "
-        "paired over seeds from the same SFT model. *: the 95% t interval excludes 0; †: Holm-adjusted p < 0.05 over "
-        "the column family (one quantity's differences in this table).",
+        f"Each run's mean over its logged points in its last {last_steps} steps, then the mean over seeds; max ratio: "
+        "the largest token ratio pi / pi_old of a loss call (`clip/ratio_max`), how far the rule let ratios go in "
+        "fact. Differences paired over seeds from the same SFT model. *: the 95% t interval excludes 0; †: "
+        "Holm-adjusted p < 0.05 over the column family (one quantity's differences in this table).",
     ]
     return "\n".join(lines) + "\n"
+
+
+def markdown_outcome_association(association: dict[str, dict[str, dict | None]], k: int) -> str:
+    """:func:`outcome_association` as one line per benchmark and quantity ("" when there is nothing to show)."""
+    lines = []
+    for benchmark, by_name in association.items():
+        sampling = BENCHMARKS.get(benchmark, {})
+        where = f"T = {sampling['temperature']}" if "temperature" in sampling else benchmark
+        for name, a in by_name.items():
+            if a is not None:
+                lines.append(
+                    f"- {where}, {name}: r = {a['r']:+.2f}, slope {a['slope']:+.3g} points per unit "
+                    f"[{a['low']:+.3g}, {a['high']:+.3g}], p {_p_value(a['p'])} ({a['n']} runs, {a['starts']} starts)"
+                )
+    if not lines:
+        return ""
+    return (
+        f"Final Mean@{k} against where the runs end, within starts (`outcome_association`: both centred on their "
+        "start's mean, a fixed-effects regression over the runs of every rule; exploratory -- rules were not assigned "
+        "these quantities, and no correction for choosing among them):\n\n" + "\n".join(lines) + "\n"
+    )
 
 
 def grpo_minus_own_sft(rows: list[dict], k: int) -> dict[str, dict]:
@@ -1206,6 +1296,10 @@ def write_outputs(
     tail_differences = curve_tail_differences(tails, runs)
     if tails:
         md += "\n" + markdown_curve_tails(tails, runs, paired=tail_differences)
+    association = outcome_association(rows, tails, k)
+    association_lines = markdown_outcome_association(association, k)
+    if association_lines:
+        md += "\n" + association_lines
     parted = where_curves_part(curve_sets, runs)
     equal_lines = markdown_curves_equal(parted, labels)
     if equal_lines:
@@ -1249,6 +1343,7 @@ def write_outputs(
             "paired": tail_differences,
             "rows": tails,
         },
+        "outcome_association": association,
         "curves_part_from_clip": parted,
         "grpo_minus_own_sft": grpo_minus_own_sft(rows, k),
         "rows": rows,

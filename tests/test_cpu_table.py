@@ -671,3 +671,41 @@ def test_where_curves_part_on_the_committed_start_c_table_agrees_with_pandas():
         expected[seed] = int(differs[differs].index.min()) if differs.any() else None
     assert ours == expected
     assert sum(step is None for step in ours.values()) >= 1  # the dual clip's floor never acted on some seed
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_outcome_association_is_an_ols_with_one_indicator_per_start(seed):
+    """Slope, 95% interval and p of `outcome_association` against statsmodels' OLS of Mean@8 on the tail plus
+    C(start); r^2 = t^2 / (t^2 + df). Two starts share a seed but not an SFT model (two starts, not one); a start
+    with one run and a run without the tail drop out; a wrong centring (by seed, or none) changes the slope."""
+    import numpy as np
+    import pandas as pd
+    import statsmodels.formula.api as smf
+
+    rng = np.random.default_rng(seed)
+    runs, starts = ["clip", "atr", "sapo", "kl1"], [(s, f"m{s}") for s in range(5)] + [(0, "other")]
+    rows, tails, frame = [], [], []
+    for s, model in starts:
+        level = 20 * rng.standard_normal()  # a start's own level: pooled without indicators it hides the slope
+        for run in runs:
+            x = 1.2 + 0.05 * rng.standard_normal() + 0.01 * level
+            y = 60 + level - 50 * (x - 1.2) + 2 * rng.standard_normal()
+            rows.append({"method": run, "seed": s, "sft_model": model, "benchmark": "b", "mean_at_8": y})
+            tails.append({"method": run, "seed": s, "sft_model": model, "ratio_max_tail": x})
+            frame.append({"start": f"{s}/{model}", "x": x, "y": y})
+    rows.append({"method": "clip", "seed": 9, "sft_model": "m9", "benchmark": "b", "mean_at_8": 0.0})  # alone
+    tails.append({"method": "clip", "seed": 9, "sft_model": "m9", "ratio_max_tail": 9.0})
+    rows.append({"method": "dcpo", "seed": 1, "sft_model": "m1", "benchmark": "b", "mean_at_8": 99.0})  # no tail
+    tails.append({"method": "dcpo", "seed": 1, "sft_model": "m1", "ratio_max_tail": None})
+    got = cpu_table.outcome_association(rows, tails, 8, names=("ratio_max",))["b"]["ratio_max"]
+    fit = smf.ols("y ~ x + C(start)", data=pd.DataFrame(frame)).fit()
+    assert (got["n"], got["starts"], got["df"]) == (24, 6, int(fit.df_resid))
+    assert got["slope"] == pytest.approx(fit.params["x"], rel=1e-9)
+    low, high = fit.conf_int().loc["x"]
+    assert (got["low"], got["high"]) == (pytest.approx(low, rel=1e-9), pytest.approx(high, rel=1e-9))
+    assert got["p"] == pytest.approx(fit.pvalues["x"], rel=1e-9, abs=1e-300)
+    t = fit.tvalues["x"]
+    assert got["r"] ** 2 == pytest.approx(t**2 / (t**2 + fit.df_resid), rel=1e-9) and got["r"] < 0
+    # too few degrees of freedom: None, not a number
+    two = [r for r in rows if r["seed"] in (0, 1) and r["sft_model"] != "other" and r["method"] in ("clip", "atr")]
+    assert cpu_table.outcome_association(two, tails, 8, names=("ratio_max",))["b"]["ratio_max"] is None
