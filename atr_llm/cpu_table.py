@@ -917,7 +917,10 @@ def outcome_association(
     run are left out): the least-squares slope b = sum(x y) / sum(x^2), its 95% t interval and two-sided p with
     n - g - 1 degrees of freedom (n runs, g starts), and Pearson's r of the centred values -- the slope, standard
     error and p of an OLS of y on x with one indicator per start (a fixed-effects regression). None where fewer than
-    three degrees of freedom remain or x does not vary.
+    three degrees of freedom remain or x does not vary. A run whose (x, y) equals another run's on the same start
+    counts once (``copies`` says how many were dropped): the same tail to the last bit and the same Mean@k is the
+    same training run under two names (the dual clip where its floor never acted, :func:`where_curves_part`), one
+    observation, not two.
 
     Exploratory: the rules were not assigned a ratio, runs of one start share its SFT model, and a quantity chosen
     after looking at the table has no multiple-testing protection; it says which curve quantity tracks the outcome
@@ -930,13 +933,18 @@ def outcome_association(
         out[benchmark] = {}
         for name in names:
             groups: dict[tuple, list[tuple[float, float]]] = {}
+            copies = 0
             for r in rows:
                 t = tail_of.get((r["method"], *_start(r)))
                 if r["benchmark"] != benchmark or t is None:
                     continue
                 x, y = t.get(f"{name}_tail"), r.get(f"mean_at_{k}")
                 if x is not None and y is not None and math.isfinite(x) and math.isfinite(y):
-                    groups.setdefault(_start(r), []).append((x, y))
+                    pairs = groups.setdefault(_start(r), [])
+                    if (x, y) in pairs:
+                        copies += 1
+                    else:
+                        pairs.append((x, y))
             centred = []
             for pairs in (g for g in groups.values() if len(g) > 1):
                 mx, my = statistics.fmean(p[0] for p in pairs), statistics.fmean(p[1] for p in pairs)
@@ -954,6 +962,7 @@ def outcome_association(
             p = 2 * stats.t.sf(abs(slope / se), df) if se > 0 else 0.0
             out[benchmark][name] = {
                 "n": len(centred),
+                "copies": copies,
                 "starts": starts,
                 "df": df,
                 "slope": slope,
@@ -1090,7 +1099,8 @@ def markdown_outcome_association(association: dict[str, dict[str, dict | None]],
             if a is not None:
                 lines.append(
                     f"- {where}, {name}: r = {a['r']:+.2f}, slope {a['slope']:+.3g} points per unit "
-                    f"[{a['low']:+.3g}, {a['high']:+.3g}], p {_p_value(a['p'])} ({a['n']} runs, {a['starts']} starts)"
+                    f"[{a['low']:+.3g}, {a['high']:+.3g}], p {_p_value(a['p'])} ({a['n']} runs, {a['starts']} starts"
+                    + (f"; {a['copies']} runs equal to another on their start counted once)" if a.get("copies") else ")")
                 )
     if not lines:
         return ""

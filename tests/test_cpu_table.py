@@ -677,7 +677,9 @@ def test_where_curves_part_on_the_committed_start_c_table_agrees_with_pandas():
 def test_outcome_association_is_an_ols_with_one_indicator_per_start(seed):
     """Slope, 95% interval and p of `outcome_association` against statsmodels' OLS of Mean@8 on the tail plus
     C(start); r^2 = t^2 / (t^2 + df). Two starts share a seed but not an SFT model (two starts, not one); a start
-    with one run and a run without the tail drop out; a wrong centring (by seed, or none) changes the slope."""
+    with one run and a run without the tail drop out; a run equal to another on its start (the same tail and Mean@8)
+    counts once, so the fit is statsmodels' on the distinct runs; a wrong centring (by seed, or none) changes the
+    slope."""
     import numpy as np
     import pandas as pd
     import statsmodels.formula.api as smf
@@ -697,9 +699,14 @@ def test_outcome_association_is_an_ols_with_one_indicator_per_start(seed):
     tails.append({"method": "clip", "seed": 9, "sft_model": "m9", "ratio_max_tail": 9.0})
     rows.append({"method": "dcpo", "seed": 1, "sft_model": "m1", "benchmark": "b", "mean_at_8": 99.0})  # no tail
     tails.append({"method": "dcpo", "seed": 1, "sft_model": "m1", "ratio_max_tail": None})
+    for s, model in starts[:3]:  # a rule that never acted on three starts: clip's run under another name
+        clip_row = next(r for r in rows if (r["method"], r["seed"], r["sft_model"]) == ("clip", s, model))
+        clip_tail = next(t for t in tails if (t["method"], t["seed"], t["sft_model"]) == ("clip", s, model))
+        rows.append({**clip_row, "method": "dual-clip"})
+        tails.append({**clip_tail, "method": "dual-clip"})
     got = cpu_table.outcome_association(rows, tails, 8, names=("ratio_max",))["b"]["ratio_max"]
     fit = smf.ols("y ~ x + C(start)", data=pd.DataFrame(frame)).fit()
-    assert (got["n"], got["starts"], got["df"]) == (24, 6, int(fit.df_resid))
+    assert (got["n"], got["copies"], got["starts"], got["df"]) == (24, 3, 6, int(fit.df_resid))
     assert got["slope"] == pytest.approx(fit.params["x"], rel=1e-9)
     low, high = fit.conf_int().loc["x"]
     assert (got["low"], got["high"]) == (pytest.approx(low, rel=1e-9), pytest.approx(high, rel=1e-9))
