@@ -1100,7 +1100,11 @@ def markdown_outcome_association(association: dict[str, dict[str, dict | None]],
                 lines.append(
                     f"- {where}, {name}: r = {a['r']:+.2f}, slope {a['slope']:+.3g} points per unit "
                     f"[{a['low']:+.3g}, {a['high']:+.3g}], p {_p_value(a['p'])} ({a['n']} runs, {a['starts']} starts"
-                    + (f"; {a['copies']} runs equal to another on their start counted once)" if a.get("copies") else ")")
+                    + (
+                        f"; {a['copies']} runs equal to another on their start counted once)"
+                        if a.get("copies")
+                        else ")"
+                    )
                 )
     if not lines:
         return ""
