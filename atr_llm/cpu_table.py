@@ -669,6 +669,13 @@ def display_name(row: dict, labels: dict[str, str]) -> str:
     return f"{row['method']} [{letter}]" if letter else row["method"]
 
 
+def sampling_label(benchmark: str) -> str:
+    """How a benchmark of :data:`BENCHMARKS` samples, for a table: "T = 0.3" (the benchmark's name when it is not
+    one of them)."""
+    sampling = BENCHMARKS.get(benchmark, {})
+    return f"T = {sampling['temperature']}" if "temperature" in sampling else benchmark
+
+
 def markdown_tables(rows: list[dict], runs: list[str], k: int) -> str:
     """One :func:`markdown_table` per benchmark, each under its own heading, then which SFT models each start
     holds when there is more than one."""
@@ -676,7 +683,7 @@ def markdown_tables(rows: list[dict], runs: list[str], k: int) -> str:
     for benchmark, sampling in BENCHMARKS.items():
         mine = [r for r in rows if r["benchmark"] == benchmark]
         if mine:
-            head = f"### {benchmark} (T = {sampling['temperature']}, top-p {sampling['top_p']})"
+            head = f"### {benchmark} ({sampling_label(benchmark)}, top-p {sampling['top_p']})"
             parts.append(f"{head}\n\n{markdown_table(mine, runs, k)}")
     labels = start_labels(rows)
     if any(labels.values()):
@@ -806,6 +813,99 @@ def delta_ablation(rows: list[dict], k: int) -> list[dict]:
                     }
                 )
     return points
+
+
+def delta_optimum(rows: list[dict], k: int) -> list[dict]:
+    """Is ATR's delta 0.07 the best of the deltas that ran (the paper's Fig. 4: an interior optimum near 0.07)?
+    Per benchmark and start where atr and at least two other deltas of :data:`DELTA_ABLATION` ran on shared seeds:
+    for each other delta, the paired difference d = Mean@k(0.07) - Mean@k(delta) (:func:`paired_difference`) with
+    its one-sided p for d > 0 (from the paired t: p/2 when d > 0, else 1 - p/2) and the two-sided p Holm-adjusted
+    over these comparisons (:func:`holm_adjusted`); ``iut_p``, the intersection-union p of "0.07 is above every
+    other delta" = the largest of the one-sided p (Berger 1982, Technometrics 24: the claim needs every comparison,
+    so no multiplicity correction, and it holds at level alpha when iut_p < alpha); and, when deltas below and above
+    0.07 both ran, ``peak``: the paired contrast 0.07 - (smallest + largest delta) / 2 (:func:`paired_contrast`).
+    ``best_delta``: the delta with the highest mean over seeds (descriptive)."""
+    key = f"mean_at_{k}"
+    labels = start_labels(rows)
+    deltas = {run: CPU_RUNS[run]["delta"] for run in DELTA_ABLATION}
+    out = []
+    for benchmark in BENCHMARKS:
+        for letter in sorted(set(labels.values())):
+            mine = [r for r in _of_start(rows, labels, letter) if r["benchmark"] == benchmark]
+            against = {run: paired_difference(mine, "atr", run, key) for run in deltas}
+            against = {run: d for run, d in sorted(against.items(), key=lambda kv: deltas[kv[0]]) if d is not None}
+            if len(against) < 2:
+                continue
+            comparisons = [
+                {
+                    "delta": deltas[run],
+                    "run": run,
+                    "n": d["n"],
+                    "minus_delta": d["mean"],
+                    "low": d["low"],
+                    "high": d["high"],
+                    "p": d["p"],
+                    "p_one_sided": d["p"] / 2 if d["mean"] > 0 else 1 - d["p"] / 2,
+                }
+                for run, d in against.items()
+            ]
+            for c, p_holm in zip(comparisons, holm_adjusted([c["p"] for c in comparisons])):
+                c["p_holm"] = p_holm
+            below = [run for run in against if deltas[run] < CPU_RUNS["atr"]["delta"]]
+            above = [run for run in against if deltas[run] > CPU_RUNS["atr"]["delta"]]
+            peak = (
+                paired_contrast(mine, {"atr": 1.0, below[0]: -0.5, above[-1]: -0.5}, key) if below and above else None
+            )
+            means = {CPU_RUNS["atr"]["delta"]: _mean(r[key] for r in mine if r["method"] == "atr")}
+            means.update({deltas[run]: _mean(r[key] for r in mine if r["method"] == run) for run in against})
+            out.append(
+                {
+                    "benchmark": benchmark,
+                    "start": letter,
+                    "comparisons": comparisons,
+                    "iut_p": max(c["p_one_sided"] for c in comparisons),
+                    "peak": None
+                    if peak is None
+                    else {"low_delta": deltas[below[0]], "high_delta": deltas[above[-1]], **peak},
+                    "best_delta": max(means, key=means.get),
+                }
+            )
+    return out
+
+
+def markdown_delta_optimum(optima: list[dict], k: int) -> str:
+    """:func:`delta_optimum` as a short section ("" when there is nothing to show)."""
+    if not optima:
+        return ""
+    lines = [
+        f"### Is delta 0.07 the best delta? (the paper's Fig. 4; `delta_optimum`, Mean@{k})",
+        "",
+    ]
+    for o in optima:
+        where = sampling_label(o["benchmark"])
+        start = f", start {o['start']}" if o["start"] else ""
+        cells = "; ".join(
+            f"- {c['delta']:g}: {c['minus_delta']:+.1f} [{c['low']:+.1f}, {c['high']:+.1f}] (Holm {_p_value(c['p_holm'])})"
+            for c in o["comparisons"]
+        )
+        peak = o["peak"]
+        peak_text = (
+            ""
+            if peak is None
+            else f"; 0.07 - mean of {peak['low_delta']:g} and {peak['high_delta']:g}: {peak['mean']:+.1f} "
+            f"[{peak['low']:+.1f}, {peak['high']:+.1f}], p {_p_value(peak['p'])}"
+        )
+        lines.append(
+            f"- {where}{start}: 0.07 {cells}; all above at once: intersection-union p {_p_value(o['iut_p'])}"
+            f"{peak_text}; highest mean at delta {o['best_delta']:g}"
+        )
+    lines += [
+        "",
+        "0.07 - delta paired over seeds with its 95% t interval; Holm over this line's comparisons; the "
+        "intersection-union p (the largest one-sided p of 0.07 - delta > 0) is below 0.05 only when 0.07 beats every "
+        "other delta; peak: 0.07 against the mean of the smallest and largest delta, paired.",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 FORMS_2X2_EFFECTS: dict[str, dict[str, float]] = {
@@ -1093,8 +1193,7 @@ def markdown_outcome_association(association: dict[str, dict[str, dict | None]],
     """:func:`outcome_association` as one line per benchmark and quantity ("" when there is nothing to show)."""
     lines = []
     for benchmark, by_name in association.items():
-        sampling = BENCHMARKS.get(benchmark, {})
-        where = f"T = {sampling['temperature']}" if "temperature" in sampling else benchmark
+        where = sampling_label(benchmark)
         for name, a in by_name.items():
             if a is not None:
                 lines.append(
@@ -1318,6 +1417,9 @@ def write_outputs(
     equal_lines = markdown_curves_equal(parted, labels)
     if equal_lines:
         md += "\n" + equal_lines
+    optima = delta_optimum(rows, k)
+    if optima:
+        md += "\n" + markdown_delta_optimum(optima, k)
     (out / "cpu_llm_table.md").write_text(md)
     named = [{**c, "run": display_name({"method": c["run"], **c}, labels)} for c in curve_sets]
     shown = list(_units(rows, TABLE2 if set(TABLE2) <= set(runs) else runs, labels))
@@ -1351,6 +1453,7 @@ def write_outputs(
             for benchmark in BENCHMARKS
         },
         "delta_ablation": ablation,
+        "delta_optimum": optima,
         "forms_factorial": factorial,
         "curve_tails": {
             "last_steps": TAIL_STEPS,

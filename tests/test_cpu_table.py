@@ -716,3 +716,42 @@ def test_outcome_association_is_an_ols_with_one_indicator_per_start(seed):
     # too few degrees of freedom: None, not a number
     two = [r for r in rows if r["seed"] in (0, 1) and r["sft_model"] != "other" and r["method"] in ("clip", "atr")]
     assert cpu_table.outcome_association(two, tails, 8, names=("ratio_max",))["b"]["ratio_max"] is None
+
+
+def test_delta_optimum_is_an_intersection_union_of_scipys_one_sided_paired_t_tests():
+    from scipy import stats
+    from statsmodels.stats.multitest import multipletests
+
+    # delta 0.07 above 0.03 and 0.15 clearly, not above 0.05: "above every delta" must not hold
+    scores = {
+        "atr": [60.0, 52.0, 70.0, 58.0, 66.0, 49.0],
+        "atr-delta0.03": [55.0, 49.0, 64.0, 52.0, 63.0, 45.0],
+        "atr-delta0.05": [62.0, 51.0, 72.0, 55.0, 67.0, 50.0],
+        "atr-delta0.15": [50.0, 47.0, 61.0, 51.0, 60.0, 40.0],
+    }
+    rows = [
+        {"method": m, "seed": s, "sft_model": f"m{s}", "benchmark": "steps-test-T1", "mean_at_8": v}
+        for m, vs in scores.items()
+        for s, v in enumerate(vs)
+    ]
+    rows += [{**r, "method": "atr-delta0.1", "seed": 9, "sft_model": "m9"} for r in rows[:1]]  # one seed: no pair
+    (optimum,) = cpu_table.delta_optimum(rows, 8)
+    assert optimum["benchmark"] == "steps-test-T1" and optimum["start"] == ""
+    others = ["atr-delta0.03", "atr-delta0.05", "atr-delta0.15"]
+    assert [c["run"] for c in optimum["comparisons"]] == others
+    one_sided = [stats.ttest_rel(scores["atr"], scores[o], alternative="greater").pvalue for o in others]
+    two_sided = [stats.ttest_rel(scores["atr"], scores[o]).pvalue for o in others]
+    got = optimum["comparisons"]
+    assert [c["p_one_sided"] for c in got] == pytest.approx(one_sided, rel=1e-9)
+    assert [c["p_holm"] for c in got] == pytest.approx(list(multipletests(two_sided, method="holm")[1]), rel=1e-9)
+    assert optimum["iut_p"] == pytest.approx(max(one_sided), rel=1e-9) and optimum["iut_p"] > 0.05
+    assert max(one_sided[0], one_sided[2]) < 0.05  # the ends alone would have passed: the max is what decides
+    ends = [a - (lo + hi) / 2 for a, lo, hi in zip(scores["atr"], scores["atr-delta0.03"], scores["atr-delta0.15"])]
+    peak = optimum["peak"]
+    assert (peak["low_delta"], peak["high_delta"]) == (0.03, 0.15)
+    assert peak["p"] == pytest.approx(stats.ttest_1samp(ends, 0.0).pvalue, rel=1e-9)
+    assert optimum["best_delta"] == 0.05  # highest mean over seeds
+    md = cpu_table.markdown_delta_optimum([optimum], 8)
+    assert "T = 1.0" in md and f"intersection-union p {cpu_table._p_value(max(one_sided))}" in md
+    # one other delta only: no question of an optimum to ask
+    assert cpu_table.delta_optimum([r for r in rows if r["method"] in ("atr", "atr-delta0.03")], 8) == []
