@@ -1018,7 +1018,7 @@ def outcome_association(
     n - g - 1 degrees of freedom (n runs, g starts), and Pearson's r of the centred values -- the slope, standard
     error and p of an OLS of y on x with one indicator per start (a fixed-effects regression). None where fewer than
     three degrees of freedom remain or x does not vary. A run whose (x, y) equals another run's on the same start
-    counts once (``copies`` says how many were dropped): the same tail to the last bit and the same Mean@k is the
+    counts once (``copies`` says how many were dropped on the starts kept): the same tail to the last bit and the same Mean@k is the
     same training run under two names (the dual clip where its floor never acted, :func:`where_curves_part`), one
     observation, not two.
 
@@ -1033,7 +1033,7 @@ def outcome_association(
         out[benchmark] = {}
         for name in names:
             groups: dict[tuple, list[tuple[float, float]]] = {}
-            copies = 0
+            copies_in: dict[tuple, int] = {}
             for r in rows:
                 t = tail_of.get((r["method"], *_start(r)))
                 if r["benchmark"] != benchmark or t is None:
@@ -1042,7 +1042,7 @@ def outcome_association(
                 if x is not None and y is not None and math.isfinite(x) and math.isfinite(y):
                     pairs = groups.setdefault(_start(r), [])
                     if (x, y) in pairs:
-                        copies += 1
+                        copies_in[_start(r)] = copies_in.get(_start(r), 0) + 1
                     else:
                         pairs.append((x, y))
             centred = []
@@ -1050,6 +1050,7 @@ def outcome_association(
                 mx, my = statistics.fmean(p[0] for p in pairs), statistics.fmean(p[1] for p in pairs)
                 centred += [(x - mx, y - my) for x, y in pairs]
             starts = sum(len(g) > 1 for g in groups.values())
+            copies = sum(n for start, n in copies_in.items() if len(groups[start]) > 1)  # of the starts kept
             df = len(centred) - starts - 1
             sxx = sum(x * x for x, _ in centred)
             if df < 3 or sxx == 0:

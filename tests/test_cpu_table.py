@@ -695,8 +695,9 @@ def test_outcome_association_is_an_ols_with_one_indicator_per_start(seed):
             rows.append({"method": run, "seed": s, "sft_model": model, "benchmark": "b", "mean_at_8": y})
             tails.append({"method": run, "seed": s, "sft_model": model, "ratio_max_tail": x})
             frame.append({"start": f"{s}/{model}", "x": x, "y": y})
-    rows.append({"method": "clip", "seed": 9, "sft_model": "m9", "benchmark": "b", "mean_at_8": 0.0})  # alone
-    tails.append({"method": "clip", "seed": 9, "sft_model": "m9", "ratio_max_tail": 9.0})
+    for run in ("clip", "dual-clip"):  # alone on its start (its copy is no second run): left out, copy uncounted
+        rows.append({"method": run, "seed": 9, "sft_model": "m9", "benchmark": "b", "mean_at_8": 0.0})
+        tails.append({"method": run, "seed": 9, "sft_model": "m9", "ratio_max_tail": 9.0})
     rows.append({"method": "dcpo", "seed": 1, "sft_model": "m1", "benchmark": "b", "mean_at_8": 99.0})  # no tail
     tails.append({"method": "dcpo", "seed": 1, "sft_model": "m1", "ratio_max_tail": None})
     for s, model in starts[:3]:  # a rule that never acted on three starts: clip's run under another name
