@@ -102,6 +102,8 @@ CPU_RUNS: dict[str, dict] = {
 }
 """Run name -> method and parameters (the paper's presets where it has one: :data:`atr_llm.presets.RUNS`), in the
 table's order: Table 2, Table 3, the ablation."""
+ABLATION_DELTAS: dict[str, float] = {run: CPU_RUNS[run]["delta"] for run in ["atr", *DELTA_ABLATION]}
+"""Run name -> ATR's delta for the delta ablation: ``atr`` (the paper's 0.07) and :data:`DELTA_ABLATION`."""
 
 FULL = dict(
     runs=TABLE2 + TABLE3 + DELTA_ABLATION,
@@ -781,37 +783,42 @@ def markdown_table(rows: list[dict], runs: list[str], k: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _by_benchmark_and_start(rows: list[dict]):
+    """(benchmark, start letter, the rows of that benchmark and start) for every benchmark of :data:`BENCHMARKS` and
+    start of ``rows`` (:func:`start_labels`), in that order: what is paired within."""
+    labels = start_labels(rows)
+    for benchmark in BENCHMARKS:
+        for letter in sorted(set(labels.values())):
+            yield benchmark, letter, [r for r in _of_start(rows, labels, letter) if r["benchmark"] == benchmark]
+
+
 def delta_ablation(rows: list[dict], k: int) -> list[dict]:
     """The ATR delta ablation (the paper's Fig. 4 at this scale): per benchmark and start, one point per delta
     (``atr`` is delta 0.07) with Mean@k over seeds and its paired difference to delta 0.07 on the same SFT models
     (:func:`paired_difference`); only starts where atr and at least one other delta ran."""
     key = f"mean_at_{k}"
-    labels = start_labels(rows)
-    ablation = {run: CPU_RUNS[run]["delta"] for run in ["atr", *DELTA_ABLATION]}
     points = []
-    for benchmark in BENCHMARKS:
-        for letter in sorted(set(labels.values())):
-            mine = [r for r in _of_start(rows, labels, letter) if r["benchmark"] == benchmark]
-            ran = [run for run in ablation if any(r["method"] == run for r in mine)]
-            if "atr" not in ran or len(ran) < 2:
-                continue
-            for run in sorted(ran, key=ablation.get):
-                scores = [r[key] for r in mine if r["method"] == run]
-                d = paired_difference(mine, run, "atr", key)
-                points.append(
-                    {
-                        "benchmark": benchmark,
-                        "start": letter,
-                        "delta": ablation[run],
-                        "run": run,
-                        "seeds": len(scores),
-                        key: statistics.fmean(scores),
-                        f"sd_{key}": statistics.stdev(scores) if len(scores) > 1 else 0.0,
-                        "minus_delta0.07": None if d is None else d["mean"],
-                        "ci_low": None if d is None else d["low"],
-                        "ci_high": None if d is None else d["high"],
-                    }
-                )
+    for benchmark, letter, mine in _by_benchmark_and_start(rows):
+        ran = [run for run in ABLATION_DELTAS if any(r["method"] == run for r in mine)]
+        if "atr" not in ran or len(ran) < 2:
+            continue
+        for run in sorted(ran, key=ABLATION_DELTAS.get):
+            scores = [r[key] for r in mine if r["method"] == run]
+            d = paired_difference(mine, run, "atr", key)
+            points.append(
+                {
+                    "benchmark": benchmark,
+                    "start": letter,
+                    "delta": ABLATION_DELTAS[run],
+                    "run": run,
+                    "seeds": len(scores),
+                    key: statistics.fmean(scores),
+                    f"sd_{key}": statistics.stdev(scores) if len(scores) > 1 else 0.0,
+                    "minus_delta0.07": None if d is None else d["mean"],
+                    "ci_low": None if d is None else d["low"],
+                    "ci_high": None if d is None else d["high"],
+                }
+            )
     return points
 
 
@@ -826,50 +833,44 @@ def delta_optimum(rows: list[dict], k: int) -> list[dict]:
     0.07 both ran, ``peak``: the paired contrast 0.07 - (smallest + largest delta) / 2 (:func:`paired_contrast`).
     ``best_delta``: the delta with the highest mean over seeds (descriptive)."""
     key = f"mean_at_{k}"
-    labels = start_labels(rows)
-    deltas = {run: CPU_RUNS[run]["delta"] for run in DELTA_ABLATION}
+    deltas, at_atr = ABLATION_DELTAS, ABLATION_DELTAS["atr"]
     out = []
-    for benchmark in BENCHMARKS:
-        for letter in sorted(set(labels.values())):
-            mine = [r for r in _of_start(rows, labels, letter) if r["benchmark"] == benchmark]
-            against = {run: paired_difference(mine, "atr", run, key) for run in deltas}
-            against = {run: d for run, d in sorted(against.items(), key=lambda kv: deltas[kv[0]]) if d is not None}
-            if len(against) < 2:
-                continue
-            comparisons = [
-                {
-                    "delta": deltas[run],
-                    "run": run,
-                    "n": d["n"],
-                    "minus_delta": d["mean"],
-                    "low": d["low"],
-                    "high": d["high"],
-                    "p": d["p"],
-                    "p_one_sided": d["p"] / 2 if d["mean"] > 0 else 1 - d["p"] / 2,
-                }
-                for run, d in against.items()
-            ]
-            for c, p_holm in zip(comparisons, holm_adjusted([c["p"] for c in comparisons])):
-                c["p_holm"] = p_holm
-            below = [run for run in against if deltas[run] < CPU_RUNS["atr"]["delta"]]
-            above = [run for run in against if deltas[run] > CPU_RUNS["atr"]["delta"]]
-            peak = (
-                paired_contrast(mine, {"atr": 1.0, below[0]: -0.5, above[-1]: -0.5}, key) if below and above else None
-            )
-            means = {CPU_RUNS["atr"]["delta"]: _mean(r[key] for r in mine if r["method"] == "atr")}
-            means.update({deltas[run]: _mean(r[key] for r in mine if r["method"] == run) for run in against})
-            out.append(
-                {
-                    "benchmark": benchmark,
-                    "start": letter,
-                    "comparisons": comparisons,
-                    "iut_p": max(c["p_one_sided"] for c in comparisons),
-                    "peak": None
-                    if peak is None
-                    else {"low_delta": deltas[below[0]], "high_delta": deltas[above[-1]], **peak},
-                    "best_delta": max(means, key=means.get),
-                }
-            )
+    for benchmark, letter, mine in _by_benchmark_and_start(rows):
+        against = {run: paired_difference(mine, "atr", run, key) for run in DELTA_ABLATION}
+        against = {run: d for run, d in sorted(against.items(), key=lambda kv: deltas[kv[0]]) if d is not None}
+        if len(against) < 2:
+            continue
+        comparisons = [
+            {
+                "delta": deltas[run],
+                "run": run,
+                "n": d["n"],
+                "minus_delta": d["mean"],
+                "low": d["low"],
+                "high": d["high"],
+                "p": d["p"],
+                "p_one_sided": d["p"] / 2 if d["mean"] > 0 else 1 - d["p"] / 2,
+            }
+            for run, d in against.items()
+        ]
+        for c, p_holm in zip(comparisons, holm_adjusted([c["p"] for c in comparisons])):
+            c["p_holm"] = p_holm
+        below = [run for run in against if deltas[run] < at_atr]
+        above = [run for run in against if deltas[run] > at_atr]
+        peak = paired_contrast(mine, {"atr": 1.0, below[0]: -0.5, above[-1]: -0.5}, key) if below and above else None
+        means = {deltas[run]: _mean(r[key] for r in mine if r["method"] == run) for run in ["atr", *against]}
+        out.append(
+            {
+                "benchmark": benchmark,
+                "start": letter,
+                "comparisons": comparisons,
+                "iut_p": max(c["p_one_sided"] for c in comparisons),
+                "peak": None
+                if peak is None
+                else {"low_delta": deltas[below[0]], "high_delta": deltas[above[-1]], **peak},
+                "best_delta": max(means, key=means.get),
+            }
+        )
     return out
 
 
