@@ -672,10 +672,10 @@ def display_name(row: dict, labels: dict[str, str]) -> str:
 
 
 def sampling_label(benchmark: str) -> str:
-    """How a benchmark of :data:`BENCHMARKS` samples, for a table: "T = 0.3" (the benchmark's name when it is not
-    one of them)."""
+    """How a benchmark of :data:`BENCHMARKS` samples, for a table: "T = 0.3", "T = 1" (shortest form, as the README
+    writes it; the benchmark's name when it is not one of them)."""
     sampling = BENCHMARKS.get(benchmark, {})
-    return f"T = {sampling['temperature']}" if "temperature" in sampling else benchmark
+    return f"T = {sampling['temperature']:g}" if "temperature" in sampling else benchmark
 
 
 def markdown_tables(rows: list[dict], runs: list[str], k: int) -> str:
