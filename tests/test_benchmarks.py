@@ -271,3 +271,51 @@ def test_the_differential_judge_of_policy_loss_sees_a_dropped_argument_and_a_cha
     dropped, reworded = md.judge(name + "1", None), md.judge(name + "2", None)
     assert "DIFFERS" in dropped and "ulp apart" in dropped
     assert "DIFFERS -- output" in reworded and "XXunknown aggregationXX" in reworded
+
+
+def _range_gap_replay():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("range_gap_replay", ROOT / "benchmarks" / "range_gap_replay.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_range_gap_tokens_are_where_clip_higher_and_atr_min_differ(seed):
+    """The replay's sliver test against the two rules themselves: the tokens it lists are exactly those where
+    methods.clip_higher(0.329, 0.422) and methods.atr in the min form give a different per-token gradient (float32,
+    ratios drawn around both bounds of each range, advantages of both signs, some padding). Their objective values
+    also differ on every token clipped by both (clamped to different constants), with zero gradient in both."""
+    import torch
+
+    from atr_theory import methods, ranges
+
+    gap = _range_gap_replay()
+    g = torch.Generator().manual_seed(seed)
+    n = 4000
+    centre = torch.tensor([0.671, 0.6709717, 1.422, 1.4222167])[torch.randint(0, 4, (n,), generator=g)]
+    w = (centre + (torch.rand(n, generator=g) - 0.5) * 6e-4).reshape(40, 100)
+    adv = torch.randn(40, 100, generator=g)
+    mask = torch.rand(40, 100, generator=g) > 0.05
+    y = torch.log(w).where(mask, torch.zeros(())).requires_grad_(True)
+    adv = adv.where(mask, torch.zeros(()))
+
+    def per_token(fn, **params):
+        batch = methods.TokenBatch(y, adv, mask, y.detach(), torch.zeros_like(y), form="min")
+        objective = fn(batch, **params).objective
+        (grad,) = torch.autograd.grad(objective.sum(), y)
+        return objective.detach(), grad
+
+    v1, g1 = per_token(methods.clip_higher, epsilon_low=0.329, epsilon_high=0.422)
+    v2, g2 = per_token(methods.atr, delta=0.07)
+    differ = mask & (g1 != g2)
+    assert int((mask & (v1 != v2) & (g1 == 0) & (g2 == 0)).sum()) > 0  # clipped by both: values differ, no gradient
+    batch = methods.TokenBatch(y.detach(), adv, mask, y.detach(), torch.zeros_like(y), form="min")
+    found = gap.gap_tokens(batch, 1 - 0.329, 1 + 0.422, ranges.kl3_clip_range(0.07))
+    assert len(found) == int(differ.sum()) > 0
+    assert sorted(t["w"] for t in found) == sorted(torch.exp(y.detach())[differ].tolist())
+    assert {t["side"] for t in found} == {"high", "low"}
+    with pytest.raises(ValueError, match="lower < 1 < upper"):
+        gap.other_range("1.2,0.8")

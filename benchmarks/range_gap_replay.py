@@ -1,0 +1,132 @@
+"""Replay one cpu-table GRPO run and list the tokens on which its ratio range and another constant range disagree.
+
+Two ratio-range rules in PPO's min form (``min(w A, clip(w, l, u) A)``) give the same gradient on a batch unless some
+token has ``A > 0`` and ``w`` between the two upper bounds, or ``A < 0`` and ``w`` between the two lower bounds (their
+loss values also differ on tokens clipped by both -- clamped to different constants -- but those carry no gradient in
+either, and the optimizer sees only gradients). Training here is deterministic on one machine kind, so two such runs from the same SFT model stay equal bit
+for bit until the first such token (README, "Two declarations of one rule"). This script re-trains the first
+``--steps`` steps of ``--run`` exactly as ``python -m atr_llm.cpu_table`` did (same config, arguments, seed and SFT
+model, one thread as its workers), with a read-only spy on :func:`atr_theory.methods.ratio_objective` that records,
+per loss call, every valid token in those slivers; it then checks that the replay's logged windows equal the
+original run's ``log_history.json`` (every value but the wall-clock ones), so the tokens found are the run's own.
+
+    python benchmarks/range_gap_replay.py --run clip-higher-0.329-0.422 --seeds 7 4 0 --steps 12 130 130 \
+        --runs-dir runs/cpu_table_forms [--other kl3:0.07] [--out figures/range_gap_replay.json]
+
+``--other`` is ``kl3:DELTA`` (ATR's range, :func:`atr_theory.ranges.kl3_clip_range`) or ``LOWER,UPPER``.
+Prints and writes JSON: a list, per seed ``{"run", "seed", "steps", "calls", "other_range", "gap_tokens": [{"call",
+"side", "w", "A"}], "first_call", "windows_compared", "windows_equal"}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+WALL_CLOCK = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
+
+
+def other_range(spec: str) -> tuple[float, float]:
+    """``kl3:0.07`` -> ATR's range at delta 0.07; ``0.671,1.422`` -> that range."""
+    from atr_theory import ranges
+
+    if spec.startswith("kl3:"):
+        return ranges.kl3_clip_range(float(spec[4:]))
+    lower, upper = (float(x) for x in spec.split(","))
+    if not 0 < lower < 1 < upper:
+        raise ValueError(f"--other: expected 0 < lower < 1 < upper, got {lower}, {upper}")
+    return lower, upper
+
+
+def gap_tokens(batch, lower: float, upper: float, other: tuple[float, float]) -> list[dict]:
+    """Valid tokens where ``[lower, upper]`` and ``other`` give PPO's min form different gradients: ``A > 0`` with
+    ``w`` between the upper bounds, or ``A < 0`` with ``w`` between the lower bounds (each in the batch's dtype)."""
+    with torch.no_grad():
+        w, adv, valid = torch.exp(batch.log_ratio), batch.advantages, batch.mask.bool()
+        as_t = lambda x: torch.tensor(x, dtype=w.dtype)  # noqa: E731
+        hi_a, hi_b = sorted((as_t(upper), as_t(other[1])))
+        lo_a, lo_b = sorted((as_t(lower), as_t(other[0])))
+        high = valid & (adv > 0) & (w > hi_a) & (w <= hi_b)
+        low = valid & (adv < 0) & (w >= lo_a) & (w < lo_b)
+        found = []
+        for side, where in (("high", high), ("low", low)):
+            for wi, ai in zip(w[where].tolist(), adv[where].tolist()):
+                found.append({"side": side, "w": wi, "A": ai})
+        return found
+
+
+def replay(run: str, seed: int, steps: int, runs_dir: Path, other: tuple[float, float]) -> dict:
+    from atr_llm import cpu_table, train
+    from atr_theory import methods
+
+    torch.set_num_threads(1)  # as cpu_table's workers (_worker_init): the same floating-point reductions
+    original = methods.ratio_objective
+    found: list[dict] = []
+    calls = [0]
+
+    def spy(batch, lower, upper, *args, **kwargs):
+        calls[0] += 1
+        if isinstance(lower, float) and isinstance(upper, float):
+            found.extend({"call": calls[0], **t} for t in gap_tokens(batch, lower, upper, other))
+        return original(batch, lower, upper, *args, **kwargs)
+
+    run_dir = cpu_table.run_directory(runs_dir, run, seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = ["--config", str(cpu_table.BASE_CONFIG), "--model_name_or_path", str(Path(runs_dir) / f"sft-s{seed}")]
+        argv += ["--seed", str(seed), "--output_dir", tmp, "--max_steps", str(steps), "--save_steps", str(10**6)]
+        argv += cpu_table.run_args(run)
+        methods.ratio_objective = spy
+        try:
+            train.main(argv)
+        finally:
+            methods.ratio_objective = original
+        mine = json.loads((Path(tmp) / "log_history.json").read_text())
+    theirs = json.loads((run_dir / "log_history.json").read_text())
+    by_step = {h["step"]: h for h in theirs if "loss" in h}
+    windows = [h for h in mine if "loss" in h]
+    equal = [{k: v for k, v in h.items() if k not in WALL_CLOCK} == _at(by_step, h["step"]) for h in windows]
+    return {
+        "run": run,
+        "seed": seed,
+        "steps": steps,
+        "calls": calls[0],
+        "other_range": list(other),
+        "gap_tokens": found,
+        "first_call": found[0]["call"] if found else None,
+        "windows_compared": len(windows),
+        "windows_equal": sum(equal),
+    }
+
+
+def _at(by_step: dict, step: int) -> dict | None:
+    h = by_step.get(step)
+    return None if h is None else {k: v for k, v in h.items() if k not in WALL_CLOCK}
+
+
+def main(argv=None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--run", required=True, help="a run of atr_llm.cpu_table.CPU_RUNS with a constant range")
+    p.add_argument("--seeds", type=int, nargs="+", required=True)
+    p.add_argument("--steps", type=int, nargs="+", required=True, help="optimizer steps to replay, one per seed")
+    p.add_argument("--runs-dir", type=Path, default=Path("runs/cpu_table_forms"))
+    p.add_argument("--other", default="kl3:0.07", help="kl3:DELTA or LOWER,UPPER (default: ATR's range)")
+    p.add_argument("--out", type=Path, default=None)
+    a = p.parse_args(argv)
+    if len(a.steps) != len(a.seeds) or min(a.steps) < 1:
+        raise ValueError(f"--steps: expected one count >= 1 per seed ({len(a.seeds)}), got {a.steps}")
+    other = other_range(a.other)
+    result = [replay(a.run, seed, steps, a.runs_dir, other) for seed, steps in zip(a.seeds, a.steps)]
+    text = json.dumps(result, indent=1)
+    print(text, file=sys.__stdout__)
+    if a.out:
+        a.out.write_text(text + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
