@@ -60,9 +60,33 @@ def gap_tokens(batch, lower: float, upper: float, other: tuple[float, float]) ->
         return found
 
 
+CONSTANT_RANGE_METHODS = ("clip", "clip_higher", "atr", "kl1", "kl2", "is_kl3")
+"""Methods whose rule is one constant ratio range (no per-token bounds, no dual-clip floor): in the min form two of
+them differ exactly on :func:`gap_tokens`."""
+
+
+def check_replayable(run: str) -> None:
+    """``run`` must be a cpu-table run of a :data:`CONSTANT_RANGE_METHODS` method in PPO's min form: in the mask form
+    (or with per-token bounds) other tokens differ too, and :func:`gap_tokens` would miss them."""
+    from atr_llm import cpu_table
+    from atr_theory import methods
+
+    if run not in cpu_table.CPU_RUNS:
+        raise ValueError(f"--run: {run!r} is not a run of atr_llm.cpu_table.CPU_RUNS")
+    spec = dict(cpu_table.CPU_RUNS[run])
+    choice = methods.resolve(spec.pop("method"), spec.pop("form", None), **spec)
+    if choice.name not in CONSTANT_RANGE_METHODS or choice.form != "min":
+        raise ValueError(
+            f"--run {run}: {choice.name} in the {choice.form} form; expected one of {CONSTANT_RANGE_METHODS} in the"
+            " min form (the sliver test holds only there)"
+        )
+
+
 def replay(run: str, seed: int, steps: int, runs_dir: Path, other: tuple[float, float]) -> dict:
     from atr_llm import cpu_table, train
     from atr_theory import methods
+
+    check_replayable(run)
 
     torch.set_num_threads(1)  # as cpu_table's workers (_worker_init): the same floating-point reductions
     original = methods.ratio_objective

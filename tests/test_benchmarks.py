@@ -319,3 +319,8 @@ def test_range_gap_tokens_are_where_clip_higher_and_atr_min_differ(seed):
     assert {t["side"] for t in found} == {"high", "low"}
     with pytest.raises(ValueError, match="lower < 1 < upper"):
         gap.other_range("1.2,0.8")
+    gap.check_replayable("clip-higher-0.329-0.422")
+    gap.check_replayable("atr-min")
+    for run in ("atr", "clip-mask", "dcpo", "dual-clip", "sapo"):  # mask form, per-token bounds, a floor, a soft gate
+        with pytest.raises(ValueError, match=f"--run {run}: "):
+            gap.check_replayable(run)
