@@ -143,7 +143,7 @@ def train_sft(seed: int, sft_steps: int, runs_dir: Path) -> Path:
     from .sft import run_sft
     from .tiny import build_tokenizer_and_model
 
-    out = runs_dir / f"sft-s{seed}"
+    out = run_directory(runs_dir, "sft", seed)
     if (out / "config.json").exists():
         return out
     tok, model = build_tokenizer_and_model("toy", seed=seed)
@@ -268,6 +268,20 @@ def grpo_learning_rate(requested: float | None) -> float | None:
     return requested
 
 
+def train_argv(job: dict, output_dir: Path | str, max_steps: int, save_steps: int) -> list[str]:
+    """``python -m atr_llm.train`` arguments of ``job``'s run (``run``, ``seed``, ``sft_dir``, optionally
+    ``learning_rate`` and ``device``) from its seed's SFT model into ``output_dir``: cpu-table.yaml, then the run's
+    method and parameters (:func:`run_args`)."""
+    argv = ["--config", str(BASE_CONFIG), "--model_name_or_path", str(job["sft_dir"]), "--seed", str(job["seed"])]
+    argv += ["--output_dir", str(output_dir), "--max_steps", str(max_steps), "--save_steps", str(save_steps)]
+    argv += run_args(job["run"])
+    if job.get("learning_rate") is not None:  # a protocol other than cpu-table.yaml's rate (``--learning-rate``)
+        argv += ["--learning_rate", repr(float(job["learning_rate"]))]
+    if job.get("device", "cpu") != "cpu":
+        argv += ["--use_cpu", "false"]
+    return argv
+
+
 def train_and_evaluate(job: dict) -> dict:
     """Train one (run, seed) from the seed's SFT model with ``python -m atr_llm.train``'s entry point, then
     evaluate every saved checkpoint and the final model; the result is also written to ``result.json``."""
@@ -280,13 +294,7 @@ def train_and_evaluate(job: dict) -> dict:
         return _started_from(json.loads(done.read_text()), job, done)
     run_dir.mkdir(parents=True, exist_ok=True)
     _send_output_to(run_dir / "train.log")
-    argv = ["--config", str(BASE_CONFIG), "--model_name_or_path", job["sft_dir"], "--seed", str(job["seed"])]
-    argv += ["--output_dir", str(run_dir), "--max_steps", str(job["max_steps"]), "--save_steps", str(job["save_steps"])]
-    argv += run_args(job["run"])
-    if job.get("learning_rate") is not None:  # a protocol other than cpu-table.yaml's rate (``--learning-rate``)
-        argv += ["--learning_rate", repr(float(job["learning_rate"]))]
-    if job.get("device", "cpu") != "cpu":
-        argv += ["--use_cpu", "false"]
+    argv = train_argv(job, run_dir, job["max_steps"], job["save_steps"])
     ckpts = _checkpoints(run_dir, 1)
     if ckpts and not (run_dir / "final" / "config.json").exists():
         argv += ["--resume_from_checkpoint", str(ckpts[-1][1])]

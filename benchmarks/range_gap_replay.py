@@ -88,7 +88,7 @@ def replay(run: str, seed: int, steps: int, runs_dir: Path, other: tuple[float, 
 
     check_replayable(run)
 
-    torch.set_num_threads(1)  # as cpu_table's workers (_worker_init): the same floating-point reductions
+    cpu_table._worker_init()  # one thread, as the driver's workers: the same floating-point reductions
     original = methods.ratio_objective
     found: list[dict] = []
     calls = [0]
@@ -100,10 +100,10 @@ def replay(run: str, seed: int, steps: int, runs_dir: Path, other: tuple[float, 
         return original(batch, lower, upper, *args, **kwargs)
 
     run_dir = cpu_table.run_directory(runs_dir, run, seed)
+    job = {"run": run, "seed": seed, "sft_dir": cpu_table.run_directory(runs_dir, "sft", seed)}
+    job["learning_rate"] = json.loads((run_dir / "result.json").read_text()).get("learning_rate")  # the run's own
     with tempfile.TemporaryDirectory() as tmp:
-        argv = ["--config", str(cpu_table.BASE_CONFIG), "--model_name_or_path", str(Path(runs_dir) / f"sft-s{seed}")]
-        argv += ["--seed", str(seed), "--output_dir", tmp, "--max_steps", str(steps), "--save_steps", str(10**6)]
-        argv += cpu_table.run_args(run)
+        argv = cpu_table.train_argv(job, tmp, steps, 10**6)
         methods.ratio_objective = spy
         try:
             train.main(argv)
@@ -111,9 +111,9 @@ def replay(run: str, seed: int, steps: int, runs_dir: Path, other: tuple[float, 
             methods.ratio_objective = original
         mine = json.loads((Path(tmp) / "log_history.json").read_text())
     theirs = json.loads((run_dir / "log_history.json").read_text())
-    by_step = {h["step"]: h for h in theirs if "loss" in h}
-    windows = [h for h in mine if "loss" in h]
-    equal = [{k: v for k, v in h.items() if k not in WALL_CLOCK} == _at(by_step, h["step"]) for h in windows]
+    by_step = {h["step"]: _without_wall_clock(h) for h in theirs if "loss" in h}
+    windows = [_without_wall_clock(h) for h in mine if "loss" in h]
+    equal = [h == by_step.get(h["step"]) for h in windows]
     return {
         "run": run,
         "seed": seed,
@@ -127,9 +127,8 @@ def replay(run: str, seed: int, steps: int, runs_dir: Path, other: tuple[float, 
     }
 
 
-def _at(by_step: dict, step: int) -> dict | None:
-    h = by_step.get(step)
-    return None if h is None else {k: v for k, v in h.items() if k not in WALL_CLOCK}
+def _without_wall_clock(logged: dict) -> dict:
+    return {k: v for k, v in logged.items() if k not in WALL_CLOCK}
 
 
 def main(argv=None) -> list[dict]:
