@@ -324,3 +324,85 @@ def test_range_gap_tokens_are_where_clip_higher_and_atr_min_differ(seed):
     for run in ("atr", "clip-mask", "dcpo", "dual-clip", "sapo"):  # mask form, per-token bounds, a floor, a soft gate
         with pytest.raises(ValueError, match=f"--run {run}: "):
             gap.check_replayable(run)
+
+
+def _parted_runs():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("parted_runs", ROOT / "benchmarks" / "parted_runs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _curve(steps, reward_from=None):
+    """Logged points every 10 steps; from step ``reward_from`` on the reward is shifted (the runs part there)."""
+    return [
+        {"step": t, "reward": 0.5 + t / 1e4 + (0.01 if reward_from is not None and t >= reward_from else 0.0)}
+        for t in steps
+    ]
+
+
+def test_parted_runs_reads_where_two_runs_part_and_how_far_they_end():
+    """Three shared starts (one never parts, two part at steps 20 and 10) and one start only the run has: the parting
+    steps, the parted starts' spread (against numpy's sample sd), the equality of the unparted start's outcome and
+    the paired mean (against numpy) are read per benchmark; the two runs may have one name (two tables)."""
+    import numpy as np
+
+    parted_runs = _parted_runs()
+    steps = [10, 20, 30]
+    models = {0: "m0", 1: "m1", 2: "m2", 3: "m3"}
+    run_curves = [
+        {"run": "atr", "seed": s, "sft_model": models[s], "curves": _curve(steps, at)}
+        for s, at in ((0, None), (1, 20), (2, 10), (3, None))
+    ]
+    reference_curves = [{"run": "atr", "seed": s, "sft_model": models[s], "curves": _curve(steps)} for s in (0, 1, 2)]
+    ends = {0: (70.0, 70.0), 1: (64.5, 70.25), 2: (80.0, 71.0), 3: (50.0, None)}
+
+    def rows(which, seeds):
+        return [
+            {"method": "atr", "benchmark": "T", "seed": s, "sft_model": models[s], "mean_at_8": ends[s][which]}
+            for s in seeds
+        ]
+
+    result = parted_runs.parted_pair("atr", rows(0, range(4)), run_curves, "atr", rows(1, range(3)), reference_curves)
+    assert [(s["seed"], s["parts_at"]) for s in result["starts"]] == [(0, None), (1, 20), (2, 10)]
+    summary = result["benchmarks"]["T"]
+    differences = [64.5 - 70.25, 80.0 - 71.0]
+    assert summary["parted_n"] == 2
+    assert summary["parted_min"] == min(differences) and summary["parted_max"] == max(differences)
+    assert summary["parted_sd"] == pytest.approx(float(np.std(differences, ddof=1)))
+    assert summary["unparted_all_equal"] is True
+    assert summary["paired"]["mean"] == pytest.approx(float(np.mean([0.0, *differences])))
+    assert summary["paired"]["n"] == 3
+
+    ends[0] = (70.0, 69.875)  # an outcome that moved with every logged point equal
+    result = parted_runs.parted_pair("atr", rows(0, range(4)), run_curves, "atr", rows(1, range(3)), reference_curves)
+    assert result["benchmarks"]["T"]["unparted_all_equal"] is False
+    with pytest.raises(ValueError, match="share no start"):
+        parted_runs.parted_pair("atr", rows(0, [3]), run_curves[3:], "atr", rows(1, range(3)), reference_curves)
+    with pytest.raises(ValueError, match="TABLE_DIR:RUN"):
+        parted_runs.table_and_run("figures/cpu_table_startC")
+    with pytest.raises(ValueError, match=r"differ in \['max_steps'\]"):
+        parted_runs.refuse_other_protocol(
+            {"settings": {"max_steps": 1000}}, {"settings": {"max_steps": 250}}, ("a", "b")
+        )
+
+
+def test_parted_runs_reproduces_the_readme_two_declarations_numbers():
+    """The README's numbers for clip-higher (0.329, 0.422) against atr-min, from the committed tables: the parting
+    steps 710 / 120 / 480 / 160 / 10 / 570 on seeds 3-8, equal outcomes on the other four, parted ends -5.3 .. +10.5
+    (sd 5.8) at T = 0.3 and -3.2 .. +5.0 (sd 2.8) at T = 1."""
+    parted_runs = _parted_runs()
+    (result,) = parted_runs.main(
+        [
+            "--pair",
+            str(ROOT / "figures/cpu_table_startC") + ":clip-higher-0.329-0.422",
+            str(ROOT / "figures/cpu_table_forms_lr1e-4") + ":atr-min",
+        ]
+    )
+    assert [s["parts_at"] for s in result["starts"]] == [None, None, None, 710, 120, 480, 160, 10, 570, None]
+    t03, t1 = result["benchmarks"]["steps-test-T0.3"], result["benchmarks"]["steps-test-T1"]
+    assert t03["unparted_all_equal"] and t1["unparted_all_equal"]
+    assert (round(t03["parted_min"], 1), round(t03["parted_max"], 1), round(t03["parted_sd"], 1)) == (-5.3, 10.5, 5.8)
+    assert (round(t1["parted_min"], 1), round(t1["parted_max"], 1), round(t1["parted_sd"], 1)) == (-3.2, 5.0, 2.8)
