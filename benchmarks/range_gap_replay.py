@@ -60,14 +60,48 @@ def gap_tokens(batch, lower: float, upper: float, other: tuple[float, float]) ->
         return found
 
 
-CONSTANT_RANGE_METHODS = ("clip", "clip_higher", "atr", "kl1", "kl2", "is_kl3")
-"""Methods whose rule is one constant ratio range (no per-token bounds, no dual-clip floor): in the min form two of
-them differ exactly on :func:`gap_tokens`."""
+def constant_range_in_min_form(choice) -> tuple[float, float] | None:
+    """The one constant ratio range ``(lower, upper)`` a resolved method applies in PPO's min form, read from the
+    method itself: it is called once on a small batch with a read-only spy on
+    :func:`atr_theory.methods.ratio_objective`, and it qualifies only when that was its single call, on the batch it
+    was given (token ratios, not GSPO's sequence ratios), with float bounds and no dual-clip floor, and it returned
+    that call's result unchanged (a constraint passed along is read only in the mask form). Then two such rules differ
+    exactly on :func:`gap_tokens`. None otherwise (the mask form, per-token bounds, a floor, a soft gate, sequence
+    ratios, a wrapped result): there other tokens differ too."""
+    import math
+
+    from atr_theory import methods
+
+    if choice.form != "min":
+        return None
+    original, calls = methods.ratio_objective, []
+
+    def spy(seen, lower, upper, constraint=None, negative_cap=math.inf):
+        calls.append((seen, lower, upper, negative_cap, original(seen, lower, upper, constraint, negative_cap)))
+        return calls[-1][-1]
+
+    g = torch.Generator().manual_seed(0)
+    logp = -torch.rand(2, 8, generator=g, dtype=torch.float64) - 0.1
+    old_logp = logp + 0.3 * torch.randn(2, 8, generator=g, dtype=torch.float64)
+    advantages, mask = torch.randn(2, 8, generator=g, dtype=torch.float64), torch.ones(2, 8, dtype=torch.bool)
+    batch = methods.TokenBatch(logp - old_logp, advantages, mask, logp, old_logp, form="min")
+    methods.ratio_objective = spy
+    try:
+        result = choice.spec.fn(batch, **choice.params)
+    finally:
+        methods.ratio_objective = original
+    if len(calls) != 1:
+        return None
+    seen, lower, upper, negative_cap, returned = calls[0]
+    if seen is not batch or not (isinstance(lower, float) and isinstance(upper, float)):
+        return None
+    return (lower, upper) if negative_cap == math.inf and result is returned else None
 
 
 def check_replayable(run: str) -> None:
-    """``run`` must be a cpu-table run of a :data:`CONSTANT_RANGE_METHODS` method in PPO's min form: in the mask form
-    (or with per-token bounds) other tokens differ too, and :func:`gap_tokens` would miss them."""
+    """``run`` must be a cpu-table run whose rule is one constant ratio range in PPO's min form
+    (:func:`constant_range_in_min_form`): in the mask form, with per-token bounds, a dual-clip floor or a soft gate
+    other tokens differ too, and :func:`gap_tokens` would miss them."""
     from atr_llm import cpu_table
     from atr_theory import methods
 
@@ -75,10 +109,10 @@ def check_replayable(run: str) -> None:
         raise ValueError(f"--run: {run!r} is not a run of atr_llm.cpu_table.CPU_RUNS")
     spec = dict(cpu_table.CPU_RUNS[run])
     choice = methods.resolve(spec.pop("method"), spec.pop("form", None), **spec)
-    if choice.name not in CONSTANT_RANGE_METHODS or choice.form != "min":
+    if constant_range_in_min_form(choice) is None:
         raise ValueError(
-            f"--run {run}: {choice.name} in the {choice.form} form; expected one of {CONSTANT_RANGE_METHODS} in the"
-            " min form (the sliver test holds only there)"
+            f"--run {run}: {choice.name} in the {choice.form} form is not one constant ratio range in the min form"
+            " (the sliver test holds only there)"
         )
 
 

@@ -406,3 +406,43 @@ def test_parted_runs_reproduces_the_readme_two_declarations_numbers():
     assert t03["unparted_all_equal"] and t1["unparted_all_equal"]
     assert (round(t03["parted_min"], 1), round(t03["parted_max"], 1), round(t03["parted_sd"], 1)) == (-5.3, 10.5, 5.8)
     assert (round(t1["parted_min"], 1), round(t1["parted_max"], 1), round(t1["parted_sd"], 1)) == (-3.2, 5.0, 2.8)
+
+
+def test_constant_range_probe_accepts_only_rules_that_are_ppo_min_on_one_range():
+    """Every registered method the replay's probe accepts in the min form has, on random float64 batches (ratios from
+    0.3 to 3, both signs of the advantage), the per-token gradient and value of PPO's own min objective
+    min(w A, clip(w, l, u) A) (Schulman et al. 2017, written out here) with the range the probe read; the probe
+    leaves methods.ratio_objective as it found it, and refuses the dual clip's floor, per-token bounds (dcpo,
+    trgppo), covariance selection and GSPO's sequence ratios."""
+    import torch
+
+    from atr_theory import methods
+
+    gap = _range_gap_replay()
+    original = methods.ratio_objective
+    accepted = {}
+    for name in methods.method_names(aliases=False):
+        spec = methods.get_method(name)
+        if "min" in spec.forms and not spec.needs_full_distributions:
+            found = gap.constant_range_in_min_form(methods.resolve(name, "min"))
+            if found is not None:
+                accepted[name] = found
+    assert methods.ratio_objective is original
+    assert {"clip", "clip_higher", "atr"} <= set(accepted)
+    assert not {"dual_clip", "dcpo", "trgppo", "clip_cov", "gspo"} & set(accepted)
+    g = torch.Generator().manual_seed(3)
+    w0 = torch.exp(torch.empty(16, 64, dtype=torch.float64).uniform_(-1.2, 1.1, generator=g))
+    adv = torch.randn(16, 64, generator=g, dtype=torch.float64)
+    mask = torch.ones(16, 64, dtype=torch.bool)
+    for name, (lower, upper) in accepted.items():
+        y = torch.log(w0).requires_grad_(True)
+        batch = methods.TokenBatch(y, adv, mask, y.detach(), torch.zeros_like(y), form="min")
+        objective = methods.resolve(name, "min").spec.fn(batch, **methods.resolve(name, "min").params).objective
+        (grad,) = torch.autograd.grad(objective.sum(), y)
+        y_ref = torch.log(w0).requires_grad_(True)
+        w = torch.exp(y_ref)
+        ppo = torch.minimum(w * adv, torch.clamp(w, lower, upper) * adv)
+        (grad_ref,) = torch.autograd.grad(ppo.sum(), y_ref)
+        torch.testing.assert_close(objective.detach(), ppo.detach(), rtol=0, atol=1e-15, msg=name)
+        torch.testing.assert_close(grad, grad_ref, rtol=0, atol=1e-15, msg=name)
+        assert bool((grad == 0).any()) and bool((grad != 0).any()), name  # the range bites on these batches
