@@ -1356,7 +1356,7 @@ def previous_outputs(
     if not summary_path.exists():
         return [], [], "no earlier table in " + str(out)
     before = json.loads(summary_path.read_text())
-    differ = [key for key in _PROTOCOL_KEYS if before.get("settings", {}).get(key) != settings.get(key)]
+    differ = protocol_differences(before.get("settings", {}), settings)
     if differ:
         return [], [], f"earlier table in {out} not kept: its settings differ in {differ}"
     rows = [r for r in before["rows"] if (r["method"], *_start(r)) not in fresh]
@@ -1370,6 +1370,24 @@ def previous_outputs(
                     curves.setdefault(triple, []).append({k: _number_or_none(point[k]) for k in CURVE_KEYS})
     curve_sets = [{"run": run, "seed": seed, "sft_model": m, "curves": c} for (run, seed, m), c in curves.items()]
     return rows, curve_sets, f"kept {len(kept)} (run, seed, SFT model) triples of the earlier table in {out}"
+
+
+def read_table(out: Path | str) -> tuple[dict, list[dict], list[dict]]:
+    """A written table's ``(summary, rows, curve_sets)``: its ``cpu_llm_table.json`` and, through
+    :func:`previous_outputs`, every row and training curve it holds. Raises when ``out`` has no table."""
+    out = Path(out)
+    summary_path = out / "cpu_llm_table.json"
+    if not summary_path.exists():
+        raise FileNotFoundError(f"no cpu table in {out}: {summary_path} is missing")
+    summary = json.loads(summary_path.read_text())
+    rows, curve_sets, _ = previous_outputs(out, summary["settings"], set())
+    return summary, rows, curve_sets
+
+
+def protocol_differences(settings: dict, other: dict) -> list[str]:
+    """The :data:`_PROTOCOL_KEYS` in which two tables' settings differ: rows of tables that differ in none of them
+    were trained and evaluated the same way, and may be compared (or pooled) across the tables."""
+    return [key for key in _PROTOCOL_KEYS if settings.get(key) != other.get(key)]
 
 
 def _number_or_none(text: str) -> float | int | None:

@@ -30,27 +30,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def read_table(directory: Path) -> tuple[dict, list[dict], list[dict]]:
-    """A committed cpu table's ``(summary JSON, rows, curve sets)`` (:func:`atr_llm.cpu_table.previous_outputs`)."""
-    from atr_llm import cpu_table
-
-    summary_path = directory / "cpu_llm_table.json"
-    if not summary_path.exists():
-        raise FileNotFoundError(f"no cpu table in {directory}: {summary_path} is missing")
-    summary = json.loads(summary_path.read_text())
-    rows, curve_sets, _ = cpu_table.previous_outputs(directory, summary["settings"], set())
-    return summary, rows, curve_sets
-
-
-def refuse_other_protocol(a: dict, b: dict, names: tuple[str, str]) -> None:
-    """Raise when the two tables' settings differ in a protocol key (:data:`atr_llm.cpu_table._PROTOCOL_KEYS`)."""
-    from atr_llm import cpu_table
-
-    differ = [k for k in cpu_table._PROTOCOL_KEYS if a["settings"].get(k) != b["settings"].get(k)]
-    if differ:
-        raise ValueError(f"{names[0]} and {names[1]} were written with different protocols: they differ in {differ}")
-
-
 def parted_pair(
     run: str,
     run_rows: list[dict],
@@ -115,6 +94,8 @@ def table_and_run(spec: str) -> tuple[Path, str]:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
+    from atr_llm import cpu_table
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pair", nargs=2, action="append", required=True, metavar=("TABLE:RUN", "TABLE:REFERENCE"))
     ap.add_argument("--out", type=Path)
@@ -122,9 +103,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     results = []
     for run_spec, reference_spec in args.pair:
         (run_dir, run), (reference_dir, reference) = table_and_run(run_spec), table_and_run(reference_spec)
-        run_summary, run_rows, run_curves = read_table(run_dir)
-        reference_summary, reference_rows, reference_curves = read_table(reference_dir)
-        refuse_other_protocol(run_summary, reference_summary, (str(run_dir), str(reference_dir)))
+        run_summary, run_rows, run_curves = cpu_table.read_table(run_dir)
+        reference_summary, reference_rows, reference_curves = cpu_table.read_table(reference_dir)
+        differ = cpu_table.protocol_differences(run_summary["settings"], reference_summary["settings"])
+        if differ:
+            raise ValueError(
+                f"{run_dir} and {reference_dir} were written with different protocols: they differ in {differ}"
+            )
         k = run_summary["settings"]["samples"]
         result = parted_pair(run, run_rows, run_curves, reference, reference_rows, reference_curves, k)
         result["tables"] = [str(run_dir), str(reference_dir)]

@@ -383,10 +383,9 @@ def test_parted_runs_reads_where_two_runs_part_and_how_far_they_end():
         parted_runs.parted_pair("atr", rows(0, [3]), run_curves[3:], "atr", rows(1, range(3)), reference_curves)
     with pytest.raises(ValueError, match="TABLE_DIR:RUN"):
         parted_runs.table_and_run("figures/cpu_table_startC")
-    with pytest.raises(ValueError, match=r"differ in \['max_steps'\]"):
-        parted_runs.refuse_other_protocol(
-            {"settings": {"max_steps": 1000}}, {"settings": {"max_steps": 250}}, ("a", "b")
-        )
+    from atr_llm import cpu_table
+
+    assert cpu_table.protocol_differences({"max_steps": 1000, "runs": ["clip"]}, {"max_steps": 250}) == ["max_steps"]
 
 
 def test_parted_runs_reproduces_the_readme_two_declarations_numbers():
@@ -446,3 +445,47 @@ def test_constant_range_probe_accepts_only_rules_that_are_ppo_min_on_one_range()
         torch.testing.assert_close(objective.detach(), ppo.detach(), rtol=0, atol=1e-15, msg=name)
         torch.testing.assert_close(grad, grad_ref, rtol=0, atol=1e-15, msg=name)
         assert bool((grad == 0).any()) and bool((grad != 0).any()), name  # the range bites on these batches
+
+
+def test_replication_readout_tests_one_difference_on_fresh_starts():
+    """The replication's one-sided p against scipy's paired t with that alternative, the count on the registered side,
+    the pooled mean against numpy over both tables' starts; a start in both tables, too few starts and an unknown
+    direction are refused."""
+    import importlib.util
+
+    import numpy as np
+    from scipy import stats
+
+    spec = importlib.util.spec_from_file_location("replication", ROOT / "benchmarks" / "replication.py")
+    replication = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(replication)
+
+    def rows(scores: dict[int, tuple[float, float]]):
+        return [
+            {"method": m, "benchmark": "T", "seed": s, "sft_model": f"m{s}", "mean_at_8": v}
+            for s, pair in scores.items()
+            for m, v in zip(("atr", "clip"), pair)
+        ]
+
+    exploratory = {0: (60.0, 66.0), 1: (70.0, 71.5), 2: (55.0, 53.0)}
+    fresh = {10: (61.0, 64.0), 11: (72.0, 71.0), 12: (50.0, 57.5), 13: (66.0, 66.5)}
+    out = replication.replication_readout(rows(exploratory), rows(fresh), "atr", "clip", "below")
+    r = out["benchmarks"]["T"]["replication"]
+    atr, clip = np.array([v[0] for v in fresh.values()]), np.array([v[1] for v in fresh.values()])
+    assert r["p_one_sided"] == pytest.approx(stats.ttest_rel(atr, clip, alternative="less").pvalue, rel=1e-9)
+    assert (r["on_side"], r["starts"]) == (3, 4)
+    above = replication.replication_readout(rows(exploratory), rows(fresh), "atr", "clip", "above")
+    assert above["benchmarks"]["T"]["replication"]["p_one_sided"] == pytest.approx(
+        stats.ttest_rel(atr, clip, alternative="greater").pvalue, rel=1e-9
+    )
+    everything = {**exploratory, **fresh}
+    pooled = out["benchmarks"]["T"]["pooled"]
+    assert pooled["n"] == 7
+    assert pooled["mean"] == pytest.approx(float(np.mean([a - c for a, c in everything.values()])))
+    assert out["benchmarks"]["T"]["exploratory"]["n"] == 3
+    with pytest.raises(ValueError, match="share starts"):
+        replication.replication_readout(rows(exploratory), rows({**fresh, 2: (1.0, 2.0)}), "atr", "clip", "below")
+    with pytest.raises(ValueError, match="fewer than two starts"):
+        replication.replication_readout(rows(exploratory), rows({10: (1.0, 2.0)}), "atr", "clip", "below")
+    with pytest.raises(ValueError, match="direction must be one of"):
+        replication.replication_readout(rows(exploratory), rows(fresh), "atr", "clip", "lower")
