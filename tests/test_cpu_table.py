@@ -756,3 +756,118 @@ def test_delta_optimum_is_an_intersection_union_of_scipys_one_sided_paired_t_tes
     assert "T = 1:" in md and "T = 1.0" not in md and f"intersection-union p {cpu_table._p_value(max(one_sided))}" in md
     # one other delta only: no question of an optimum to ask
     assert cpu_table.delta_optimum([r for r in rows if r["method"] in ("atr", "atr-delta0.03")], 8) == []
+
+
+def _write_evaluated_run(runs_dir, run, seed, step, correct_by_problem, sft_model="m"):
+    """A run directory as atr_llm.cpu_table leaves it: result.json with the recorded Pass@8 and, per benchmark, the
+    samples.jsonl of that evaluation (8 samples per problem, ``correct_by_problem[i]`` of them correct)."""
+    import json
+
+    from atr_llm import cpu_table, pass_at_k_curves
+
+    evals = {}
+    for benchmark in cpu_table.BENCHMARKS:
+        d = pass_at_k_curves.evaluation_directory(runs_dir, run, seed, step) / benchmark
+        d.mkdir(parents=True)
+        with (d / "samples.jsonl").open("w") as f:
+            for i, c in enumerate(correct_by_problem):
+                for j in range(8):
+                    f.write(json.dumps({"benchmark": "test", "problem_id": i, "correct": j < c, "status": "x"}) + "\n")
+        solved = sum(c > 0 for c in correct_by_problem)
+        evals[benchmark] = {"pass@8": 100 * solved / len(correct_by_problem)}
+    result = {
+        "run": run,
+        "seed": seed,
+        "sft_model": f"{sft_model}{seed}",
+        "evals": {"0" if run == "sft" else str(step): evals},
+    }
+    (cpu_table.run_directory(runs_dir, run, seed) / "result.json").write_text(json.dumps(result))
+
+
+def test_pass_at_k_curves_equal_brute_force_over_subsets_and_refuse_other_samples(tmp_path):
+    """Pass@K of each run and seed against enumeration of every K-subset of its 8 samples (itertools), Mean@K equal
+    at every K, the paired Pass@K difference against numpy over seeds; a result.json whose Pass@8 disagrees with
+    the samples is refused."""
+    import itertools
+    import json
+
+    import numpy as np
+
+    from atr_llm import pass_at_k_curves
+
+    counts_atr = {0: [3, 3, 3, 3], 1: [0, 8, 8, 0]}
+    counts = {("sft", 0): [0, 1, 3, 8], ("sft", 1): [2, 0, 5, 7], ("clip", 0): [0, 4, 6, 8], ("clip", 1): [1, 1, 8, 6]}
+    for (run, seed), correct in counts.items():
+        _write_evaluated_run(tmp_path, run, seed, 1000, correct)
+    summary = pass_at_k_curves.main(
+        [
+            "--runs-dir",
+            str(tmp_path),
+            "--runs",
+            "sft",
+            "clip",
+            "--seeds",
+            "0",
+            "1",
+            "--ks",
+            "1",
+            "2",
+            "3",
+            "8",
+            "--reference",
+            "sft",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
+
+    def brute(correct, k):
+        per_problem = []
+        for c in correct:
+            flags = [j < c for j in range(8)]
+            subsets = list(itertools.combinations(flags, k))
+            per_problem.append(sum(any(s) for s in subsets) / len(subsets))
+        return 100 * float(np.mean(per_problem))
+
+    for r in summary["rows"]:
+        correct = counts[r["run"], r["seed"]]
+        assert r["pass_at_k"] == pytest.approx(brute(correct, r["k"]), abs=1e-9)
+        assert r["mean_at_k"] == pytest.approx(100 * float(np.mean(correct)) / 8, abs=1e-9)
+    d = summary["paired_pass_at_k"]["steps-test-T1"]["2"]["clip"]
+    expected = [brute(counts["clip", s], 2) - brute(counts["sft", s], 2) for s in (0, 1)]
+    assert d["mean"] == pytest.approx(float(np.mean(expected))) and d["n"] == 2
+    _write_evaluated_run(tmp_path, "atr", 0, 1000, [3, 3, 3, 3])
+    _write_evaluated_run(tmp_path, "atr", 1, 1000, [0, 8, 8, 0])
+    summary = pass_at_k_curves.main(
+        [
+            "--runs-dir",
+            str(tmp_path),
+            "--runs",
+            "sft",
+            "clip",
+            "atr",
+            "--seeds",
+            "0",
+            "1",
+            "--ks",
+            "2",
+            "--reference",
+            "sft",
+            "--out",
+            str(tmp_path / "out3"),
+        ]
+    )
+    pooled = summary["paired_pass_at_k"]["steps-test-T1"]["2"]["mean of runs"]
+    per_seed = [
+        (brute(counts["clip", s], 2) + brute(counts_atr[s], 2)) / 2 - brute(counts["sft", s], 2) for s in (0, 1)
+    ]
+    assert pooled["mean"] == pytest.approx(float(np.mean(per_seed))) and pooled["n"] == 2
+    assert (tmp_path / "out" / "cpu_pass_at_k.png").exists()
+    result_path = tmp_path / "clip-s1" / "result.json"
+    result = json.loads(result_path.read_text())
+    result["evals"]["1000"]["steps-test-T1"]["pass@8"] = 50.0
+    result_path.write_text(json.dumps(result))
+    with pytest.raises(ValueError, match="not the samples that were evaluated"):
+        pass_at_k_curves.curve_of_run(tmp_path, "clip", 1, 1000, [1, 8])
+    with pytest.raises(ValueError, match="no evaluation at step 750"):
+        pass_at_k_curves.curve_of_run(tmp_path, "clip", 0, 750, [1, 8])
