@@ -90,7 +90,8 @@ def curve_of_run(runs_dir: Path | str, run: str, seed: int, step: int, ks: list[
 def paired_by_k(rows: list[dict], runs: list[str], reference: str) -> dict[str, dict[str, dict]]:
     """``{benchmark: {k: {run: paired difference of pass_at_k against reference}}}`` over shared starts, and with
     two runs or more, ``"mean of runs"``: the runs' mean minus the reference, one contrast per start shared by all
-    (:func:`atr_llm.cpu_table.paired_contrast`)."""
+    (:func:`atr_llm.cpu_table.paired_contrast`), with ``p_holm``: Holm over these contrasts at every benchmark and
+    K (:func:`atr_llm.cpu_table.holm_adjusted`)."""
     out: dict[str, dict[str, dict]] = {}
     for benchmark in sorted({r["benchmark"] for r in rows}):
         for k in sorted({r["k"] for r in rows}):
@@ -105,6 +106,11 @@ def paired_by_k(rows: list[dict], runs: list[str], reference: str) -> dict[str, 
                 weights = {**{run: 1 / len(others) for run in others}, reference: -1.0}
                 by_run["mean of runs"] = cpu_table.paired_contrast(table, weights, f"pass_at_{k}")
             out.setdefault(benchmark, {})[str(k)] = by_run
+    pooled = [
+        by_k["mean of runs"] for by_k in (d for b in out.values() for d in b.values()) if by_k.get("mean of runs")
+    ]
+    for d, p_holm in zip(pooled, cpu_table.holm_adjusted([d["p"] for d in pooled])):
+        d["p_holm"] = p_holm
     return out
 
 

@@ -862,6 +862,12 @@ def test_pass_at_k_curves_equal_brute_force_over_subsets_and_refuse_other_sample
         (brute(counts["clip", s], 2) + brute(counts_atr[s], 2)) / 2 - brute(counts["sft", s], 2) for s in (0, 1)
     ]
     assert pooled["mean"] == pytest.approx(float(np.mean(per_seed))) and pooled["n"] == 2
+    from statsmodels.stats.multitest import multipletests
+
+    family = [by_k["mean of runs"] for b in summary["paired_pass_at_k"].values() for by_k in b.values()]
+    assert len(family) == 2
+    expected_holm = multipletests([d["p"] for d in family], method="holm")[1]
+    assert [d["p_holm"] for d in family] == pytest.approx(list(expected_holm))
     assert (tmp_path / "out" / "cpu_pass_at_k.png").exists()
     result_path = tmp_path / "clip-s1" / "result.json"
     result = json.loads(result_path.read_text())
