@@ -12,7 +12,7 @@ evaluated and the run is refused. Mean@K's expectation does not depend on K (it 
 only Pass@K varies; it is written for every K as the paper's figure has it.
 
 Writes ``cpu_pass_at_k.csv`` (run, seed, sft_model, benchmark, k, mean_at_k, pass_at_k), ``cpu_pass_at_k.json`` (the
-same, and per benchmark and K each run's paired difference against ``--reference`` over shared seeds,
+same, and per reference of ``--references``, benchmark and K each run's paired difference against it over shared seeds,
 :func:`atr_llm.cpu_table.paired_difference`) and ``cpu_pass_at_k.png`` (Pass@K against K, mean over seeds).
 """
 
@@ -88,11 +88,12 @@ def curve_of_run(runs_dir: Path | str, run: str, seed: int, step: int, ks: list[
 
 
 def paired_by_k(rows: list[dict], runs: list[str], reference: str) -> dict[str, dict[str, dict]]:
-    """``{benchmark: {k: {run: paired difference of pass_at_k against reference}}}`` over shared starts, and with
-    two runs or more, ``"mean of runs"``: the runs' mean minus the reference, one contrast per start shared by all
-    (:func:`atr_llm.cpu_table.paired_contrast`), with ``p_holm``: Holm over these contrasts at every benchmark and
-    K (:func:`atr_llm.cpu_table.holm_adjusted`)."""
+    """``{benchmark: {k: {run: paired difference of pass_at_k against reference}}}`` over shared starts. Against
+    ``"sft"`` with two GRPO runs or more, also ``"mean of runs"``: the GRPO runs' mean minus their SFT models, one
+    contrast per start shared by all (:func:`atr_llm.cpu_table.paired_contrast`), with ``p_holm``: Holm over these
+    contrasts at every benchmark and K (:func:`atr_llm.cpu_table.holm_adjusted`)."""
     out: dict[str, dict[str, dict]] = {}
+    others = [run for run in runs if run != reference]
     for benchmark in sorted({r["benchmark"] for r in rows}):
         for k in sorted({r["k"] for r in rows}):
             table = [
@@ -100,9 +101,8 @@ def paired_by_k(rows: list[dict], runs: list[str], reference: str) -> dict[str, 
                 for r in rows
                 if r["benchmark"] == benchmark and r["k"] == k
             ]
-            others = [run for run in runs if run != reference]
             by_run = {run: cpu_table.paired_difference(table, run, reference, f"pass_at_{k}") for run in others}
-            if len(others) > 1:  # the runs' mean against the reference, one number per start (paired_contrast)
+            if reference == "sft" and len(others) > 1:
                 weights = {**{run: 1 / len(others) for run in others}, reference: -1.0}
                 by_run["mean of runs"] = cpu_table.paired_contrast(table, weights, f"pass_at_{k}")
             out.setdefault(benchmark, {})[str(k)] = by_run
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seeds", nargs="+", type=int, required=True)
     ap.add_argument("--step", type=int, default=cpu_table.FULL["max_steps"], help="the GRPO checkpoint (default final)")
     ap.add_argument("--ks", nargs="+", type=int, default=[1, 2, 4, 8])
-    ap.add_argument("--reference", default="clip")
+    ap.add_argument("--references", nargs="+", default=["sft"], help="runs to pair every other run against")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if any(k < 1 for k in args.ks):
@@ -173,9 +173,9 @@ def main(argv: list[str] | None = None) -> dict:
             "seeds": args.seeds,
             "step": args.step,
             "ks": args.ks,
-            "reference": args.reference,
+            "references": args.references,
         },
-        "paired_pass_at_k": paired_by_k(rows, args.runs, args.reference) if args.reference in args.runs else {},
+        "paired_pass_at_k": {ref: paired_by_k(rows, args.runs, ref) for ref in args.references if ref in args.runs},
         "rows": rows,
     }
     (args.out / "cpu_pass_at_k.json").write_text(json.dumps(summary, indent=1) + "\n")

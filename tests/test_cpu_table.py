@@ -814,7 +814,7 @@ def test_pass_at_k_curves_equal_brute_force_over_subsets_and_refuse_other_sample
             "2",
             "3",
             "8",
-            "--reference",
+            "--references",
             "sft",
             "--out",
             str(tmp_path / "out"),
@@ -833,7 +833,7 @@ def test_pass_at_k_curves_equal_brute_force_over_subsets_and_refuse_other_sample
         correct = counts[r["run"], r["seed"]]
         assert r["pass_at_k"] == pytest.approx(brute(correct, r["k"]), abs=1e-9)
         assert r["mean_at_k"] == pytest.approx(100 * float(np.mean(correct)) / 8, abs=1e-9)
-    d = summary["paired_pass_at_k"]["steps-test-T1"]["2"]["clip"]
+    d = summary["paired_pass_at_k"]["sft"]["steps-test-T1"]["2"]["clip"]
     expected = [brute(counts["clip", s], 2) - brute(counts["sft", s], 2) for s in (0, 1)]
     assert d["mean"] == pytest.approx(float(np.mean(expected))) and d["n"] == 2
     _write_evaluated_run(tmp_path, "atr", 0, 1000, [3, 3, 3, 3])
@@ -857,14 +857,14 @@ def test_pass_at_k_curves_equal_brute_force_over_subsets_and_refuse_other_sample
             str(tmp_path / "out3"),
         ]
     )
-    pooled = summary["paired_pass_at_k"]["steps-test-T1"]["2"]["mean of runs"]
+    pooled = summary["paired_pass_at_k"]["sft"]["steps-test-T1"]["2"]["mean of runs"]
     per_seed = [
         (brute(counts["clip", s], 2) + brute(counts_atr[s], 2)) / 2 - brute(counts["sft", s], 2) for s in (0, 1)
     ]
     assert pooled["mean"] == pytest.approx(float(np.mean(per_seed))) and pooled["n"] == 2
     from statsmodels.stats.multitest import multipletests
 
-    family = [by_k["mean of runs"] for b in summary["paired_pass_at_k"].values() for by_k in b.values()]
+    family = [by_k["mean of runs"] for b in summary["paired_pass_at_k"]["sft"].values() for by_k in b.values()]
     assert len(family) == 2
     expected_holm = multipletests([d["p"] for d in family], method="holm")[1]
     assert [d["p_holm"] for d in family] == pytest.approx(list(expected_holm))
