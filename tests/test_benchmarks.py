@@ -489,3 +489,33 @@ def test_replication_readout_tests_one_difference_on_fresh_starts():
         replication.replication_readout(rows(exploratory), rows({10: (1.0, 2.0)}), "atr", "clip", "below")
     with pytest.raises(ValueError, match="direction must be one of"):
         replication.replication_readout(rows(exploratory), rows(fresh), "atr", "clip", "lower")
+
+
+def test_replication_readout_reproduces_the_readme_numbers_from_the_committed_tables():
+    """README, "A pre-registered replication": atr - clip on seeds 10-17 -6.3 (one-sided p 0.0015, 8 of 8 below) at
+    T = 0.3 and -2.7 (0.019, 7 of 8) at T = 1; pooled over 18 seeds -5.4 / -2.6."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("replication", ROOT / "benchmarks" / "replication.py")
+    replication = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(replication)
+    out = replication.main(
+        [
+            "--exploratory",
+            str(ROOT / "figures/cpu_table_startC"),
+            "--replication",
+            str(ROOT / "figures/cpu_table_startC_replication"),
+            "--run",
+            "atr",
+            "--reference",
+            "clip",
+            "--direction",
+            "below",
+        ]
+    )
+    t03, t1 = out["benchmarks"]["steps-test-T0.3"], out["benchmarks"]["steps-test-T1"]
+    r = t03["replication"]
+    assert (round(r["mean"], 1), round(r["p_one_sided"], 4), r["on_side"], r["n"]) == (-6.3, 0.0015, 8, 8)
+    r = t1["replication"]
+    assert (round(r["mean"], 1), round(r["p_one_sided"], 3), r["on_side"], r["n"]) == (-2.7, 0.019, 7, 8)
+    assert (round(t03["pooled"]["mean"], 1), t03["pooled"]["n"], round(t1["pooled"]["mean"], 1)) == (-5.4, 18, -2.6)
