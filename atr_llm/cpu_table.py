@@ -1,4 +1,5 @@
-"""The paper's Tables 2-3 and Figs. 3-5 at the scale of a 2-core CPU.
+"""The paper's Tables 2-3 and Figs. 3-4 at the scale of a 2-core CPU (Fig. 5, Pass@K against K, is read from the
+samples its evaluations leave in ``--runs-dir`` by :mod:`atr_llm.pass_at_k_curves`).
 
     python -m atr_llm.cpu_table                  # every run x 3 seeds, resumable (see the README for the cost)
     python -m atr_llm.cpu_table --device cuda --workers 8   # the same table on one GPU, 8 runs at a time
@@ -24,7 +25,7 @@ difference each line's seeds would detect with 80% power, and the seeds a compar
 table's pooled spread: :func:`detectable_difference`, :func:`between_rule_noise`; when clip, clip-mask, atr-min
 and atr ran on the same seeds, Eq. 5's form crossed with the ratio range as a 2 x 2: :func:`forms_factorial`;
 training reward, entropy and length over each run's last 100 steps, paired: :func:`curve_tails`),
-``cpu_llm_curves.csv`` + ``cpu_llm_curves.png`` (training reward, entropy, completion length: Figs. 3-5's
+``cpu_llm_curves.csv`` + ``cpu_llm_curves.png`` (training reward, entropy, completion length: Fig. 3's
 quantities), ``cpu_llm_delta_ablation.csv`` + ``.png`` (Mean@8 against ATR's delta: Fig. 4's question) and
 ``cpu_llm_table.json`` (settings, versions, paired statistics, each run's change from its own SFT model). Runs live in ``--runs-dir``; a finished run
 (``result.json``) is not trained again, so an interrupted table resumes. The table in ``--out`` accumulates:
@@ -1304,7 +1305,7 @@ def plot_delta_ablation(points: list[dict], k: int, path: Path) -> None:
 
 
 def plot_curves(results: list[dict], runs: list[str], path: Path) -> None:
-    """Training reward, entropy and completion length against the step, mean over seeds (Figs. 3-5)."""
+    """Training reward, entropy and completion length against the step, mean over seeds (Fig. 3)."""
     import matplotlib
 
     matplotlib.use("Agg")
