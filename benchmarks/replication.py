@@ -45,8 +45,8 @@ def replication_readout(
     """Per benchmark the ``exploratory``, ``replication`` and ``pooled`` paired Mean@k difference ``run -
     reference`` (:func:`atr_llm.cpu_table.paired_difference`); the replication's also carries ``p_one_sided`` in
     ``direction`` and ``on_side`` / ``starts`` (its starts where the difference lies strictly on that side). Raises
-    when a start (seed and SFT model) of ``run`` or ``reference`` is in both tables, or the replication has fewer
-    than two paired starts."""
+    when a start (seed and SFT model) or an SFT model (under any seed) of ``run`` or ``reference`` is in both tables,
+    or the replication has fewer than two paired starts."""
     from atr_llm import cpu_table
 
     if direction not in DIRECTIONS:
@@ -55,8 +55,12 @@ def replication_readout(
     mine = [r for r in replication_rows if r["method"] in (run, reference)]
     theirs = [r for r in exploratory_rows if r["method"] in (run, reference)]
     shared = {cpu_table._start(r) for r in mine} & {cpu_table._start(r) for r in theirs}
-    if shared:
-        raise ValueError(f"the two tables share starts {sorted(shared, key=str)}: a replication needs fresh SFT models")
+    shared_models = {r.get("sft_model") for r in mine} & {r.get("sft_model") for r in theirs} - {None}
+    if shared or shared_models:
+        raise ValueError(
+            f"the two tables share starts {sorted(shared, key=str)} / SFT models {sorted(shared_models)}: a replication"
+            " needs fresh SFT models"
+        )
     out = {"run": run, "reference": reference, "direction": direction, "benchmarks": {}}
     for b in sorted({r["benchmark"] for r in mine}):
         replication = [r for r in mine if r["benchmark"] == b]

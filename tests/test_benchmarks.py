@@ -485,6 +485,9 @@ def test_replication_readout_tests_one_difference_on_fresh_starts():
     assert out["benchmarks"]["T"]["exploratory"]["n"] == 3
     with pytest.raises(ValueError, match="share starts"):
         replication.replication_readout(rows(exploratory), rows({**fresh, 2: (1.0, 2.0)}), "atr", "clip", "below")
+    reused = [{**r, "sft_model": "m0"} if r["seed"] == 10 else r for r in rows(fresh)]  # seed 0's model, seed 10
+    with pytest.raises(ValueError, match=r"SFT models \['m0'\]"):
+        replication.replication_readout(rows(exploratory), reused, "atr", "clip", "below")
     with pytest.raises(ValueError, match="fewer than two starts"):
         replication.replication_readout(rows(exploratory), rows({10: (1.0, 2.0)}), "atr", "clip", "below")
     with pytest.raises(ValueError, match="direction must be one of"):
