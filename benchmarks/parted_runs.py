@@ -40,7 +40,8 @@ def parted_pair(
     k: int = 8,
 ) -> dict:
     """Per shared start of ``run`` and ``reference`` (each with its own table's rows and curve sets, so the two may
-    come from two tables): ``parts_at`` and, per benchmark, both final Mean@k and whether they are equal; per
+    come from two tables): ``parts_at`` and, per benchmark, both final Mean@k and whether they are equal (Mean@k
+    and Pass@k, to the last digit); per
     benchmark, over the starts whose curves parted, the final Mean@k differences' ``parted_min`` / ``parted_max`` /
     ``parted_sd`` (sample sd; None below 2 starts), ``unparted_all_equal`` (every start that did not part ends
     equal: False would say the outcome moved without any logged update changing), and the ``paired`` difference over
@@ -62,12 +63,14 @@ def parted_pair(
     theirs = [{**r, "method": "reference"} for r in reference_rows if r["method"] == reference]
     benchmarks = sorted({r["benchmark"] for r in mine} & {r["benchmark"] for r in theirs})
     value = {(r["method"], r["benchmark"], *cpu_table._start(r)): r[key] for r in mine + theirs}
+    passed = {(r["method"], r["benchmark"], *cpu_table._start(r)): r.get(f"pass_at_{k}") for r in mine + theirs}
     starts = []
     for (seed, model), parts_at in sorted(parted.items(), key=str):
         entry = {"seed": seed, "sft_model": model, "parts_at": parts_at}
         for b in benchmarks:
             a, c = value.get(("run", b, seed, model)), value.get(("reference", b, seed, model))
-            entry[b] = {"run": a, "reference": c, "equal": a is not None and a == c}
+            same_pass = passed.get(("run", b, seed, model)) == passed.get(("reference", b, seed, model))
+            entry[b] = {"run": a, "reference": c, "equal": a is not None and a == c and same_pass}
         starts.append(entry)
     summary = {}
     for b in benchmarks:

@@ -376,7 +376,11 @@ def test_parted_runs_reads_where_two_runs_part_and_how_far_they_end():
     assert summary["paired"]["mean"] == pytest.approx(float(np.mean([0.0, *differences])))
     assert summary["paired"]["n"] == 3
 
-    ends[0] = (70.0, 69.875)  # an outcome that moved with every logged point equal
+    moved = rows(0, range(4))
+    moved[0]["pass_at_8"] = 90.0  # a Pass@8 that moved with every logged point equal
+    result = parted_runs.parted_pair("atr", moved, run_curves, "atr", rows(1, range(3)), reference_curves)
+    assert result["benchmarks"]["T"]["unparted_all_equal"] is False
+    ends[0] = (70.0, 69.875)  # a Mean@8 that moved
     result = parted_runs.parted_pair("atr", rows(0, range(4)), run_curves, "atr", rows(1, range(3)), reference_curves)
     assert result["benchmarks"]["T"]["unparted_all_equal"] is False
     with pytest.raises(ValueError, match="share no start"):
