@@ -1391,6 +1391,18 @@ def protocol_differences(settings: dict, other: dict) -> list[str]:
     return [key for key in _PROTOCOL_KEYS if settings.get(key) != other.get(key)]
 
 
+def read_tables_of_one_protocol(
+    first: Path | str, second: Path | str
+) -> tuple[tuple[dict, list[dict], list[dict]], tuple[dict, list[dict], list[dict]]]:
+    """:func:`read_table` of two tables whose rows may be compared or pooled: raises when their settings differ in a
+    :data:`_PROTOCOL_KEYS` entry (:func:`protocol_differences`), naming the entries."""
+    a, b = read_table(first), read_table(second)
+    differ = protocol_differences(a[0]["settings"], b[0]["settings"])
+    if differ:
+        raise ValueError(f"{first} and {second} were written with different protocols: they differ in {differ}")
+    return a, b
+
+
 def _number_or_none(text: str) -> float | int | None:
     """A CSV cell back to the number ``csv.DictWriter`` wrote (``""`` was None)."""
     if text == "":

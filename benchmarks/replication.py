@@ -100,11 +100,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--direction", choices=DIRECTIONS, required=True, help="the pre-registered side of run - reference")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
-    exploratory_summary, exploratory_rows, _ = cpu_table.read_table(args.exploratory)
-    replication_summary, replication_rows, _ = cpu_table.read_table(args.replication)
-    differ = cpu_table.protocol_differences(exploratory_summary["settings"], replication_summary["settings"])
-    if differ:
-        raise ValueError(f"{args.exploratory} and {args.replication} differ in protocol settings {differ}")
+    (_, exploratory_rows, _), (replication_summary, replication_rows, _) = cpu_table.read_tables_of_one_protocol(
+        args.exploratory, args.replication
+    )
     k = replication_summary["settings"]["samples"]
     result = replication_readout(exploratory_rows, replication_rows, args.run, args.reference, args.direction, k)
     result["tables"] = {"exploratory": str(args.exploratory), "replication": str(args.replication)}

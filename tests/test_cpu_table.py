@@ -784,6 +784,14 @@ def _write_evaluated_run(runs_dir, run, seed, step, correct_by_problem, sft_mode
     (cpu_table.run_directory(runs_dir, run, seed) / "result.json").write_text(json.dumps(result))
 
 
+def _pass_at_k_argv(runs_dir, runs: str, ks: str, out: str) -> list[str]:
+    """``python -m atr_llm.pass_at_k_curves`` arguments for seeds 0 and 1 of ``runs_dir``, paired against sft."""
+    return [
+        "--runs-dir", str(runs_dir), "--runs", *runs.split(), "--seeds", "0", "1", "--ks", *ks.split(),
+        "--references", "sft", "--out", str(runs_dir / out),
+    ]  # fmt: skip
+
+
 def test_pass_at_k_curves_equal_brute_force_over_subsets_and_refuse_other_samples(tmp_path):
     """Pass@K of each run and seed against enumeration of every K-subset of its 8 samples (itertools), Mean@K equal
     at every K, the paired Pass@K difference against numpy over seeds; a result.json whose Pass@8 disagrees with
@@ -799,27 +807,7 @@ def test_pass_at_k_curves_equal_brute_force_over_subsets_and_refuse_other_sample
     counts = {("sft", 0): [0, 1, 3, 8], ("sft", 1): [2, 0, 5, 7], ("clip", 0): [0, 4, 6, 8], ("clip", 1): [1, 1, 8, 6]}
     for (run, seed), correct in counts.items():
         _write_evaluated_run(tmp_path, run, seed, 1000, correct)
-    summary = pass_at_k_curves.main(
-        [
-            "--runs-dir",
-            str(tmp_path),
-            "--runs",
-            "sft",
-            "clip",
-            "--seeds",
-            "0",
-            "1",
-            "--ks",
-            "1",
-            "2",
-            "3",
-            "8",
-            "--references",
-            "sft",
-            "--out",
-            str(tmp_path / "out"),
-        ]
-    )
+    summary = pass_at_k_curves.main(_pass_at_k_argv(tmp_path, "sft clip", "1 2 3 8", "out"))
 
     def brute(correct, k):
         per_problem = []
@@ -836,27 +824,9 @@ def test_pass_at_k_curves_equal_brute_force_over_subsets_and_refuse_other_sample
     d = summary["paired_pass_at_k"]["sft"]["steps-test-T1"]["2"]["clip"]
     expected = [brute(counts["clip", s], 2) - brute(counts["sft", s], 2) for s in (0, 1)]
     assert d["mean"] == pytest.approx(float(np.mean(expected))) and d["n"] == 2
-    _write_evaluated_run(tmp_path, "atr", 0, 1000, [3, 3, 3, 3])
-    _write_evaluated_run(tmp_path, "atr", 1, 1000, [0, 8, 8, 0])
-    summary = pass_at_k_curves.main(
-        [
-            "--runs-dir",
-            str(tmp_path),
-            "--runs",
-            "sft",
-            "clip",
-            "atr",
-            "--seeds",
-            "0",
-            "1",
-            "--ks",
-            "2",
-            "--reference",
-            "sft",
-            "--out",
-            str(tmp_path / "out3"),
-        ]
-    )
+    for seed, correct in counts_atr.items():
+        _write_evaluated_run(tmp_path, "atr", seed, 1000, correct)
+    summary = pass_at_k_curves.main(_pass_at_k_argv(tmp_path, "sft clip atr", "2", "out3"))
     pooled = summary["paired_pass_at_k"]["sft"]["steps-test-T1"]["2"]["mean of runs"]
     per_seed = [
         (brute(counts["clip", s], 2) + brute(counts_atr[s], 2)) / 2 - brute(counts["sft", s], 2) for s in (0, 1)
