@@ -155,6 +155,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     if any(k < 1 for k in args.ks):
         ap.error(f"--ks: every K must be >= 1, got {args.ks}")
+    if not set(args.references) <= set(args.runs):
+        ap.error(f"--references {sorted(set(args.references) - set(args.runs))}: not among --runs {args.runs}")
     rows = [
         r
         for run in args.runs
@@ -175,7 +177,7 @@ def main(argv: list[str] | None = None) -> dict:
             "ks": args.ks,
             "references": args.references,
         },
-        "paired_pass_at_k": {ref: paired_by_k(rows, args.runs, ref) for ref in args.references if ref in args.runs},
+        "paired_pass_at_k": {ref: paired_by_k(rows, args.runs, ref) for ref in args.references},
         "rows": rows,
     }
     (args.out / "cpu_pass_at_k.json").write_text(json.dumps(summary, indent=1) + "\n")

@@ -845,5 +845,8 @@ def test_pass_at_k_curves_equal_brute_force_over_subsets_and_refuse_other_sample
     result_path.write_text(json.dumps(result))
     with pytest.raises(ValueError, match="not the samples that were evaluated"):
         pass_at_k_curves.curve_of_run(tmp_path, "clip", 1, 1000, [1, 8])
+    with pytest.raises(SystemExit):  # a reference that is not a run is refused, not dropped
+        pass_at_k_curves.main(_pass_at_k_argv(tmp_path, "clip atr", "2", "out4"))
+    assert not (tmp_path / "out4").exists()
     with pytest.raises(ValueError, match="no evaluation at step 750"):
         pass_at_k_curves.curve_of_run(tmp_path, "clip", 0, 750, [1, 8])
