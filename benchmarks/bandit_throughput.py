@@ -134,6 +134,22 @@ def main():
         f" of copy; range test (2 exp): {ceiling['ceiling_range_test_elements_per_s'] / 1e6:.1f} M elem/s = "
         f"{100 * 32 * ceiling['ceiling_range_test_elements_per_s'] / bw:.1f}% of copy"
     )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "torch": torch.__version__,
+        "method": METHOD,
+        "dtype": "float64",
+        "copy_bandwidth_GBps": bw / 1e9,
+        "torch_copy_bandwidth_GBps": bw_torch / 1e9,
+        "threads": torch.get_num_threads(),
+        "compute_ceiling": {
+            **ceiling,
+            "min_traffic_fraction_at_compute_ceiling": 32 * ceiling["ceiling_elements_per_s"] / bw,
+            "min_traffic_fraction_at_range_test_ceiling": 32 * ceiling["ceiling_range_test_elements_per_s"] / bw,
+        },
+    }
     compiled = torch.compile(_nosync_closed_form, fullgraph=True, dynamic=False)
     Ks = (10, 1000, 151_936) if args.quick else (10, 100, 1000, 10_000, 151_936)
     rows = []
@@ -189,23 +205,7 @@ def main():
             f"  |err| {max(err.values()):.1e}",
             flush=True,
         )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "device": torch.cuda.get_device_name() if cuda else "cpu",
-        "torch": torch.__version__,
-        "method": METHOD,
-        "dtype": "float64",
-        "copy_bandwidth_GBps": bw / 1e9,
-        "torch_copy_bandwidth_GBps": bw_torch / 1e9,
-        "threads": torch.get_num_threads(),
-        "compute_ceiling": {
-            **ceiling,
-            "min_traffic_fraction_at_compute_ceiling": 32 * ceiling["ceiling_elements_per_s"] / bw,
-            "min_traffic_fraction_at_range_test_ceiling": 32 * ceiling["ceiling_range_test_elements_per_s"] / bw,
-        },
-    }
-    out.write_text(json.dumps({**meta, "rows": rows}, indent=2))
+        out.write_text(json.dumps({**meta, "rows": rows}, indent=2))  # after every row: a stopped run keeps them
     print(f"wrote {out}")
 
 

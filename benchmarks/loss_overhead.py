@@ -15,6 +15,14 @@ forward + backward, each case in a fresh process (CPU: growth of peak RSS; CUDA:
     python benchmarks/loss_overhead.py --time-only --threads 1 --out figures/loss_overhead_time_1thread.json
     python benchmarks/loss_overhead.py --time-only --compiled --out figures/loss_overhead_time.json  # + compiled
     python benchmarks/loss_overhead.py --device cuda --out figures/loss_overhead_cuda.json
+    python benchmarks/loss_overhead.py --device cuda --time-only --compiled --methods trgppo kl_cov atr clip
+
+Parity, beside every timed row (no timing of its own): ``compiled`` rows carry the compiled call's loss and
+gradient against the eager ``validate=False`` call on the same device (``max_abs_loss_diff``,
+``max_abs_grad_diff``, ``max_abs_grad``); on a GPU, ``eager`` rows carry the device's loss and gradient against
+the same float32 inputs on the CPU (``vs_cpu``; clip_cov draws its random subset from the device's generator,
+so its CPU difference is not a rounding difference). Part 1's JSON is re-written after every row, so a run
+stopped by a time limit keeps the rows it measured.
 """
 
 from __future__ import annotations
@@ -83,18 +91,59 @@ def side_by_side(fn, peer, logp0, repeats):
 PER_TOKEN = [n for n in at.method_names(aliases=False) if not at.METHODS[n].needs_full_distributions]
 
 
-def part1(sizes, repeats, device="cpu", modes=("eager", "nosync", "compiled")):
-    """``{mode: {method: [{"B", "T", "ms", "peer_ms", "ratio"}, ...]}}``; ``compiled`` at the largest size only
-    (one compilation per method)."""
+def loss_and_grad_difference(fn, reference, logp0, logp0_reference=None) -> dict:
+    """Max |loss difference| and max |gradient difference| of ``fn`` against ``reference`` (forward + backward of
+    each on a fresh leaf; ``logp0_reference`` the reference's copy of the inputs, e.g. on another device), with the
+    reference gradient's max |value| for scale. Non-finite gradient entries are compared as zeros.
+
+    A token whose ratio lies within rounding of a bound can be kept by one computation and frozen by the other
+    (e.g. ATR at k3 = 0.0700000130 in float32): its gradient then differs by its whole size.
+    ``tokens_grad_differs`` counts the tokens whose gradients differ by more than 1e-3 of the largest, and
+    ``max_abs_grad_diff_other_tokens`` is the largest difference on all other tokens (rounding)."""
+    results = []
+    for f, x in ((fn, logp0), (reference, logp0 if logp0_reference is None else logp0_reference)):
+        leaf = x.clone().requires_grad_(True)
+        loss = f(leaf)
+        (grad,) = torch.autograd.grad(loss, leaf)
+        results.append((loss.detach().double().cpu(), torch.nan_to_num(grad).double().cpu()))
+    (l1, g1), (l0, g0) = results
+    diff = (g1 - g0).abs()
+    differs = diff > 1e-3 * g0.abs().max()
+    return {
+        "max_abs_loss_diff": float((l1 - l0).abs()),
+        "max_abs_grad_diff": float(diff.max()),
+        "max_abs_grad": float(g0.abs().max()),
+        "tokens_grad_differs": int(differs.sum()),
+        "max_abs_grad_diff_other_tokens": float(diff[~differs].max()),
+    }
+
+
+def resolve_methods(names) -> list[str]:
+    """The per-token methods to time, in the order given (``None``: all, in registration order); a name that is
+    not a registered per-token method is refused, naming it."""
+    if names is None:
+        return list(PER_TOKEN)
+    unknown = [n for n in names if n not in PER_TOKEN]
+    if unknown:
+        raise SystemExit(f"--methods: {unknown} are not per-token methods; expected some of {PER_TOKEN}")
+    return list(dict.fromkeys(names))
+
+
+def part1(sizes, repeats, device="cpu", modes=("eager", "nosync", "compiled"), methods=None, on_row=None):
+    """``{mode: {method: [{"B", "T", "ms", "peer_ms", "ratio", parity...}, ...]}}``; ``compiled`` at the largest
+    size only (one compilation per method). ``on_row(out)`` is called after every row (to save partial results)."""
+    methods = resolve_methods(methods)
     out: dict = {mode: {} for mode in modes}
+    on_gpu = torch.device(device).type == "cuda"
     for B, T in sizes:
         here = [m for m in modes if m != "compiled" or (B, T) == tuple(sizes[-1])]
         logp0, old, adv, mask = make_inputs(B, T, device=device)
+        cpu_inputs = make_inputs(B, T, device="cpu") if on_gpu else None
         maskf = mask.float()
         peer = lambda lp: inline_ppo_clip(lp, old, adv, maskf)  # noqa: E731
         compiled_peer = torch.compile(inline_ppo_clip, fullgraph=True) if "compiled" in here else None
         for mode in here:
-            for name in PER_TOKEN:
+            for name in methods:
                 if mode == "compiled" and name == "clip_cov":
                     continue
                 validate = mode == "eager"
@@ -111,7 +160,18 @@ def part1(sizes, repeats, device="cpu", modes=("eager", "nosync", "compiled")):
                 m_ours, m_peer, paired = side_by_side(fn, their, logp0, repeats)
                 row = {"B": B, "T": T, "ms": 1e3 * m_ours, "peer_ms": 1e3 * m_peer, "ratio": m_ours / m_peer}
                 row["paired_ratio"] = paired
+                if mode == "compiled":
+                    row.update(loss_and_grad_difference(fn, lambda lp, name=name: call(lp, name, False), logp0))
+                elif mode == "eager" and on_gpu:
+                    lp_cpu, old_cpu, adv_cpu, mask_cpu = cpu_inputs
+
+                    def on_cpu(lp, name=name):
+                        return at.policy_loss(lp, old_cpu, adv_cpu, mask_cpu, method=name).loss
+
+                    row["vs_cpu"] = loss_and_grad_difference(call, on_cpu, logp0, lp_cpu)
                 out[mode].setdefault(name, []).append(row)
+                if on_row is not None:
+                    on_row(out)
                 print(
                     f"{mode:8s} ({B:3d}, {T:5d}) {name:12s} {row['ms']:9.3f} ms  PPO-clip {row['peer_ms']:8.3f} ms"
                     f"  ratio {row['ratio']:6.2f}",
@@ -249,14 +309,23 @@ def main():
     )
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     ap.add_argument("--repeats", type=int, default=None, help="interleaved calls per method (default 20 CPU, 50 GPU)")
+    ap.add_argument(
+        "--methods", nargs="+", default=None, help="per-token methods of part 1, in this order (default all)"
+    )
     args = ap.parse_args()
+    methods = resolve_methods(args.methods)
     if args.threads:
         torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     if args.time_only:
         sizes, repeats = [(64, 4096)], args.repeats or 50
         modes = ("eager", "nosync", "compiled") if args.compiled else ("eager", "nosync")
-        result = part1_result(part1(sizes, repeats, args.device, modes), sizes, repeats, args.device)
-        Path(args.out).write_text(json.dumps(result, indent=2))
+
+        def save(r1):
+            out.write_text(json.dumps(part1_result(r1, sizes, repeats, args.device), indent=2))
+
+        save(part1(sizes, repeats, args.device, modes, methods, on_row=save))
         print(f"wrote {args.out}")
         return
     cuda = args.device.startswith("cuda")
@@ -273,14 +342,16 @@ def main():
         full_bt = chunked_bt[:3]  # the (B, T, V) path at the largest would not fit next to the others
         cases = [("chunked", B, T, V) for (B, T) in chunked_bt for V in (32_768, 151_936)]
         cases += [("full", B, T, V) for (B, T) in full_bt for V in (32_768, 151_936)]
-    result = part1_result(part1(sizes, repeats, args.device, modes), sizes, repeats, args.device)
+
+    def save(r1):
+        out.write_text(json.dumps(part1_result(r1, sizes, repeats, args.device), indent=2))
+
+    result = part1_result(part1(sizes, repeats, args.device, modes, methods, on_row=save), sizes, repeats, args.device)
     r2 = part2(cases, H, chunk, args.device)
     v_max = max(c[3] for c in cases)
     bt_ref = max(c[1] * c[2] for c in cases if c[0] == "full")  # the largest size both paths ran
     ref = [r for r in r2 if r["V"] == v_max and r["B"] * r["T"] == bt_ref]
     result.update({"part2": {f"truly_ppo_{r['path']}": r for r in ref}, "part2_sweep": r2})
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     plot(result, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")
