@@ -14,7 +14,9 @@ Reported per case: step time split into generation (``_generate_and_score_comple
 old log-probs), forward + backward and optimizer; completion tokens generated per second and tokens
 trained per second; peak GPU memory. Across cases: the first micro-batch's loss and the gradient of the
 first optimizer step (where w = 1 exactly, so every clipping rule gives the same loss) compared with the
-first case, and whether the cases sampled the same completions.
+first case, and whether the cases sampled the same completions (gradients are compared only where they did: on
+an H200 one seed in two processes sampled different completions, stock against stock too; the fixed-batch probe,
+one batch through each ATR case's ``_compute_loss``, is the comparison that holds there).
 
     python benchmarks/gpu_step.py                         # 20 steps per case, completions up to 1,536 tokens
     python benchmarks/gpu_step.py --max-completion-length 512 --steps 20
@@ -337,7 +339,7 @@ def one_case(kind: str, backend: str, args, grad_path: Path) -> dict:
         )
     reinit_lora(trainer.model, args.seed)
     probe = {}
-    if kind != "stock":
+    if kind != "stock" and not args.skip_probe:
         probe_path = grad_path.with_name(grad_path.stem + "-fixed.pt")
         probe = {
             "fixed_batch_loss": fixed_batch_probe(trainer, args.seed, probe_path),
@@ -428,20 +430,35 @@ def compare_fixed_batch(rows: list[dict]) -> dict:
     }
 
 
+def case_labels(rows: list[dict]) -> list[str]:
+    """``kind/backend`` of each case, with ``#i`` (its position) where a kind/backend pair is run more than once."""
+    plain = [f"{r['kind']}/{r['backend']}" for r in rows]
+    return [f"{lab}#{i}" if plain.count(lab) > 1 else lab for i, lab in enumerate(plain)]
+
+
 def compare_first_steps(rows: list[dict], grad_paths: list[Path]) -> dict:
-    """First micro-batch loss and first-step LoRA gradient of every case against the first case."""
+    """First micro-batch loss and first-step LoRA gradient of every case against the first case.
+
+    At the first micro-batch w = 1, so every rule gives the same loss and gradient *on the same completions*.
+    Where a case sampled other completions (on a GPU, two processes with one seed were seen to: stock against
+    stock on an H200, 2026-11-26), its loss and gradient are of another batch: the gradient is then not compared
+    and the entry says so; the fixed-batch probe (``fixed_batch_agreement``) is the comparison that holds there."""
     import torch
 
     ref = torch.load(grad_paths[0]) if grad_paths[0].exists() else None
+    labels = case_labels(rows)
     out = {}
-    for row, path in zip(rows[1:], grad_paths[1:]):
+    for row, path, label in zip(rows[1:], grad_paths[1:], labels[1:]):
+        same = row["first_completions_sha"] == rows[0]["first_completions_sha"]
         entry = {
-            "same_completions": row["first_completions_sha"] == rows[0]["first_completions_sha"],
+            "same_completions": same,
             "loss_abs_diff": abs(row["first_microbatch_loss"] - rows[0]["first_microbatch_loss"]),
         }
-        if ref is not None and path.exists():
+        if not same:
+            entry["note"] = "different completions: loss and gradient are of different batches (gradient not compared)"
+        elif ref is not None and path.exists():
             entry.update(grad_difference(ref, torch.load(path)))
-        out[f"{row['kind']}/{row['backend']} vs {rows[0]['kind']}/{rows[0]['backend']}"] = entry
+        out[f"{label} vs {labels[0]}"] = entry
     return out
 
 
@@ -469,6 +486,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tiny", action="store_true", help="a tiny model on CPU (smoke test of this script)")
     ap.add_argument("--out", default="figures/gpu_step.json")
+    ap.add_argument(
+        "--skip-probe",
+        action="store_true",
+        help="no fixed-batch probe before training (to check whether it changes what the case samples)",
+    )
     ap.add_argument("--case-timeout", type=float, default=None, help="seconds before a case is stopped")
     ap.add_argument("--case", help=argparse.SUPPRESS)  # internal: kind,backend,grad_path in this process
     args = ap.parse_args(argv)
@@ -495,7 +517,7 @@ def main(argv=None) -> dict:
     rows, grads = [], []
     for backend in args.backends.split(","):
         for kind in args.kinds.split(","):
-            grad_path = tmp / f"grad-{kind}-{backend}.pt"
+            grad_path = tmp / f"grad-{len(rows)}-{kind}-{backend}.pt"  # one file per case, kinds may repeat
             cmd = [sys.executable, __file__, "--case", f"{kind},{backend},{grad_path}"] + [
                 a for a in (argv if argv is not None else sys.argv[1:])
             ]

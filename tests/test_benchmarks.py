@@ -40,6 +40,34 @@ def test_gpu_step_pipeline_on_a_tiny_cpu_model(tmp_path):
     assert cmp["loss_abs_diff"] < 1e-6 and cmp["grad_rel_diff"] < 1e-5 and cmp["grad_norm"] > 0
 
 
+def test_gpu_step_compares_first_step_gradients_only_on_the_same_completions(tmp_path):
+    """Two cases that sampled other completions have losses and gradients of different batches: the entry says
+    so and carries no gradient comparison; cases of one kind run twice get distinct labels and files."""
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("gpu_step", ROOT / "benchmarks" / "gpu_step.py")
+    gs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gs)
+    paths = []
+    for i, scale in enumerate((1.0, 2.0, -1.0)):
+        paths.append(tmp_path / f"g{i}.pt")
+        torch.save({"w": scale * torch.ones(3)}, paths[-1])
+    rows = [
+        {"kind": "stock", "backend": "trl", "first_completions_sha": "a", "first_microbatch_loss": 0.5},
+        {"kind": "stock", "backend": "trl", "first_completions_sha": "a", "first_microbatch_loss": 0.5},
+        {"kind": "atr", "backend": "trl", "first_completions_sha": "b", "first_microbatch_loss": 0.25},
+    ]
+    out = gs.compare_first_steps(rows, paths)
+    assert list(out) == ["stock/trl#1 vs stock/trl#0", "atr/trl vs stock/trl#0"]
+    same, other = out.values()
+    assert same["same_completions"] and same["grad_cosine"] == pytest.approx(1.0)
+    assert same["grad_rel_diff"] == pytest.approx(1.0)  # |2 - 1| / |1|
+    assert not other["same_completions"] and "grad_cosine" not in other and "different batches" in other["note"]
+    assert other["loss_abs_diff"] == pytest.approx(0.25)
+
+
 def _mutation_harness():
     import importlib.util
 
