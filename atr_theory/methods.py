@@ -20,7 +20,7 @@ import math
 import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
 from types import MappingProxyType
 from typing import Any
 
@@ -337,6 +337,18 @@ def _constant_range(kind: str, delta: float) -> tuple[float, float]:
     return _RANGES[kind](delta)
 
 
+@torch.compiler.assume_constant_result
+def _kl3_log_range_for(delta: float, dtype: torch.dtype) -> tuple[float, float]:
+    """:func:`atr_theory.ranges.kl3_log_range_of_dtype`, once per (delta, dtype) (cached); a constant to
+    ``torch.compile``, like :func:`_constant_range`."""
+    return _kl3_log_range_cached(float(delta), dtype)
+
+
+@lru_cache(maxsize=256)
+def _kl3_log_range_cached(delta: float, dtype: torch.dtype) -> tuple[float, float]:
+    return ranges.kl3_log_range_of_dtype(delta, dtype)
+
+
 def _bound_tensor(bound: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return torch.as_tensor(bound, dtype=like.dtype, device=like.device)
 
@@ -555,14 +567,26 @@ def trgppo(batch: TokenBatch, delta: float, epsilon: float) -> MethodResult:
 def atr(batch: TokenBatch, delta: float) -> MethodResult:
     r"""ATR-based clipping: keep ``w A`` while ``k3 = w - 1 - log w <= delta``.
 
-    Mask form: the constraint is evaluated as ``k3(log w) <= delta`` directly (paper Sec. 3.2: "it is
-    not necessary to explicitly compute the clipping ranges"). Min form: PPO's min objective with the
-    equivalent range ``[l, u] = kl3_clip_range(delta)`` (= clip_higher with ``(1 - l, u - 1)``).
+    Mask form: ``k3(y) <= delta`` with ``y = log w``, decided as ``y_lo <= y <= y_hi``: ``k3(y) = e^y - 1 - y`` falls
+    on ``y < 0`` and rises on ``y > 0``, so the constraint holds exactly between its two roots (the ``log`` of the
+    Lambert-W range of Thm 3.2). ``y_lo``, ``y_hi`` are the extreme values of ``y``'s dtype that satisfy it in exact
+    arithmetic (:func:`atr_theory.ranges.kl3_log_range_of_dtype`, once per delta and dtype; half precision is
+    compared in float32, which holds it exactly). So every representable ``y`` gets the decision of the exact
+    ``k3(y) <= delta`` (``tests/test_ranges.py``, against mpmath), and a token costs two comparisons. Evaluating ``expm1(y) - y`` per token
+    instead (this package until 2026-11-26; the paper's Sec. 3.2 remark that the ranges need not be computed)
+    decided tokens within its rounding of the bound by that rounding (float32: ~2 ulp of ``k3``, one token in
+    158,971 in ``benchmarks/loss_overhead.py``'s batch, decided differently by a CPU and a GPU) and cost an
+    ``expm1`` (and, in float64, a 17-term series) per token. Min form: PPO's min objective with the equivalent
+    range ``[l, u] = kl3_clip_range(delta)`` (= clip_higher with ``(1 - l, u - 1)``).
     """
     lower, upper = _constant_range("kl3", delta)
+    if batch.form != "mask":
+        return ratio_objective(batch, lower, upper)
     with torch.no_grad():
         y = batch.log_ratio
-        constraint = (kl3_from_log_ratio(y) <= delta) if batch.form == "mask" else None
+        y = y if y.dtype in (torch.float32, torch.float64) else y.float()
+        y_lo, y_hi = _kl3_log_range_for(delta, y.dtype)
+        constraint = (y >= y_lo) & (y <= y_hi)
     return ratio_objective(batch, lower, upper, constraint)
 
 

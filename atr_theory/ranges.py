@@ -37,6 +37,7 @@ from .divergence import is_kl3_from_log_ratio, kl3_from_log_ratio
 __all__ = [
     "kl3_clip_range",
     "kl3_clip_log_range",
+    "kl3_log_range_of_dtype",
     "kl3_delta_from_bound",
     "kl1_clip_range",
     "kl2_clip_range",
@@ -103,6 +104,74 @@ def kl3_clip_log_range(delta: Any) -> tuple[Any, Any]:
     y_lo = _newton(f, fp, lo0)
     y_hi = _newton(f, fp, hi0)
     return _as_output(y_lo, scalar), _as_output(y_hi, scalar)
+
+
+def _k3_exceeds(y: float, delta: float) -> bool:
+    """Whether ``k3(y) = e^y - 1 - y > delta`` in exact arithmetic, for floats ``y`` and ``delta`` (mpmath, with
+    enough digits that ``expm1(y) - y`` keeps ~40 significant ones however small ``|y|`` is)."""
+    import mpmath as mp
+
+    if math.isinf(y):
+        return True
+    if y == 0.0:
+        return False
+    digits = 50 + 2 * max(0, -math.floor(math.log10(abs(y))))
+    with mp.workdps(digits):
+        t = mp.mpf(y)
+        return bool(mp.expm1(t) - t > mp.mpf(delta))
+
+
+def kl3_log_range_of_dtype(delta: float, dtype: torch.dtype = torch.float64) -> tuple[float, float]:
+    r"""The smallest and the largest ``y`` representable in ``dtype`` (float64 or float32) with
+    ``k3(y) = e^y - 1 - y <= delta`` in exact arithmetic, as Python floats.
+
+    ``k3`` falls on ``y < 0`` and rises on ``y > 0``, so for every ``y`` of that dtype ``k3(y) <= delta`` holds
+    exactly when ``y_lo <= y <= y_hi``: the ATR constraint decided by two comparisons, with no rounding (the bounds
+    are representable in ``dtype``). Start: :func:`kl3_clip_log_range`'s float64 roots rounded inward to ``dtype``;
+    then each bound is stepped by one representable value at a time while exact arithmetic (mpmath) says it is on
+    the wrong side (a step or two at most: the float64 roots are within a few ulp).
+
+    >>> kl3_log_range_of_dtype(0.07, torch.float32)
+    (-0.3990282416343689, 0.3522167205810547)
+    """
+    d = float(check_positive("delta", delta))
+    if dtype == torch.float64:
+        up, down = (lambda v: math.nextafter(v, math.inf)), (lambda v: math.nextafter(v, -math.inf))
+        cast = float
+    elif dtype == torch.float32:
+
+        def up(v):
+            with np.errstate(over="ignore"):
+                return float(np.nextafter(np.float32(v), np.float32(np.inf)))
+
+        def down(v):
+            with np.errstate(over="ignore"):
+                return float(np.nextafter(np.float32(v), np.float32(-np.inf)))
+
+        def cast(v):  # round to nearest (beyond float32: +-inf); moved inward below
+            with np.errstate(over="ignore"):
+                return float(np.float32(v))
+
+    else:
+        raise TypeError(f"kl3_log_range_of_dtype takes torch.float64 or torch.float32, got {dtype}")
+    y_lo, y_hi = (float(v) for v in kl3_clip_log_range(d))
+    lo, hi = cast(y_lo), cast(y_hi)
+    lo, hi = (up(lo) if lo < y_lo else lo), (down(hi) if hi > y_hi else hi)
+    for _ in range(64):  # outward while the next value still satisfies, inward while this one does not
+        if _k3_exceeds(hi, d):
+            hi = down(hi)
+        elif not _k3_exceeds(up(hi), d):
+            hi = up(hi)
+        else:
+            break
+    for _ in range(64):
+        if _k3_exceeds(lo, d):
+            lo = up(lo)
+        elif not _k3_exceeds(down(lo), d):
+            lo = down(lo)
+        else:
+            break
+    return lo, hi
 
 
 def kl3_clip_range(delta: Any) -> tuple[Any, Any]:

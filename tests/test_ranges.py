@@ -702,3 +702,53 @@ def test_select_by_sign_casts_a_tensor_of_another_dtype_as_documented(dtype):
     got = at.ranges._select_by_sign(at.ranges._sign_mask(x), negative, 7.0, dtype)
     expected = torch.where(torch.signbit(x), negative.to(dtype), torch.tensor(7.0, dtype=dtype))
     assert got.dtype == dtype and torch.equal(got, expected)
+
+
+def _exact_k3_at_most(y: float, delta: float) -> bool:
+    """``e^y - 1 - y <= delta`` for the float ``y``, in mpmath with digits enough for the cancellation of
+    ``e^y - 1 - y`` at small ``|y|`` (2 |log10 y| extra): exact for these comparisons."""
+    if y == 0.0:
+        return True
+    with mp.workdps(60 + 2 * max(0, -math.floor(math.log10(abs(y))))):
+        t = mp.mpf(y)
+        return bool(mp.exp(t) - 1 - t <= mp.mpf(delta))
+
+
+def _representable_neighbours(center: float, dtype: torch.dtype, steps: int) -> torch.Tensor:
+    """The ``2 steps + 1`` values of ``dtype`` nearest ``center``, in order (torch.nextafter walks them)."""
+    c = torch.tensor([center], dtype=torch.float64).to(dtype)
+    values, down, up = [c], c, c
+    for _ in range(steps):
+        down = torch.nextafter(down, torch.tensor([-math.inf], dtype=dtype))
+        up = torch.nextafter(up, torch.tensor([math.inf], dtype=dtype))
+        values = [down, *values, up]
+    return torch.cat(values)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("delta", [1e-200, 1e-9, 0.07, 0.3, 2.0, 20.0, 50.0])  # roots inside the +-60 log-ratio clamp
+def test_atr_mask_decides_every_representable_log_ratio_near_its_bounds_as_exact_k3(delta, dtype):
+    """ATR's mask form keeps a token iff k3(log w) <= delta holds in exact arithmetic (mpmath, e^y - 1 - y), for the
+    25 representable values of log w on each side of each root: no decision left to rounding. The per-token
+    ``expm1(y) - y <= delta`` this replaced fails it in float32 (there ~2 ulp of k3 decided by rounding)."""
+    roots = at.kl3_clip_log_range(delta)
+    y = torch.cat([_representable_neighbours(float(r), dtype, 25) for r in roots])[None, :]
+    zeros = torch.zeros_like(y)
+    mask = torch.ones_like(y, dtype=torch.bool)
+    out = at.policy_loss(y, zeros, torch.ones(1, dtype=dtype), mask, method="atr", delta=delta)
+    expected = [_exact_k3_at_most(float(v), delta) for v in y[0].double()]
+    assert out.result.kept[0].tolist() == expected
+    assert 0 < sum(expected) < len(expected)  # the window straddles the bounds
+    lo, hi = at.ranges.kl3_log_range_of_dtype(delta, torch.float64)
+    assert _exact_k3_at_most(lo, delta) and _exact_k3_at_most(hi, delta)
+    assert not _exact_k3_at_most(math.nextafter(lo, -math.inf), delta)
+    assert not _exact_k3_at_most(math.nextafter(hi, math.inf), delta)
+
+
+def test_the_former_per_token_k3_test_left_float32_decisions_to_rounding():
+    """Why the bounds: ``expm1(y) - y <= delta`` in float32 disagrees with exact arithmetic near the roots."""
+    roots = at.kl3_clip_log_range(0.07)
+    y = torch.cat([_representable_neighbours(float(r), torch.float32, 25) for r in roots])
+    per_token = (at.kl3_from_log_ratio(y) <= 0.07).tolist()
+    exact = [_exact_k3_at_most(float(v), 0.07) for v in y.double()]
+    assert per_token != exact
