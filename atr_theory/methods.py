@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from . import ranges
-from .divergence import full_kl, is_kl3_from_log_ratio, kl3_from_log_ratio
+from .divergence import full_kl, kl3_from_log_ratio
 
 __all__ = [
     "FORMS",
@@ -45,6 +45,7 @@ __all__ = [
     "register",
     "resolve",
     "unregister",
+    "within_divergence_bound",
 ]
 
 FORMS = ("min", "mask", "soft", "none")
@@ -338,15 +339,32 @@ def _constant_range(kind: str, delta: float) -> tuple[float, float]:
 
 
 @torch.compiler.assume_constant_result
-def _kl3_log_range_for(delta: float, dtype: torch.dtype) -> tuple[float, float]:
-    """:func:`atr_theory.ranges.kl3_log_range_of_dtype`, once per (delta, dtype) (cached); a constant to
+def _log_range_for(kind: str, delta: float, dtype: torch.dtype) -> tuple[float, float]:
+    """:func:`atr_theory.ranges.log_range_of_dtype`, once per (kind, delta, dtype) (cached); a constant to
     ``torch.compile``, like :func:`_constant_range`."""
-    return _kl3_log_range_cached(float(delta), dtype)
+    return _log_range_cached(kind, float(delta), dtype)
 
 
 @lru_cache(maxsize=256)
-def _kl3_log_range_cached(delta: float, dtype: torch.dtype) -> tuple[float, float]:
-    return ranges.kl3_log_range_of_dtype(delta, dtype)
+def _log_range_cached(kind: str, delta: float, dtype: torch.dtype) -> tuple[float, float]:
+    return ranges.log_range_of_dtype(kind, delta, dtype)
+
+
+def within_divergence_bound(log_ratio: torch.Tensor, kind: str, delta: float) -> torch.Tensor:
+    """``divergence_kind(log w) <= delta`` per token, for a per-token divergence whose constraint is an interval of
+    ``log w`` (:data:`atr_theory.ranges.LOG_RANGE_KINDS`: kl1, kl2, kl3, is_kl3), decided as ``lo <= log w <= hi``
+    with the extreme values of ``log w``'s dtype that satisfy it exactly (:func:`atr_theory.ranges.log_range_of_dtype`;
+    half precision is compared in float32, which holds it exactly): the decision of exact arithmetic for every
+    representable ``log w`` (``tests/test_ranges.py``, against mpmath), in two comparisons, without gradient.
+
+    Evaluating the divergence per token instead (this package until 2026-11-26; the paper's Sec. 3.2 remark that
+    the ranges need not be computed) left tokens within its rounding of the bound to that rounding (kl3 in float32:
+    ~2 ulp, one token in 158,971 in ``benchmarks/loss_overhead.py``'s batch decided differently by a CPU and a
+    GPU) and cost an ``expm1`` (and, in float64, a 17-term series) per token for kl3 and is_kl3."""
+    with torch.no_grad():
+        y = log_ratio if log_ratio.dtype in (torch.float32, torch.float64) else log_ratio.float()
+        lo, hi = _log_range_for(kind, delta, y.dtype)
+        return (y >= lo) & (y <= hi)
 
 
 def _bound_tensor(bound: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -567,27 +585,16 @@ def trgppo(batch: TokenBatch, delta: float, epsilon: float) -> MethodResult:
 def atr(batch: TokenBatch, delta: float) -> MethodResult:
     r"""ATR-based clipping: keep ``w A`` while ``k3 = w - 1 - log w <= delta``.
 
-    Mask form: ``k3(y) <= delta`` with ``y = log w``, decided as ``y_lo <= y <= y_hi``: ``k3(y) = e^y - 1 - y`` falls
-    on ``y < 0`` and rises on ``y > 0``, so the constraint holds exactly between its two roots (the ``log`` of the
-    Lambert-W range of Thm 3.2). ``y_lo``, ``y_hi`` are the extreme values of ``y``'s dtype that satisfy it in exact
-    arithmetic (:func:`atr_theory.ranges.kl3_log_range_of_dtype`, once per delta and dtype; half precision is
-    compared in float32, which holds it exactly). So every representable ``y`` gets the decision of the exact
-    ``k3(y) <= delta`` (``tests/test_ranges.py``, against mpmath), and a token costs two comparisons. Evaluating ``expm1(y) - y`` per token
-    instead (this package until 2026-11-26; the paper's Sec. 3.2 remark that the ranges need not be computed)
-    decided tokens within its rounding of the bound by that rounding (float32: ~2 ulp of ``k3``, one token in
-    158,971 in ``benchmarks/loss_overhead.py``'s batch, decided differently by a CPU and a GPU) and cost an
-    ``expm1`` (and, in float64, a 17-term series) per token. Min form: PPO's min objective with the equivalent
+    Mask form: ``k3(y) <= delta`` with ``y = log w``; ``k3(y) = e^y - 1 - y`` falls on ``y < 0`` and rises on ``y > 0``,
+    so the constraint holds exactly between its two roots (the ``log`` of the Lambert-W range of Thm 3.2): decided
+    by :func:`within_divergence_bound`, exactly for every representable ``y``. Min form: PPO's min objective with the
+    equivalent
     range ``[l, u] = kl3_clip_range(delta)`` (= clip_higher with ``(1 - l, u - 1)``).
     """
     lower, upper = _constant_range("kl3", delta)
     if batch.form != "mask":
         return ratio_objective(batch, lower, upper)
-    with torch.no_grad():
-        y = batch.log_ratio
-        y = y if y.dtype in (torch.float32, torch.float64) else y.float()
-        y_lo, y_hi = _kl3_log_range_for(delta, y.dtype)
-        constraint = (y >= y_lo) & (y <= y_hi)
-    return ratio_objective(batch, lower, upper, constraint)
+    return ratio_objective(batch, lower, upper, within_divergence_bound(batch.log_ratio, "kl3", delta))
 
 
 @register(
@@ -606,7 +613,9 @@ def kl1(batch: TokenBatch, delta: float) -> MethodResult:
     what :func:`kl2` gives with ``delta -> delta^2/2``.
     """
     lower, upper = _constant_range("kl1", delta)
-    return ratio_objective(batch, lower, upper, (-batch.log_ratio <= delta).detach())
+    if batch.form != "mask":
+        return ratio_objective(batch, lower, upper)
+    return ratio_objective(batch, lower, upper, within_divergence_bound(batch.log_ratio, "kl1", delta))
 
 
 @register(
@@ -620,7 +629,9 @@ def kl1(batch: TokenBatch, delta: float) -> MethodResult:
 def kl2(batch: TokenBatch, delta: float) -> MethodResult:
     r"""Keep ``w A`` while ``k2 = (log w)^2 / 2 <= delta`` (symmetric in ``log w``)."""
     lower, upper = _constant_range("kl2", delta)
-    return ratio_objective(batch, lower, upper, (0.5 * batch.log_ratio.detach() ** 2 <= delta))
+    if batch.form != "mask":
+        return ratio_objective(batch, lower, upper)
+    return ratio_objective(batch, lower, upper, within_divergence_bound(batch.log_ratio, "kl2", delta))
 
 
 @register(
@@ -640,7 +651,9 @@ def is_kl3(batch: TokenBatch, delta: float) -> MethodResult:
     delta = 0.07 against [0.671, 1.422]): it tolerates larger decreases and fewer increases of pi.
     """
     lower, upper = _constant_range("is_kl3", delta)
-    return ratio_objective(batch, lower, upper, is_kl3_from_log_ratio(batch.log_ratio.detach()) <= delta)
+    if batch.form != "mask":
+        return ratio_objective(batch, lower, upper)
+    return ratio_objective(batch, lower, upper, within_divergence_bound(batch.log_ratio, "is_kl3", delta))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -37,7 +37,9 @@ from .divergence import is_kl3_from_log_ratio, kl3_from_log_ratio
 __all__ = [
     "kl3_clip_range",
     "kl3_clip_log_range",
-    "kl3_log_range_of_dtype",
+    "log_range_of_dtype",
+    "LOG_RANGE_KINDS",
+    "is_kl3_clip_log_range",
     "kl3_delta_from_bound",
     "kl1_clip_range",
     "kl2_clip_range",
@@ -106,38 +108,60 @@ def kl3_clip_log_range(delta: Any) -> tuple[Any, Any]:
     return _as_output(y_lo, scalar), _as_output(y_hi, scalar)
 
 
-def _k3_exceeds(y: float, delta: float) -> bool:
-    """Whether ``k3(y) = e^y - 1 - y > delta`` in exact arithmetic, for floats ``y`` and ``delta`` (mpmath, with
-    enough digits that ``expm1(y) - y`` keeps ~40 significant ones however small ``|y|`` is)."""
+def _divergence_exceeds(kind: str, y: float, delta: float) -> bool:
+    """Whether the per-token divergence ``kind`` of ``y = log w`` exceeds ``delta``, in exact arithmetic for floats
+    ``y`` and ``delta`` (mpmath, with ~2 |log10 y| digits more than 50 where ``kl3`` / ``is_kl3`` cancel at small
+    ``|y|``): ``kl1 = -y``, ``kl2 = y^2 / 2``, ``kl3 = e^y - 1 - y``, ``is_kl3 = e^y (y - 1) + 1``."""
     import mpmath as mp
 
-    if math.isinf(y):
-        return True
+    if math.isinf(y):  # kl1, kl2, kl3 are +inf there; is_kl3 is +inf at +inf and 1 at -inf
+        return True if kind != "is_kl3" or y > 0 else 1.0 > delta
     if y == 0.0:
         return False
     digits = 50 + 2 * max(0, -math.floor(math.log10(abs(y))))
     with mp.workdps(digits):
-        t = mp.mpf(y)
-        return bool(mp.expm1(t) - t > mp.mpf(delta))
+        t, d = mp.mpf(y), mp.mpf(delta)
+        value = {"kl1": lambda: -t, "kl2": lambda: t * t / 2, "kl3": lambda: mp.expm1(t) - t}.get(
+            kind, lambda: mp.exp(t) * (t - 1) + 1
+        )()
+        return bool(value > d)
 
 
-def kl3_log_range_of_dtype(delta: float, dtype: torch.dtype = torch.float64) -> tuple[float, float]:
-    r"""The smallest and the largest ``y`` representable in ``dtype`` (float64 or float32) with
-    ``k3(y) = e^y - 1 - y <= delta`` in exact arithmetic, as Python floats.
+def _float64_log_range(kind: str, delta: float) -> tuple[float, float]:
+    """The float64 roots (``log`` of the ratio range) of ``kind <= delta``, before :func:`log_range_of_dtype`'s
+    exact correction; an infinite end where the constraint has none (kl1's upper, is_kl3's lower for delta >= 1)."""
+    if kind == "kl1":
+        return -delta, math.inf
+    if kind == "kl2":
+        r = math.sqrt(2.0 * delta)
+        return -r, r
+    return {"kl3": kl3_clip_log_range, "is_kl3": is_kl3_clip_log_range}[kind](delta)
 
-    ``k3`` falls on ``y < 0`` and rises on ``y > 0``, so for every ``y`` of that dtype ``k3(y) <= delta`` holds
-    exactly when ``y_lo <= y <= y_hi``: the ATR constraint decided by two comparisons, with no rounding (the bounds
-    are representable in ``dtype``). Start: :func:`kl3_clip_log_range`'s float64 roots rounded inward to ``dtype``;
-    then each bound is stepped by one representable value at a time while exact arithmetic (mpmath) says it is on
-    the wrong side (a step or two at most: the float64 roots are within a few ulp).
 
-    >>> kl3_log_range_of_dtype(0.07, torch.float32)
+LOG_RANGE_KINDS = ("kl1", "kl2", "kl3", "is_kl3")
+"""The per-token divergences whose constraint ``divergence(log w) <= delta`` is an interval of ``log w``."""
+
+
+def log_range_of_dtype(kind: str, delta: float, dtype: torch.dtype = torch.float64) -> tuple[float, float]:
+    r"""The smallest and the largest ``y`` representable in ``dtype`` (float64 or float32) whose per-token
+    divergence ``kind`` (:data:`LOG_RANGE_KINDS`: ``kl1 = -y``, ``kl2 = y^2 / 2``, ``kl3 = e^y - 1 - y``,
+    ``is_kl3 = e^y (y - 1) + 1``, with ``y = log w``) is ``<= delta`` in exact arithmetic, as Python floats
+    (``-inf`` / ``inf`` where the constraint has no end on that side).
+
+    Each divergence falls on ``y < 0`` and rises on ``y > 0`` (kl1 only falls), so for every ``y`` of that dtype the
+    constraint holds exactly when ``lo <= y <= hi``: the rule decided by two comparisons, with no rounding (the bounds
+    are representable in ``dtype``). Start: the float64 roots (:func:`kl3_clip_log_range` etc.) rounded inward to
+    ``dtype``; then each finite bound is stepped one representable value at a time while exact arithmetic (mpmath)
+    says it is on the wrong side (a step or two: the float64 roots are within a few ulp).
+
+    >>> log_range_of_dtype("kl3", 0.07, torch.float32)
     (-0.3990282416343689, 0.3522167205810547)
     """
+    if kind not in LOG_RANGE_KINDS:
+        raise ValueError(f"kind must be one of {LOG_RANGE_KINDS}, got {kind!r}")
     d = float(check_positive("delta", delta))
     if dtype == torch.float64:
-        up, down = (lambda v: math.nextafter(v, math.inf)), (lambda v: math.nextafter(v, -math.inf))
-        cast = float
+        up, down, cast = (lambda v: math.nextafter(v, math.inf)), (lambda v: math.nextafter(v, -math.inf)), float
     elif dtype == torch.float32:
 
         def up(v):
@@ -153,21 +177,23 @@ def kl3_log_range_of_dtype(delta: float, dtype: torch.dtype = torch.float64) -> 
                 return float(np.float32(v))
 
     else:
-        raise TypeError(f"kl3_log_range_of_dtype takes torch.float64 or torch.float32, got {dtype}")
-    y_lo, y_hi = (float(v) for v in kl3_clip_log_range(d))
+        raise TypeError(f"log_range_of_dtype takes torch.float64 or torch.float32, got {dtype}")
+    y_lo, y_hi = (float(v) for v in _float64_log_range(kind, d))
     lo, hi = cast(y_lo), cast(y_hi)
-    lo, hi = (up(lo) if lo < y_lo else lo), (down(hi) if hi > y_hi else hi)
-    for _ in range(64):  # outward while the next value still satisfies, inward while this one does not
-        if _k3_exceeds(hi, d):
+    lo = up(lo) if lo < y_lo else lo
+    hi = down(hi) if hi > y_hi else hi
+    exceeds = lambda v: _divergence_exceeds(kind, v, d)  # noqa: E731
+    for _ in range(64 if math.isfinite(y_hi) else 0):  # outward while the next value satisfies, inward while not
+        if exceeds(hi):
             hi = down(hi)
-        elif not _k3_exceeds(up(hi), d):
+        elif not exceeds(up(hi)):
             hi = up(hi)
         else:
             break
-    for _ in range(64):
-        if _k3_exceeds(lo, d):
+    for _ in range(64 if math.isfinite(y_lo) else 0):
+        if exceeds(lo):
             lo = up(lo)
-        elif not _k3_exceeds(down(lo), d):
+        elif not exceeds(down(lo)):
             lo = down(lo)
         else:
             break
@@ -249,16 +275,9 @@ def kl2_clip_range(delta: Any) -> tuple[Any, Any]:
     return _exp_pair(-r if np.ndim(d) else -float(r), r if np.ndim(d) else float(r))
 
 
-def is_kl3_clip_range(delta: Any) -> tuple[Any, Any]:
-    r"""Range of the IS-weighted KL3 constraint ``1 - w + w log w <= delta``.
-
-    Derivation: ``KL(pi || pi_old) = E_{pi_old}[w log w]``; adding the zero-mean control variate
-    ``-(w - 1)`` gives the non-negative per-sample estimator ``w log w - w + 1 = w k3(1/w)``
-    (paper Table 3). With ``y = log w`` the boundary is ``(y - 1) e^{y - 1} = (delta - 1)/e``, so
-    ``w = (delta - 1) / W((delta - 1)/e)``: the principal branch gives ``u > 1``, the ``W_{-1}``
-    branch ``l < 1``. Since ``1 - w + w log w -> 1`` as ``w -> 0``, for ``delta >= 1`` there is no
-    lower bound: ``l = 0``.
-    """
+def is_kl3_clip_log_range(delta: Any) -> tuple[Any, Any]:
+    r"""``(log l, log u)`` of :func:`is_kl3_clip_range`: the roots of ``e^y (y - 1) + 1 = delta``; ``log l = -inf``
+    for ``delta >= 1`` (no lower bound)."""
     d = check_positive("delta", delta)
     scalar = np.ndim(d) == 0
     d = np.atleast_1d(np.asarray(d, dtype=float))
@@ -268,15 +287,30 @@ def is_kl3_clip_range(delta: Any) -> tuple[Any, Any]:
         w_l = np.real(np.exp(1.0 + lambertw(np.minimum(z, -1e-300), -1)))
     small = d < 1e-3
     s = np.sqrt(2.0 * d)
-    hi0 = np.where(small, s, np.log(w_u))
-    lo0 = np.where(small | ~np.isfinite(np.log(w_l)), -s, np.log(w_l))
+    with np.errstate(divide="ignore"):
+        hi0 = np.where(small, s, np.log(w_u))
+        lo0 = np.where(small | ~np.isfinite(np.log(w_l)), -s, np.log(w_l))
     f = lambda y: is_kl3_from_log_ratio(y) - d  # noqa: E731
     fp = lambda y: y * np.exp(y)  # noqa: E731
     y_hi = _newton(f, fp, hi0)
-    y_lo = _newton(f, fp, np.where(d < 1.0, lo0, -1.0))
-    lo = np.where(d < 1.0, np.exp(y_lo), 0.0)
-    hi = np.exp(y_hi)
-    return (float(lo[0]), float(hi[0])) if scalar else (lo, hi)
+    y_lo = np.where(d < 1.0, _newton(f, fp, np.where(d < 1.0, lo0, -1.0)), -np.inf)
+    return (float(y_lo[0]), float(y_hi[0])) if scalar else (y_lo, y_hi)
+
+
+def is_kl3_clip_range(delta: Any) -> tuple[Any, Any]:
+    r"""Range of the IS-weighted KL3 constraint ``1 - w + w log w <= delta``.
+
+    Derivation: ``KL(pi || pi_old) = E_{pi_old}[w log w]``; adding the zero-mean control variate
+    ``-(w - 1)`` gives the non-negative per-sample estimator ``w log w - w + 1 = w k3(1/w)``
+    (paper Table 3). With ``y = log w`` the boundary is ``(y - 1) e^{y - 1} = (delta - 1)/e``, so
+    ``w = (delta - 1) / W((delta - 1)/e)``: the principal branch gives ``u > 1``, the ``W_{-1}``
+    branch ``l < 1``. Since ``1 - w + w log w -> 1`` as ``w -> 0``, for ``delta >= 1`` there is no
+    lower bound: ``l = 0``. (:func:`is_kl3_clip_log_range` gives the logs.)
+    """
+    y_lo, y_hi = is_kl3_clip_log_range(delta)
+    with np.errstate(over="ignore"):
+        lo, hi = np.exp(y_lo), np.exp(y_hi)
+    return (float(lo), float(hi)) if np.ndim(y_lo) == 0 else (lo, hi)
 
 
 def _bernoulli_kl_and_slope(x: Any, weight: Any, weight_other: Any) -> tuple[Any, Any]:

@@ -704,14 +704,22 @@ def test_select_by_sign_casts_a_tensor_of_another_dtype_as_documented(dtype):
     assert got.dtype == dtype and torch.equal(got, expected)
 
 
-def _exact_k3_at_most(y: float, delta: float) -> bool:
-    """``e^y - 1 - y <= delta`` for the float ``y``, in mpmath with digits enough for the cancellation of
-    ``e^y - 1 - y`` at small ``|y|`` (2 |log10 y| extra): exact for these comparisons."""
+_EXACT_DIVERGENCE = {  # y = log w, in mpmath: the definitions as the paper and Table 3 write them (in w)
+    "atr": ("kl3", lambda w, y: w - 1 - y),
+    "kl1": ("kl1", lambda w, y: -y),
+    "kl2": ("kl2", lambda w, y: y * y / 2),
+    "is_kl3": ("is_kl3", lambda w, y: 1 - w + w * y),
+}
+
+
+def _exact_at_most(method: str, y: float, delta: float) -> bool:
+    """The method's divergence of the float ``y = log w`` is ``<= delta``, in mpmath with digits enough for the
+    cancellation at small ``|y|`` (2 |log10 y| extra): exact for these comparisons."""
     if y == 0.0:
         return True
     with mp.workdps(60 + 2 * max(0, -math.floor(math.log10(abs(y))))):
         t = mp.mpf(y)
-        return bool(mp.exp(t) - 1 - t <= mp.mpf(delta))
+        return bool(_EXACT_DIVERGENCE[method][1](mp.exp(t), t) <= mp.mpf(delta))
 
 
 def _representable_neighbours(center: float, dtype: torch.dtype, steps: int) -> torch.Tensor:
@@ -725,24 +733,29 @@ def _representable_neighbours(center: float, dtype: torch.dtype, steps: int) -> 
     return torch.cat(values)
 
 
+@pytest.mark.parametrize("method", list(_EXACT_DIVERGENCE))
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("delta", [1e-200, 1e-9, 0.07, 0.3, 2.0, 20.0, 50.0])  # roots inside the +-60 log-ratio clamp
-def test_atr_mask_decides_every_representable_log_ratio_near_its_bounds_as_exact_k3(delta, dtype):
-    """ATR's mask form keeps a token iff k3(log w) <= delta holds in exact arithmetic (mpmath, e^y - 1 - y), for the
-    25 representable values of log w on each side of each root: no decision left to rounding. The per-token
-    ``expm1(y) - y <= delta`` this replaced fails it in float32 (there ~2 ulp of k3 decided by rounding)."""
-    roots = at.kl3_clip_log_range(delta)
+def test_divergence_masks_decide_every_representable_log_ratio_near_their_bounds_exactly(method, delta, dtype):
+    """ATR, KL1, KL2 and IS-KL3 in the mask form keep a token iff the divergence of its log w is <= delta in exact
+    arithmetic (mpmath, the definitions in w), for the 25 representable values of log w on each side of each finite
+    root: no decision left to rounding. (The per-token evaluation this replaced fails it: for atr in 12 of 21
+    cases, and the next test.)"""
+    kind = _EXACT_DIVERGENCE[method][0]
+    roots = [r for r in at.ranges._float64_log_range(kind, delta) if math.isfinite(r)]
     y = torch.cat([_representable_neighbours(float(r), dtype, 25) for r in roots])[None, :]
+    y = y.clamp(-at.loss.LOG_RATIO_CLAMP, at.loss.LOG_RATIO_CLAMP)
     zeros = torch.zeros_like(y)
     mask = torch.ones_like(y, dtype=torch.bool)
-    out = at.policy_loss(y, zeros, torch.ones(1, dtype=dtype), mask, method="atr", delta=delta)
-    expected = [_exact_k3_at_most(float(v), delta) for v in y[0].double()]
+    out = at.policy_loss(y, zeros, torch.ones(1, dtype=dtype), mask, method=method, delta=delta, form="mask")
+    expected = [_exact_at_most(method, float(v), delta) for v in y[0].double()]
     assert out.result.kept[0].tolist() == expected
     assert 0 < sum(expected) < len(expected)  # the window straddles the bounds
-    lo, hi = at.ranges.kl3_log_range_of_dtype(delta, torch.float64)
-    assert _exact_k3_at_most(lo, delta) and _exact_k3_at_most(hi, delta)
-    assert not _exact_k3_at_most(math.nextafter(lo, -math.inf), delta)
-    assert not _exact_k3_at_most(math.nextafter(hi, math.inf), delta)
+    lo, hi = at.ranges.log_range_of_dtype(kind, delta, torch.float64)
+    for bound, outward in ((lo, -math.inf), (hi, math.inf)):
+        if math.isfinite(bound):
+            assert _exact_at_most(method, bound, delta)
+            assert not _exact_at_most(method, math.nextafter(bound, outward), delta)
 
 
 def test_the_former_per_token_k3_test_left_float32_decisions_to_rounding():
@@ -750,5 +763,14 @@ def test_the_former_per_token_k3_test_left_float32_decisions_to_rounding():
     roots = at.kl3_clip_log_range(0.07)
     y = torch.cat([_representable_neighbours(float(r), torch.float32, 25) for r in roots])
     per_token = (at.kl3_from_log_ratio(y) <= 0.07).tolist()
-    exact = [_exact_k3_at_most(float(v), 0.07) for v in y.double()]
+    exact = [_exact_at_most("atr", float(v), 0.07) for v in y.double()]
     assert per_token != exact
+
+
+def test_log_range_of_dtype_refuses_an_unknown_kind_or_dtype_naming_it():
+    with pytest.raises(ValueError, match="'kl9'"):
+        at.ranges.log_range_of_dtype("kl9", 0.1)
+    with pytest.raises(TypeError, match="float16"):
+        at.ranges.log_range_of_dtype("kl3", 0.1, torch.float16)
+    assert at.ranges.log_range_of_dtype("is_kl3", 2.0)[0] == -math.inf  # no lower bound for delta >= 1
+    assert at.ranges.log_range_of_dtype("kl1", 0.1)[1] == math.inf  # k1 never limits w from above
