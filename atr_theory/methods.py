@@ -7,8 +7,11 @@ and boolean tensors saying which tokens kept their gradient and which were clipp
 The paper's unified framework (Eq. 5) is :func:`ratio_objective` with ``form="mask"``: keep
 ``w A`` where the constraint holds, else the constant ``w_old A = A``. ``form="min"`` is PPO's
 pessimistic ``min(w A, clip(w, l, u) A)``. A method with a ratio range supports both forms; its
-constraint in the mask form is the divergence itself (``k3 <= delta`` for atr, not the pre-computed
-range), so the equivalence of Thm 3.2 is something the tests check rather than assume.
+constraint in the mask form is the divergence itself (``k3 <= delta`` for atr), decided for kl1, kl2, kl3 and
+is_kl3 as the interval of ``log w`` where it holds in exact arithmetic (:func:`within_divergence_bound`: bounds
+found from the Lambert-W / closed-form roots and corrected against the definition in mpmath, once per delta and
+dtype). Tests check those decisions against mpmath's divergence at the bounds, and Thm 3.2's equivalence of the
+constraint and the ratio range separately (``theorems``), rather than assume either.
 
 Adding a rule: write one function decorated with :func:`register`; nothing else changes.
 """
