@@ -65,8 +65,9 @@ def _numpy_with_series(y: Any, direct, coeff) -> np.ndarray:
 # theory checks): |y| < 0.5 with powers to 17, as numpy (<= 4e-15 relative, against mpmath). float32 and narrower
 # (the LLM loss's hot path, where each power is one more pass over the batch in eager mode): |y| < 0.04 with powers
 # to 4, the same work as before (measured <= 1.9e-6 relative for k3, 4.4e-6 for IS-k3). The methods' mask decisions
-# no longer evaluate these per token (methods.within_divergence_bound compares log w with exact bounds). Until this table both used |y| < 1e-3: in float64 1.6e-11 relative
-# (truncation), in float32 9.3e-5 for k3 and 10% for IS-k3 (cancellation just above the cut).
+# no longer evaluate these per token (methods.within_divergence_bound compares log w with exact bounds). Until this
+# table both used |y| < 1e-3: in float64 1.6e-11 relative (truncation), in float32 9.3e-5 for k3 and 10% for IS-k3
+# (cancellation just above the cut).
 # float16 / bfloat16 are evaluated in float32 and rounded once at the end: in their own precision the cancellation
 # above the cut cost up to 14% (k3) and 28% (IS-k3) in bfloat16, and IS-k3's y e^y overflowed float16 (inf at
 # y = 8.9, where the value, 5.9e4, is representable). Now within one unit in the last place of the exactly

@@ -590,9 +590,8 @@ def atr(batch: TokenBatch, delta: float) -> MethodResult:
 
     Mask form: ``k3(y) <= delta`` with ``y = log w``; ``k3(y) = e^y - 1 - y`` falls on ``y < 0`` and rises on ``y > 0``,
     so the constraint holds exactly between its two roots (the ``log`` of the Lambert-W range of Thm 3.2): decided
-    by :func:`within_divergence_bound`, exactly for every representable ``y``. Min form: PPO's min objective with the
-    equivalent
-    range ``[l, u] = kl3_clip_range(delta)`` (= clip_higher with ``(1 - l, u - 1)``).
+    by :func:`within_divergence_bound`, exactly for every representable ``y``. Min form: PPO's min objective with
+    the equivalent range ``[l, u] = kl3_clip_range(delta)`` (= clip_higher with ``(1 - l, u - 1)``).
     """
     lower, upper = _constant_range("kl3", delta)
     if batch.form != "mask":

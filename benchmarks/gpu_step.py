@@ -421,12 +421,13 @@ def compare_fixed_batch(rows: list[dict]) -> dict:
 
     done = [r for r in rows if r.get("fixed_batch_grad") and Path(r["fixed_batch_grad"]).exists()]
     ref = torch.load(done[0]["fixed_batch_grad"]) if done else None
+    labels = case_labels(done)
     return {
-        f"{row['kind']}/{row['backend']} vs {done[0]['kind']}/{done[0]['backend']}": {
+        f"{label} vs {labels[0]}": {
             "loss": [done[0]["fixed_batch_loss"], row["fixed_batch_loss"]],
             **grad_difference(ref, torch.load(row["fixed_batch_grad"])),
         }
-        for row in done[1:]
+        for row, label in zip(done[1:], labels[1:])
     }
 
 

@@ -114,7 +114,7 @@ def loss_and_grad_difference(fn, reference, logp0, logp0_reference=None) -> dict
         "max_abs_grad_diff": float(diff.max()),
         "max_abs_grad": float(g0.abs().max()),
         "tokens_grad_differs": int(differs.sum()),
-        "max_abs_grad_diff_other_tokens": float(diff[~differs].max()),
+        "max_abs_grad_diff_other_tokens": float(diff[~differs].max()) if bool((~differs).any()) else 0.0,
     }
 
 

@@ -66,6 +66,12 @@ def test_gpu_step_compares_first_step_gradients_only_on_the_same_completions(tmp
     assert same["grad_rel_diff"] == pytest.approx(1.0)  # |2 - 1| / |1|
     assert not other["same_completions"] and "grad_cosine" not in other and "different batches" in other["note"]
     assert other["loss_abs_diff"] == pytest.approx(0.25)
+    probes = [
+        {"kind": "atr", "backend": "trl", "fixed_batch_loss": 0.1 * i, "fixed_batch_grad": str(path)}
+        for i, path in enumerate(paths[:2])
+    ]
+    (fixed,) = gs.compare_fixed_batch(probes).items()
+    assert fixed[0] == "atr/trl#1 vs atr/trl#0" and fixed[1]["grad_rel_diff"] == pytest.approx(1.0)
 
 
 def _mutation_harness():
