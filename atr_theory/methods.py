@@ -370,6 +370,14 @@ def within_divergence_bound(log_ratio: torch.Tensor, kind: str, delta: float) ->
         return (y >= lo) & (y <= hi)
 
 
+def _divergence_rule(batch: TokenBatch, kind: str, delta: float) -> MethodResult:
+    """A per-token divergence rule (``kind`` of :data:`atr_theory.ranges.LOG_RANGE_KINDS`): in the mask form ``w A``
+    where :func:`within_divergence_bound` holds, in the min form PPO's min with the equivalent ratio range."""
+    lower, upper = _constant_range(kind, delta)
+    constraint = within_divergence_bound(batch.log_ratio, kind, delta) if batch.form == "mask" else None
+    return ratio_objective(batch, lower, upper, constraint)
+
+
 def _bound_tensor(bound: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return torch.as_tensor(bound, dtype=like.dtype, device=like.device)
 
@@ -593,10 +601,7 @@ def atr(batch: TokenBatch, delta: float) -> MethodResult:
     by :func:`within_divergence_bound`, exactly for every representable ``y``. Min form: PPO's min objective with
     the equivalent range ``[l, u] = kl3_clip_range(delta)`` (= clip_higher with ``(1 - l, u - 1)``).
     """
-    lower, upper = _constant_range("kl3", delta)
-    if batch.form != "mask":
-        return ratio_objective(batch, lower, upper)
-    return ratio_objective(batch, lower, upper, within_divergence_bound(batch.log_ratio, "kl3", delta))
+    return _divergence_rule(batch, "kl3", delta)
 
 
 @register(
@@ -614,10 +619,7 @@ def kl1(batch: TokenBatch, delta: float) -> MethodResult:
     **one-sided** (``w >= e^{-delta}``, no upper limit). A symmetric ``|log w| <= delta`` variant is
     what :func:`kl2` gives with ``delta -> delta^2/2``.
     """
-    lower, upper = _constant_range("kl1", delta)
-    if batch.form != "mask":
-        return ratio_objective(batch, lower, upper)
-    return ratio_objective(batch, lower, upper, within_divergence_bound(batch.log_ratio, "kl1", delta))
+    return _divergence_rule(batch, "kl1", delta)
 
 
 @register(
@@ -630,10 +632,7 @@ def kl1(batch: TokenBatch, delta: float) -> MethodResult:
 )
 def kl2(batch: TokenBatch, delta: float) -> MethodResult:
     r"""Keep ``w A`` while ``k2 = (log w)^2 / 2 <= delta`` (symmetric in ``log w``)."""
-    lower, upper = _constant_range("kl2", delta)
-    if batch.form != "mask":
-        return ratio_objective(batch, lower, upper)
-    return ratio_objective(batch, lower, upper, within_divergence_bound(batch.log_ratio, "kl2", delta))
+    return _divergence_rule(batch, "kl2", delta)
 
 
 @register(
@@ -652,10 +651,7 @@ def is_kl3(batch: TokenBatch, delta: float) -> MethodResult:
     Compared with KL3 its range is shifted down (lower ``l`` and lower ``u``, e.g. [0.650, 1.397] at
     delta = 0.07 against [0.671, 1.422]): it tolerates larger decreases and fewer increases of pi.
     """
-    lower, upper = _constant_range("is_kl3", delta)
-    if batch.form != "mask":
-        return ratio_objective(batch, lower, upper)
-    return ratio_objective(batch, lower, upper, within_divergence_bound(batch.log_ratio, "is_kl3", delta))
+    return _divergence_rule(batch, "is_kl3", delta)
 
 
 # ----------------------------------------------------------------------------------------------

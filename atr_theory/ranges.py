@@ -121,9 +121,12 @@ def _divergence_exceeds(kind: str, y: float, delta: float) -> bool:
     digits = 50 + 2 * max(0, -math.floor(math.log10(abs(y))))
     with mp.workdps(digits):
         t, d = mp.mpf(y), mp.mpf(delta)
-        value = {"kl1": lambda: -t, "kl2": lambda: t * t / 2, "kl3": lambda: mp.expm1(t) - t}.get(
-            kind, lambda: mp.exp(t) * (t - 1) + 1
-        )()
+        value = {
+            "kl1": lambda: -t,
+            "kl2": lambda: t * t / 2,
+            "kl3": lambda: mp.expm1(t) - t,
+            "is_kl3": lambda: mp.exp(t) * (t - 1) + 1,
+        }[kind]()
         return bool(value > d)
 
 
@@ -183,21 +186,22 @@ def log_range_of_dtype(kind: str, delta: float, dtype: torch.dtype = torch.float
     lo = up(lo) if lo < y_lo else lo
     hi = down(hi) if hi > y_hi else hi
     exceeds = lambda v: _divergence_exceeds(kind, v, d)  # noqa: E731
-    for _ in range(64 if math.isfinite(y_hi) else 0):  # outward while the next value satisfies, inward while not
-        if exceeds(hi):
-            hi = down(hi)
-        elif not exceeds(up(hi)):
-            hi = up(hi)
-        else:
-            break
-    for _ in range(64 if math.isfinite(y_lo) else 0):
-        if exceeds(lo):
-            lo = up(lo)
-        elif not exceeds(down(lo)):
-            lo = down(lo)
-        else:
-            break
+    lo = _settle(lo, inward=up, outward=down, exceeds=exceeds) if math.isfinite(y_lo) else lo
+    hi = _settle(hi, inward=down, outward=up, exceeds=exceeds) if math.isfinite(y_hi) else hi
     return lo, hi
+
+
+def _settle(bound: float, inward, outward, exceeds, max_steps: int = 64) -> float:
+    """Step ``bound`` one representable value at a time: inward while it ``exceeds`` the constraint, outward while the
+    next value outward does not; stops at the last value that satisfies it."""
+    for _ in range(max_steps):
+        if exceeds(bound):
+            bound = inward(bound)
+        elif not exceeds(outward(bound)):
+            bound = outward(bound)
+        else:
+            break
+    return bound
 
 
 def kl3_clip_range(delta: Any) -> tuple[Any, Any]:
