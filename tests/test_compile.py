@@ -96,6 +96,48 @@ def test_clip_cov_is_the_documented_exception_to_fullgraph():
         fn(logp)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("method", COMPILABLE)
+def test_traced_flags_equal_the_eager_flags(method, dtype):
+    """Under ``torch.compile`` the rules combine their masks with ``torch.where`` (``methods._and`` and kin: Inductor's
+    float64 ``&`` is slow), in eager with ``&``: the kept / clipped flags of every form agree exactly."""
+    import torch._dynamo
+
+    logp, old, adv, mask = _batch(7, dtype=dtype, per_token=True, scale=0.8)
+    for form in at.METHODS[method].forms:
+        torch._dynamo.reset()
+
+        def flags(lp, o, a, m, form=form):
+            return at.policy_loss(lp, o, a, m, method=method, form=form, validate=False).result.flags()
+
+        eager = flags(logp, old, adv, mask)
+        traced = torch.compile(flags, backend="eager", fullgraph=True)(logp, old, adv, mask)
+        assert any(f[mask].any() for f in eager[1:]) or method in ("sapo", "gspo"), (method, form)  # something clipped
+        for e, t in zip(eager, traced):
+            assert torch.equal(e[mask], t[mask]), (method, form)
+
+
+def test_mask_helpers_compile_to_the_boolean_operators():
+    """The compiled C++ kernels of ``methods._and`` / ``_or`` / ``_and_not`` give ``&``, ``|``, ``& ~`` on every
+    combination, for masks of float64 and float32 comparisons."""
+    import torch._dynamo
+
+    from atr_theory import methods
+
+    def combine(x, y):
+        a, b = x > 0, y > 0
+        return methods._and(a, b), methods._or(a, b), methods._and_not(a, b)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(combine, fullgraph=True)
+    for dtype in (torch.float64, torch.float32):
+        x = torch.tensor([1.0, 1.0, -1.0, -1.0] * 9, dtype=dtype)
+        y = torch.tensor([1.0, -1.0, 1.0, -1.0] * 9, dtype=dtype)
+        a, b = x > 0, y > 0
+        for got, want in zip(compiled(x, y), (a & b, a | b, a & ~b)):
+            assert torch.equal(got, want)
+
+
 @pytest.mark.slow
 def test_inductor_compiles_atr_and_trgppo_to_the_eager_values():
     """The real compiler (C++ kernels on CPU), not just the tracer."""
