@@ -277,7 +277,8 @@ def test_training_with_the_closed_form_follows_autograd(optimizer):
         bandit.train(rewards, theta0, "atr", iterations=1, gradient="fast")
 
 
-@pytest.mark.parametrize("method", ["atr", "trgppo", "tr_ppo", "dual_clip", "dcpo"])  # dual clip: flags traced since 11-26
+# dual_clip / dcpo: their flags trace since 2026-11-26 (result.flags(), not the cached .kept)
+@pytest.mark.parametrize("method", ["atr", "trgppo", "tr_ppo", "dual_clip", "dcpo"])
 def test_closed_form_gradient_compiles_into_one_graph(method):
     theta, theta_old, adv = _random_logits(11, K=33)
     compiled = torch.compile(
