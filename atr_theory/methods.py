@@ -340,7 +340,8 @@ def _and(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     Why: Inductor's CPU code (torch 2.13) combines two masks of float64 comparisons with ``&`` / ``|`` by converting
     each 16-lane double mask to int32 lane by lane: ~10x slower than the comparisons themselves (1,024 x 1,000
     float64: ``where(x >= a & x <= b, y, 0)`` 510 M elem/s, ``where(where(x >= a, x <= b, False), y, 0)``
-    4,500 M elem/s; float32 12,000 either way). Eager keeps ``&``, which is ~3x faster there than ``where``."""
+    4,500 M elem/s; float32 12,000 either way; ``python benchmarks/inductor_mask_and.py`` measures it again, e.g.
+    after a torch upgrade). Eager keeps ``&``, which is faster there than ``where``."""
     return torch.where(a, b, False) if torch.compiler.is_compiling() else a & b
 
 

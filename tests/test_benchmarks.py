@@ -562,3 +562,18 @@ def test_replication_readout_reproduces_the_readme_numbers_from_the_committed_ta
     r = t1["replication"]
     assert (round(r["mean"], 1), round(r["p_one_sided"], 3), r["on_side"], r["n"]) == (-2.7, 0.019, 7, 8)
     assert (round(t03["pooled"]["mean"], 1), t03["pooled"]["n"], round(t1["pooled"]["mean"], 1)) == (-5.4, 18, -2.6)
+
+
+@pytest.mark.slow
+def test_inductor_mask_benchmark_checks_every_form_and_writes_its_rates(tmp_path):
+    """The reproducer behind methods._and: every compiled form equals its eager value (it raises otherwise) and the
+    JSON carries a rate per form and dtype and the where / operator ratios (no timing is asserted)."""
+    out = tmp_path / "mask.json"
+    script = ROOT / "benchmarks" / "inductor_mask_and.py"
+    subprocess.run([sys.executable, str(script), "--quick", "--out", str(out)], check=True, capture_output=True)
+    res = json.loads(out.read_text())
+    for dtype in ("float64", "float32"):
+        assert set(res[dtype]) >= {"and", "where_and", "or", "where_or", "and_not", "where_and_not"}
+        assert all(v > 0 for v in res[dtype].values())
+    assert set(res["float64_where_over_operator"]) == {"and", "or", "and_not"}
+    assert "torch.where(x >= LO, x <= HI, False)" in res["forms"]["where_and"]
