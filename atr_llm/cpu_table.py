@@ -51,6 +51,7 @@ import math
 import os
 import statistics
 import sys
+from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from datetime import datetime, timezone
 from pathlib import Path
@@ -409,7 +410,8 @@ def _send_output_to(path: Path) -> None:
         os.dup2(log.fileno(), 2)
 
 
-def _worker_init() -> None:
+def worker_init() -> None:
+    """Initialiser of the driver's worker processes (and of scripts that must reduce like them): one torch thread."""
     import torch
 
     torch.set_num_threads(1)  # one core per worker: the tiny model is launch-bound, two workers beat two threads
@@ -469,11 +471,11 @@ def _table_row(r: dict, benchmark: str, evals: dict[int, dict], last: dict, k: i
         "train_reward_last": last.get("reward"),
         "entropy_last": last.get("entropy"),
         "length_last": last.get("completions/mean_length"),
-        "frac_masked_mean": _mean([c.get("clip/frac_masked") for c in r["curves"]]),
+        "frac_masked_mean": mean_of_present([c.get("clip/frac_masked") for c in r["curves"]]),
     }
 
 
-def _mean(xs) -> float | None:
+def mean_of_present(xs: Iterable[float | None]) -> float | None:
     """Mean of the values that are not None (None if there are none)."""
     xs = [x for x in xs if x is not None]
     return statistics.fmean(xs) if xs else None
@@ -490,7 +492,7 @@ def paired_difference(rows: list[dict], run: str, reference: str, key: str) -> d
 
 
 def paired_contrast(rows: list[dict], weights: dict[str, float], key: str) -> dict | None:
-    """A within-seed contrast of runs: on every start (seed and SFT model, :func:`_start`) that all runs of
+    """A within-seed contrast of runs: on every start (seed and SFT model, :func:`pairing_key`) that all runs of
     ``weights`` share, c = sum over runs of weight * ``key``(run); the mean of c over starts with its 95% Student-t
     interval (n - 1 degrees of freedom), two-sided p, ``significant`` when the interval excludes 0, the sd of c and
     the difference detectable with 80% power (:func:`detectable_difference`). Rows of one benchmark only. None with
@@ -502,7 +504,7 @@ def paired_contrast(rows: list[dict], weights: dict[str, float], key: str) -> di
     benchmarks = {r.get("benchmark") for r in rows}
     if len(benchmarks) > 1:
         raise ValueError(f"paired statistics need the rows of one benchmark, got {sorted(map(str, benchmarks))}")
-    by = {(r["method"], _start(r)): r[key] for r in rows if r.get(key) is not None}  # a value not logged: no pair
+    by = {(r["method"], pairing_key(r)): r[key] for r in rows if r.get(key) is not None}  # a value not logged: no pair
     shared = set.intersection(*({s for name, s in by if name == run} for run in weights)) if weights else set()
     starts = sorted(shared, key=str)
     if len(starts) < 2:
@@ -668,7 +670,7 @@ def start_labels(rows: list[dict]) -> dict[str, str]:
     return {model: chr(ord("A") + i) for i, ids in enumerate(ordered) for model in ids}
 
 
-def _start(row: dict) -> tuple:
+def pairing_key(row: dict) -> tuple:
     """What a row is paired on: its seed and the SFT model it started from."""
     return row["seed"], row.get("sft_model")
 
@@ -750,7 +752,7 @@ def markdown_table(rows: list[dict], runs: list[str], k: int) -> str:
         d = paired[name][ref]
         if d is None:
             same_seed = {r["seed"] for r in mine} & {r["seed"] for r in theirs}
-            same_start = {_start(r) for r in mine} & {_start(r) for r in theirs}
+            same_start = {pairing_key(r) for r in mine} & {pairing_key(r) for r in theirs}
             return "other start" if same_seed and not same_start and mine[0]["method"] != ref else "-"
         return difference_cell(d)
 
@@ -765,9 +767,9 @@ def markdown_table(rows: list[dict], runs: list[str], k: int) -> str:
         "|---|---|---|---|" + "---|" * len(REFERENCES) + "---|---|",
     ]
     for name, mine in units.items():
-        m, p, b = (_mean([r[x] for r in mine]) for x in (key, pkey, bkey))
+        m, p, b = (mean_of_present([r[x] for r in mine]) for x in (key, pkey, bkey))
         sd = statistics.stdev([r[key] for r in mine]) if len(mine) > 1 else 0.0
-        fm = _mean([r["frac_masked_mean"] for r in mine]) if masks_tokens(mine[0]["method"]) else None
+        fm = mean_of_present([r["frac_masked_mean"] for r in mine]) if masks_tokens(mine[0]["method"]) else None
         lines.append(
             f"| {name} | {len(mine)} | {m:.1f} ± {sd:.1f} ({b:.1f}) | {p:.1f} | "
             + "".join(f"{fmt(name, ref)} | " for ref in REFERENCES)
@@ -871,7 +873,7 @@ def delta_optimum(rows: list[dict], k: int) -> list[dict]:
         below = [run for run in against if deltas[run] < at_atr]
         above = [run for run in against if deltas[run] > at_atr]
         peak = paired_contrast(mine, {"atr": 1.0, below[0]: -0.5, above[-1]: -0.5}, key) if below and above else None
-        means = {deltas[run]: _mean(r[key] for r in mine if r["method"] == run) for run in ["atr", *against]}
+        means = {deltas[run]: mean_of_present(r[key] for r in mine if r["method"] == run) for run in ["atr", *against]}
         out.append(
             {
                 "benchmark": benchmark,
@@ -996,7 +998,7 @@ def curve_tails(rows: list[dict], curve_sets: list[dict], last_steps: int = TAIL
     has a table row in ``rows``: for each of :data:`TAIL_KEYS` (``<name>_tail``) the mean over its logged points with
     step > final step - ``last_steps`` (less noisy than the last point alone), with the table row's seed, SFT model,
     machine and invocation, so that :func:`paired_against_references` pairs and groups it as the table does."""
-    identity = {(r["method"], *_start(r)): r for r in rows}
+    identity = {(r["method"], *pairing_key(r)): r for r in rows}
     tails = []
     for c in sorted(curve_sets, key=lambda c: (c["run"], c["seed"], str(c.get("sft_model")))):
         row = identity.get((c["run"], c["seed"], c.get("sft_model")))
@@ -1007,7 +1009,10 @@ def curve_tails(rows: list[dict], curve_sets: list[dict], last_steps: int = TAIL
         tails.append(
             {key: row.get(key) for key in ("method", "seed", "sft_model", "sft_machine", "invocation")}
             | {"final_step": end, "points": len(tail)}
-            | {f"{name}_tail": _mean(point.get(logged) for point in tail) for name, logged in TAIL_KEYS.items()}
+            | {
+                f"{name}_tail": mean_of_present(point.get(logged) for point in tail)
+                for name, logged in TAIL_KEYS.items()
+            }
         )
     return tails
 
@@ -1041,7 +1046,7 @@ def outcome_association(
     across rules, not what causes it."""
     from scipy import stats
 
-    tail_of = {(t["method"], *_start(t)): t for t in tails}
+    tail_of = {(t["method"], *pairing_key(t)): t for t in tails}
     out: dict[str, dict[str, dict | None]] = {}
     for benchmark in sorted({r["benchmark"] for r in rows}):
         out[benchmark] = {}
@@ -1049,14 +1054,14 @@ def outcome_association(
             groups: dict[tuple, list[tuple[float, float]]] = {}
             copies_in: dict[tuple, int] = {}
             for r in rows:
-                t = tail_of.get((r["method"], *_start(r)))
+                t = tail_of.get((r["method"], *pairing_key(r)))
                 if r["benchmark"] != benchmark or t is None:
                     continue
                 x, y = t.get(f"{name}_tail"), r.get(f"mean_at_{k}")
                 if x is not None and y is not None and math.isfinite(x) and math.isfinite(y):
-                    pairs = groups.setdefault(_start(r), [])
+                    pairs = groups.setdefault(pairing_key(r), [])
                     if (x, y) in pairs:
-                        copies_in[_start(r)] = copies_in.get(_start(r), 0) + 1
+                        copies_in[pairing_key(r)] = copies_in.get(pairing_key(r), 0) + 1
                     else:
                         pairs.append((x, y))
             centred = []
@@ -1187,7 +1192,7 @@ def markdown_curve_tails(
         "|---|---|---|---|---|---|" + "---|" * len(pairs),
     ]
     for name, mine in units.items():
-        means = {q: _mean(r[f"{q}_tail"] for r in mine) for q in places}
+        means = {q: mean_of_present(r[f"{q}_tail"] for r in mine) for q in places}
         lines.append(
             f"| {name} | {len(mine)} | "
             + "".join("- | " if means[q] is None else f"{means[q]:.{places[q]}f} | " for q in places)
@@ -1238,12 +1243,12 @@ def grpo_minus_own_sft(rows: list[dict], k: int) -> dict[str, dict]:
     out = {}
     for benchmark in BENCHMARKS:
         mine = [r for r in rows if r["benchmark"] == benchmark]
-        sft = {_start(r): r[key] for r in mine if r["method"] == "sft"}
+        sft = {pairing_key(r): r[key] for r in mine if r["method"] == "sft"}
         grpo = [r for r in mine if r["method"] != "sft"]
         changes = [
-            {"run": display_name(r, labels), "seed": r["seed"], "change": r[key] - sft[_start(r)]}
+            {"run": display_name(r, labels), "seed": r["seed"], "change": r[key] - sft[pairing_key(r)]}
             for r in grpo
-            if _start(r) in sft
+            if pairing_key(r) in sft
         ]
         out[benchmark] = {
             "runs": len(changes),
@@ -1251,7 +1256,7 @@ def grpo_minus_own_sft(rows: list[dict], k: int) -> dict[str, dict]:
             "lowered": sum(c["change"] < 0 for c in changes),
             "unchanged": sum(c["change"] == 0 for c in changes),
             "unmatched": len(grpo) - len(changes),
-            "mean_change": _mean(c["change"] for c in changes),
+            "mean_change": mean_of_present(c["change"] for c in changes),
             "changes": sorted(changes, key=lambda c: c["change"]),
         }
     return out
@@ -1319,7 +1324,7 @@ def plot_curves(results: list[dict], runs: list[str], path: Path) -> None:
             continue
         steps = [c["step"] for c in curves[0]]
         for ax, (key, label) in zip(axes, keys):
-            ys = [_mean([cur[i].get(key) for cur in curves if i < len(cur)]) for i in range(len(steps))]
+            ys = [mean_of_present([cur[i].get(key) for cur in curves if i < len(cur)]) for i in range(len(steps))]
             ax.plot(steps, ys, label=run, lw=2.2 if run == "atr" else 1.2)
             ax.set_xlabel("step")
             ax.set_title(label)
@@ -1360,8 +1365,8 @@ def previous_outputs(
     differ = protocol_differences(before.get("settings", {}), settings)
     if differ:
         return [], [], f"earlier table in {out} not kept: its settings differ in {differ}"
-    rows = [r for r in before["rows"] if (r["method"], *_start(r)) not in fresh]
-    kept = {(r["method"], *_start(r)) for r in rows}
+    rows = [r for r in before["rows"] if (r["method"], *pairing_key(r)) not in fresh]
+    kept = {(r["method"], *pairing_key(r)) for r in rows}
     curves: dict[tuple[str, int, str | None], list[dict]] = {}
     if curves_path.exists():
         with curves_path.open(newline="") as f:
@@ -1641,7 +1646,7 @@ def main(argv=None) -> dict:
 
     invocation = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")  # when: rows of one machine
     results = []
-    with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn"), initializer=_worker_init) as pool:
+    with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn"), initializer=worker_init) as pool:
         seed_jobs = {}
         futures = [pool.submit(_sft_and_evaluate, s, settings, str(runs_dir)) for s in settings["seeds"]]
         for f in tqdm(as_completed(futures), total=len(futures), desc="SFT per seed"):

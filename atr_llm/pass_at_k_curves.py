@@ -128,7 +128,7 @@ def plot(rows: list[dict], runs: list[str], path: Path) -> None:
         for i, run in enumerate(runs):
             mine = [r for r in rows if r["run"] == run and r["benchmark"] == benchmark]
             ks = sorted({r["k"] for r in mine})
-            means = [cpu_table._mean(r["pass_at_k"] for r in mine if r["k"] == k) for k in ks]
+            means = [cpu_table.mean_of_present(r["pass_at_k"] for r in mine if r["k"] == k) for k in ks]
             style = dict(color="black", ls="--", lw=2.2) if run == "sft" else dict(color=colours(i % 20), lw=1.2)
             if run == "atr":
                 style["lw"] = 2.4
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(cpu_table.sampling_label(benchmark))
         for run in args.runs:
             means = [
-                cpu_table._mean(
+                cpu_table.mean_of_present(
                     r["pass_at_k"] for r in rows if r["run"] == run and r["benchmark"] == benchmark and r["k"] == k
                 )
                 for k in args.ks

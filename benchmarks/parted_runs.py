@@ -62,8 +62,8 @@ def parted_pair(
     mine = [{**r, "method": "run"} for r in run_rows if r["method"] == run]
     theirs = [{**r, "method": "reference"} for r in reference_rows if r["method"] == reference]
     benchmarks = sorted({r["benchmark"] for r in mine} & {r["benchmark"] for r in theirs})
-    value = {(r["method"], r["benchmark"], *cpu_table._start(r)): r[key] for r in mine + theirs}
-    passed = {(r["method"], r["benchmark"], *cpu_table._start(r)): r.get(f"pass_at_{k}") for r in mine + theirs}
+    value = {(r["method"], r["benchmark"], *cpu_table.pairing_key(r)): r[key] for r in mine + theirs}
+    passed = {(r["method"], r["benchmark"], *cpu_table.pairing_key(r)): r.get(f"pass_at_{k}") for r in mine + theirs}
     starts = []
     for (seed, model), parts_at in sorted(parted.items(), key=str):
         entry = {"seed": seed, "sft_model": model, "parts_at": parts_at}

@@ -122,7 +122,7 @@ def replay(run: str, seed: int, steps: int, runs_dir: Path, other: tuple[float, 
 
     check_replayable(run)
 
-    cpu_table._worker_init()  # one thread, as the driver's workers: the same floating-point reductions
+    cpu_table.worker_init()  # one thread, as the driver's workers: the same floating-point reductions
     original = methods.ratio_objective
     found: list[dict] = []
     calls = [0]

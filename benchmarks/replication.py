@@ -54,7 +54,7 @@ def replication_readout(
     key = f"mean_at_{k}"
     mine = [r for r in replication_rows if r["method"] in (run, reference)]
     theirs = [r for r in exploratory_rows if r["method"] in (run, reference)]
-    shared = {cpu_table._start(r) for r in mine} & {cpu_table._start(r) for r in theirs}
+    shared = {cpu_table.pairing_key(r) for r in mine} & {cpu_table.pairing_key(r) for r in theirs}
     shared_models = {r.get("sft_model") for r in mine} & {r.get("sft_model") for r in theirs} - {None}
     if shared or shared_models:
         raise ValueError(
@@ -68,7 +68,7 @@ def replication_readout(
         d = cpu_table.paired_difference(replication, run, reference, key)
         if d is None:
             raise ValueError(f"{b}: the replication has fewer than two starts where {run} and {reference} both ran")
-        value = {(r["method"], cpu_table._start(r)): r[key] for r in replication}
+        value = {(r["method"], cpu_table.pairing_key(r)): r[key] for r in replication}
         differences = [value[run, s] - value[reference, s] for m, s in value if m == run and (reference, s) in value]
         out["benchmarks"][b] = {
             "exploratory": cpu_table.paired_difference(exploratory, run, reference, key),
