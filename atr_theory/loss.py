@@ -16,12 +16,22 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+import numpy as np
 import torch
 
 from .divergence import kl3_from_log_ratio
 from .methods import FORMS, MethodResult, TokenBatch, resolve
 
-__all__ = ["policy_loss", "LossOutput", "AGGREGATIONS", "aggregate", "check_aggregation", "LOG_RATIO_CLAMP", "FORMS"]
+__all__ = [
+    "policy_loss",
+    "LossOutput",
+    "AGGREGATIONS",
+    "aggregate",
+    "check_aggregation",
+    "nearest_rank_quantiles",
+    "LOG_RATIO_CLAMP",
+    "FORMS",
+]
 
 RATIO_NOISE_TOL = 1e-4
 """``|log w|`` below this counts as "ratio 1 up to forward-pass noise" (metric ``frac_ratio_moved``): two float32
@@ -61,6 +71,27 @@ def aggregate(
     return AGGREGATIONS[check_aggregation(aggregation)](objective * m, mask.bool(), L)
 
 
+def nearest_rank_quantiles(
+    values: torch.Tensor, fractions: tuple[float, ...], *, selection: str = "auto"
+) -> list[float]:
+    """``sorted(values)[round(f (n - 1))]`` for each fraction ``f`` of a non-empty 1-D tensor (nearest rank, no
+    interpolation), found by selection rather than a sort: ``numpy.partition`` on CPU (``selection="auto"`` or
+    ``"partition"``; one call for every rank, ~5x faster than ``torch.sort`` at 1e5-1e6 values), ``torch.kthvalue``
+    on other devices (or ``selection="kthvalue"``). The same values as indexing the sorted tensor
+    (``tests/test_loss.py``); ``torch.quantile`` refuses more than 2^24 elements."""
+    n = values.numel()
+    if values.dim() != 1 or n == 0:
+        raise ValueError(f"nearest_rank_quantiles needs a non-empty 1-D tensor, got shape {tuple(values.shape)}")
+    if selection not in ("auto", "partition", "kthvalue"):
+        raise ValueError(f"selection must be 'auto', 'partition' or 'kthvalue', got {selection!r}")
+    ranks = [min(n - 1, max(0, round(f * (n - 1)))) for f in fractions]
+    values = values.detach()
+    if selection == "partition" or (selection == "auto" and values.device.type == "cpu"):
+        part = np.partition(values.cpu().numpy(), sorted(set(ranks)))
+        return [float(part[r]) for r in ranks]
+    return [float(torch.kthvalue(values, r + 1).values) for r in ranks]
+
+
 @dataclass
 class LossOutput:
     """Result of :func:`policy_loss`. ``metrics`` is computed on first access (no cost if unused)."""
@@ -96,8 +127,7 @@ class LossOutput:
             frac = lambda b: float((b & m).sum()) / n  # noqa: E731
             y = self.log_ratio[m].double()
             w = torch.exp(y)
-            ws = torch.sort(w).values  # (torch.quantile refuses more than 2^24 elements)
-            q = [float(ws[min(n - 1, max(0, round(f * (n - 1))))]) for f in (0.05, 0.5, 0.95)]
+            q = nearest_rank_quantiles(w, (0.05, 0.5, 0.95))
             out.update(
                 frac_kept=frac(self.result.kept),
                 frac_masked=1.0 - frac(self.result.kept),

@@ -815,3 +815,46 @@ def test_the_min_form_is_ppos_min_objective_and_the_dual_clip(seed, dtype, bound
     assert torch.equal(res.clipped_low, low) and torch.equal(res.clipped_high, high)
     assert torch.equal(res.kept, ~(low | high))
     assert bool(low.any()) and bool(((wd > upper) & (adv > 0)).any())  # both sides clip: the comparison means something
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.sampled_from([0.5, 0.9, 1.0, 1.0 + 1e-12, 1.3, 2.0, float("inf")]) | st.floats(0, 10), min_size=1),
+    st.lists(st.floats(0, 1), min_size=1, max_size=5),
+    st.sampled_from(["auto", "partition", "kthvalue"]),
+    st.sampled_from([torch.float64, torch.float32]),
+)
+def test_nearest_rank_quantiles_equal_the_sorted_tensor_at_the_rank(values, fractions, selection, dtype):
+    """Selection (numpy.partition / torch.kthvalue) picks the value a full sort puts at rank round(f (n - 1)), ties
+    and repeated fractions included -- the rule the metrics used before (``torch.sort`` then indexing)."""
+    from atr_theory.loss import nearest_rank_quantiles
+
+    t = torch.tensor(values, dtype=dtype)
+    n = t.numel()
+    ws = torch.sort(t).values
+    want = [float(ws[min(n - 1, max(0, round(f * (n - 1))))]) for f in fractions]
+    assert nearest_rank_quantiles(t, tuple(fractions), selection=selection) == want
+
+
+def test_nearest_rank_quantiles_refuse_what_has_no_rank():
+    from atr_theory.loss import nearest_rank_quantiles
+
+    with pytest.raises(ValueError, match=r"non-empty 1-D tensor, got shape \(0,\)"):
+        nearest_rank_quantiles(torch.zeros(0), (0.5,))
+    with pytest.raises(ValueError, match=r"got shape \(2, 2\)"):
+        nearest_rank_quantiles(torch.zeros(2, 2), (0.5,))
+    with pytest.raises(ValueError, match="'sort'"):
+        nearest_rank_quantiles(torch.zeros(3), (0.5,), selection="sort")
+
+
+def test_metrics_quantiles_are_the_nearest_ranks_of_the_valid_ratios():
+    """ratio_p05 / p50 / p95 of policy_loss's metrics on a batch large enough that a rank error would show."""
+    g = torch.Generator().manual_seed(4)
+    old = -torch.rand(16, 512, generator=g, dtype=torch.float64) * 3
+    logp = old + 0.2 * torch.randn(16, 512, generator=g, dtype=torch.float64)
+    mask = torch.rand(16, 512, generator=g) > 0.3
+    out = at.policy_loss(logp, old, torch.randn(16, generator=g, dtype=torch.float64), mask, method="atr")
+    w = torch.sort(torch.exp(logp - old)[mask]).values
+    n = w.numel()
+    for key, f in (("ratio_p05", 0.05), ("ratio_p50", 0.5), ("ratio_p95", 0.95)):
+        assert out.metrics[key] == float(w[round(f * (n - 1))])
