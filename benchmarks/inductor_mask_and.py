@@ -8,7 +8,10 @@ Each form is compiled alone (``fullgraph=True``) and timed on a (rows, cols) ten
 warm-up; every compiled form is checked equal to its eager value first. Re-run it after a torch upgrade: where the
 two forms cost the same, the helpers can go back to the operators.
 
-    python benchmarks/inductor_mask_and.py [--quick] [--out figures/inductor_mask_and.json]
+    python benchmarks/inductor_mask_and.py [--quick] [--device cuda] [--out figures/inductor_mask_and.json]
+
+On a GPU the same forms go through Triton: it checks that the ``where`` forms the helpers use while compiling cost
+no more there than the operators.
 """
 
 from __future__ import annotations
@@ -36,20 +39,24 @@ FORMS = {
 
 
 def median_seconds(fn, *args, repeats: int) -> float:
+    cuda = args[0].device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     fn(*args)
+    sync()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn(*args)
+        sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
-def measure(dtype: torch.dtype, rows: int, cols: int, repeats: int) -> dict:
+def measure(dtype: torch.dtype, rows: int, cols: int, repeats: int, device: str = "cpu") -> dict:
     """M elements/s of every form compiled, and of the eager ``and`` / ``where_and`` for reference."""
     g = torch.Generator().manual_seed(0)
-    x = (0.3 * torch.randn(rows, cols, generator=g, dtype=torch.float64)).to(dtype)
-    y = torch.randn(rows, cols, generator=g, dtype=torch.float64).to(dtype)
+    x = (0.3 * torch.randn(rows, cols, generator=g, dtype=torch.float64)).to(device, dtype)
+    y = torch.randn(rows, cols, generator=g, dtype=torch.float64).to(device, dtype)
     out = {}
     for name, fn in FORMS.items():
         torch._dynamo.reset()
@@ -65,10 +72,13 @@ def measure(dtype: torch.dtype, rows: int, cols: int, repeats: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default="figures/inductor_mask_and.json")
     args = ap.parse_args()
-    rows, cols, repeats = (64, 1000, 3) if args.quick else (1024, 1000, 25)
+    cuda = torch.device(args.device).type == "cuda"
+    rows, cols, repeats = (64, 1000, 3) if args.quick else ((16384 if cuda else 1024), 1000, 25)
     result = {
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "shape": [rows, cols],
@@ -76,7 +86,7 @@ def main() -> None:
         "forms": {name: inspect.getsource(fn).strip().rstrip(",") for name, fn in FORMS.items()},
     }
     for dtype in (torch.float64, torch.float32):
-        rates = measure(dtype, rows, cols, repeats)
+        rates = measure(dtype, rows, cols, repeats, args.device)
         result[str(dtype).removeprefix("torch.")] = rates
         print(str(dtype), "  ".join(f"{k} {v:,.0f}" for k, v in rates.items()), flush=True)
     f64 = result["float64"]
