@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from _timing import timeit
 
 from atr_theory import bandit
 
@@ -103,20 +103,6 @@ def loop_gradient(theta, theta_old, adv):
             i = (slice(n, n + 1), slice(s, s + 1))
             out[n, s] = autograd_gradient(theta[i], theta_old[i], adv[i])[0, 0] / S  # 1/S: the batched loss's d(s)
     return out
-
-
-def timeit(fn, *args, repeats=5, device="cpu", reduce=statistics.median):
-    """Median (or ``reduce``) of the seconds of ``fn(*args)`` after one warm-up call (synchronised on CUDA)."""
-    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
-    fn(*args)
-    sync()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn(*args)
-        sync()
-        ts.append(time.perf_counter() - t0)
-    return reduce(ts)
 
 
 def main():

@@ -19,11 +19,10 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import statistics
-import time
 from pathlib import Path
 
 import torch
+from _timing import timeit
 
 LO, HI = -0.39, 0.35
 
@@ -38,20 +37,6 @@ FORMS = {
 }
 
 
-def median_seconds(fn, *args, repeats: int) -> float:
-    cuda = args[0].device.type == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    fn(*args)
-    sync()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn(*args)
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def measure(dtype: torch.dtype, rows: int, cols: int, repeats: int, device: str = "cpu") -> dict:
     """M elements/s of every form compiled, and of the eager ``and`` / ``where_and`` for reference."""
     g = torch.Generator().manual_seed(0)
@@ -63,9 +48,9 @@ def measure(dtype: torch.dtype, rows: int, cols: int, repeats: int, device: str 
         compiled = torch.compile(fn, fullgraph=True, dynamic=False)
         if not torch.equal(compiled(x, y), fn(x, y)):
             raise AssertionError(f"compiled {name} differs from eager on {dtype}")
-        out[name] = rows * cols / median_seconds(compiled, x, y, repeats=repeats) / 1e6
+        out[name] = rows * cols / timeit(compiled, x, y, repeats=repeats, device=device) / 1e6
     for name in ("and", "where_and"):
-        out[f"eager_{name}"] = rows * cols / median_seconds(FORMS[name], x, y, repeats=repeats) / 1e6
+        out[f"eager_{name}"] = rows * cols / timeit(FORMS[name], x, y, repeats=repeats, device=device) / 1e6
     return out
 
 
