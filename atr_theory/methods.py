@@ -505,6 +505,11 @@ def _centred_cov(batch: TokenBatch, n_valid: torch.Tensor) -> torch.Tensor:
     return torch.sub(adv, adv.sum() / n_valid).mul_(logp - logp.sum() / n_valid)
 
 
+def _top_k_indices(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the ``k`` largest entries of the flat ``values``, largest first (``torch.topk``, sorted)."""
+    return torch.topk(values, k).indices
+
+
 def _no_clip(objective: torch.Tensor, batch: TokenBatch) -> MethodResult:
     return MethodResult(
         objective, lambda: (torch.ones_like(batch.mask), torch.zeros_like(batch.mask), torch.zeros_like(batch.mask))
@@ -749,7 +754,7 @@ def kl_cov(batch: TokenBatch, cov_ratio: float, kl_coef: float) -> MethodResult:
     # shape, n_valid <= B T) and penalise the first k of them (topk returns them in descending order)
     k_max = min(max(1, int(cov_ratio * y.numel())), y.numel())
     k = torch.clamp(torch.floor(cov_ratio * n_valid.to(torch.float64)), min=1.0)
-    top = torch.topk(cov, k_max).indices
+    top = _top_k_indices(cov, k_max)
     chosen = (torch.arange(k_max, device=y.device) < k) & batch.mask.reshape(-1)[top]
     # the penalty enters at the top k_max positions only (times 0 where not chosen): an index_put, not a select
     # over every token

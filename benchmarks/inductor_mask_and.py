@@ -59,9 +59,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default="figures/inductor_mask_and.json")
+    ap.add_argument("--rows", type=int, default=None, help="rows of 1,000 (default 1,024 CPU, 16,384 GPU)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed calls per form (default 25)")
     args = ap.parse_args()
     cuda = torch.device(args.device).type == "cuda"
     rows, cols, repeats = (64, 1000, 3) if args.quick else ((16384 if cuda else 1024), 1000, 25)
+    rows, repeats = args.rows or rows, args.repeats or repeats
     result = {
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__,

@@ -5,7 +5,9 @@ writes it, side by side in one process (interleaved, median of repeats), at seve
   * ``eager``: ``policy_loss`` as called by default (values validated);
   * ``nosync``: ``policy_loss(..., validate=False)`` (no host reads);
   * ``compiled``: ``torch.compile(fullgraph=True)`` of the ``validate=False`` call against the compiled
-    inline PPO-clip (clip_cov is not compilable in one graph and is left out).
+    inline PPO-clip (clip_cov is not compilable in one graph and is left out);
+  * ``compiled_cuda_graphs`` (``--modes``): the same with ``mode="reduce-overhead"`` on both sides (CUDA graphs
+    replayed, so kernel-launch overhead no longer dominates; on a CPU the same as ``compiled``).
 ``part1.<method>.ratio`` is the eager ratio at the largest size (the layout older runs wrote).
 Part 2 (memory): the full-distribution methods (tr_ppo, truly_ppo) through ``head_kl_chunked`` (hidden
 states + LM head, one chunk of V at a time) against the (B, T, V) log-softmax path, at several B x T and V,
@@ -16,6 +18,7 @@ forward + backward, each case in a fresh process (CPU: growth of peak RSS; CUDA:
     python benchmarks/loss_overhead.py --time-only --compiled --out figures/loss_overhead_time.json  # + compiled
     python benchmarks/loss_overhead.py --device cuda --out figures/loss_overhead_cuda.json
     python benchmarks/loss_overhead.py --device cuda --time-only --compiled --methods trgppo kl_cov atr clip
+    python benchmarks/loss_overhead.py --device cuda --time-only --modes compiled  # the compiled mode alone
 
 Parity, beside every timed row (no timing of its own): ``compiled`` rows carry the compiled call's loss and
 gradient against the eager ``validate=False`` call on the same device (``max_abs_loss_diff``,
@@ -88,6 +91,10 @@ def side_by_side(fn, peer, logp0, repeats):
     return statistics.median(ours), statistics.median(theirs), paired
 
 
+# torch.compile's mode for each compiled mode of part 1: "compiled_cuda_graphs" replays CUDA graphs (launch overhead
+# removed; the same as "compiled" on a CPU)
+COMPILE_MODES = {"compiled": "default", "compiled_cuda_graphs": "reduce-overhead"}
+
 PER_TOKEN = [n for n in at.method_names(aliases=False) if not at.METHODS[n].needs_full_distributions]
 
 
@@ -136,31 +143,33 @@ def part1(sizes, repeats, device="cpu", modes=("eager", "nosync", "compiled"), m
     out: dict = {mode: {} for mode in modes}
     on_gpu = torch.device(device).type == "cuda"
     for B, T in sizes:
-        here = [m for m in modes if m != "compiled" or (B, T) == tuple(sizes[-1])]
+        here = [m for m in modes if m not in COMPILE_MODES or (B, T) == tuple(sizes[-1])]
         logp0, old, adv, mask = make_inputs(B, T, device=device)
         cpu_inputs = make_inputs(B, T, device="cpu") if on_gpu else None
         maskf = mask.float()
         peer = lambda lp: inline_ppo_clip(lp, old, adv, maskf)  # noqa: E731
-        compiled_peer = torch.compile(inline_ppo_clip, fullgraph=True) if "compiled" in here else None
         for mode in here:
+            if mode in COMPILE_MODES:
+                torch._dynamo.reset()
+                compiled_peer = torch.compile(inline_ppo_clip, fullgraph=True, mode=COMPILE_MODES[mode])
             for name in methods:
-                if mode == "compiled" and name == "clip_cov":
+                if mode in COMPILE_MODES and name == "clip_cov":
                     continue
                 validate = mode == "eager"
 
                 def call(lp, name=name, validate=validate):
                     return at.policy_loss(lp, old, adv, mask, method=name, validate=validate).loss
 
-                if mode == "compiled":
+                if mode in COMPILE_MODES:
                     torch._dynamo.reset()
-                    fn = torch.compile(call, fullgraph=True)
+                    fn = torch.compile(call, fullgraph=True, mode=COMPILE_MODES[mode])
                     their = lambda lp: compiled_peer(lp, old, adv, maskf)  # noqa: E731
                 else:
                     fn, their = call, peer
                 m_ours, m_peer, paired = side_by_side(fn, their, logp0, repeats)
                 row = {"B": B, "T": T, "ms": 1e3 * m_ours, "peer_ms": 1e3 * m_peer, "ratio": m_ours / m_peer}
                 row["paired_ratio"] = paired
-                if mode == "compiled":
+                if mode in COMPILE_MODES:
                     row.update(loss_and_grad_difference(fn, lambda lp, name=name: call(lp, name, False), logp0))
                 elif mode == "eager" and on_gpu:
                     lp_cpu, old_cpu, adv_cpu, mask_cpu = cpu_inputs
@@ -288,7 +297,7 @@ def part1_result(r1: dict, sizes, repeats: int, device: str) -> dict:
         "threads": torch.get_num_threads(),
         "repeats": repeats,
         "sizes": {"part1": [list(s) for s in sizes]},
-        "part1": {name: rows[-1] for name, rows in r1["eager"].items()},
+        "part1": {name: rows[-1] for name, rows in r1.get("eager", {}).items()},
         "part1_by_mode": r1,
     }
 
@@ -312,6 +321,13 @@ def main():
     ap.add_argument(
         "--methods", nargs="+", default=None, help="per-token methods of part 1, in this order (default all)"
     )
+    ap.add_argument(
+        "--modes",
+        nargs="+",
+        choices=("eager", "nosync", *COMPILE_MODES),
+        default=None,
+        help="with --time-only: the modes of part 1 (default eager and nosync, plus compiled with --compiled)",
+    )
     args = ap.parse_args()
     methods = resolve_methods(args.methods)
     if args.threads:
@@ -321,6 +337,7 @@ def main():
     if args.time_only:
         sizes, repeats = [(64, 4096)], args.repeats or 50
         modes = ("eager", "nosync", "compiled") if args.compiled else ("eager", "nosync")
+        modes = tuple(args.modes) if args.modes else modes
 
         def save(r1):
             out.write_text(json.dumps(part1_result(r1, sizes, repeats, args.device), indent=2))

@@ -577,3 +577,64 @@ def test_inductor_mask_benchmark_checks_every_form_and_writes_its_rates(tmp_path
         assert all(v > 0 for v in res[dtype].values())
     assert set(res["float64_where_over_operator"]) == {"and", "or", "and_not"}
     assert "torch.where(x >= LO, x <= HI, False)" in res["forms"]["where_and"]
+
+
+def _benchmark_module(name: str):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+@pytest.mark.parametrize("n, k", [(1000, 2), (4096, 8), (5000, 37), (257, 257)])
+def test_kl_cov_topk_candidate_selections_return_topks_values_in_order(n, k):
+    """Every selection kl_cov_topk.py swaps into the loss returns k distinct indices whose values are torch.topk's,
+    largest first, ties included (values on a coarse grid); sizes that are no multiple of the row width pad. A
+    row-wise selection that forgot its row offsets, or a sort in the wrong direction, fails."""
+    import torch
+
+    kt = _benchmark_module("kl_cov_topk")
+    values = torch.randint(-50, 50, (n,), generator=torch.Generator().manual_seed(n)).double() / 7
+    for name, select in kt.variants(n, 512).items():
+        idx = select(values, k)
+        assert idx.shape == (k,) and len(set(idx.tolist())) == k, name
+        assert torch.equal(values[idx], torch.topk(values, k).values), name
+
+
+@pytest.mark.slow
+def test_kl_cov_topk_probe_swaps_each_selection_into_the_compiled_loss(tmp_path):
+    """``--quick``: each selection compiled into KL-Cov gives the eager loss's gradient (the loss's own selection to
+    rounding; the others up to ties at the k-th covariance, which the quick inputs have) and the JSON carries the eager selection times and the profile (no timing is asserted)."""
+    out = tmp_path / "klcov.json"
+    script = ROOT / "benchmarks" / "kl_cov_topk.py"
+    subprocess.run([sys.executable, str(script), "--quick", "--out", str(out)], check=True, capture_output=True)
+    res = json.loads(out.read_text())
+    kt = _benchmark_module("kl_cov_topk")
+    assert set(res["compiled_loss"]) == set(kt.variants(16 * 1024, 1024))
+    assert (
+        res["compiled_loss"]["flat_sorted"]["max_abs_grad_diff"]
+        <= 1e-6 * res["compiled_loss"]["flat_sorted"]["max_abs_grad"]
+    )
+    # the quick inputs tie at the k-th covariance (log-probs clamped at 0): another selection may penalise another
+    # token of that value, never more tokens than the tie holds, twice
+    for row in res["compiled_loss"].values():
+        allowed = 0 if res["ties_at_kth"] == 1 else 2 * res["ties_at_kth"]
+        assert row["tokens_grad_differs"] <= allowed
+    assert all(r["same"] for size in res["selection_eager_ms"].values() for r in size.values())
+    assert "aten::topk" in res["profile_compiled_flat_sorted"]
+
+
+@pytest.mark.slow
+def test_loss_overhead_modes_option_times_only_the_modes_named(tmp_path):
+    """``--time-only --modes compiled_cuda_graphs`` (on a CPU the same compile as ``compiled``): rows of that mode
+    only, each with its parity against the eager call; ``part1`` (the eager rows) is then empty."""
+    out = tmp_path / "g.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "loss_overhead.py"), "--time-only", "--repeats", "1"]
+    cmd += ["--threads", "1", "--modes", "compiled_cuda_graphs", "--methods", "clip", "kl_cov", "--out", str(out)]
+    subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT)
+    result = json.loads(out.read_text())
+    assert set(result["part1_by_mode"]) == {"compiled_cuda_graphs"} and result["part1"] == {}
+    rows = result["part1_by_mode"]["compiled_cuda_graphs"]
+    assert set(rows) == {"clip", "kl_cov"}
+    assert all(r[0]["tokens_grad_differs"] == 0 and r[0]["ratio"] > 0 for r in rows.values())
