@@ -410,11 +410,38 @@ def _send_output_to(path: Path) -> None:
         os.dup2(log.fileno(), 2)
 
 
+# glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+
+
+def keep_freed_memory(mmap_threshold: int = 256 << 20, trim_threshold: int = 1 << 30, top_pad: int = 256 << 20) -> bool:
+    """Make glibc's allocator keep freed memory for re-use: blocks below ``mmap_threshold`` come from the heap, and
+    up to ``trim_threshold`` of freed heap stays mapped (``mallopt(M_MMAP_THRESHOLD / M_TRIM_THRESHOLD /
+    M_TOP_PAD)``, as the ``MALLOC_*_`` environment variables would set them at start-up).
+
+    By default glibc maps blocks above its (adaptive, at most 32 MiB) threshold afresh and returns freed heap above a
+    small threshold, so every step's few-MiB tensors (TRL's log-prob tiles, the attention's buffers) fault their
+    pages in again. Allocation only: the numbers are unchanged (a GRPO run of the table's setting gave the same
+    weights either way). Measured on this 2-core machine, two processes side by side, 100 steps of cpu-table.yaml:
+    6.5-9.5% less time (three pairs). Returns False, changing nothing, where the C library has no ``mallopt``."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    settings = ((_M_MMAP_THRESHOLD, mmap_threshold), (_M_TRIM_THRESHOLD, trim_threshold), (_M_TOP_PAD, top_pad))
+    return all(mallopt(param, int(value)) == 1 for param, value in settings)
+
+
 def worker_init() -> None:
-    """Initialiser of the driver's worker processes (and of scripts that must reduce like them): one torch thread."""
+    """Initialiser of the driver's worker processes (and of scripts that must reduce like them): one torch thread,
+    and freed memory kept for re-use (:func:`keep_freed_memory`; allocation only, the same numbers)."""
     import torch
 
     torch.set_num_threads(1)  # one core per worker: the tiny model is launch-bound, two workers beat two threads
+    keep_freed_memory()
 
 
 def _seed_job(seed: int, settings: dict, runs_dir: Path) -> dict:
