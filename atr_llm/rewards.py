@@ -4,7 +4,9 @@ Gold answers are parsed as ``$gold$``; the completion's last ``\\boxed{}`` (or a
 extracted. math-verify enforces its timeouts with SIGALRM, which works only on the main thread: on the
 main thread we use them; elsewhere (a trainer's worker thread) the grading runs in a one-process pool
 whose worker grades on its own main thread, and a result that does not arrive in time is graded wrong.
-A reward call never raises: unparsable output, timeouts and errors score 0 and are counted.
+A reward call never raises: unparsable output, timeouts and errors score 0 and are counted. Completions in the
+arithmetic tasks' own format (steps, then ``\\boxed{integer}``) against an integer gold are graded without
+math-verify, with its result (:func:`boxed_integer_grade`).
 
 Truncated completions (cut at ``max_completion_length``: no eos among their token ids) can be given a fixed
 reward instead of a grade (``truncated_reward``): DAPO's overlong punishment in its simplest form (Yu et al.,
@@ -18,6 +20,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import re
 import threading
 from collections import Counter
 from collections.abc import Iterable
@@ -47,8 +50,34 @@ def parsed_gold(gold: str, timeout_seconds: int | None) -> list:
     return parse(f"${gold}$", parsing_timeout=timeout_seconds)
 
 
+# steps over digits, spaces, "+ - =" and newlines, then one \boxed{integer} ending the text (the arithmetic tasks' format)
+_STEPS_THEN_BOXED_INTEGER = re.compile(r"[0-9 +\-=\n]*\\boxed\{(-?[0-9]{1,100})\}")
+_INTEGER = re.compile(r"-?[0-9]{1,100}")
+
+
+def boxed_integer_grade(completion: str, gold: str) -> tuple[str, str] | None:
+    """``(status, extracted)`` without math-verify for a completion made of arithmetic steps (digits, spaces,
+    ``+ - =``, newlines) ending in one ``\\boxed{n}``, ``n`` an optionally negative run of digits, against an
+    integer gold: ``correct`` iff the two integers are equal, ``n`` extracted as written. That is what math-verify
+    returns for every such pair (property test against it; and on the 2.6 M graded samples of the CPU table's
+    evaluations: ``benchmarks/grading_fast_path.py``), at a few microseconds instead of ~1 ms. ``None`` for any
+    other pair, which math-verify grades."""
+    match = _STEPS_THEN_BOXED_INTEGER.fullmatch(completion)
+    if match is None or _INTEGER.fullmatch(gold) is None:
+        return None
+    return ("correct" if int(match.group(1)) == int(gold) else "wrong"), match.group(1)
+
+
 def grade_with_answer(completion: str, gold: str, timeout_seconds: int | None = 5) -> tuple[str, str | None]:
-    """``(status, extracted answer)``; status is one of :data:`STATUSES`. Main thread only when timeouts are set."""
+    """``(status, extracted answer)``; status is one of :data:`STATUSES`: :func:`boxed_integer_grade` where it
+    applies, else :func:`math_verify_grade`. Main thread only when timeouts are set."""
+    fast = boxed_integer_grade(completion, gold)
+    return fast if fast is not None else math_verify_grade(completion, gold, timeout_seconds)
+
+
+def math_verify_grade(completion: str, gold: str, timeout_seconds: int | None = 5) -> tuple[str, str | None]:
+    """``(status, extracted answer)`` by math-verify: the completion's last ``\\boxed{}`` first, else a plain
+    expression, against ``$gold$``. Main thread only when timeouts are set."""
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
     from math_verify.errors import TimeoutException
 
@@ -93,7 +122,12 @@ def grade_many(
     ``future_timeout`` (default ``10 * timeout_seconds + 30`` s) counts as ``timeout``; its worker is killed."""
     if not pairs:
         return []
-    distinct = list(dict.fromkeys(pairs))  # equal pairs are graded once (GRPO's groups and Mean@k repeat texts)
+    # equal pairs are graded once (GRPO's groups and Mean@k repeat texts); the ones boxed_integer_grade settles are
+    # not sent to a worker
+    by_pair = {p: boxed_integer_grade(*p) for p in dict.fromkeys(pairs)} if grader is _grade_one else {}
+    distinct = [p for p in dict.fromkeys(pairs) if by_pair.get(p) is None]
+    if not distinct:
+        return [by_pair[p] for p in pairs]
     results = []
     wait = 10 * timeout_seconds + 30 if future_timeout is None else future_timeout
     pool = ProcessPoolExecutor(max_workers=workers)
@@ -110,7 +144,7 @@ def grade_many(
         for proc in list(getattr(pool, "_processes", {}).values()):  # a stuck grader must not hang the run
             proc.kill()
         pool.shutdown(wait=False, cancel_futures=True)
-    by_pair = dict(zip(distinct, results))
+    by_pair.update(zip(distinct, results))
     return [by_pair[p] for p in pairs]
 
 

@@ -7,6 +7,8 @@ import warnings
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 trl = pytest.importorskip("trl")
@@ -592,6 +594,56 @@ def test_reward_cache_gives_math_verifys_grades_and_grades_each_distinct_pair_on
     for bad in (-1, 1.5, True, None):
         with pytest.raises(ValueError, match="cache_size must be a non-negative int"):
             rewards.CorrectnessReward(cache_size=bad)
+
+
+_STEP_TEXT = st.text(alphabet="0123456789 +-=\n", max_size=40)
+_DIGITS = st.text(alphabet="0123456789", min_size=1, max_size=25)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    steps=_STEP_TEXT,
+    boxed=st.tuples(st.booleans(), _DIGITS).map(lambda t: ("-" if t[0] else "") + t[1]),
+    gold=st.one_of(
+        st.integers(-(10**20), 10**20).map(str),
+        st.tuples(st.booleans(), _DIGITS).map(lambda t: ("-" if t[0] else "") + t[1]),
+    ),
+    same=st.booleans(),
+)
+def test_boxed_integer_fast_path_gives_math_verifys_grade_on_its_whole_domain(steps, boxed, gold, same):
+    """Oracle: math-verify (``math_verify_grade``). Every completion of the fast path's domain -- any text over digits,
+    spaces, ``+ - =`` and newlines, then ``\\boxed{n}`` -- gets math-verify's (status, extracted), equal integers
+    written differently included (leading zeros, ``-0``); a fast path comparing strings, or extracting ``int(n)``,
+    fails."""
+    if same:
+        gold = str(int(boxed))
+    completion = steps + "\\boxed{" + boxed + "}"
+    fast = rewards.boxed_integer_grade(completion, gold)
+    assert fast is not None
+    assert fast == rewards.math_verify_grade(completion, gold)
+
+
+@pytest.mark.parametrize(
+    "completion, gold",
+    [
+        ("x = 5\n\\boxed{5}", "5"),  # a letter before the box
+        ("\\boxed{5} ", "5"),  # text after it
+        ("\\boxed{5}}", "5"),
+        ("\\boxed{+5}", "5"),
+        ("\\boxed{5.0}", "5"),
+        ("\\boxed{5}", "5.0"),  # a gold that is not an integer
+        ("$5$ \\boxed{5}", "5"),
+        ("\\boxed{1}\n\\boxed{2}", "2"),
+        ("5 + 2 = 7", "7"),  # no box
+    ],
+)
+def test_boxed_integer_fast_path_leaves_every_other_pair_to_math_verify(completion, gold, monkeypatch):
+    """Outside its domain the fast path answers None and ``grade_with_answer`` is math-verify's grade."""
+    assert rewards.boxed_integer_grade(completion, gold) is None
+    calls = []
+    real = rewards.math_verify_grade
+    monkeypatch.setattr(rewards, "math_verify_grade", lambda c, g, t=5: calls.append(c) or real(c, g, t))
+    assert rewards.grade_with_answer(completion, gold) == real(completion, gold) and calls == [completion]
 
 
 def test_truncated_reward_scores_completions_cut_at_the_cap_and_counts_them():
