@@ -638,3 +638,34 @@ def test_loss_overhead_modes_option_times_only_the_modes_named(tmp_path):
     rows = result["part1_by_mode"]["compiled_cuda_graphs"]
     assert set(rows) == {"clip", "kl_cov"}
     assert all(r[0]["tokens_grad_differs"] == 0 and r[0]["ratio"] > 0 for r in rows.values())
+
+
+def test_grading_fast_path_check_counts_a_wrong_stored_verdict(tmp_path):
+    """``grading_fast_path.py`` over a runs directory of two sample files: every fast-path pair agreeing with its
+    stored math-verify verdict counts 0 mismatches; one stored verdict flipped counts 1, and a completion outside the
+    fast path's format is left out of the coverage."""
+    gfp = _benchmark_module("grading_fast_path")
+    golds = gfp.test_golds()
+    rows = [
+        {"problem_id": 0, "completion": f"1 + 1 = 2\n\\boxed{{{golds[0]}}}", "status": "correct"},
+        {"problem_id": 1, "completion": f"\\boxed{{{int(golds[1]) + 1}}}", "status": "wrong"},
+        {"problem_id": 2, "completion": "no box", "status": "unparsable"},
+    ]
+    for row in rows:
+        row["extracted_answer"] = None if row["status"] == "unparsable" else row["completion"].split("{")[1][:-1]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "samples.jsonl").write_text("\n".join(json.dumps(r) for r in rows[:2]) + "\n")
+    flipped = dict(rows[1], status="correct")
+    (tmp_path / "samples.jsonl").write_text(json.dumps(rows[2]) + "\n")
+    out = tmp_path / "g.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "grading_fast_path.py"), "--runs-dir", str(tmp_path)]
+    subprocess.run([*cmd, "--out", str(out)], check=True, capture_output=True, cwd=ROOT)
+    res = json.loads(out.read_text())
+    assert (res["samples"], res["fast_path_samples"], res["mismatches_against_stored"]) == (3, 2, 0)
+    assert res["timed_mismatches_against_live_math_verify"] == 0
+    (tmp_path / "samples.jsonl").write_text(json.dumps(flipped) + "\n")
+    subprocess.run([*cmd, "--out", str(out)], check=True, capture_output=True, cwd=ROOT)
+    res = json.loads(out.read_text())
+    # the flipped copy of the pair sits beside its true one: two stored verdicts, one of them the fast path's
+    assert res["mismatches_against_stored"] == 1
+    assert ["correct", rows[1]["extracted_answer"]] in res["mismatch_examples"][0]["stored"]
