@@ -6,6 +6,7 @@ PyTorch but no package index. Versions are the set unsloth 2026.10.9 pins (``ci/
     python benchmarks/gpu_wheels.py --download .whl # fetch them (no dependencies resolved: the list is complete)
     # on the GPU machine:
     pip install --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
+    python benchmarks/gpu_wheels.py --table --download .whl-table  # for python -m atr_llm.cpu_table --device cuda
 
 ``--slim`` repacks the unsloth wheel without its ``studio/`` web app and CLI (88 MB of its 2,257 files,
 none imported by training) and bitsandbytes with its CUDA 13 libraries only, for transfers with a size limit.
@@ -34,14 +35,27 @@ WHEELS = [
 ]
 # unsloth also lists xformers, torchao, tyro, msgspec, diffusers, hf_transfer: each is imported
 # inside a try (or only for 4-bit / vLLM / QAT / the CLI), and a bf16 LoRA run without them was checked to work.
+# ``--table``: what ``python -m atr_llm.cpu_table --device cuda`` (and ``python -m atr_llm.train`` with TRL's own
+# trainer) needs on that image instead: the versions this package's CPU environment runs, all pure Python. The H100
+# throughput of the table's setting (figures/gpu_table_throughput_h100.json) and the driver's --quick run on an H200
+# (figures/cpu_table_quick_cuda_h200/) ran with exactly these.
+TABLE_WHEELS = [
+    ("trl==1.16.0", "GRPOTrainer, as on the CPU"),
+    ("datasets==5.2.0", "trl's data pipeline"),
+    ("dill==0.4.1", "datasets"),
+    ("multiprocess==0.70.19", "datasets"),
+    ("math-verify==0.9.0", "the correctness reward (answers outside the integer fast path)"),
+    ("latex2sympy2_extended==1.11.0", "math-verify's LaTeX parser"),
+    ("antlr4-python3-runtime==4.13.2", "latex2sympy2_extended"),
+]
 COMPILED = {"bitsandbytes"}  # platform wheels: fetched for manylinux x86-64
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
 
 
-def download(dest: Path) -> None:
-    """``pip download --no-deps`` each wheel for CPython 3.12 x86-64 into ``dest``."""
+def download(dest: Path, wheels=WHEELS) -> None:
+    """``pip download --no-deps`` each of ``wheels`` for CPython 3.12 x86-64 into ``dest``."""
     dest.mkdir(parents=True, exist_ok=True)
-    for req, _ in WHEELS:
+    for req, _ in wheels:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest), req]
         cmd += ["--python-version", "3.12", "--implementation", "cp"]
         for plat in PLATFORMS if req.split("==")[0] in COMPILED else []:
@@ -73,12 +87,18 @@ def main(argv=None) -> None:
     ap.add_argument(
         "--slim", action="store_true", help="drop unsloth's studio web app and the CUDA < 13 libraries of bitsandbytes"
     )
+    ap.add_argument(
+        "--table",
+        action="store_true",
+        help="the wheels of the CPU table's driver on a GPU (python -m atr_llm.cpu_table)",
+    )
     args = ap.parse_args(argv)
-    for req, why in WHEELS:
-        print(f"{req:28s} {why}")
+    wheels = TABLE_WHEELS if args.table else WHEELS
+    for req, why in wheels:
+        print(f"{req:32s} {why}")
     if args.download:
-        download(Path(args.download))
-        if args.slim:
+        download(Path(args.download), wheels)
+        if args.slim and not args.table:
             slim(Path(args.download))
 
 

