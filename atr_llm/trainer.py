@@ -395,6 +395,8 @@ class ATRLossMixin:
         old_per_token_logps = inputs.get("old_per_token_logps")
         if old_per_token_logps is None:
             old_per_token_logps = per_token_logps.detach()
+            if getattr(self, "_old_logps_at_first_use", False):  # kept for the batch's later iterations
+                inputs["old_per_token_logps"] = old_per_token_logps
 
         token_weights = None
         if self.use_vllm and self.vllm_importance_sampling_correction:
@@ -490,5 +492,47 @@ class ExactResumeMixin:
         return sampler
 
 
+def old_logps_from_first_use(args, *, beta: float, use_vllm: bool, needs_full_distributions: bool) -> bool:
+    """Whether pi_old's log-probs can be taken from each generated batch's first loss forward instead of TRL's extra
+    no-grad forward at generation time: every chunk of a generation batch is first used before the optimizer steps
+    (``steps_per_generation == gradient_accumulation_steps``, so the policy is still the one that generated it), no
+    reference model or adapter-disabled forward shares that call (``beta == 0``), no vLLM importance sampling (which
+    needs them at generation) and no full-distribution method (which keys its snapshot of pi_old on them)."""
+    return (
+        beta == 0.0
+        and not use_vllm
+        and not needs_full_distributions
+        and args.steps_per_generation == args.gradient_accumulation_steps
+    )
+
+
 class ATRGRPOTrainer(ExactResumeMixin, ATRLossMixin, GRPOTrainer):
-    """GRPOTrainer whose loss is ``atr_theory.policy_loss(method=args.method, ...)``."""
+    """GRPOTrainer whose loss is ``atr_theory.policy_loss(method=args.method, ...)``.
+
+    Where :func:`old_logps_from_first_use` allows, TRL's no-grad forward for the old log-probs at generation time
+    is skipped and each batch's first loss forward supplies them (detached, kept in the batch for its later
+    iterations): the policy has not changed in between, so they are the same numbers (on this CPU bit for bit:
+    the same weights after training, test), one forward pass per generation fewer (~9% of a cpu-table step).
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._old_logps_at_first_use = old_logps_from_first_use(
+            self.args,
+            beta=self.beta,
+            use_vllm=self.use_vllm,
+            needs_full_distributions=self.method_spec.needs_full_distributions,
+        )
+        self._generating = False
+
+    def _generate_and_score_completions(self, inputs):
+        self._generating = True
+        try:
+            return super()._generate_and_score_completions(inputs)
+        finally:
+            self._generating = False
+
+    def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
+        if self._generating and self._old_logps_at_first_use and not torch.is_grad_enabled():
+            return None, None, None  # pi_old's log-probs: from the batch's first use (_compute_loss)
+        return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)

@@ -245,6 +245,71 @@ def test_training_without_gradient_checkpointing_gives_the_same_bits_as_with_it(
         assert training_args.gradient_checkpointing is False, config
 
 
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_old_logps_from_the_first_use_give_the_same_bits_as_trls_extra_forward(
+    tmp_path, tok, monkeypatch, accumulation
+):
+    """Oracle: TRL's own path, a no-grad forward for pi_old's log-probs at generation time. Taking them from each
+    batch's first loss forward instead (kept for its second iteration) must give the same weights after 4 steps
+    (num_iterations = 2, so the second iteration's ratios are not 1: forgetting to keep them changes the weights),
+    with one no-grad forward per generation fewer."""
+    import atr_llm.trainer as trainer_module
+
+    def length_reward(completions, **kw):
+        return [float(len(str(c)) % 3) for c in completions]
+
+    real_forward = trainer_module.ATRLossMixin._get_per_token_logps_and_entropies
+    weights, no_grad_forwards = {}, {}
+    for reuse in (False, True):
+        counted = []
+
+        def counting(self, *a, **kw):
+            counted.append(torch.is_grad_enabled())
+            return real_forward(self, *a, **kw)
+
+        monkeypatch.setattr(trainer_module.ATRLossMixin, "_get_per_token_logps_and_entropies", counting)
+        monkeypatch.setattr(trainer_module, "old_logps_from_first_use", lambda *a, reuse=reuse, **kw: reuse)
+        cfg = ATRGRPOConfig(
+            method="clip",
+            gradient_accumulation_steps=accumulation,
+            **_common(
+                tmp_path / str(reuse), max_steps=4, learning_rate=3e-3, per_device_train_batch_size=8 // accumulation
+            ),
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer = ATRGRPOTrainer(
+                model=tiny.build_tiny_model(tok),
+                reward_funcs=[length_reward],
+                args=cfg,
+                train_dataset=data.to_grpo_dataset(data.arithmetic_dataset(64)),
+                processing_class=tok,
+            )
+            trainer.train()
+        assert trainer._old_logps_at_first_use is reuse
+        weights[reuse] = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+        no_grad_forwards[reuse] = counted.count(False)
+    start = tiny.build_tiny_model(tok).state_dict()
+    assert any(not torch.equal(weights[True][k], start[k]) for k in start)  # it trained
+    assert all(torch.equal(weights[True][k], weights[False][k]) for k in start)
+    assert no_grad_forwards[True] == 0 and no_grad_forwards[False] == 2  # 4 steps = 2 generations
+
+
+def test_old_logps_are_taken_from_the_first_use_only_where_the_policy_has_not_moved(tmp_path):
+    from types import SimpleNamespace
+
+    from atr_llm.trainer import old_logps_from_first_use
+
+    aligned = SimpleNamespace(steps_per_generation=4, gradient_accumulation_steps=4)
+    ok = dict(beta=0.0, use_vllm=False, needs_full_distributions=False)
+    assert old_logps_from_first_use(aligned, **ok)
+    assert not old_logps_from_first_use(SimpleNamespace(steps_per_generation=8, gradient_accumulation_steps=4), **ok)
+    for key, value in (("beta", 0.04), ("use_vllm", True), ("needs_full_distributions", True)):
+        assert not old_logps_from_first_use(aligned, **{**ok, key: value}), key
+    cfg = ATRGRPOConfig(**_common(tmp_path, gradient_accumulation_steps=2))
+    assert cfg.steps_per_generation == cfg.gradient_accumulation_steps  # TRL's default: the trainer's case
+
+
 @pytest.mark.parametrize("method", at.method_names(aliases=False))
 def test_every_method_trains_a_few_steps_on_the_tiny_model(tmp_path, tok, method):
     model = tiny.build_tiny_model(tok)
