@@ -862,10 +862,10 @@ import resource, sys, torch
 if sys.argv[1] == "keep":
     from atr_llm.cpu_table import keep_freed_memory
     assert keep_freed_memory()
-torch.ones(1).sum()
+torch.ones(10_020_000).add_(1.0)  # warm-up: the largest block, written once and freed
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for i in range(20):
-    x = torch.ones(10_000_000 + 1000 * i)  # ~40 MiB, above glibc's adaptive mmap threshold (at most 32 MiB)
+    x = torch.ones(10_020_000 - 1000 * i)  # ~40 MiB, above glibc's adaptive mmap threshold (at most 32 MiB)
     x.add_(1.0)
     del x
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
@@ -874,9 +874,9 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt and the kernel's fault counter")
 def test_keep_freed_memory_stops_freed_tensors_faulting_their_pages_in_again():
-    """The kernel's count of minor page faults (an oracle we did not write): 20 tensors of ~40 MiB allocated, written
-    and freed one after the other fault every page in each time by default (~10,000 per tensor), and about once in
-    all after ``keep_freed_memory`` (the freed block is re-used)."""
+    """The kernel's count of minor page faults (an oracle we did not write): after one warm-up block, 20 tensors of
+    ~40 MiB (none larger) allocated, written and freed one after the other fault every page in each time by default
+    (~10,000 per tensor), and hardly at all after ``keep_freed_memory`` (the freed block is re-used)."""
     # torch's own huge-page path (THP_MEM_ALLOC_ENABLE, which `import atr_llm` turns on) off in both: with it the
     # kernel's counts vary 6x between identical runs; the speed-up was measured with it on
     env = {**os.environ, "THP_MEM_ALLOC_ENABLE": "0"}
@@ -886,7 +886,9 @@ def test_keep_freed_memory_stops_freed_tensors_faulting_their_pages_in_again():
             [sys.executable, "-c", _FAULTS_SCRIPT, mode], capture_output=True, text=True, check=True, cwd=ROOT, env=env
         )
         counts[mode] = int(out.stdout.split()[-1])
-    assert counts["default"] > 19 * 9_000 and counts["keep"] < counts["default"] / 20, counts
+    # with it, a small object allocated into the freed block can push one tensor past it (measured: 0 or ~9,800 in
+    # repeated runs, one block's pages): allowed up to ~4 blocks, still 5x fewer than without
+    assert counts["default"] > 19 * 9_000 and counts["keep"] < counts["default"] / 5, counts
 
 
 def test_keep_freed_memory_changes_nothing_without_mallopt(monkeypatch):
