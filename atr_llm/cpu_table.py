@@ -211,6 +211,14 @@ def weights_id(model_dir: Path | str) -> str:
     return digest.hexdigest()[:16]
 
 
+def evaluation_problems(test_problems: int, task: str = TASK):
+    """The first ``test_problems`` problems of ``task``'s test split, seed 12345: the problems every evaluation of
+    the table grades (their row index is the ``problem_id`` of the samples it writes)."""
+    from .data import OFFLINE_TASKS, arithmetic_dataset
+
+    return arithmetic_dataset(test_problems, seed=12345, **{**OFFLINE_TASKS[task], "split": "test"})
+
+
 def evaluate_model(
     model_dir: Path,
     tokenizer_dir: Path,
@@ -228,11 +236,9 @@ def evaluate_model(
     ``sampling`` to :data:`EVAL_SAMPLING`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .data import OFFLINE_TASKS, arithmetic_dataset
     from .evaluate import HFGenerator, evaluate_benchmarks, summarise_samples
 
-    spec = {**OFFLINE_TASKS[task], "split": "test"}
-    test = arithmetic_dataset(test_problems, seed=12345, **spec)
+    test = evaluation_problems(test_problems, task)
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir)).to(device)
     if max_tokens is None:

@@ -18,15 +18,13 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from atr_llm.cpu_table import TASK
-from atr_llm.data import OFFLINE_TASKS, arithmetic_dataset
+from atr_llm.cpu_table import evaluation_problems
 from atr_llm.rewards import boxed_integer_grade, math_verify_grade
 
 
 def test_golds(problems: int = 200) -> list[str]:
-    """The gold answers of the CPU table's test split by problem id (``cpu_table.evaluate_model``'s problems)."""
-    test = arithmetic_dataset(problems, seed=12345, **{**OFFLINE_TASKS[TASK], "split": "test"})
-    return [str(row["answer"]) for row in test]
+    """The gold answers of the CPU table's test split by problem id (``cpu_table.evaluation_problems``)."""
+    return [str(row["answer"]) for row in evaluation_problems(problems)]
 
 
 def stored_pairs(runs_dir: Path, golds: list[str]) -> tuple[dict, int]:

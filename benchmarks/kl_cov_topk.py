@@ -90,8 +90,10 @@ def ties_at_kth(logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, cov_r
     """How many valid tokens share the covariance of the k-th selected one. Above 1, selections may penalise other
     tokens of that value (each its own ``|log w|``): the loss then differs on up to twice that many tokens."""
     m = mask.to(logp.dtype)
-    a, lp, n = adv[:, None] * m, logp * m, m.sum()
-    cov = ((a - a.sum() / n) * (lp - lp.sum() / n)).masked_fill(~mask, -float("inf")).reshape(-1)
+    zero = torch.zeros_like(logp)
+    batch = methods.TokenBatch(zero, adv[:, None] * m, mask, logp * m, zero, "none")  # zero on padding, as the loss's
+    n = torch.count_nonzero(mask)
+    cov = methods._centred_cov(batch, n).masked_fill(~mask, -float("inf")).reshape(-1)
     k = max(1, int(cov_ratio * int(n)))
     return int((cov == torch.topk(cov, k).values[-1]).sum())
 

@@ -10,6 +10,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _benchmark_module(name: str):
+    """A script of benchmarks/ imported as a module (the folder is on sys.path only for the import)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
 def test_gpu_step_help_works_without_a_gpu():
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "gpu_step.py"), "--help"], capture_output=True, text=True, check=True
@@ -172,11 +181,7 @@ def test_pack_runs_keeps_what_resuming_and_the_table_need(tmp_path, monkeypatch)
 def test_every_equivalence_mutant_applies_to_the_current_source():
     # benchmarks/mutant_equivalence.py rewrites atr_theory/ranges.py textually: a mutant whose original text the code
     # no longer has must fail here, not when someone next runs the script
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import mutant_equivalence as me
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    me = _benchmark_module("mutant_equivalence")
     import inspect
 
     import atr_theory.ranges as ranges
@@ -224,11 +229,7 @@ def test_bandit_compute_ceiling_is_below_each_transcendental_alone():
     """The ceilings combine the measured rates as 1 / (2 t_exp) (ATR's range test) and 1 / (2 t_exp + t_expm1) (a
     per-token k3): never above half the exp rate, the latter never above the expm1 rate (a wrong combination, e.g. a
     sum of rates, would be)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import bandit_throughput as bt
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    bt = _benchmark_module("bandit_throughput")
     c = bt.compute_ceiling("cpu", 20_000)
     assert 0 < c["ceiling_k3_test_elements_per_s"] < min(c["exp_elements_per_s"] / 2, c["expm1_elements_per_s"])
     assert c["ceiling_k3_test_elements_per_s"] < c["ceiling_elements_per_s"] <= c["exp_elements_per_s"] / 2 * 1.0001
@@ -244,11 +245,7 @@ def test_the_differential_mutant_judge_tells_rounding_from_a_wrong_root(monkeypa
 
     import numpy as np
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import mutant_differential as md
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    md = _benchmark_module("mutant_differential")
     import atr_theory.ranges as ranges
 
     def kl3_clip_log_range(delta):
@@ -294,11 +291,7 @@ def test_the_differential_judge_of_policy_loss_sees_a_dropped_argument_and_a_cha
 
     import atr_theory as at
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import mutant_differential as md
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    md = _benchmark_module("mutant_differential")
     original = at.policy_loss
 
     def policy_loss(*args, **kwargs):
@@ -586,14 +579,6 @@ def test_inductor_mask_benchmark_checks_every_form_and_writes_its_rates(tmp_path
         assert all(v > 0 for v in res[dtype].values())
     assert set(res["float64_where_over_operator"]) == {"and", "or", "and_not"}
     assert "torch.where(x >= LO, x <= HI, False)" in res["forms"]["where_and"]
-
-
-def _benchmark_module(name: str):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        return __import__(name)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
 
 
 @pytest.mark.parametrize("n, k", [(1000, 2), (4096, 8), (5000, 37), (257, 257)])

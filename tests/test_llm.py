@@ -212,29 +212,36 @@ def test_trls_log_prob_tile_is_fitted_to_the_vocabulary_and_computes_the_same_bi
     assert trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE == default
 
 
+def _length_reward(completions, **kw):  # the untrained model is never right: a reward that varies in a group
+    return [float(len(str(c)) % 3) for c in completions]
+
+
+def _trained_tiny(tok, cfg, rows=32):
+    """A tiny model trained by ``ATRGRPOTrainer`` with ``cfg`` on ``rows`` arithmetic prompts (warnings silenced)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = ATRGRPOTrainer(
+            model=tiny.build_tiny_model(tok),
+            reward_funcs=[_length_reward],
+            args=cfg,
+            train_dataset=data.to_grpo_dataset(data.arithmetic_dataset(rows)),
+            processing_class=tok,
+        )
+        trainer.train()
+    return trainer
+
+
 def test_training_without_gradient_checkpointing_gives_the_same_bits_as_with_it(tmp_path, tok):
     """cpu-table.yaml and cpu-tiny.yaml turn TRL's default activation checkpointing off (the tiny model's
     activations are small; the recomputation cost ~11% of a step). Oracle: the checkpointed run; the weights after
     3 steps must be equal."""
-
-    def length_reward(completions, **kw):  # the untrained model is never right: a reward that varies in a group
-        return [float(len(str(c)) % 3) for c in completions]
 
     weights = {}
     for checkpointing in (True, False):
         cfg = ATRGRPOConfig(
             method="atr", gradient_checkpointing=checkpointing, **_common(tmp_path / str(checkpointing), max_steps=3)
         )
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            trainer = ATRGRPOTrainer(
-                model=tiny.build_tiny_model(tok),
-                reward_funcs=[length_reward],
-                args=cfg,
-                train_dataset=data.to_grpo_dataset(data.arithmetic_dataset(32)),
-                processing_class=tok,
-            )
-            trainer.train()
+        trainer = _trained_tiny(tok, cfg)
         assert trainer.model.is_gradient_checkpointing is checkpointing
         weights[checkpointing] = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     start = tiny.build_tiny_model(tok).state_dict()
@@ -255,9 +262,6 @@ def test_old_logps_from_the_first_use_give_the_same_bits_as_trls_extra_forward(
     with one no-grad forward per generation fewer."""
     import atr_llm.trainer as trainer_module
 
-    def length_reward(completions, **kw):
-        return [float(len(str(c)) % 3) for c in completions]
-
     real_forward = trainer_module.ATRLossMixin._get_per_token_logps_and_entropies
     weights, no_grad_forwards = {}, {}
     for reuse in (False, True):
@@ -276,16 +280,7 @@ def test_old_logps_from_the_first_use_give_the_same_bits_as_trls_extra_forward(
                 tmp_path / str(reuse), max_steps=4, learning_rate=3e-3, per_device_train_batch_size=8 // accumulation
             ),
         )
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            trainer = ATRGRPOTrainer(
-                model=tiny.build_tiny_model(tok),
-                reward_funcs=[length_reward],
-                args=cfg,
-                train_dataset=data.to_grpo_dataset(data.arithmetic_dataset(64)),
-                processing_class=tok,
-            )
-            trainer.train()
+        trainer = _trained_tiny(tok, cfg, rows=64)
         assert trainer._old_logps_at_first_use is reuse
         weights[reuse] = {k: v.clone() for k, v in trainer.model.state_dict().items()}
         no_grad_forwards[reuse] = counted.count(False)
