@@ -6,19 +6,24 @@ VERL_VENV ?= .venv-verl
 # verl's loss code runs on CPU; its package needs only these (ray is stubbed in the test, never called)
 VERL_PKGS = verl==0.9.1 omegaconf antlr4-python3-runtime==4.9.3 tensordict==0.10.0 codetiming orjson cloudpickle pyvers
 
-.PHONY: install demo test test-pins test-verl lint figures bench mutation mutation-sample
+.PHONY: install demo test docs test-pins test-verl lint figures bench mutation mutation-sample
 
 install:
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -e ".[dev,llm]"
 
-# the main job: check every theorem of the paper and write figures/theorem_report.{md,json}
+# the main job: check every theorem of the paper and write figures/paper/theorem_report.{md,json}
 demo: install
-	$(PY) sims/verify_theorems.py
+	$(PY) -m sims.verify_theorems
 
 test: install
 	$(PY) -m ruff check .
 	$(PY) -m pytest atr_theory tests
+	$(PY) -m mkdocs build --strict --site-dir $$(mktemp -d)
+
+# the documentation site (docs/, mkdocs.yml) into site/; `mkdocs serve` to browse it
+docs:
+	$(PY) -m mkdocs build --strict
 
 # the trainer tests again, with the trl/transformers/datasets versions unsloth pins (ci/unsloth-pins.txt)
 test-pins:
@@ -36,27 +41,27 @@ test-verl:
 	$(VERL_VENV)/bin/python -m pytest tests/test_verl_oracle.py -q -p no:cacheprovider
 
 figures: install
-	for s in sims/*.py; do case $$s in */_common.py) ;; *) $(PY) $$s || exit 1;; esac; done
+	for s in verify_theorems clip_ranges entropy_diff bandit_training delta_sweep; do $(PY) -m sims.$$s || exit 1; done
 
 bench: install
-	$(PY) benchmarks/loss_overhead.py
-	$(PY) benchmarks/bandit_throughput.py
-	$(PY) benchmarks/trainer_step.py
+	$(PY) -m benchmarks.loss_overhead
+	$(PY) -m benchmarks.bandit_throughput
+	$(PY) -m benchmarks.trainer_step
 
-# mutation testing of methods / loss / ranges / divergence ([tool.mutmut] in pyproject.toml); hours on 2 cores
+# mutation testing of methods / registry / loss / ranges / divergence ([tool.mutmut] in pyproject.toml); hours on 2 cores
 mutation:
 	$(PIP) install --quiet mutmut==3.8.1
-	rm -rf mutants figures/mutation_fresh_process.txt  # fresh verdicts (the script keeps those in its --out)
+	rm -rf mutants figures/tools/mutation/mutation_fresh_process.txt  # fresh verdicts (the script keeps those in its --out)
 	$(PY) -m mutmut run --max-children $$(nproc)
-	$(PY) -m mutmut results --all true > figures/mutation_results.txt || true
+	$(PY) -m mutmut results --all true > figures/tools/mutation/mutation_results.txt || true
 	# mutants of code that runs at import time, which mutmut cannot switch on: each judged in a fresh interpreter
-	$(PY) benchmarks/mutation_fresh_process.py --out figures/mutation_fresh_process.txt
+	$(PY) -m tools.mutation_fresh_process --out figures/tools/mutation/mutation_fresh_process.txt
 
 # an estimate of the score from a uniform sample of 100 mutants, each judged in a fresh interpreter (~1 h on 1 core)
-# `make mutation-sample SEED=1` draws another sample (figures/mutation_sample_seed1.txt)
+# `make mutation-sample SEED=1` draws another sample (figures/tools/mutation/mutation_sample_seed1.txt)
 SEED ?= 0
-SAMPLE_OUT = figures/mutation_sample$(if $(filter-out 0,$(SEED)),_seed$(SEED),).txt
+SAMPLE_OUT = figures/tools/mutation/mutation_sample$(if $(filter-out 0,$(SEED)),_seed$(SEED),).txt
 mutation-sample:
 	$(PIP) install --quiet mutmut==3.8.1
 	rm -rf mutants $(SAMPLE_OUT)
-	$(PY) benchmarks/mutation_fresh_process.py --generate --sample 100 --seed $(SEED) --out $(SAMPLE_OUT)
+	$(PY) -m tools.mutation_fresh_process --generate --sample 100 --seed $(SEED) --out $(SAMPLE_OUT)

@@ -60,7 +60,7 @@ def boxed_integer_grade(completion: str, gold: str) -> tuple[str, str] | None:
     ``+ - =``, newlines) ending in one ``\\boxed{n}``, ``n`` an optionally negative run of digits, against an
     integer gold: ``correct`` iff the two integers are equal, ``n`` extracted as written. That is what math-verify
     returns for every such pair (property test against it; and on the 2.6 M graded samples of the CPU table's
-    evaluations: ``benchmarks/grading_fast_path.py``), at a few microseconds instead of ~1 ms. ``None`` for any
+    evaluations: ``experiments/investigations/grading_fast_path.py``), at a few microseconds instead of ~1 ms. ``None`` for any
     other pair, which math-verify grades."""
     match = _STEPS_THEN_BOXED_INTEGER.fullmatch(completion)
     if match is None or _INTEGER.fullmatch(gold) is None:

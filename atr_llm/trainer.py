@@ -31,7 +31,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 import atr_theory as at
 
-from .unsloth_backend import base_model, last_hidden_states, output_head
+from .model_parts import base_model, last_hidden_states, output_head
 
 # TRL's loss_type -> our aggregation
 LOSS_TYPE_AGGREGATION = {

@@ -27,10 +27,9 @@ are the full-distribution methods (tr_ppo, truly_ppo: they need (B, T, V) log-pr
 
 from __future__ import annotations
 
-import contextlib
-import os
-
 import torch
+
+from .model_parts import base_model, environment_variable, is_unsloth_model, last_hidden_states, output_head  # noqa: F401
 
 UNSLOTH_VERSION_READ = "2026.10.9"
 
@@ -59,43 +58,6 @@ def left_pack(input_ids: torch.Tensor, attention_mask: torch.Tensor):
     L = input_ids.size(1)
     src = (torch.arange(L, device=input_ids.device)[None, :] + pad[:, None]) % L
     return input_ids.gather(1, src), attention_mask.gather(1, src), pad
-
-
-def is_unsloth_model(model) -> bool:
-    """Unsloth's loaders add ``for_training`` / ``for_inference`` to the models they return."""
-    return hasattr(model, "for_training") and hasattr(model, "for_inference")
-
-
-@contextlib.contextmanager
-def _env(name: str, value: str):
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
-
-
-def base_model(model):
-    """The transformers model inside a PEFT wrapper (the model itself when there is none)."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
-def last_hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """(B, L, H) final-norm hidden states: Unsloth's ``UNSLOTH_RETURN_HIDDEN_STATES=1`` protocol on an Unsloth model,
-    the decoder body (``model.model``) on a plain transformers / PEFT model."""
-    if is_unsloth_model(model):
-        with _env("UNSLOTH_RETURN_HIDDEN_STATES", "1"):
-            return model(input_ids=input_ids, attention_mask=attention_mask).logits
-    return base_model(model).model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-
-
-def output_head(model) -> torch.nn.Module:
-    """The LM head (output embedding) of a transformers / PEFT / Unsloth model."""
-    return base_model(model).get_output_embeddings()
 
 
 def unsloth_logps_and_entropies(

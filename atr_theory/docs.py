@@ -1,6 +1,6 @@
-"""The README's methods table, generated from the registry (a test fails when the README is stale).
+"""The methods table of ``docs/methods.md``, generated from the registry (a test fails when the page is stale).
 
-python -m atr_theory.docs            # rewrites the table between the markers in README.md
+python -m atr_theory.docs            # rewrites the table between the markers in docs/methods.md
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ def methods_markdown() -> str:
 def readme_with_table(text: str) -> str:
     """``text`` with the block between :data:`BEGIN` and :data:`END` replaced by :func:`methods_markdown`."""
     if BEGIN not in text or END not in text:
-        raise ValueError(f"the README has no methods-table markers ({BEGIN!r} ... {END!r})")
+        raise ValueError(f"the page has no methods-table markers ({BEGIN!r} ... {END!r})")
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
     return f"{head}{BEGIN}\n{methods_markdown()}\n{END}{tail}"
 
 
 def main(argv: list[str] | None = None) -> None:
-    path = Path(argv[0] if argv else Path(__file__).resolve().parents[1] / "README.md")
+    path = Path(argv[0] if argv else Path(__file__).resolve().parents[1] / "docs" / "methods.md")
     path.write_text(readme_with_table(path.read_text()))
     print(f"wrote the methods table into {path}")
 

@@ -13,25 +13,35 @@ found from the Lambert-W / closed-form roots and corrected against the definitio
 dtype). Tests check those decisions against mpmath's divergence at the bounds, and Thm 3.2's equivalence of the
 constraint and the ratio range separately (``theorems``), rather than assume either.
 
-Adding a rule: write one function decorated with :func:`register`; nothing else changes.
+Adding a rule: write one function decorated with :func:`register` (:mod:`atr_theory.registry`); nothing else changes.
+Each rule's formula on one screen, without the fast path's helpers: :mod:`atr_theory.reference`.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
-import numbers
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
-from functools import cached_property, lru_cache
-from types import MappingProxyType
-from typing import Any
+from dataclasses import replace
+from functools import lru_cache
 
-import numpy as np
 import torch
 
 from . import ranges
 from .divergence import full_kl, kl3_from_log_ratio
+from .registry import (  # noqa: F401  (re-exported: the registry is part of this module's API)
+    FORMS,
+    METHODS,
+    MethodResult,
+    MethodSpec,
+    Param,
+    Relation,
+    ResolvedMethod,
+    TokenBatch,
+    get_method,
+    method_names,
+    register,
+    resolve,
+    unregister,
+)
 
 __all__ = [
     "FORMS",
@@ -50,269 +60,6 @@ __all__ = [
     "unregister",
     "within_divergence_bound",
 ]
-
-FORMS = ("min", "mask", "soft", "none")
-"""``min``: PPO's pessimistic min; ``mask``: the paper's Eq. 5; ``soft``: a smooth gate; ``none``: no clipping."""
-
-
-@dataclass
-class TokenBatch:
-    """What a method sees. All tensors are (B, T) unless noted; ``mask`` is boolean; ``log_ratio``, ``advantages``,
-    ``logp``, ``old_logp`` and ``position_kl`` are zero on padding (:func:`atr_theory.policy_loss` replaces whatever
-    the caller had there)."""
-
-    log_ratio: torch.Tensor  # log w = logp - old_logp, zero on padding, clamped to +-LOG_RATIO_CLAMP
-    advantages: torch.Tensor
-    mask: torch.Tensor
-    logp: torch.Tensor
-    old_logp: torch.Tensor
-    form: str
-    generator: torch.Generator | None = None
-    old_full_logp: torch.Tensor | None = None  # (B, T, V)
-    full_logp: torch.Tensor | None = None  # (B, T, V)
-    kl_chunk_size: int | None = None
-    position_kl: torch.Tensor | None = None  # (B, T) KL(pi_old || pi) per position, instead of the full distributions
-
-
-@dataclass
-class MethodResult:
-    """Per-token objective (to maximise) and which tokens kept / lost their gradient.
-
-    The boolean flags are computed lazily by ``flags()`` (metrics and tests need them, the training
-    step does not): ``kept`` = the token's objective depends on theta through w; ``clipped_low`` /
-    ``clipped_high`` = it lost that dependence because w was too low / too high (or, for penalty
-    methods, it was penalised).
-    """
-
-    objective: torch.Tensor
-    flags: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(repr=False)
-
-    @cached_property
-    def _resolved(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return tuple(f.detach() for f in self.flags())
-
-    @property
-    def kept(self) -> torch.Tensor:
-        return self._resolved[0]
-
-    @property
-    def clipped_low(self) -> torch.Tensor:
-        return self._resolved[1]
-
-    @property
-    def clipped_high(self) -> torch.Tensor:
-        return self._resolved[2]
-
-
-@dataclass(frozen=True)
-class Param:
-    r"""One method parameter, declared once: its default, its domain and a one-line help text.
-
-    The domain is a finite real number with optional bounds: ``gt`` / ``ge`` (lower, open / closed)
-    and ``lt`` / ``le`` (upper). Everything that validates, documents or exposes a parameter
-    (``policy_loss``, the trainer config and its ``--help``, the presets, the README's methods table)
-    reads it from here.
-
-    >>> Param(0.07, gt=0, help="KL3 threshold").check("delta", 0.0, "atr")
-    Traceback (most recent call last):
-    ...
-    ValueError: delta must be a finite number > 0 (KL3 threshold), got 0.0 (method 'atr')
-    """
-
-    default: float
-    gt: float | None = None
-    ge: float | None = None
-    lt: float | None = None
-    le: float | None = None
-    help: str = ""
-
-    def with_default(self, default: float) -> Param:
-        """The same parameter (domain, help) with another default, for a method that uses another value."""
-        return replace(self, default=default)
-
-    @property
-    def domain(self) -> str:
-        """The domain in words: ``'a finite number > 0'``, ``'in [0, 1)'``, ``'finite'``."""
-        lo = (self.gt, "(") if self.gt is not None else (self.ge, "[") if self.ge is not None else None
-        hi = (self.lt, ")") if self.lt is not None else (self.le, "]") if self.le is not None else None
-        if lo and hi:
-            return f"in {lo[1]}{lo[0]:g}, {hi[0]:g}{hi[1]}"
-        if lo:
-            return f"a finite number {'>' if lo[1] == '(' else '>='} {lo[0]:g}"
-        if hi:
-            return f"a finite number {'<' if hi[1] == ')' else '<='} {hi[0]:g}"
-        return "a finite number"
-
-    def check(self, name: str, value: Any, method: str) -> float:
-        """``float(value)`` if it is a real number (not a bool, string or tensor) inside the domain, else ValueError."""
-        where = f"(method {method!r})"
-        if isinstance(value, bool) or not isinstance(value, (numbers.Real, np.floating, np.integer)):
-            raise ValueError(f"{name} must be a real number, got {type(value).__name__} {value!r} {where}")
-        v = float(value)
-        ok = math.isfinite(v)
-        ok = ok and (self.gt is None or v > self.gt) and (self.ge is None or v >= self.ge)
-        ok = ok and (self.lt is None or v < self.lt) and (self.le is None or v <= self.le)
-        if not ok:
-            what = f" ({self.help})" if self.help else ""
-            raise ValueError(f"{name} must be {self.domain}{what}, got {value!r} {where}")
-        return v
-
-
-@dataclass(frozen=True)
-class Relation:
-    """A condition between parameters of one method, e.g. ``cov_lb < cov_ub``."""
-
-    text: str
-    holds: Callable[[Mapping[str, float]], bool]
-
-
-@dataclass(frozen=True)
-class MethodSpec:
-    """A registered method: its function, parameters, forms and reference."""
-
-    name: str
-    fn: Callable[..., MethodResult]
-    params: Mapping[str, Param] = field(default_factory=dict)
-    default_form: str = "min"
-    forms: tuple[str, ...] = ("min", "mask")
-    reference: str = ""
-    needs_full_distributions: bool = False
-    relations: tuple[Relation, ...] = ()
-    aliases: tuple[str, ...] = ()
-    ratio_mask_gradient: bool = False
-    """The token gradient is ``kept * w A grad log pi`` in every form (``kept`` from the flags): a rule of Eq. 5, PPO's
-    min, a dual clip, dropped tokens. :func:`atr_theory.bandit.exact_gradient` uses it (test: against autograd)."""
-
-    @property
-    def defaults(self) -> dict[str, float]:
-        """``{parameter: default}``."""
-        return {k: p.default for k, p in self.params.items()}
-
-    @property
-    def summary(self) -> str:
-        """The first paragraph of the method's docstring, on one line."""
-        first = (self.fn.__doc__ or "").strip().split("\n\n")[0]
-        return " ".join(first.split())
-
-
-METHODS: dict[str, MethodSpec] = {}
-
-
-def register(
-    name: str,
-    *,
-    params: Mapping[str, Param],
-    default_form: str,
-    forms: tuple[str, ...],
-    reference: str,
-    needs_full_distributions: bool = False,
-    aliases: tuple[str, ...] = (),
-    relations: tuple[Relation, ...] = (),
-    ratio_mask_gradient: bool = False,
-) -> Callable[[Callable[..., MethodResult]], Callable[..., MethodResult]]:
-    """Decorator: register ``fn`` under ``name`` (and ``aliases``) in :data:`METHODS`.
-
-    ``params`` maps each parameter of ``fn`` (after the batch) to its :class:`Param`; the function's
-    signature must name exactly those parameters.
-    """
-    for key, p in params.items():
-        if not isinstance(p, Param):
-            raise TypeError(f"parameter {key!r} of method {name!r} must be declared as Param(...), got {p!r}")
-    if default_form not in forms or not set(forms) <= set(FORMS):
-        raise ValueError(f"method {name!r}: forms {forms} must be among {FORMS} and include {default_form!r}")
-
-    def deco(fn: Callable[..., MethodResult]) -> Callable[..., MethodResult]:
-        signature = list(inspect.signature(fn).parameters)[1:]
-        if signature != list(params):
-            raise ValueError(f"method {name!r}: the function takes {signature}, the declaration lists {list(params)}")
-        spec = MethodSpec(
-            name,
-            fn,
-            MappingProxyType(dict(params)),
-            default_form,
-            forms,
-            reference,
-            needs_full_distributions,
-            tuple(relations),
-            tuple(aliases),
-            ratio_mask_gradient,
-        )
-        for key in (name, *aliases):
-            if key in METHODS:
-                raise ValueError(f"method {key!r} is already registered")
-        for key in (name, *aliases):
-            METHODS[key] = spec
-        return fn
-
-    return deco
-
-
-def unregister(name: str) -> None:
-    """Remove a method and its aliases from :data:`METHODS` (for plugins and tests)."""
-    spec = get_method(name)
-    for key in (spec.name, *spec.aliases):
-        METHODS.pop(key, None)
-
-
-def get_method(name: str) -> MethodSpec:
-    """The spec registered under ``name``; an unknown name raises ValueError listing the known ones."""
-    try:
-        return METHODS[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown method {name!r}; known methods: {', '.join(sorted(METHODS))}") from None
-
-
-def method_names(aliases: bool = True) -> list[str]:
-    """Registered method names, sorted; ``aliases=False`` lists each method once (under its own name)."""
-    return sorted(k for k, spec in METHODS.items() if aliases or k == spec.name)
-
-
-@dataclass(frozen=True)
-class ResolvedMethod:
-    """A validated choice: the method's spec, its form and every parameter's value."""
-
-    spec: MethodSpec
-    form: str
-    params: Mapping[str, float]
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-
-def resolve(method: str, form: str | None = None, **params: Any) -> ResolvedMethod:
-    r"""Validate a method choice once: name, form, parameter names, each value's domain, relations.
-
-    ``form=None`` picks the method's default form; parameters not given take their declared defaults.
-    :func:`atr_theory.policy_loss` and the trainer's config both call this (the trainer at config
-    time, before any model is loaded).
-
-    >>> r = resolve("atr")
-    >>> r.name, r.form, dict(r.params)
-    ('atr', 'mask', {'delta': 0.07})
-    >>> resolve("clip", epsilon=1.5)
-    Traceback (most recent call last):
-    ...
-    ValueError: epsilon must be in [0, 1) (PPO clip range: keep w in [1 - epsilon, 1 + epsilon]), got 1.5 (method 'clip')
-    """
-    spec = get_method(method)
-    if form is None:
-        form = spec.default_form
-    if form not in spec.forms:
-        raise ValueError(f"form {form!r} is not available for method {spec.name!r}; available: {list(spec.forms)}")
-    unknown = set(params) - set(spec.params)
-    if unknown:
-        raise ValueError(
-            f"unknown parameter(s) {sorted(unknown)} for method {spec.name!r}; "
-            f"its parameters are {sorted(spec.params) or 'none'}"
-        )
-    values = {k: p.check(k, params.get(k, p.default), spec.name) for k, p in spec.params.items()}
-    for rel in spec.relations:
-        if not rel.holds(values):
-            shown = ", ".join(f"{k}={values[k]!r}" for k in values)
-            raise ValueError(f"method {spec.name!r} needs {rel.text}, got {shown}")
-    return ResolvedMethod(spec, form, MappingProxyType(values))
-
 
 # Parameters shared by several methods: declared here once, each method may change the default.
 DELTA = Param(0.07, gt=0, help="divergence threshold delta: keep w while the divergence <= delta (paper Eq. 5)")
@@ -340,7 +87,7 @@ def _and(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     Why: Inductor's CPU code (torch 2.13) combines two masks of float64 comparisons with ``&`` / ``|`` by converting
     each 16-lane double mask to int32 lane by lane: ~10x slower than the comparisons themselves (1,024 x 1,000
     float64: ``where(x >= a & x <= b, y, 0)`` 510 M elem/s, ``where(where(x >= a, x <= b, False), y, 0)``
-    4,500 M elem/s; float32 12,000 either way; ``python benchmarks/inductor_mask_and.py`` measures it again, e.g.
+    4,500 M elem/s; float32 12,000 either way; ``python -m experiments.investigations.inductor_mask_and`` measures it again, e.g.
     after a torch upgrade). Eager keeps ``&``, which is faster there than ``where``."""
     return torch.where(a, b, False) if torch.compiler.is_compiling() else a & b
 

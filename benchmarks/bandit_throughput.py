@@ -22,7 +22,7 @@ per token (and, in float64, a 17-term series below ``|y| = 0.5``): ``1 / (2 t_ex
 ``ceiling_k3_test_elements_per_s``. ``min_traffic_fraction_at_compute_ceiling`` is the copy
 fraction a kernel running at the ceiling would reach: the bandwidth goal is out of reach where it is below 1/3.
 
-    python benchmarks/bandit_throughput.py [--quick] [--device cuda] [--out figures/bandit_throughput.json]
+    python -m benchmarks.bandit_throughput [--quick] [--device cuda] [--out figures/bench/<machine>/bandit_throughput.json]
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _timing import timeit
 
 from atr_theory import bandit
+from benchmarks._machine import default_output
+from benchmarks._timing import timeit
 
 METHOD = "atr"
 
@@ -109,7 +110,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--out", default="figures/bandit_throughput.json")
+    ap.add_argument("--out", help="default: figures/bench/<machine>/bandit_throughput.json")
     args = ap.parse_args()
     dev = args.device
     cuda = torch.device(dev).type == "cuda"
@@ -125,7 +126,7 @@ def main():
         f" of copy; with a per-token k3 (2 exp + expm1): {ceiling['ceiling_k3_test_elements_per_s'] / 1e6:.1f} M elem/s"
         f" = {100 * 32 * ceiling['ceiling_k3_test_elements_per_s'] / bw:.1f}% of copy"
     )
-    out = Path(args.out)
+    out = Path(args.out) if args.out else default_output("bandit_throughput.json", dev)
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {
         "device": torch.cuda.get_device_name() if cuda else "cpu",

@@ -18,12 +18,12 @@ first case, and whether the cases sampled the same completions (gradients are co
 an H200 one seed in two processes sampled different completions, stock against stock too; the fixed-batch probe,
 one batch through each ATR case's ``_compute_loss``, is the comparison that holds there).
 
-    python benchmarks/gpu_step.py                         # 20 steps per case, completions up to 1,536 tokens
-    python benchmarks/gpu_step.py --max-completion-length 512 --steps 20
-    python benchmarks/gpu_step.py --tiny --steps 2        # the same code on CPU with a tiny model (CI smoke test)
-    python benchmarks/gpu_wheels.py                       # the wheels a GPU machine needs beyond torch & co.
+    python -m benchmarks.gpu_step                         # 20 steps per case, completions up to 1,536 tokens
+    python -m benchmarks.gpu_step --max-completion-length 512 --steps 20
+    python -m benchmarks.gpu_step --tiny --steps 2        # the same code on CPU with a tiny model (CI smoke test)
+    python -m tools.gpu_wheels                       # the wheels a GPU machine needs beyond torch & co.
 
-Writes ``figures/gpu_step.json`` (``--out``).
+Writes ``figures/bench/<card>/gpu_step.json`` (``--out``).
 """
 
 from __future__ import annotations
@@ -486,7 +486,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--backends", default="trl", help="comma list of 'trl' and 'unsloth'")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tiny", action="store_true", help="a tiny model on CPU (smoke test of this script)")
-    ap.add_argument("--out", default="figures/gpu_step.json")
+    ap.add_argument(
+        "--out", help="default: figures/bench/<card>/gpu_step.json (<card>: h100, h200, ...; cpu with --tiny)"
+    )
     ap.add_argument(
         "--skip-probe",
         action="store_true",
@@ -495,6 +497,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--case-timeout", type=float, default=None, help="seconds before a case is stopped")
     ap.add_argument("--case", help=argparse.SUPPRESS)  # internal: kind,backend,grad_path in this process
     args = ap.parse_args(argv)
+    if args.out is None and not args.case:
+        from benchmarks._machine import default_output
+
+        args.out = str(default_output("gpu_step.json", "cpu" if args.tiny else "cuda"))
 
     if args.case:
         kind, backend, grad_path = args.case.split(",")
@@ -519,7 +525,7 @@ def main(argv=None) -> dict:
     for backend in args.backends.split(","):
         for kind in args.kinds.split(","):
             grad_path = tmp / f"grad-{len(rows)}-{kind}-{backend}.pt"  # one file per case, kinds may repeat
-            cmd = [sys.executable, __file__, "--case", f"{kind},{backend},{grad_path}"] + [
+            cmd = [sys.executable, "-m", "benchmarks.gpu_step", "--case", f"{kind},{backend},{grad_path}"] + [
                 a for a in (argv if argv is not None else sys.argv[1:])
             ]
             print(f"== {kind} / {backend}", flush=True)
@@ -563,7 +569,7 @@ def main(argv=None) -> dict:
                 )
     ok = [(r, g) for r, g in zip(rows, grads) if r.get("steps")]
     result = {
-        "command": "python benchmarks/gpu_step.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m benchmarks.gpu_step " + " ".join(argv if argv is not None else sys.argv[1:]),
         "environment": environment(),
         "model": "tiny (CPU smoke test)" if args.tiny else {"architecture": "Qwen3-1.7B, random init", **QWEN3_1_7B},
         "geometry": {**table4_grpo_fields(), "max_completion_length": args.max_completion_length},
@@ -580,5 +586,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     main()

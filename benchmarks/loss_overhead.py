@@ -13,12 +13,11 @@ Part 2 (memory): the full-distribution methods (tr_ppo, truly_ppo) through ``hea
 states + LM head, one chunk of V at a time) against the (B, T, V) log-softmax path, at several B x T and V,
 forward + backward, each case in a fresh process (CPU: growth of peak RSS; CUDA: max_memory_allocated).
 
-    python benchmarks/loss_overhead.py [--quick] [--out figures/loss_overhead.json]
-    python benchmarks/loss_overhead.py --time-only --threads 1 --out figures/loss_overhead_time_1thread.json
-    python benchmarks/loss_overhead.py --time-only --compiled --out figures/loss_overhead_time.json  # + compiled
-    python benchmarks/loss_overhead.py --device cuda --out figures/loss_overhead_cuda.json
-    python benchmarks/loss_overhead.py --device cuda --time-only --compiled --methods trgppo kl_cov atr clip
-    python benchmarks/loss_overhead.py --device cuda --time-only --modes compiled  # the compiled mode alone
+    python -m benchmarks.loss_overhead [--quick] [--out figures/bench/cpu/loss_overhead.json]
+    python -m benchmarks.loss_overhead --time-only --compiled --out figures/bench/cpu/loss_overhead_time.json  # + compiled
+    python -m benchmarks.loss_overhead --device cuda    # figures/bench/<card>/loss_overhead.json
+    python -m benchmarks.loss_overhead --device cuda --time-only --compiled --methods trgppo kl_cov atr clip
+    python -m benchmarks.loss_overhead --device cuda --time-only --modes compiled  # the compiled mode alone
 
 Parity, beside every timed row (no timing of its own): ``compiled`` rows carry the compiled call's loss and
 gradient against the eager ``validate=False`` call on the same device (``max_abs_loss_diff``,
@@ -39,9 +38,10 @@ import time
 from pathlib import Path
 
 import torch
-from _memory import MMAP_ENV, reset_rss_peak_mib, rss_mib
 
 import atr_theory as at
+from benchmarks._machine import default_output
+from benchmarks._memory import MMAP_ENV, reset_rss_peak_mib, rss_mib
 
 
 def inline_ppo_clip(logp, old_logp, adv, mask, eps_low=0.2, eps_high=0.2):
@@ -305,7 +305,9 @@ def part1_result(r1: dict, sizes, repeats: int, device: str) -> dict:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
-    ap.add_argument("--out", default="figures/loss_overhead.json")
+    ap.add_argument(
+        "--out", help="default: figures/bench/<machine>/loss_overhead.json (loss_overhead_time.json with --time-only)"
+    )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile mode")
     ap.add_argument(
@@ -332,7 +334,8 @@ def main():
     methods = resolve_methods(args.methods)
     if args.threads:
         torch.set_num_threads(args.threads)
-    out = Path(args.out)
+    name = "loss_overhead_time.json" if args.time_only else "loss_overhead.json"
+    out = Path(args.out) if args.out else default_output(name, args.device)
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.time_only:
         sizes, repeats = [(64, 4096)], args.repeats or 50
@@ -343,7 +346,7 @@ def main():
             out.write_text(json.dumps(part1_result(r1, sizes, repeats, args.device), indent=2))
 
         save(part1(sizes, repeats, args.device, modes, methods, on_row=save))
-        print(f"wrote {args.out}")
+        print(f"wrote {out}")
         return
     cuda = args.device.startswith("cuda")
     modes = ("eager", "nosync") if args.no_compile else ("eager", "nosync", "compiled")

@@ -8,7 +8,7 @@ on a fixed batch (B sequences, P prompt + T completion tokens, old log-probs != 
 the growth of the process's resident high-water mark during the step (reset just before it), and the size of one float32 (B, P + T, V)
 logits tensor for scale.
 
-    python benchmarks/real_vocab_step.py [--quick] [--out figures/real_vocab_step.json]
+    python -m benchmarks.real_vocab_step [--quick] [--out figures/bench/cpu/real_vocab_step.json]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from _memory import MMAP_ENV, reset_rss_peak_mib, rss_mib
+from benchmarks._memory import MMAP_ENV, reset_rss_peak_mib, rss_mib
 
 V = 151_936
 
@@ -119,7 +119,7 @@ def one_case(kind: str, B: int, P: int, T: int) -> dict:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default="figures/real_vocab_step.json")
+    ap.add_argument("--out", default="figures/bench/cpu/real_vocab_step.json")
     ap.add_argument(
         "--kinds",
         default="stock,atr,clip,tr_ppo,truly_ppo",
@@ -140,7 +140,7 @@ def main(argv=None) -> dict:
     for B, P, T in shapes:
         for kind in kinds:
             res = subprocess.run(
-                [sys.executable, __file__, "--case", f"{kind},{B},{P},{T}"],
+                [sys.executable, "-m", "benchmarks.real_vocab_step", "--case", f"{kind},{B},{P},{T}"],
                 capture_output=True,
                 text=True,
                 check=True,

@@ -9,7 +9,7 @@ Our trainer narrows TRL's log-prob tile to the vocabulary (``logprob_tile_fitted
 does not: ``stock`` is TRL as shipped (the ratio a user switching sees), ``stock_fitted`` is TRL with the same tile
 (so ``*_vs_stock_fitted`` is the cost of our loss alone, the same log-prob work on both sides).
 
-    python benchmarks/trainer_step.py [--quick] [--out figures/trainer_step.json]
+    python -m benchmarks.trainer_step [--quick] [--out figures/bench/cpu/trainer_step.json]
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def loss_step_time(trainer, inputs, opt):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default="figures/trainer_step.json")
+    ap.add_argument("--out", default="figures/bench/cpu/trainer_step.json")
     args = ap.parse_args()
     reps = 5 if args.quick else 30
     tok = tiny.build_tiny_tokenizer()

@@ -29,11 +29,11 @@ plt.rcParams.update(
 
 
 def parse_args(doc: str, argv: Sequence[str] | None = None, extra=None) -> argparse.Namespace:
-    """``--quick`` (small, < 1 min, for CI), ``--seed``, ``--out`` (default figures/)."""
+    """``--quick`` (small, < 1 min, for CI), ``--seed``, ``--out`` (default figures/paper/)."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a small version that runs in well under a minute")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="figures", help="output folder (default: figures/)")
+    ap.add_argument("--out", default="figures/paper", help="output folder (default: figures/paper/)")
     if extra:
         extra(ap)
     args = ap.parse_args(argv)

@@ -9,16 +9,10 @@
     exact success probability by dynamic programming) -- RL with a verifiable terminal reward in
     miniature -- trained with every registered method, sequence-level ones (gspo, atr_seq) included.
 
-    python sims/bandit_training.py [--quick] [--seed 0] [--out figures]
+    python -m sims.bandit_training [--quick] [--seed 0] [--out figures]
 """
 
 from __future__ import annotations
-
-if __package__ in (None, ""):  # run as `python sims/<name>.py`: make the repo root (and so `sims`) importable
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 import torch

@@ -4,16 +4,10 @@
 [1 - eps, 1 + eps] with eps = 1 - l; (b) l and u against delta for KL3, KL1, KL2, IS-KL3;
 (c) TRGPPO's range against delta for several p_old; (d) DCPO's and TRGPPO's ranges against p_old.
 
-    python sims/clip_ranges.py [--quick] [--out figures] [--delta 0.07]
+    python -m sims.clip_ranges [--quick] [--out figures] [--delta 0.07]
 """
 
 from __future__ import annotations
-
-if __package__ in (None, ""):  # run as `python sims/<name>.py`: make the repo root (and so `sims`) importable
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 

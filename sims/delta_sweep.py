@@ -1,4 +1,4 @@
-"""A delta sweep in which delta acts continuously (issue: the paper's Fig. 4 at the scale of this machine).
+"""A delta sweep in which delta acts continuously (the paper's Fig. 4 at the scale of a CPU).
 
 The sweep of bandit_training.py is a staircase: plain gradient steps of a fixed size put the rewarded arms'
 ratios at a few discrete values, so delta only matters where one of them crosses u(delta). Here the same Zipf
@@ -8,18 +8,12 @@ inner-step counts, for delta on a log grid; for each setting: final expected ret
 seeds), the fraction of tokens masked and the pooled ratio quantiles, and whether the best delta is interior
 (strictly inside the grid, and better than both ends by more than the CI half-widths).
 
-    python sims/delta_sweep.py [--quick] [--seed 0] [--out figures]
+    python -m sims.delta_sweep [--quick] [--seed 0] [--out figures]
 
 Writes figures/delta_sweep.{png,pdf}, delta_sweep.csv (one row per setting x delta) and delta_sweep.json.
 """
 
 from __future__ import annotations
-
-if __package__ in (None, ""):  # run as `python sims/<name>.py`
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 import torch

@@ -8,16 +8,10 @@
     Dr.GRPO advantages), several inner steps per batch so clipping acts; every token-level method,
     several seeds, mean and 95% band.
 
-    python sims/entropy_diff.py [--quick] [--seed 0] [--out figures]
+    python -m sims.entropy_diff [--quick] [--seed 0] [--out figures]
 """
 
 from __future__ import annotations
-
-if __package__ in (None, ""):  # run as `python sims/<name>.py`: make the repo root (and so `sims`) importable
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 import torch

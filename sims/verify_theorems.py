@@ -1,19 +1,13 @@
 """Check every theorem of the paper on many random instances; write figures/theorem_report.{md,json}.
 
-    python sims/verify_theorems.py            # 10,000 instances per statement
-    python sims/verify_theorems.py --quick    # 1,000 (CI)
+    python -m sims.verify_theorems            # 10,000 instances per statement
+    python -m sims.verify_theorems --quick    # 1,000 (CI)
 
 Same seed, same report. Each statement is compared with an independent exact computation
 (autograd of the clipped objective, entropies of the updated policies, mpmath root finding).
 """
 
 from __future__ import annotations
-
-if __package__ in (None, ""):  # run as `python sims/<name>.py`: make the repo root (and so `sims`) importable
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
 import json
@@ -47,7 +41,7 @@ def write_markdown(report: list[dict], path: Path, n: int, seed: int) -> None:
     lines = [
         "# Theorem report",
         "",
-        f"`python sims/verify_theorems.py` (instances per statement: {n}, seed {seed}). Each statement is checked "
+        f"`python -m sims.verify_theorems` (instances per statement: {n}, seed {seed}). Each statement is checked "
         "against an independent exact computation: autograd of the clipped objective, entropies of the updated "
         "policies, mpmath root finding. Numbers in `theorem_report.json`.",
         "",
@@ -107,7 +101,7 @@ def main(argv=None):
     ap.add_argument("--n", type=int, default=10_000, help="instances per statement")
     ap.add_argument("--quick", action="store_true", help="1,000 instances per statement (CI)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="figures")
+    ap.add_argument("--out", default="figures/paper")
     args = ap.parse_args(argv)
     n = 1000 if args.quick else args.n
     torch.set_default_dtype(torch.float64)

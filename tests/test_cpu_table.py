@@ -1,4 +1,4 @@
-"""The CPU analog of Tables 2-3 (atr_llm.cpu_table): every run parses, the statistics match scipy, --quick runs."""
+"""The CPU analog of Tables 2-3 (experiments.cpu_table): every run parses, the statistics match scipy, --quick runs."""
 
 import csv
 import json
@@ -16,8 +16,9 @@ pytest.importorskip("math_verify")
 
 import torch  # noqa: E402
 
-from atr_llm import cpu_table, train  # noqa: E402
+from atr_llm import train
 from atr_llm.data import OFFLINE_TASKS, arithmetic_dataset, is_held_out  # noqa: E402
+from experiments import cpu_table  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -661,7 +662,7 @@ def test_where_curves_part_on_the_committed_start_c_table_agrees_with_pandas():
     write): per seed, the first logged step whose row differs in any column, or none."""
     import pandas as pd
 
-    out = Path(__file__).resolve().parents[1] / "figures" / "cpu_table_startC"
+    out = Path(__file__).resolve().parents[1] / "figures" / "experiments" / "cpu_table" / "startC"
     _, sets, _ = cpu_table.previous_outputs(
         out, json.loads((out / "cpu_llm_table.json").read_text())["settings"], set()
     )
@@ -764,11 +765,12 @@ def test_delta_optimum_is_an_intersection_union_of_scipys_one_sided_paired_t_tes
 
 
 def _write_evaluated_run(runs_dir, run, seed, step, correct_by_problem, sft_model="m"):
-    """A run directory as atr_llm.cpu_table leaves it: result.json with the recorded Pass@8 and, per benchmark, the
+    """A run directory as experiments.cpu_table leaves it: result.json with the recorded Pass@8 and, per benchmark, the
     samples.jsonl of that evaluation (8 samples per problem, ``correct_by_problem[i]`` of them correct)."""
     import json
 
-    from atr_llm import cpu_table, pass_at_k_curves
+    from experiments import cpu_table
+    from experiments.cpu_table import pass_at_k_curves
 
     evals = {}
     for benchmark in cpu_table.BENCHMARKS:
@@ -790,7 +792,7 @@ def _write_evaluated_run(runs_dir, run, seed, step, correct_by_problem, sft_mode
 
 
 def _pass_at_k_argv(runs_dir, runs: str, ks: str, out: str) -> list[str]:
-    """``python -m atr_llm.pass_at_k_curves`` arguments for seeds 0 and 1 of ``runs_dir``, paired against sft."""
+    """``python -m experiments.cpu_table.pass_at_k_curves`` arguments for seeds 0 and 1 of ``runs_dir``, paired against sft."""
     return [
         "--runs-dir", str(runs_dir), "--runs", *runs.split(), "--seeds", "0", "1", "--ks", *ks.split(),
         "--references", "sft", "--out", str(runs_dir / out),
@@ -806,7 +808,7 @@ def test_pass_at_k_curves_equal_brute_force_over_subsets_and_refuse_other_sample
 
     import numpy as np
 
-    from atr_llm import pass_at_k_curves
+    from experiments.cpu_table import pass_at_k_curves
 
     counts_atr = {0: [3, 3, 3, 3], 1: [0, 8, 8, 0]}
     counts = {("sft", 0): [0, 1, 3, 8], ("sft", 1): [2, 0, 5, 7], ("clip", 0): [0, 4, 6, 8], ("clip", 1): [1, 1, 8, 6]}
@@ -860,7 +862,7 @@ def test_pass_at_k_curves_equal_brute_force_over_subsets_and_refuse_other_sample
 _FAULTS_SCRIPT = """
 import resource, sys, torch
 if sys.argv[1] == "keep":
-    from atr_llm.cpu_table import keep_freed_memory
+    from experiments.cpu_table import keep_freed_memory
     assert keep_freed_memory()
 torch.ones(10_020_000).add_(1.0)  # warm-up: the largest block, written once and freed
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -449,7 +449,7 @@ def test_a_resumed_run_equals_the_uninterrupted_run_and_transformers_own_resume_
     epoch is 4 steps, so resuming at step 4 starts the second epoch (where TRL's sampler replayed the first epoch's
     order) and at step 6 lands inside it."""
     from atr_llm import trainer
-    from atr_llm.cpu_table import weights_id
+    from experiments.cpu_table import weights_id
 
     base = ["--config", str(CONFIGS / "cpu-tiny.yaml"), "--sft_steps", "60", "--dataset_limit", "8"]
     base += ["--save_steps", "2", "--logging_steps", "1", "--save_total_limit", "10"]

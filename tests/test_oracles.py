@@ -1,4 +1,4 @@
-"""Brute-force oracles for the rules no peer library implements (issue: every formula pinned by an oracle).
+"""Brute-force oracles for the rules no peer library implements (every formula pinned by an oracle).
 
 For each of DCPO, TRGPPO, TR-PPO, Truly PPO, KL1 / KL2 / KL3 (atr) / IS-KL3 in both forms and atr_seq, the loss
 is rebuilt here token by token from the rule's *definition*:
@@ -281,7 +281,7 @@ def test_policy_loss_equals_the_brute_force_definition(method, form, data):
 
 
 def test_the_oracle_catches_a_perturbed_formula(monkeypatch):
-    """Mutations that used to leave the suite green (the issue's list) now fail the oracle."""
+    """Mutations that used to leave the suite green (the list the older suite missed) now fail the oracle."""
     import atr_theory.ranges as ranges
 
     g = torch.Generator().manual_seed(0)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mp_reference import bisect_log, float32_log_p_grid
+from mp_reference import binary_kl_log_roots_80_digits, bisect_log, float32_log_p_grid
 from scipy.optimize import brentq
 
 import atr_theory as at
@@ -261,32 +261,6 @@ def test_trgppo_torch_newton_matches_the_bisection(delta):
     np.testing.assert_allclose(b_hi.numpy(), a_hi, rtol=1e-8, atol=1e-15)  # both lose digits where the root is ~0
 
 
-def _binary_kl_roots_mpmath(p: float, delta: float) -> tuple:
-    """TRGPPO's (log l_KL, log u_KL) from the definition KL(Ber(p) || Ber(p w)) = p log(1/w) + q log(q / (1 - p w)),
-    by bisection at 80 digits on brackets whose signs are checked (no float64 code of the package involved)."""
-    with mp.workdps(80):
-        p, d = mp.mpf(p), mp.mpf(delta)
-        q = 1 - p
-
-        def f(y):
-            w = mp.exp(y)
-            return -p * y + (q * mp.log(q / (1 - p * w)) if q > 0 else 0) - d
-
-        def bisect(a, b):  # f(a) > 0 > f(b)
-            assert f(a) > 0 > f(b)
-            for _ in range(120 + int(mp.log(abs(a - b) + 2, 2))):
-                m = (a + b) / 2
-                a, b = (m, b) if f(m) > 0 else (a, m)
-            return (a + b) / 2
-
-        lower = bisect(2 * ((q * mp.log(q) if q > 0 else 0) - d) / p - 1, mp.mpf(0))  # f >= d there
-        if q == 0:
-            return lower, mp.mpf(0)
-        top = -mp.log(p) * (1 - mp.mpf(10) ** -60)  # w just below 1/p, where the KL diverges
-        upper = -mp.log(p) if 1 - p * mp.exp(top) == 0 or f(top) <= 0 else bisect(top, mp.mpf(0))
-        return lower, upper
-
-
 @pytest.mark.parametrize("delta", [1e-12, 1e-8, 1e-4, 0.07, 2.0, 20.0])
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_trgppo_roots_against_mpmath_from_tiny_to_unit_p_old(backend, delta):
@@ -306,7 +280,7 @@ def test_trgppo_roots_against_mpmath_from_tiny_to_unit_p_old(backend, delta):
     else:
         lo, hi = (t.numpy() for t in at.ranges.trgppo_kl_log_range_torch(torch.tensor(p), delta))
     for i, pi in enumerate(p):
-        for got, want in zip((lo[i], hi[i]), _binary_kl_roots_mpmath(float(pi), delta)):
+        for got, want in zip((lo[i], hi[i]), binary_kl_log_roots_80_digits(float(pi), delta)):
             assert abs(mp.mpf(float(got)) - want) <= 4e-15 * max(1.0, abs(float(want))), (pi, got, want)
 
 

@@ -93,9 +93,9 @@ def test_a_new_method_reaches_the_trainer_config_and_the_cli_unedited():
     assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
 
 
-def test_the_readme_methods_table_is_the_registry():
-    text = (ROOT / "README.md").read_text()
-    assert docs.readme_with_table(text) == text, "stale README table: run `python -m atr_theory.docs`"
+def test_the_docs_methods_table_is_the_registry():
+    text = (ROOT / "docs" / "methods.md").read_text()
+    assert docs.readme_with_table(text) == text, "stale methods table: run `python -m atr_theory.docs`"
 
 
 @pytest.mark.parametrize("value", [True, "0.07", torch.tensor(0.07), None, [0.07]])

@@ -18,7 +18,7 @@ def _load(name):
 
 
 def test_a_sim_script_runs_as_a_file_from_any_directory(tmp_path):
-    """`python sims/clip_ranges.py` (the README's command) works as well as `import sims.clip_ranges`."""
+    """`python -m sims.clip_ranges` (the README's command) works as well as `import sims.clip_ranges`."""
     script = ROOT / "sims" / "clip_ranges.py"
     subprocess.run([sys.executable, str(script), "--quick", "--out", str(tmp_path)], check=True, cwd=tmp_path)
     assert (tmp_path / "clip_ranges.png").stat().st_size > 10_000

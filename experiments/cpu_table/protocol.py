@@ -1,0 +1,292 @@
+"""The CPU table's protocol: its runs, benchmarks and settings, where a run lives, and what a finished run must
+agree on to join a table (the data layout every other module of :mod:`experiments.cpu_table` reads)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import atr_llm
+from atr_llm.presets import RUNS
+
+BASE_CONFIG = Path(atr_llm.__file__).parent / "configs" / "cpu-table.yaml"
+
+
+def base_config_value(key: str):
+    """``key`` of :data:`BASE_CONFIG` (cpu-table.yaml), the training settings every run starts from."""
+    import yaml
+
+    return yaml.safe_load(BASE_CONFIG.read_text())[key]
+
+
+def run_directory(runs_dir: Path | str, run: str, seed: int) -> Path:
+    """Where (``run``, ``seed``) trains and writes its checkpoints and ``result.json``."""
+    return Path(runs_dir) / f"{run}-s{seed}"
+
+
+TASK = "arithmetic-3step-steps"
+
+
+EVAL_SAMPLING = dict(temperature=0.3, top_p=0.95)  # the paper's evaluation sampling (Sec. 5)
+
+
+BENCHMARKS: dict[str, dict] = {
+    "steps-test-T0.3": EVAL_SAMPLING,
+    "steps-test-T1": dict(temperature=1.0, top_p=1.0),  # the training sampling: what GRPO's reward measures
+}
+"""Benchmark name -> sampling; every benchmark is the same held-out problems of :data:`TASK`."""
+
+
+TABLE2 = ["clip", "clip-higher", "dual-clip", "dcpo", "clip-cov", "sapo", "atr"]
+
+
+TABLE3 = ["kl1", "kl2", "is-kl3", "clip-eps0.329", "clip-eps0.422", "clip-higher-0.329-0.422"]
+
+
+PAPER_CLIP_HIGHER = ["clip-higher-0.329-0.5", "clip-higher-0.329-0.6"]
+"""The paper's own Table 3 clip-higher rows (eps_low 0.329, eps_high 0.5 / 0.6; :data:`atr_llm.presets.RUNS`); the
+default table has clip-higher at ATR's range (0.329, 0.422) instead (the matched control), so these run on request."""
+
+
+DELTA_ABLATION = ["atr-delta0.03", "atr-delta0.05", "atr-delta0.1", "atr-delta0.15"]
+
+
+FORM_CONTROL = ["clip-mask", "atr-min"]
+"""Each rule in the other form of Eq. 5 (not in the default table): clip as a mask (both signs frozen outside
+[0.8, 1.2]) and atr in PPO's min form (its exact range [0.671, 1.422], frozen only where the advantage's sign
+makes the clipped objective the smaller one)."""
+
+
+_NOT_PRESETS: dict[str, dict] = {
+    # ATR's ratio range at delta = 0.07 is [0.671, 1.422]: clip-higher with exactly that range is the matched control
+    "clip-higher-0.329-0.422": {"method": "clip_higher", "epsilon_low": 0.329, "epsilon_high": 0.422},
+    "atr-delta0.03": {"method": "atr", "delta": 0.03},
+    "atr-delta0.15": {"method": "atr", "delta": 0.15},
+    "clip-mask": {"method": "clip", "form": "mask"},
+    "atr-min": {"method": "atr", "form": "min"},
+}
+
+
+CPU_RUNS: dict[str, dict] = {
+    run: RUNS[run] if run in RUNS else _NOT_PRESETS[run]
+    for run in TABLE2 + TABLE3 + PAPER_CLIP_HIGHER + DELTA_ABLATION + FORM_CONTROL
+}
+"""Run name -> method and parameters (the paper's presets where it has one: :data:`atr_llm.presets.RUNS`), in the
+table's order: Table 2, Table 3, the paper's other clip-higher rows, the ablation, the form controls."""
+
+
+ABLATION_DELTAS: dict[str, float] = {run: CPU_RUNS[run]["delta"] for run in ["atr", *DELTA_ABLATION]}
+"""Run name -> ATR's delta for the delta ablation: ``atr`` (the paper's 0.07) and :data:`DELTA_ABLATION`."""
+
+
+FULL = dict(
+    runs=TABLE2 + TABLE3 + DELTA_ABLATION,
+    seeds=[0, 1, 2],
+    sft_steps=600,
+    max_steps=1000,
+    save_steps=250,
+    test_problems=200,
+    samples=8,
+)
+
+
+QUICK = dict(runs=["clip", "atr"], seeds=[0], sft_steps=20, max_steps=4, save_steps=2, test_problems=16, samples=8)
+
+
+def run_args(run: str) -> list[str]:
+    """``python -m atr_llm.train`` arguments that select ``run``'s method and parameters."""
+    from atr_llm.trainer import config_field
+
+    spec = CPU_RUNS[run]
+    args = ["--method", spec["method"]]
+    for k, v in spec.items():
+        if k != "method":
+            args += [f"--{config_field(k)}", str(v)]
+    return args
+
+
+MACHINE_FILE = "machine.json"
+"""Written beside an SFT model by :func:`train_sft`: the :func:`machine_kind` that trained it."""
+
+
+def machine_kind() -> str:
+    """The kind of machine this process computes on, as far as it decides an SFT model's bits beyond seed and
+    protocol: the CPU's model name and the vector instruction set torch dispatches to, the CUDA device when one is
+    available (TRL's trainers use it), and torch's version -- e.g. ``"AMD EPYC | cpu AVX2 | torch 2.13.0+cpu"``.
+    Two machines that agree here are taken to train the same SFT model from the same seed (kernels of one ISA and
+    torch build round alike); the cpu-table's starts are these kinds (:func:`start_labels`)."""
+    import platform
+
+    import torch
+
+    name = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    name = name or platform.processor() or platform.machine()
+    parts = [name, f"cpu {torch.backends.cpu.get_cpu_capability()}"]
+    if torch.cuda.is_available():
+        parts.append(f"cuda {torch.cuda.get_device_name(0)}")
+    return " | ".join([*parts, f"torch {torch.__version__}"])
+
+
+def sft_machine(model_dir: Path | str) -> str | None:
+    """The machine kind recorded beside an SFT model (:data:`MACHINE_FILE`), or None for a model trained before
+    it was recorded."""
+    path = Path(model_dir) / MACHINE_FILE
+    return json.loads(path.read_text())["machine"] if path.exists() else None
+
+
+def weights_id(model_dir: Path | str) -> str:
+    """Identity of a saved model's weights: the first 16 hex digits of SHA-256 over every tensor of its
+    ``*.safetensors`` files in name order (name, dtype, shape, then the raw bytes). File metadata and
+    shard layout do not enter, so two saves of equal weights agree and a change of one bit in one weight does not."""
+    import torch
+    from safetensors import safe_open
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors file in {model_dir}: not a saved model directory")
+    tensors = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            tensors.update({name: f.get_tensor(name) for name in f.keys()})
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())  # the raw bits, any dtype (bfloat16 too)
+    return digest.hexdigest()[:16]
+
+
+def evaluation_problems(test_problems: int, task: str = TASK):
+    """The first ``test_problems`` problems of ``task``'s test split, seed 12345: the problems every evaluation of
+    the table grades (their row index is the ``problem_id`` of the samples it writes)."""
+    from atr_llm.data import OFFLINE_TASKS, arithmetic_dataset
+
+    return arithmetic_dataset(test_problems, seed=12345, **{**OFFLINE_TASKS[task], "split": "test"})
+
+
+def grpo_learning_rate(requested: float | None) -> float | None:
+    """The ``learning_rate`` setting of a table: ``None`` for cpu-table.yaml's own rate (so tables written before
+    the option existed keep their rows), else the requested rate (> 0, finite), which makes a protocol of its own."""
+    if requested is None:
+        return None
+    if not (math.isfinite(requested) and requested > 0):
+        raise ValueError(f"--learning-rate must be a finite number > 0, got {requested}")
+    if requested == float(base_config_value("learning_rate")):
+        return None
+    return requested
+
+
+def train_argv(job: dict, output_dir: Path | str, max_steps: int, save_steps: int) -> list[str]:
+    """``python -m atr_llm.train`` arguments of ``job``'s run (``run``, ``seed``, ``sft_dir``, optionally
+    ``learning_rate`` and ``device``) from its seed's SFT model into ``output_dir``: cpu-table.yaml, then the run's
+    method and parameters (:func:`run_args`)."""
+    argv = ["--config", str(BASE_CONFIG), "--model_name_or_path", str(job["sft_dir"]), "--seed", str(job["seed"])]
+    argv += ["--output_dir", str(output_dir), "--max_steps", str(max_steps), "--save_steps", str(save_steps)]
+    argv += run_args(job["run"])
+    if job.get("learning_rate") is not None:  # a protocol other than cpu-table.yaml's rate (``--learning-rate``)
+        argv += ["--learning_rate", repr(float(job["learning_rate"]))]
+    if job.get("device", "cpu") != "cpu":
+        argv += ["--use_cpu", "false"]
+    return argv
+
+
+def result_at_step(result: dict, step: int) -> dict:
+    """``result`` as a run of ``step`` training steps would have written it: its evaluations at checkpoints <= ``step``
+    and its training curves up to ``step`` (the SFT model's own result, step 0, unchanged). With the constant learning
+    rate of cpu-table.yaml a run's checkpoint at ``step`` holds the weights of a ``step``-step run of the same seed
+    (``tests/test_cpu_table.py`` trains both and compares), so this is that shorter run's result without training it.
+    One exception, in the curves only: a run also logs its last step when that is off the logging interval (10 steps
+    in cpu-table.yaml), a point the longer run never logged; at multiples of 10 the curves agree too."""
+    if result["run"] == "sft":
+        return result
+    steps = sorted(int(s) for s in result["evals"])
+    if step not in steps:
+        raise ValueError(
+            f"{result['run']} seed {result['seed']} has no evaluated checkpoint at step {step} (it has {steps}): "
+            "--at-step must be a step at which the runs saved a checkpoint (a multiple of save_steps, <= max_steps)"
+        )
+    return {
+        **result,
+        "evals": {s: v for s, v in result["evals"].items() if int(s) <= step},
+        "curves": [c for c in result["curves"] if c["step"] <= step],
+    }
+
+
+def _result_of(run: str, job: dict) -> dict:
+    """The head of a finished result: which run, which seed, and the SFT model (and its machine) it started from."""
+    return {"run": run, "seed": job["seed"], "sft_model": job["sft_model"], "sft_machine": job.get("sft_machine")}
+
+
+def _started_from(result: dict, job: dict, path: Path) -> dict:
+    """A finished result read back, checked to have started from the job's SFT model (results written before
+    the SFT model was recorded take the job's, and its machine kind with it) and, for a GRPO run, to have been
+    trained and saved as the job asks (:func:`refuse_other_protocol`)."""
+    recorded = result.setdefault("sft_model", job["sft_model"])
+    result.setdefault("sft_machine", job.get("sft_machine"))
+    if recorded != job["sft_model"]:
+        raise ValueError(
+            f"{path} started from SFT model {recorded}, but {job['sft_dir']} now holds {job['sft_model']}: "
+            "the SFT model was trained again; move the run away (or use another --runs-dir) to train it anew"
+        )
+    if result["run"] != "sft":
+        refuse_other_protocol(result, job, path)
+    return result
+
+
+def refuse_other_protocol(result: dict, job: dict, path: Path) -> None:
+    """Raise if the finished GRPO run ``result`` (read from ``path``) was trained with another learning rate or step
+    count, or saved its evaluated checkpoints at another interval, than ``job`` asks for. A result written before
+    these were recorded was trained at cpu-table.yaml's rate (the only one then) for as many steps as its last
+    evaluation's, with a checkpoint at its first evaluation's step; those values are filled into ``result``."""
+    evaluated = sorted(int(step) for step in result["evals"])
+    result.setdefault("learning_rate", None)
+    result.setdefault("max_steps", evaluated[-1])
+    result.setdefault("save_steps", evaluated[0])
+    for key in _RUN_PROTOCOL_KEYS:
+        if result[key] != job.get(key):
+            raise ValueError(
+                f"{path} was trained with {key} = {result[key]}, this invocation asks for {job.get(key)} "
+                "(None: cpu-table.yaml's): use another --runs-dir for another protocol"
+            )
+
+
+_RUN_PROTOCOL_KEYS = ("learning_rate", "max_steps", "save_steps")
+"""What a finished GRPO run records of how it was trained and saved, beyond its method, seed and SFT model."""
+
+
+CURVE_KEYS = (
+    "step",
+    "reward",
+    "entropy",
+    "completions/mean_length",
+    "completions/clipped_ratio",
+    "clip/frac_masked",
+    "clip/ratio_max",
+)
+
+
+_PROTOCOL_KEYS = (
+    "sft_steps",
+    "max_steps",
+    "save_steps",
+    "test_problems",
+    "samples",
+    "task",
+    "base_config",
+    "benchmarks",
+    "learning_rate",
+)
+"""Settings that must agree for two invocations' rows to share one table (everything but runs, seeds, device)."""
+
+
+def protocol_differences(settings: dict, other: dict) -> list[str]:
+    """The :data:`_PROTOCOL_KEYS` in which two tables' settings differ: rows of tables that differ in none of them
+    were trained and evaluated the same way, and may be compared (or pooled) across the tables."""
+    return [key for key in _PROTOCOL_KEYS if settings.get(key) != other.get(key)]

@@ -1,0 +1,190 @@
+"""Replay one cpu-table GRPO run and list the tokens on which its ratio range and another constant range disagree.
+
+Two ratio-range rules in PPO's min form (``min(w A, clip(w, l, u) A)``) give the same gradient on a batch unless some
+token has ``A > 0`` and ``w`` between the two upper bounds, or ``A < 0`` and ``w`` between the two lower bounds (their
+loss values also differ on tokens clipped by both -- clamped to different constants -- but those carry no gradient in
+either, and the optimizer sees only gradients). Training here is deterministic on one machine kind, so two such runs from the same SFT model stay equal bit
+for bit until the first such token (README, "Two declarations of one rule"). This script re-trains the first
+``--steps`` steps of ``--run`` exactly as ``python -m experiments.cpu_table`` did (same config, arguments, seed and SFT
+model, one thread as its workers), with a read-only spy on :func:`atr_theory.methods.ratio_objective` that records,
+per loss call, every valid token in those slivers; it then checks that the replay's logged windows equal the
+original run's ``log_history.json`` (every value but the wall-clock ones), so the tokens found are the run's own.
+
+    python -m experiments.cpu_table.range_gap_replay --run clip-higher-0.329-0.422 --seeds 7 4 0 --steps 12 130 130 \
+        --runs-dir runs/cpu_table_forms [--other kl3:0.07] [--out figures/experiments/cpu_table/readouts/range_gap_replay.json]
+
+``--other`` is ``kl3:DELTA`` (ATR's range, :func:`atr_theory.ranges.kl3_clip_range`) or ``LOWER,UPPER``.
+Prints and writes JSON: a list, per seed ``{"run", "seed", "steps", "calls", "other_range", "gap_tokens": [{"call",
+"side", "w", "A"}], "first_call", "windows_compared", "windows_equal"}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+WALL_CLOCK = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
+
+
+def other_range(spec: str) -> tuple[float, float]:
+    """``kl3:0.07`` -> ATR's range at delta 0.07; ``0.671,1.422`` -> that range."""
+    from atr_theory import ranges
+
+    if spec.startswith("kl3:"):
+        return ranges.kl3_clip_range(float(spec[4:]))
+    lower, upper = (float(x) for x in spec.split(","))
+    if not 0 < lower < 1 < upper:
+        raise ValueError(f"--other: expected 0 < lower < 1 < upper, got {lower}, {upper}")
+    return lower, upper
+
+
+def gap_tokens(batch, lower: float, upper: float, other: tuple[float, float]) -> list[dict]:
+    """Valid tokens where ``[lower, upper]`` and ``other`` give PPO's min form different gradients: ``A > 0`` with
+    ``w`` between the upper bounds, or ``A < 0`` with ``w`` between the lower bounds (each in the batch's dtype)."""
+    with torch.no_grad():
+        w, adv, valid = torch.exp(batch.log_ratio), batch.advantages, batch.mask.bool()
+        as_t = lambda x: torch.tensor(x, dtype=w.dtype)  # noqa: E731
+        hi_a, hi_b = sorted((as_t(upper), as_t(other[1])))
+        lo_a, lo_b = sorted((as_t(lower), as_t(other[0])))
+        high = valid & (adv > 0) & (w > hi_a) & (w <= hi_b)
+        low = valid & (adv < 0) & (w >= lo_a) & (w < lo_b)
+        found = []
+        for side, where in (("high", high), ("low", low)):
+            for wi, ai in zip(w[where].tolist(), adv[where].tolist()):
+                found.append({"side": side, "w": wi, "A": ai})
+        return found
+
+
+def constant_range_in_min_form(choice) -> tuple[float, float] | None:
+    """The one constant ratio range ``(lower, upper)`` a resolved method applies in PPO's min form, read from the
+    method itself: it is called once on a small batch with a read-only spy on
+    :func:`atr_theory.methods.ratio_objective`, and it qualifies only when that was its single call, on the batch it
+    was given (token ratios, not GSPO's sequence ratios), with float bounds and no dual-clip floor, and it returned
+    that call's result unchanged (a constraint passed along is read only in the mask form). Then two such rules differ
+    exactly on :func:`gap_tokens`. None otherwise (the mask form, per-token bounds, a floor, a soft gate, sequence
+    ratios, a wrapped result): there other tokens differ too."""
+    import math
+
+    from atr_theory import methods
+
+    if choice.form != "min":
+        return None
+    original, calls = methods.ratio_objective, []
+
+    def spy(seen, lower, upper, constraint=None, negative_cap=math.inf):
+        calls.append((seen, lower, upper, negative_cap, original(seen, lower, upper, constraint, negative_cap)))
+        return calls[-1][-1]
+
+    g = torch.Generator().manual_seed(0)
+    logp = -torch.rand(2, 8, generator=g, dtype=torch.float64) - 0.1
+    old_logp = logp + 0.3 * torch.randn(2, 8, generator=g, dtype=torch.float64)
+    advantages, mask = torch.randn(2, 8, generator=g, dtype=torch.float64), torch.ones(2, 8, dtype=torch.bool)
+    batch = methods.TokenBatch(logp - old_logp, advantages, mask, logp, old_logp, form="min")
+    methods.ratio_objective = spy
+    try:
+        result = choice.spec.fn(batch, **choice.params)
+    finally:
+        methods.ratio_objective = original
+    if len(calls) != 1:
+        return None
+    seen, lower, upper, negative_cap, returned = calls[0]
+    if seen is not batch or not (isinstance(lower, float) and isinstance(upper, float)):
+        return None
+    return (lower, upper) if negative_cap == math.inf and result is returned else None
+
+
+def check_replayable(run: str) -> None:
+    """``run`` must be a cpu-table run whose rule is one constant ratio range in PPO's min form
+    (:func:`constant_range_in_min_form`): in the mask form, with per-token bounds, a dual-clip floor or a soft gate
+    other tokens differ too, and :func:`gap_tokens` would miss them."""
+    from atr_theory import methods
+    from experiments import cpu_table
+
+    if run not in cpu_table.CPU_RUNS:
+        raise ValueError(f"--run: {run!r} is not a run of experiments.cpu_table.CPU_RUNS")
+    spec = dict(cpu_table.CPU_RUNS[run])
+    choice = methods.resolve(spec.pop("method"), spec.pop("form", None), **spec)
+    if constant_range_in_min_form(choice) is None:
+        raise ValueError(
+            f"--run {run}: {choice.name} in the {choice.form} form is not one constant ratio range in the min form"
+            " (the sliver test holds only there)"
+        )
+
+
+def replay(run: str, seed: int, steps: int, runs_dir: Path, other: tuple[float, float]) -> dict:
+    from atr_llm import train
+    from atr_theory import methods
+    from experiments import cpu_table
+
+    check_replayable(run)
+
+    cpu_table.worker_init()  # one thread, as the driver's workers: the same floating-point reductions
+    original = methods.ratio_objective
+    found: list[dict] = []
+    calls = [0]
+
+    def spy(batch, lower, upper, *args, **kwargs):
+        calls[0] += 1
+        if isinstance(lower, float) and isinstance(upper, float):
+            found.extend({"call": calls[0], **t} for t in gap_tokens(batch, lower, upper, other))
+        return original(batch, lower, upper, *args, **kwargs)
+
+    run_dir = cpu_table.run_directory(runs_dir, run, seed)
+    job = {"run": run, "seed": seed, "sft_dir": cpu_table.run_directory(runs_dir, "sft", seed)}
+    job["learning_rate"] = json.loads((run_dir / "result.json").read_text()).get("learning_rate")  # the run's own
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = cpu_table.train_argv(job, tmp, steps, 10**6)
+        methods.ratio_objective = spy
+        try:
+            train.main(argv)
+        finally:
+            methods.ratio_objective = original
+        mine = json.loads((Path(tmp) / "log_history.json").read_text())
+    theirs = json.loads((run_dir / "log_history.json").read_text())
+    by_step = {h["step"]: _without_wall_clock(h) for h in theirs if "loss" in h}
+    windows = [_without_wall_clock(h) for h in mine if "loss" in h]
+    equal = [h == by_step.get(h["step"]) for h in windows]
+    return {
+        "run": run,
+        "seed": seed,
+        "steps": steps,
+        "calls": calls[0],
+        "other_range": list(other),
+        "gap_tokens": found,
+        "first_call": found[0]["call"] if found else None,
+        "windows_compared": len(windows),
+        "windows_equal": sum(equal),
+    }
+
+
+def _without_wall_clock(logged: dict) -> dict:
+    return {k: v for k, v in logged.items() if k not in WALL_CLOCK}
+
+
+def main(argv=None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--run", required=True, help="a run of experiments.cpu_table.CPU_RUNS with a constant range")
+    p.add_argument("--seeds", type=int, nargs="+", required=True)
+    p.add_argument("--steps", type=int, nargs="+", required=True, help="optimizer steps to replay, one per seed")
+    p.add_argument("--runs-dir", type=Path, default=Path("runs/cpu_table_forms"))
+    p.add_argument("--other", default="kl3:0.07", help="kl3:DELTA or LOWER,UPPER (default: ATR's range)")
+    p.add_argument("--out", type=Path, default=None)
+    a = p.parse_args(argv)
+    if len(a.steps) != len(a.seeds) or min(a.steps) < 1:
+        raise ValueError(f"--steps: expected one count >= 1 per seed ({len(a.seeds)}), got {a.steps}")
+    other = other_range(a.other)
+    result = [replay(a.run, seed, steps, a.runs_dir, other) for seed, steps in zip(a.seeds, a.steps)]
+    text = json.dumps(result, indent=1)
+    print(text, file=sys.__stdout__)
+    if a.out:
+        a.out.write_text(text + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()

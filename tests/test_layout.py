@@ -1,0 +1,108 @@
+"""The house plan holds: no import cycle, data flows one way (math -> product -> studies), no sys.path edits, no
+module of the installable packages over ~700 lines, and the project speaks of itself only."""
+
+import ast
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("atr_theory", "atr_llm", "sims", "experiments", "benchmarks", "tools")
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = path
+    return found
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every project module ``name`` imports, at module level or inside a function (relative imports resolved)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        for t in targets:
+            while t and t not in known:
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                out.add(t)
+    return out
+
+
+def _graph():
+    modules = _modules()
+    return {name: _imports(name, path, set(modules)) for name, path in modules.items()}
+
+
+def test_no_module_imports_itself_through_a_cycle():
+    graph = _graph()
+    state: dict[str, int] = {}
+
+    def visit(node, stack):
+        state[node] = 1
+        for nxt in graph.get(node, ()):
+            # a package's __init__ re-exporting its own submodules is not a cycle of ideas
+            if nxt.startswith(node + ".") or node.startswith(nxt + "."):
+                continue
+            if state.get(nxt) == 1:
+                raise AssertionError("import cycle: " + " -> ".join([*stack, node, nxt]))
+            if not state.get(nxt):
+                visit(nxt, [*stack, node])
+        state[node] = 2
+
+    for node in graph:
+        if not state.get(node):
+            visit(node, [])
+
+
+def test_data_flows_one_way():
+    for name, targets in _graph().items():
+        top = name.split(".")[0]
+        above = {"atr_theory": set(PACKAGES) - {"atr_theory"}, "atr_llm": {"sims", "experiments", "benchmarks", "tools"}}
+        bad = {t for t in targets if t.split(".")[0] in above.get(top, set())}
+        assert not bad, f"{name} imports {bad}"
+
+
+def test_the_core_imports_no_llm_or_plotting_library():
+    for path in (ROOT / "atr_theory").rglob("*.py"):
+        text = path.read_text()
+        assert not re.search(r"^\s*(import|from) (transformers|trl|peft|matplotlib|datasets)\b", text, re.M), path
+
+
+def test_nothing_edits_sys_path():
+    for package in (*PACKAGES, "tests"):
+        for path in (ROOT / package).rglob("*.py"):
+            if path.name == "test_layout.py":
+                continue
+            assert "sys.path.insert" not in path.read_text() and "sys.path.append" not in path.read_text(), path
+
+
+def test_no_installable_module_is_over_700_lines():
+    for package in ("atr_theory", "atr_llm"):
+        for path in (ROOT / package).rglob("*.py"):
+            assert len(path.read_text().splitlines()) <= 700, path
+
+
+def test_the_project_speaks_of_itself_only():
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    words = re.compile(r"\b(sessions?|leases?|lent machine)\b|\bissues? #?\d+\b", re.I)
+    for name in files:
+        if name.startswith("figures/") or not name.endswith((".py", ".md", ".yaml", ".toml", ".yml")):
+            continue
+        if name == "tests/test_layout.py":
+            continue
+        found = words.search((ROOT / name).read_text())
+        assert not found, f"{name}: {found.group(0)!r}"

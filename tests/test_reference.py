@@ -1,0 +1,75 @@
+"""The registry's fast path equals each rule's plain reference form (atr_theory.reference): the same per-token
+objective and the same gradient, both forms, random batches with padding and per-sequence or per-token advantages."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import atr_theory as at
+from atr_theory import reference
+
+PARAMS = {
+    "clip": {"epsilon": st.floats(0.05, 0.5)},
+    "clip_higher": {"epsilon_low": st.floats(0.05, 0.5), "epsilon_high": st.floats(0.05, 0.8)},
+    "dual_clip": {"epsilon": st.floats(0.05, 0.5), "dual_clip_c": st.floats(1.5, 5.0)},
+    "atr": {"delta": st.floats(0.01, 0.5)},
+    "kl1": {"delta": st.floats(0.01, 0.5)},
+    "kl2": {"delta": st.floats(0.01, 0.5)},
+    "is_kl3": {"delta": st.floats(0.01, 0.5)},
+    "sapo": {"tau_pos": st.floats(0.5, 3.0), "tau_neg": st.floats(0.5, 3.0)},
+    "gspo": {"epsilon_low": st.floats(0.01, 0.2), "epsilon_high": st.floats(0.01, 0.2)},
+    "kl_cov": {"cov_ratio": st.floats(0.01, 0.5), "kl_coef": st.floats(0.1, 2.0)},
+}
+
+
+def _batch(seed, B, T, per_token_advantages):
+    g = torch.Generator().manual_seed(seed)
+    old_logp = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3 - 0.01
+    logp = (old_logp + 0.4 * torch.randn(B, T, generator=g, dtype=torch.float64)).clamp(max=0.0)
+    shape = (B, T) if per_token_advantages else (B,)
+    advantages = torch.randn(shape, generator=g, dtype=torch.float64)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    return logp, old_logp, advantages, mask
+
+
+def _objective_and_gradient(fn, logp, *rest):
+    logp = logp.clone().requires_grad_()
+    objective = fn(logp, *rest)
+    (grad,) = torch.autograd.grad(objective.sum(), logp)
+    return objective.detach(), grad
+
+
+@pytest.mark.parametrize("method", sorted(reference.REFERENCE_FORMS))
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_the_registry_equals_the_plain_reference_form(method, data):
+    spec = at.METHODS[method]
+    form = data.draw(st.sampled_from(spec.forms), label="form")
+    params = {k: data.draw(s, label=k) for k, s in PARAMS[method].items()}
+    seed, B, T = data.draw(st.integers(0, 10_000)), data.draw(st.integers(1, 5)), data.draw(st.integers(1, 12))
+    per_token = data.draw(st.booleans()) and method != "gspo"
+    logp, old_logp, advantages, mask = _batch(seed, B, T, per_token)
+    form_kw = {"form": form} if form in ("min", "mask") else {}
+
+    def fast(lp, old, adv, m):
+        return at.policy_loss(lp, old, adv, m, method=method, form=form, **params).per_token
+
+    def plain(lp, old, adv, m):
+        return torch.where(m, getattr(reference, method)(lp, old, adv, m, **params, **form_kw), 0.0)
+
+    got, got_grad = _objective_and_gradient(fast, logp, old_logp, advantages, mask)
+    want, want_grad = _objective_and_gradient(plain, logp, old_logp, advantages, mask)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(got_grad.numpy(), want_grad.numpy(), rtol=1e-9, atol=1e-12)
+
+
+def test_a_wrong_formula_fails_the_comparison():
+    """The comparison can fail: ATR with the symmetric range [l, 2 - l] instead of Thm 3.2's is caught."""
+    logp, old_logp, advantages, mask = _batch(0, 8, 64, False)
+    lower, _ = at.kl3_clip_range(0.07)
+    symmetric = reference.clip(logp, old_logp, advantages, mask, epsilon=1 - lower, form="mask")
+    fast = at.policy_loss(logp, old_logp, advantages, mask, method="atr", delta=0.07).per_token
+    assert not torch.allclose(torch.where(mask, symmetric, 0.0), fast)

@@ -1,0 +1,128 @@
+"""The performance page's tables, generated from the committed benchmark files (one table per machine).
+
+    python -m tools.docs_tables          # rewrites the blocks between the markers in docs/performance.md
+
+Each block is ``<!-- generated: NAME -->`` ... ``<!-- end: NAME -->``; ``tests/test_docs.py`` fails when a block
+differs from what the files under ``figures/bench/`` give.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "figures" / "bench"
+PAGE = ROOT / "docs" / "performance.md"
+
+
+def _machines(name: str) -> list[Path]:
+    return sorted(p for p in BENCH.glob(f"*/{name}"))
+
+
+def _header(path: Path, data: dict) -> str:
+    where = path.relative_to(ROOT)
+    return f"**{path.parent.name}** (`{data.get('device', path.parent.name)}`, torch {data.get('torch', '?')}; [`{where}`]({where}))"
+
+
+def loss_overhead_tables() -> str:
+    """Per-token methods: time of ``policy_loss`` forward + backward over an inline PPO-clip's, (64, 4,096)."""
+    blocks = []
+    for path in _machines("loss_overhead_time.json"):
+        data = json.loads(path.read_text())
+        modes = list(data["part1_by_mode"])
+        methods = sorted({m for by in data["part1_by_mode"].values() for m in by})
+        rows = [f"| method | {' | '.join(modes)} |", "|---|" + "---|" * len(modes)]
+        for m in methods:
+            cells = []
+            for mode in modes:
+                got = data["part1_by_mode"][mode].get(m)
+                cells.append(f"{got[0]['ratio']:.2f}" if got else "-")
+            rows.append(f"| `{m}` | {' | '.join(cells)} |")
+        blocks.append(_header(path, data) + "\n\n" + "\n".join(rows))
+    return "\n\n".join(blocks)
+
+
+def bandit_tables() -> str:
+    """The vectorised bandit's throughput against the loop and against a memory copy."""
+    blocks = []
+    for path in _machines("bandit_throughput.json"):
+        data = json.loads(path.read_text())
+        rows = ["| arms K | best path | elements / s | x loop | share of copy bandwidth |", "|---|---|---|---|---|"]
+        for r in data["rows"]:
+            rows.append(
+                f"| {r['K']:,} | {r['best_path']} | {r['vectorised_elements_per_s']:.3g} | "
+                f"{r['speedup_vs_loop']:,.0f} | {100 * r['min_traffic_fraction_of_bandwidth']:.1f}% |"
+            )
+        blocks.append(_header(path, data) + "\n\n" + "\n".join(rows))
+    return "\n\n".join(blocks)
+
+
+def trainer_step_tables() -> str:
+    """``ATRGRPOTrainer`` against stock ``trl.GRPOTrainer`` on the tiny model (ratios of time per step)."""
+    blocks = []
+    for path in _machines("trainer_step.json"):
+        data = json.loads(path.read_text())
+        rows = ["| method | loss step / stock | / stock with the fitted tile | end to end / stock | / stock fitted |"]
+        rows.append("|---|---|---|---|---|")
+        for m in data["loss_step_ratio_vs_stock"]:
+            rows.append(
+                f"| `{m}` | {data['loss_step_ratio_vs_stock'][m]:.2f} | {data['loss_step_ratio_vs_stock_fitted'][m]:.2f}"
+                f" | {data['end_to_end_ratio_vs_stock'][m]:.2f} | {data['end_to_end_ratio_vs_stock_fitted'][m]:.2f} |"
+            )
+        blocks.append(f"**{path.parent.name}** ([`{path.relative_to(ROOT)}`]({path.relative_to(ROOT)}))\n\n" + "\n".join(rows))
+    return "\n\n".join(blocks)
+
+
+def gpu_step_tables() -> str:
+    """The GPU trainer benchmark: one row per case (kind x backend)."""
+    blocks = []
+    for path in _machines("gpu_step.json"):
+        data = json.loads(path.read_text())
+        rows = [
+            "| kind | backend | steps | forward + backward s / step | generation s / call | generated tokens / s | peak GiB |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for c in data["cases"]:
+            if c.get("forward_backward_s_per_step") is None or c.get("peak_gpu_memory_GiB") is None:
+                rows.append(f"| {c['kind']} | {c['backend']} | {c.get('steps', '-')} | (did not finish) | | | |")
+                continue
+            rows.append(
+                f"| {c['kind']} | {c['backend']} | {c['steps']} | {c['forward_backward_s_per_step']:.2f} | "
+                f"{c['generation_s_per_call_after_first'] or 0:.1f} | {c['generated_tokens_per_s_after_first'] or 0:.0f} | "
+                f"{c['peak_gpu_memory_GiB']:.2f} |"
+            )
+        env = data.get("environment", {})
+        head = f"**{path.parent.name}** (`{env.get('device', '?')}`, torch {env.get('torch', '?')}; [`{path.relative_to(ROOT)}`]({path.relative_to(ROOT)}))"
+        blocks.append(head + f"\n\n`{data.get('command', '')}`\n\n" + "\n".join(rows))
+    return "\n\n".join(blocks)
+
+
+GENERATORS = {
+    "loss_overhead": loss_overhead_tables,
+    "bandit_throughput": bandit_tables,
+    "trainer_step": trainer_step_tables,
+    "gpu_step": gpu_step_tables,
+}
+
+
+def page_with_tables(text: str) -> str:
+    """``text`` with every generated block replaced by what its generator writes now."""
+    for name, generate in GENERATORS.items():
+        pattern = re.compile(rf"(<!-- generated: {name} -->\n)(?:.*?\n)?(<!-- end: {name} -->)", re.S)
+        if not pattern.search(text):
+            raise ValueError(f"{PAGE} has no block for {name!r}")
+        text = pattern.sub(lambda m, g=generate: m.group(1) + g() + "\n" + m.group(2), text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> None:
+    path = Path(argv[0]) if argv else PAGE
+    path.write_text(page_with_tables(path.read_text()))
+    print(f"wrote the generated tables into {path}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
