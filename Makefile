@@ -32,11 +32,16 @@ test-pins:
 	$(PINS_VENV)/bin/python -m pip install --quiet -e ".[dev,llm]" -c ci/unsloth-pins.txt
 	$(PINS_VENV)/bin/python -m pip install --quiet --no-deps unsloth_zoo==2026.10.9  # its GRPO scorer runs on CPU
 	$(PINS_VENV)/bin/python -c "import trl, transformers, datasets; print('pinned:', trl.__version__, transformers.__version__, datasets.__version__)"
-	UNSLOTH_ZOO_DISABLE_GPU_INIT=1 $(PINS_VENV)/bin/python -m pytest tests/test_llm.py tests/test_loss.py tests/test_unsloth_backend.py -q -p no:cacheprovider
+	UNSLOTH_ZOO_DISABLE_GPU_INIT=1 $(PINS_VENV)/bin/python -m pytest tests/test_llm.py tests/test_loss.py tests/test_unsloth_backend.py tests/test_compat.py -q -p no:cacheprovider
 
 # verl 0.9.1's own policy losses as the oracle of atr_theory.policy_loss (tests/test_verl_oracle.py)
+# The verl venv sees this interpreter's packages (torch, pytest, this package) after its own: a .pth line adds this
+# interpreter's site directories with site.addsitedir, which works from an active virtual environment too (venv's
+# --system-site-packages would show the base interpreter's packages instead of the active environment's)
 test-verl:
-	$(PY) -m venv --system-site-packages $(VERL_VENV)
+	$(PY) -m venv $(VERL_VENV)
+	$(PY) -c "import site; print('import site; ' + '; '.join(f'site.addsitedir({d!r})' for d in site.getsitepackages()))" \
+		> "$$($(VERL_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/parent-environment.pth"
 	$(VERL_VENV)/bin/python -m pip install --quiet --no-deps $(VERL_PKGS)
 	$(VERL_VENV)/bin/python -m pytest tests/test_verl_oracle.py -q -p no:cacheprovider
 

@@ -432,6 +432,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    from .runtime import enable_huge_pages_for_large_cpu_tensors
+
+    enable_huge_pages_for_large_cpu_tensors()  # before any model is built: torch reads it once
     paths = dict(p.split("=", 1) for p in args.benchmark_path)
     names = [b for b in args.benchmarks.split(",") if b]
     benchmarks = {b: load_benchmark(b, paths.get(b)) for b in names}

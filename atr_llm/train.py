@@ -174,6 +174,9 @@ def requested_backend(argv=None) -> str:
 
 
 def main(argv=None) -> dict:
+    from .runtime import enable_huge_pages_for_large_cpu_tensors
+
+    enable_huge_pages_for_large_cpu_tensors()  # before any model is built: torch reads it once
     if requested_backend(argv) == "unsloth":  # before trl's GRPOTrainer / GRPOConfig are imported anywhere
         from .unsloth_backend import require_unsloth
 

@@ -117,6 +117,9 @@ def one_case(kind: str, B: int, P: int, T: int) -> dict:
 
 
 def main(argv=None) -> dict:
+    from atr_llm.runtime import enable_huge_pages_for_large_cpu_tensors
+
+    enable_huge_pages_for_large_cpu_tensors()  # as the trainer's entry points allocate
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default="figures/bench/cpu/real_vocab_step.json")

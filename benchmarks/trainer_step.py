@@ -89,6 +89,9 @@ def loss_step_time(trainer, inputs, opt):
 
 
 def main():
+    from atr_llm.runtime import enable_huge_pages_for_large_cpu_tensors
+
+    enable_huge_pages_for_large_cpu_tensors()  # as the trainer's entry points allocate
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default="figures/bench/cpu/trainer_step.json")

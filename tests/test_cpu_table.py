@@ -879,7 +879,7 @@ def test_keep_freed_memory_stops_freed_tensors_faulting_their_pages_in_again():
     """The kernel's count of minor page faults (an oracle we did not write): after one warm-up block, 20 tensors of
     ~40 MiB (none larger) allocated, written and freed one after the other fault every page in each time by default
     (~10,000 per tensor), and hardly at all after ``keep_freed_memory`` (the freed block is re-used)."""
-    # torch's own huge-page path (THP_MEM_ALLOC_ENABLE, which `import atr_llm` turns on) off in both: with it the
+    # torch's own huge-page path (THP_MEM_ALLOC_ENABLE, which the entry points and the tests' conftest turn on) off in both: with it the
     # kernel's counts vary 6x between identical runs; the speed-up was measured with it on
     env = {**os.environ, "THP_MEM_ALLOC_ENABLE": "0"}
     counts = {}

@@ -106,3 +106,18 @@ def test_the_project_speaks_of_itself_only():
             continue
         found = words.search((ROOT / name).read_text())
         assert not found, f"{name}: {found.group(0)!r}"
+
+
+def test_importing_the_packages_leaves_the_environment_alone():
+    import json
+    import os
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    # the libraries first (TRL's import sets TORCHINDUCTOR_CACHE_DIR itself), then ours: only ours is judged
+    code = (
+        "import os, json, torch, transformers, trl; from trl import GRPOTrainer; before = dict(os.environ); "
+        "import atr_theory, atr_llm, atr_llm.trainer, atr_llm.train; print(json.dumps(dict(os.environ) == before))"
+    )
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT, check=True)
+    assert json.loads(res.stdout.strip().splitlines()[-1]) is True

@@ -295,6 +295,10 @@ def main(argv=None) -> dict:
 
     import multiprocessing as mp
 
+    from atr_llm.runtime import enable_huge_pages_for_large_cpu_tensors
+
+    enable_huge_pages_for_large_cpu_tensors()  # the spawned workers inherit it
+
     invocation = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")  # when: rows of one machine
     results = []
     with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn"), initializer=worker_init) as pool:

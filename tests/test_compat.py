@@ -1,0 +1,89 @@
+"""Every private TRL / transformers / Unsloth name the trainer relies on (atr_llm.compat) still is what it relies on,
+under each TRL release CI installs (make test: 1.16; make test-pins: 1.15 with unsloth_zoo); and a release outside
+the tested range is refused before any model loads, in one line naming it."""
+
+import pytest
+
+from atr_llm import compat
+
+
+@pytest.mark.parametrize("private", compat.PRIVATE_NAMES, ids=lambda p: p.name)
+def test_each_private_name_is_still_what_the_trainer_relies_on(private):
+    private.check()
+
+
+def test_a_changed_private_name_fails_its_check_naming_it(monkeypatch):
+    """The checks can fail: a TRL whose log-prob method lost ``compute_entropy`` is caught, by name."""
+    from trl import GRPOTrainer
+
+    def renamed(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None):
+        raise NotImplementedError
+
+    monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", renamed)
+    check = next(p for p in compat.PRIVATE_NAMES if p.name == "GRPOTrainer._get_per_token_logps_and_entropies")
+    with pytest.raises(AssertionError, match="compute_entropy"):
+        check.check()
+
+
+def test_every_private_touch_of_the_trainer_goes_through_compat():
+    """The trainer's source names no private module constant of TRL itself: those live in compat."""
+    from pathlib import Path
+
+    import atr_llm.trainer
+
+    source = Path(atr_llm.trainer.__file__).read_text()
+    assert "trl_utils" not in source and "_CHUNKED_LOGPROB_CHUNK_SIZE" not in source
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [("1.16.0", (1, 16, 0)), ("1.17.0.dev0", (1, 17, 0)), ("5.24.0rc1", (5, 24, 0)), ("1.15", (1, 15))],
+)
+def test_version_numbers_compare_by_their_release_segments(text, expected):
+    assert compat._version_tuple(text) == expected
+
+
+def test_the_installed_releases_are_the_tested_ones():
+    assert compat.unsupported_versions() == []
+
+
+@pytest.mark.parametrize("trl_version", ["1.14.2", "1.17.0", "2.0.0", "1.17.0.dev0"])
+def test_an_untested_trl_is_refused_in_one_line_naming_both_versions(trl_version):
+    installed = {"trl": trl_version, "transformers": "5.24.0"}
+    with pytest.raises(RuntimeError) as refused:
+        compat.check_supported_versions(installed=installed)
+    message = str(refused.value)
+    assert "\n" not in message and f"trl {trl_version} is installed" in message and "trl>=1.15,<1.17" in message
+    assert "--allow_untested_versions" in message
+    compat.check_supported_versions(allow_untested=True, installed=installed)  # the opt-out runs
+
+
+def test_the_config_refuses_an_untested_trl_before_any_model_loads(monkeypatch, tmp_path):
+    from atr_llm.trainer import ATRGRPOConfig
+
+    real = compat.metadata.version
+    monkeypatch.setattr(compat.metadata, "version", lambda name: "1.18.0" if name == "trl" else real(name))
+    kw = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    with pytest.raises(RuntimeError, match=r"trl 1\.18\.0 is installed"):
+        ATRGRPOConfig(**kw)
+    assert ATRGRPOConfig(allow_untested_versions=True, **kw).allow_untested_versions
+
+
+def test_the_config_method_fields_in_the_source_are_the_registry():
+    """ATRGRPOConfig's method fields are written in its source (IDEs, type checkers, help() see them); the block is
+    what the registry gives now (``python -m atr_llm.config_fields`` rewrites it)."""
+    from atr_llm import config_fields
+
+    text = config_fields.TRAINER.read_text()
+    assert config_fields.with_fields(text) == text, "stale method fields: run `python -m atr_llm.config_fields`"
+
+
+def test_help_of_the_config_shows_the_papers_delta_with_its_help():
+    import dataclasses
+    import pydoc
+
+    from atr_llm.trainer import ATRGRPOConfig
+
+    fields = {f.name: f for f in dataclasses.fields(ATRGRPOConfig)}
+    assert fields["divergence_delta"].metadata["help"].startswith("divergence threshold delta")
+    assert "divergence_delta: 'float | None' = None" in pydoc.render_doc(ATRGRPOConfig, renderer=pydoc.plaintext)
