@@ -383,14 +383,12 @@ class ATRLossMixin:
             old_per_token_logps,
             inputs["advantages"],
             mask.bool(),
-            method=self.atr_method.name,
-            form=self.atr_method.form,
+            method=self.atr_method,  # resolved once, when the config was built
             aggregation=aggregation,
             max_length=max_length,
             generator=self._method_generator,
             token_weights=token_weights,
             **full_kw,
-            **self.atr_method.params,
         )
         loss = out.loss
         if self.beta != 0.0:  # TRL's k3 penalty towards the reference model, aggregated the same way

@@ -106,6 +106,32 @@ def method_params(method: str, config: Any, extra: Mapping[str, Any] | None = No
     return at.resolve(spec.name, **params)
 
 
+CONFIG_FIELDS_READ = (
+    ("actor", "clip_ratio_low"),
+    ("actor", "clip_ratio_high"),
+    ("policy_loss", "clip_cov_ratio"),
+    ("policy_loss", "kl_cov_ratio"),
+    *VERL_FIELDS.values(),
+)
+"""Every verl config field :func:`method_params` reads: with ``$ATR_GRPO_PARAMS`` they decide the resolved choice."""
+
+_RESOLVED: dict[tuple, at.ResolvedMethod] = {}
+
+
+def resolved_once(method: str, config: Any) -> at.ResolvedMethod:
+    """:func:`method_params` of ``method``, computed once per worker for each distinct ``$ATR_GRPO_PARAMS`` text and
+    value of the config fields it reads (:data:`CONFIG_FIELDS_READ`): the JSON is parsed and the choice validated on
+    the first loss call, not on every one."""
+    try:
+        key = (method, os.environ.get(PARAMS_ENV, "").strip(), tuple(_field(config, *f) for f in CONFIG_FIELDS_READ))
+        hash(key)
+    except TypeError:  # a config value that cannot be a key (a list): resolve every call
+        return method_params(method, config)
+    if key not in _RESOLVED:
+        _RESOLVED[key] = method_params(method, config)
+    return _RESOLVED[key]
+
+
 def make_verl_policy_loss(method: str):
     """A function with verl's ``PolicyLossFn`` signature computing ``method`` through ``atr_theory.policy_loss``."""
     if at.get_method(method).needs_full_distributions:  # unknown names fail here too, at registration
@@ -127,7 +153,7 @@ def make_verl_policy_loss(method: str):
 
         if config is None:
             raise ValueError(f"verl policy loss {PREFIX}{method!r} needs the actor config")
-        choice = method_params(method, config)
+        choice = resolved_once(method, config)
         mask = response_mask.bool()
         out = at.policy_loss(
             log_prob,

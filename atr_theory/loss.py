@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .divergence import kl3_from_log_ratio
-from .methods import FORMS, MethodResult, TokenBatch, resolve
+from .methods import FORMS, MethodResult, ResolvedMethod, TokenBatch, resolve
 
 __all__ = [
     "policy_loss",
@@ -207,7 +207,7 @@ def policy_loss(
     old_logp: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    method: str = "atr",
+    method: str | ResolvedMethod = "atr",
     form: str | None = None,
     aggregation: str = "dr_grpo",
     max_length: int | None = None,
@@ -229,7 +229,9 @@ def policy_loss(
         ``old_logp`` is treated as a constant. Values on masked-out positions are ignored.
     advantages : (B,) or (B, T).
     mask : (B, T) bool or 0/1: which tokens count.
-    method : registered name; ``**params`` are that method's parameters (``delta``, ``epsilon``, ...).
+    method : registered name; ``**params`` are that method's parameters (``delta``, ``epsilon``, ...). Or a
+        :class:`~atr_theory.ResolvedMethod` from :func:`atr_theory.resolve` (validated once, e.g. per run; then
+        ``form`` and ``**params`` stay empty): a training loop resolves its choice once instead of every step.
     form : ``"min"`` (PPO) or ``"mask"`` (paper Eq. 5); None = the method's default.
     aggregation : ``dr_grpo`` (sum / (B * max_length)), ``token_mean``, ``seq_mean_token_mean``,
         ``seq_mean_token_sum``. ``max_length`` (dr_grpo only, >= T) defaults to T.
@@ -253,7 +255,15 @@ def policy_loss(
     LossOutput with ``loss`` (scalar, minimise), ``per_token`` (B, T objective, 0 on padding) and
     ``metrics`` (dict of floats).
     """
-    choice = resolve(method, form, **params)
+    if isinstance(method, ResolvedMethod):  # validated once by the caller (the trainer, at config time)
+        if form is not None or params:
+            raise ValueError(
+                f"method is an already resolved choice ({method.name!r}, form {method.form!r}); pass its form and "
+                f"parameters to resolve(), not here (got form={form!r}, parameters {sorted(params)})"
+            )
+        choice = method
+    else:
+        choice = resolve(method, form, **params)
     check_aggregation(aggregation)
     shape = _check_structure(logp, old_logp, advantages, mask, token_weights, aggregation, max_length)
     if validate and mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):

@@ -104,8 +104,13 @@ def _and_not(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 @torch.compiler.assume_constant_result
 def _constant_range(kind: str, delta: float) -> tuple[float, float]:
-    """``ranges.<kind>_clip_range(delta)`` for a Python float: a constant to ``torch.compile`` (the numpy
-    root finding runs once, at trace time, and is not traced)."""
+    """``ranges.<kind>_clip_range(delta)`` for a Python float, once per (kind, delta) (cached: an eager training
+    step does no Lambert-W or root finding); a constant to ``torch.compile`` (it runs at trace time, not traced)."""
+    return _constant_range_cached(kind, float(delta))
+
+
+@lru_cache(maxsize=256)
+def _constant_range_cached(kind: str, delta: float) -> tuple[float, float]:
     return _RANGES[kind](delta)
 
 

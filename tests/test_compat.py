@@ -87,3 +87,68 @@ def test_help_of_the_config_shows_the_papers_delta_with_its_help():
     fields = {f.name: f for f in dataclasses.fields(ATRGRPOConfig)}
     assert fields["divergence_delta"].metadata["help"].startswith("divergence threshold delta")
     assert "divergence_delta: 'float | None' = None" in pydoc.render_doc(ATRGRPOConfig, renderer=pydoc.plaintext)
+
+
+def test_an_eager_step_does_no_range_computation_after_the_first(monkeypatch):
+    """Resolve once: ATR's Lambert-W range (and every per-token divergence rule's) is computed once per delta, not
+    on every loss call; counted on the range functions themselves."""
+    import torch
+
+    import atr_theory as at
+    from atr_theory import methods
+
+    calls = {}
+
+    def counting(kind, real):
+        def wrapper(delta):
+            calls[kind] = calls.get(kind, 0) + 1
+            return real(delta)
+
+        return wrapper
+
+    monkeypatch.setattr(methods, "_RANGES", {k: counting(k, f) for k, f in methods._RANGES.items()})
+    methods._constant_range_cached.cache_clear()
+    g = torch.Generator().manual_seed(0)
+    old = -torch.rand(4, 8, generator=g, dtype=torch.float64)
+    logp, adv, mask = old + 0.3 * torch.randn(4, 8, generator=g, dtype=torch.float64), torch.randn(4), old < 0
+    choice = at.resolve("atr", "min", delta=0.0517)
+    for _ in range(5):
+        at.policy_loss(logp, old, adv, mask, method=choice)
+        at.policy_loss(logp, old, adv, mask, method="atr", form="mask", delta=0.0517)
+    assert calls == {"kl3": 1}
+    methods._constant_range_cached.cache_clear()
+
+
+def test_a_resolved_choice_is_not_resolved_again_and_takes_no_extra_parameters(monkeypatch):
+    import torch
+
+    import atr_theory as at
+    import atr_theory.loss as loss_module
+
+    choice = at.resolve("clip_higher", epsilon_high=0.3)
+    old = -torch.rand(2, 5, dtype=torch.float64)
+    logp, adv, mask = old + 0.2, torch.tensor([1.0, -1.0]), torch.ones(2, 5, dtype=torch.bool)
+    want = at.policy_loss(logp, old, adv, mask, method="clip_higher", epsilon_high=0.3).loss
+    monkeypatch.setattr(loss_module, "resolve", lambda *a, **k: (_ for _ in ()).throw(AssertionError("resolved")))
+    assert torch.equal(at.policy_loss(logp, old, adv, mask, method=choice).loss, want)
+    with pytest.raises(ValueError, match=r"already resolved choice \('clip_higher'"):
+        at.policy_loss(logp, old, adv, mask, method=choice, epsilon_high=0.5)
+
+
+def test_verl_parameters_are_parsed_and_resolved_once_per_worker(monkeypatch):
+    import json
+    from types import SimpleNamespace
+
+    from atr_llm import verl_plugin
+
+    monkeypatch.setenv(verl_plugin.PARAMS_ENV, '{"delta": 0.05}')
+    parsed = []
+    real = json.loads
+    monkeypatch.setattr(verl_plugin.json, "loads", lambda text: parsed.append(text) or real(text))
+    verl_plugin._RESOLVED.clear()
+    config = SimpleNamespace(clip_ratio_low=None, clip_ratio_high=None, policy_loss=SimpleNamespace())
+    choices = [verl_plugin.resolved_once("atr", config) for _ in range(5)]
+    assert len(parsed) == 1 and all(c is choices[0] for c in choices) and choices[0].params["delta"] == 0.05
+    monkeypatch.setenv(verl_plugin.PARAMS_ENV, '{"delta": 0.06}')  # another value is resolved anew
+    assert verl_plugin.resolved_once("atr", config).params["delta"] == 0.06
+    verl_plugin._RESOLVED.clear()

@@ -936,3 +936,15 @@ def test_full_distribution_methods_score_from_hidden_states_as_the_full_logits_w
         if r is not None:
             torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-9)
     assert 0 < ref.metrics["frac_masked"] < 1 or method == "truly_ppo"
+
+
+def test_a_training_run_resolves_its_method_once_at_config_time(tmp_path, tok, monkeypatch):
+    """The per-step loss takes the config's resolved choice: policy_loss never resolves the method during training."""
+    import atr_theory.loss as loss_module
+
+    cfg = ATRGRPOConfig(method="atr", divergence_delta=0.05, **_common(tmp_path))
+    calls = []
+    real = loss_module.resolve
+    monkeypatch.setattr(loss_module, "resolve", lambda *a, **k: calls.append(a) or real(*a, **k))
+    trainer = _trained_tiny(tok, cfg)
+    assert calls == [] and trainer.state.global_step == 2
