@@ -25,7 +25,9 @@ def fields_source() -> str:
     lines = []
     for name, spec in method_config_fields().items():
         help_text = json.dumps(spec["help"])  # double quotes, as the rest of the source
-        lines.append(f"    {name}: float | None = field(default={spec['default']!r}, metadata={{\"help\": {help_text}}})\n")
+        lines.append(
+            f'    {name}: float | None = field(default={spec["default"]!r}, metadata={{"help": {help_text}}})\n'
+        )
     return "".join(lines)
 
 

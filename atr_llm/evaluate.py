@@ -19,8 +19,6 @@ import argparse
 import csv
 import json
 import math
-import re
-import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -158,7 +156,7 @@ class VLLMGenerator:  # pragma: no cover - needs a GPU
 # ---------------------------------------------------------------------------------------------
 # the evaluation loop (resumable)
 # ---------------------------------------------------------------------------------------------
-def load_benchmark(name: str, path: str | None):
+def load_benchmark(name: str, path: str | None, argument: str = "benchmark file"):
     from atr_llm.data import SOURCES, load_source
 
     benchmarks = (*PAPER_BENCHMARKS, "amc23-40")
@@ -167,23 +165,42 @@ def load_benchmark(name: str, path: str | None):
         raise ValueError(
             f"benchmark {name!r} needs a local file: --benchmark_path {name}=FILE (columns question, answer)"
         )
-    ds = load_source(source, path)
+    ds = load_source(source, path, argument=argument)
     known = SOURCES[source].n_problems if name in benchmarks else None
     print(f"benchmark {name}: {len(ds)} problems" + (f" (the published set has {known})" if known else ""))
     return ds
 
 
 def read_samples(path: Path) -> list[dict]:
+    """The samples of ``samples.jsonl``, each (benchmark, problem, sample) once; a line cut by a kill is not read
+    (:func:`drop_torn_tail` removes it before anything is appended)."""
     if not path.exists():
         return []
-    rows = []
+    rows, seen = [], set()
     for line in path.read_text().splitlines():
         if line.strip():
             try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:  # a line cut by an interruption: regenerate it
+                row = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by an interruption: regenerated
                 continue
+            key = (row.get("benchmark"), row.get("problem_id"), row.get("sample_index"))
+            if key not in seen:
+                seen.add(key)
+                rows.append(row)
     return rows
+
+
+def drop_torn_tail(path: Path) -> int:
+    """Cut ``path`` after its last newline: a process killed mid-line leaves a partial last line, and a line
+    appended after it would join it (both lost). Returns the bytes removed."""
+    if not path.exists():
+        return 0
+    data = path.read_bytes()
+    keep = data.rfind(b"\n") + 1
+    if keep < len(data):
+        with path.open("r+b") as f:
+            f.truncate(keep)
+    return len(data) - keep
 
 
 def evaluate_benchmarks(
@@ -201,6 +218,7 @@ def evaluate_benchmarks(
 
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "samples.jsonl"
+    drop_torn_tail(path)
     done = {(r["benchmark"], r["problem_id"], r["sample_index"]) for r in read_samples(path)}
     todo = []
     for bench, ds in benchmarks.items():
@@ -338,9 +356,10 @@ def write_reports(results_by_step: dict[int, dict], out_dir: Path, k: int, label
 # CLI
 # ---------------------------------------------------------------------------------------------
 def _checkpoints(run_dir: Path, every: int) -> list[tuple[int, Path]]:
-    found = sorted(
-        (int(m.group(1)), p) for p in run_dir.glob("checkpoint-*") if (m := re.match(r"checkpoint-(\d+)$", p.name))
-    )
+    """Every ``every``-th complete checkpoint of ``run_dir`` and the last one (a checkpoint cut by a kill is skipped)."""
+    from .checkpoints import complete_checkpoints
+
+    found = complete_checkpoints(run_dir)
     chosen = found[::every]
     if found and found[-1] not in chosen:
         chosen.append(found[-1])
@@ -392,7 +411,9 @@ THINKING = {"on": True, "off": False, "template": None}
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from .cli import Parser
+
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="base model: hub id or local folder")
     ap.add_argument(
         "--tiny-model", "--tiny_model", dest="tiny_model", default=None, help="a saved tiny model folder (offline)"
@@ -423,11 +444,45 @@ def parse_args(argv=None):
     ap.add_argument("--output_dir", default="runs/eval")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    if args.model is None and args.tiny_model is None:
-        ap.error("give --model (hub id or folder) or --tiny-model")
-    if args.n < 1:
-        ap.error(f"--n must be >= 1, got {args.n}")
+    check_args(args)
     return args
+
+
+def check_args(args) -> None:
+    """Every argument checked before a model loads or a file is written; a refusal names the argument."""
+    from .cli import existing_directory, finite_number, positive_int, refuse
+
+    if args.model is None and args.tiny_model is None:
+        raise refuse("--model", None, "give --model (hub id or folder) or --tiny-model FOLDER")
+    if args.tiny_model is not None:
+        existing_directory("--tiny-model", args.tiny_model, holding="config.json", what="a saved model folder")
+    if args.adapter is not None:
+        existing_directory("--adapter", args.adapter, holding="adapter_config.json", what="a LoRA adapter folder")
+    if args.checkpoints is not None:
+        existing_directory("--checkpoints", args.checkpoints)
+        if not _checkpoints(Path(args.checkpoints), 1):
+            raise refuse("--checkpoints", args.checkpoints, "holds no complete checkpoint-* folder")
+    positive_int("--n", args.n)
+    if args.k is not None:
+        positive_int("--k", args.k)
+        if args.k > args.n:
+            raise refuse("--k", args.k, f"exceeds --n {args.n}: Pass@k needs k <= n samples per problem")
+    positive_int("--every", args.every)
+    positive_int("--max_tokens", args.max_tokens)
+    positive_int("--batch_size", args.batch_size)
+    positive_int("--workers", args.workers)
+    positive_int("--grading_timeout", args.grading_timeout)
+    finite_number("--temperature", args.temperature, low=0)
+    finite_number("--top_p", args.top_p, low=0, high=1, open_low=True)
+    names = [b for b in args.benchmarks.split(",") if b]
+    if not names:
+        raise refuse("--benchmarks", args.benchmarks, "expected a comma-separated list of benchmark names")
+    for spec in args.benchmark_path:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise refuse("--benchmark_path", spec, "expected NAME=FILE")
+        if name not in names:
+            raise refuse("--benchmark_path", spec, f"benchmark {name!r} is not in --benchmarks {args.benchmarks}")
 
 
 def main(argv=None) -> dict:
@@ -437,7 +492,7 @@ def main(argv=None) -> dict:
     enable_huge_pages_for_large_cpu_tensors()  # before any model is built: torch reads it once
     paths = dict(p.split("=", 1) for p in args.benchmark_path)
     names = [b for b in args.benchmarks.split(",") if b]
-    benchmarks = {b: load_benchmark(b, paths.get(b)) for b in names}
+    benchmarks = {b: load_benchmark(b, paths.get(b), argument=f"--benchmark_path {b}=") for b in names}
     k = args.k or args.n
     ks = [2**i for i in range(int(math.log2(args.n)) + 1)]
     out = Path(args.output_dir)
@@ -461,8 +516,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    from .cli import run_command
+
+    run_command(main)

@@ -21,6 +21,8 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .cli import atomic_write_text
+
 
 @dataclass
 class ScriptArguments:
@@ -66,6 +68,10 @@ class ScriptArguments:
             "None grades it like any other (DAPO's overlong punishment: 0 makes not stopping wrong)"
         },
     )
+    overwrite: bool = field(
+        default=False,
+        metadata={"help": "train into an --output_dir that holds a finished run (its final/ model is replaced)"},
+    )
 
 
 USAGE = """\
@@ -99,30 +105,61 @@ def parse(argv=None):
 
 
 def check_before_loading(script_args, training_args, model_args=None) -> None:
-    """Everything that can be checked without a model and that the configs do not check themselves: data
-    files and backend. (The method, its form and parameters were validated when ATRGRPOConfig was built.)"""
-    from .data import OFFLINE_TASKS, SOURCES
+    """Everything that can be checked without a model and that the configs do not check themselves: numbers, data
+    files (read and their rows checked), the checkpoint to resume from, the output folder, the backend. (The method,
+    its form and parameters were validated when ATRGRPOConfig was built.) A refusal names the argument."""
+    from .checkpoints import LATEST, is_complete_checkpoint, latest_complete_checkpoint
+    from .cli import finite_number, positive_int, refuse
+    from .data import OFFLINE_TASKS, SOURCES, load_source
     from .rewards import check_truncated_reward
     from .sft import check_sft_implementation
 
-    for name, path in (
-        (script_args.dataset_name, script_args.dataset_path),
-        (script_args.sft_dataset_name, script_args.sft_dataset_path),
+    positive_int("--sft_steps", script_args.sft_steps, minimum=0)
+    positive_int("--sft_batch_size", script_args.sft_batch_size)
+    finite_number("--sft_learning_rate", script_args.sft_learning_rate, low=0, open_low=True)
+    positive_int("--reward_timeout_seconds", script_args.reward_timeout_seconds)
+    if script_args.dataset_limit is not None:
+        positive_int("--dataset_limit", script_args.dataset_limit)
+    for flag, name, path in (
+        ("--dataset_path", script_args.dataset_name, script_args.dataset_path),
+        ("--sft_dataset_path", script_args.sft_dataset_name or script_args.dataset_name, script_args.sft_dataset_path),
     ):
         if name is not None and name not in OFFLINE_TASKS and name not in SOURCES:
-            raise ValueError(f"unknown dataset {name!r}; known: {', '.join([*OFFLINE_TASKS, *SOURCES])}")
-        if path is not None and not Path(path).exists():
-            raise ValueError(f"dataset file {path} does not exist: fix --dataset_path / --sft_dataset_path")
+            raise refuse("--dataset_name", name, f"unknown dataset; known: {', '.join([*OFFLINE_TASKS, *SOURCES])}")
+        if path is not None:  # read now: a malformed row stops the run before a model loads, naming its line
+            load_source(name, path, script_args.dataset_limit, argument=flag)
     if script_args.tiny_vocab not in ("toy", "qwen3"):
-        raise ValueError(f"tiny_vocab must be 'toy' or 'qwen3', got {script_args.tiny_vocab!r}")
+        raise refuse("--tiny_vocab", script_args.tiny_vocab, "expected 'toy' or 'qwen3'")
     check_truncated_reward(script_args.truncated_reward)
     check_sft_implementation(script_args.sft_implementation, use_peft=bool(getattr(model_args, "use_peft", False)))
     if script_args.backend not in ("trl", "unsloth"):
-        raise ValueError(f"backend must be 'trl' or 'unsloth', got {script_args.backend!r}")
+        raise refuse("--backend", script_args.backend, "expected 'trl' or 'unsloth'")
+
+    out = Path(training_args.output_dir)
+    resume = training_args.resume_from_checkpoint
+    if resume is not None:
+        if str(resume) in LATEST:
+            if latest_complete_checkpoint(out) is None:
+                raise refuse("--resume_from_checkpoint", resume, f"no complete checkpoint-* folder in {out}")
+        elif not Path(resume).is_dir():
+            raise refuse("--resume_from_checkpoint", resume, "no such checkpoint folder")
+        elif not is_complete_checkpoint(resume):
+            raise refuse(
+                "--resume_from_checkpoint", resume, "not a complete checkpoint (no readable trainer_state.json)"
+            )
+    elif finished_run(out) and not script_args.overwrite:
+        raise refuse("--output_dir", str(out), "holds a finished run (final/); pass --overwrite true to replace it")
     if script_args.backend == "unsloth":
         from .unsloth_backend import require_unsloth
 
         require_unsloth()
+
+
+def finished_run(output_dir: Path) -> bool:
+    """Whether ``output_dir`` holds a finished run: its ``final/`` model (renamed into place whole, so complete)."""
+    return (Path(output_dir) / "final" / "config.json").exists() or (
+        Path(output_dir) / "final" / "adapter_config.json"
+    ).exists()
 
 
 def load_model_and_tokenizer(script_args, model_args, training_args):
@@ -249,12 +286,27 @@ def main(argv=None) -> dict:
         peft_config=peft_config,
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    trainer.save_model(str(out / "final"))
+    save_final_model(trainer, out)
     summary = summarise(trainer.state.log_history)
-    (out / "train_summary.json").write_text(json.dumps(summary, indent=1))
-    (out / "log_history.json").write_text(json.dumps(trainer.state.log_history))
+    atomic_write_text(out / "train_summary.json", json.dumps(summary, indent=1))
+    atomic_write_text(out / "log_history.json", json.dumps(trainer.state.log_history))
     print(json.dumps(summary, indent=1))
     return summary
+
+
+def save_final_model(trainer, out: Path) -> Path:
+    """``out/final``, written whole or not at all: saved into ``final.partial`` and renamed into place (a run killed
+    while saving leaves no ``final/`` that looks finished; an earlier ``final/``, with ``--overwrite``, is replaced)."""
+    import os
+    import shutil
+
+    final, partial = out / "final", out / "final.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    trainer.save_model(str(partial))
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(partial, final)
+    return final
 
 
 def choose_generation(script_args, training_args, *, vllm_usable: bool) -> str | None:
@@ -307,8 +359,6 @@ if __name__ == "__main__":
     if len(sys.argv) == 1:
         print(USAGE)
         sys.exit(0)
-    try:
-        main()
-    except ValueError as e:  # a configuration error: say what to fix, no traceback
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    from .cli import run_command
+
+    run_command(main)  # a configuration error: one line naming what to fix, exit status 2, no traceback

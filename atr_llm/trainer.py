@@ -30,6 +30,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 import atr_theory as at
 
+from .checkpoints import LATEST, latest_complete_checkpoint
 from .compat import check_supported_versions, logprob_tile_fitted_to_vocabulary, trl_logps_kernel_available  # noqa: F401
 from .model_parts import base_model, last_hidden_states, output_head
 
@@ -449,12 +450,13 @@ class ExactResumeMixin:
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         checkpoint = resume_from_checkpoint
-        if checkpoint is True:
-            from transformers.trainer_utils import get_last_checkpoint
-
-            checkpoint = get_last_checkpoint(self.args.output_dir)
+        if checkpoint is True or checkpoint in LATEST:  # the newest *complete* checkpoint (atr_llm.checkpoints)
+            checkpoint = latest_complete_checkpoint(self.args.output_dir)
+            if checkpoint is None:
+                raise ValueError(f"--resume_from_checkpoint latest: no complete checkpoint in {self.args.output_dir}")
+            checkpoint = str(checkpoint)
         self._epochs_before_resume = completed_epochs(checkpoint) if checkpoint else 0
-        return super().train(resume_from_checkpoint, *args, **kwargs)
+        return super().train(checkpoint, *args, **kwargs)
 
     def _get_train_sampler(self, *args, **kwargs):
         sampler = super()._get_train_sampler(*args, **kwargs)

@@ -1,1 +1,1 @@
-"""Figure and report scripts: ``python sims/<name>.py`` or ``from sims import <name>``; each has ``main(argv)``."""
+"""Figure and report scripts: ``python -m sims.<name>`` (from the repository root) or ``from sims import <name>``; each has ``main(argv)``."""

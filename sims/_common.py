@@ -28,16 +28,23 @@ plt.rcParams.update(
 )
 
 
-def parse_args(doc: str, argv: Sequence[str] | None = None, extra=None) -> argparse.Namespace:
+def parse_args(doc: str, argv: Sequence[str] | None = None, extra=None, check=None) -> argparse.Namespace:
     """``--quick`` (small, < 1 min, for CI), ``--seed``, ``--out`` (default figures/paper/)."""
-    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from atr_llm.cli import Parser, positive_int, refuse
+
+    ap = Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a small version that runs in well under a minute")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="figures/paper", help="output folder (default: figures/paper/)")
     if extra:
         extra(ap)
     args = ap.parse_args(argv)
+    positive_int("--seed", args.seed, minimum=0)
+    if check:
+        check(args)  # the script's own arguments, refused before the output folder is made
     args.out = Path(args.out)
+    if args.out.exists() and not args.out.is_dir():
+        raise refuse("--out", str(args.out), "not a directory")
     args.out.mkdir(parents=True, exist_ok=True)
     return args
 

@@ -16,7 +16,14 @@ from sims._common import parse_args, plt, save_figure, write_csv
 
 
 def main(argv=None):
-    args = parse_args(__doc__, argv, lambda ap: ap.add_argument("--delta", type=float, default=0.07))
+    from atr_llm.cli import finite_number
+
+    args = parse_args(
+        __doc__,
+        argv,
+        lambda ap: ap.add_argument("--delta", type=float, default=0.07),
+        check=lambda a: finite_number("--delta", a.delta, low=0, open_low=True),
+    )
     d = args.delta
     n = 60 if args.quick else 400
     lo, hi = at.kl3_clip_range(d)
@@ -124,4 +131,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    from atr_llm.cli import run_command
+
+    run_command(main)

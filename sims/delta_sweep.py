@@ -136,4 +136,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    from atr_llm.cli import run_command
+
+    run_command(main)

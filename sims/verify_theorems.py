@@ -97,12 +97,18 @@ def write_markdown(report: list[dict], path: Path, n: int, seed: int) -> None:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from atr_llm.cli import Parser, positive_int, refuse
+
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=10_000, help="instances per statement")
     ap.add_argument("--quick", action="store_true", help="1,000 instances per statement (CI)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="figures/paper")
     args = ap.parse_args(argv)
+    positive_int("--n", args.n)
+    positive_int("--seed", args.seed, minimum=0)
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise refuse("--out", args.out, "not a directory")
     n = 1000 if args.quick else args.n
     torch.set_default_dtype(torch.float64)
     report = build_report(n, args.seed)
@@ -119,4 +125,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    from atr_llm.cli import run_command
+
+    run_command(main)

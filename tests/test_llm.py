@@ -400,7 +400,7 @@ def test_every_preset_parses_validates_and_has_active_clipping():
         (["--importance_sampling_level", "sequence"], "importance_sampling_level='sequence'.*gspo"),
         (["--entropy_coef", "0.01"], "entropy_coef=0.01 is set.*entropy bonus"),
         (["--bf16", "true", "--use_cpu", "false"], "bf16 on a GPU, and no CUDA device"),
-        (["--dataset_name", "dapo-math-17k", "--dataset_path", "/nonexistent/file.parquet"], "does not exist"),
+        (["--dataset_name", "dapo-math-17k", "--dataset_path", "/nonexistent/file.parquet"], "no such file"),
         (["--method", "sapo", "--form", "mask"], "form 'mask' is not available"),
         (["--backend", "unsloth"], "CUDA|unsloth"),
         (["--sft_implementation", "fast"], "sft_implementation must be 'trl' or 'plain', got 'fast'"),
@@ -553,11 +553,11 @@ def test_a_malformed_row_names_the_file_the_row_and_the_column(tmp_path):
     f.write_text(
         json.dumps({"question": "ok", "answer": "1"}) + "\n" + json.dumps({"question": "", "answer": "2"}) + "\n"
     )
-    with pytest.raises(ValueError, match=r"amc.jsonl: row 1, column 'question' must be a non-empty string"):
+    with pytest.raises(ValueError, match=r"amc.jsonl: line 2, column 'question' must be a non-empty string"):
         data.load_source("amc23-40", f)
     g = tmp_path / "amc2.jsonl"
     g.write_text(json.dumps({"problem": "x", "answer": "1"}) + "\n")
-    with pytest.raises(ValueError, match=r"amc2.jsonl: row 0 has no column 'question'"):
+    with pytest.raises(ValueError, match=r"amc2.jsonl: line 1 has no column 'question'"):
         data.load_source("amc23-40", g)
 
 

@@ -188,20 +188,34 @@ SOURCES: dict[str, Source] = {
 }
 
 
-def _read_local(path: Path):
-    from datasets import load_dataset
+def _read_local(path: Path, argument: str = "dataset file") -> tuple[list, list[int] | None]:
+    """The rows of a local file and, for JSON Lines, each row's line number (a bad row is then named by its line).
+    A file that cannot be read as its suffix says is refused naming ``argument``, the file and why."""
+    from atr_llm.cli import existing_file, jsonl_rows, one_line, refuse
 
+    existing_file(argument, path)
     suffix = path.suffix.lower()
     kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(suffix)
     if kind is None:
-        raise ValueError(f"dataset file {path} must be .jsonl, .json or .parquet, got {suffix!r}")
-    return load_dataset(kind, data_files=str(path), split="train")
+        raise refuse(argument, str(path), f"expected a .jsonl, .json or .parquet file, got {suffix or 'no suffix'!r}")
+    if suffix == ".jsonl":
+        numbered = jsonl_rows(argument, path)
+        return [row for _, row in numbered], [line for line, _ in numbered]
+    from datasets import load_dataset
+
+    try:
+        return load_dataset(kind, data_files=str(path), split="train"), None
+    except Exception as e:  # datasets wraps the parser's error in a generic one: name the file instead
+        cause = e.__cause__ or e
+        raise refuse(argument, str(path), f"cannot be read as {suffix[1:]} ({one_line(cause)[:200]})") from None
 
 
-def map_rows(rows, source: Source, origin: str) -> list[dict[str, str]]:
-    """Map raw rows to ``{problem, answer[, solution]}``; a bad row raises naming origin, row and column."""
+def map_rows(rows, source: Source, origin: str, lines: list[int] | None = None) -> list[dict[str, str]]:
+    """Map raw rows to ``{problem, answer[, solution]}``; a bad row raises naming origin, its line (``lines``: the
+    line number of each row, for a JSON Lines file) or row index, and the column expected."""
     out, seen = [], set()
     for i, row in enumerate(rows):
+        where = f"line {lines[i]}" if lines is not None else f"row {i}"
         rec = {}
         for key, col in (("problem", source.problem), ("answer", source.answer), ("solution", source.solution)):
             if col is None:
@@ -210,14 +224,14 @@ def map_rows(rows, source: Source, origin: str) -> list[dict[str, str]]:
                 value = _get(row, col)
             except (KeyError, IndexError, TypeError):
                 raise ValueError(
-                    f"{origin}: row {i} has no column {col!r} (needed for {key}); columns: {sorted(row)}"
+                    f"{origin}: {where} has no column {col!r} (needed for {key}); columns: {sorted(row)}"
                 ) from None
             if isinstance(value, float) and value.is_integer():
                 value = str(int(value))  # AMC answers are stored as floats: 142.0 -> "142"
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 value = str(value)
             if not isinstance(value, str) or not value.strip():
-                raise ValueError(f"{origin}: row {i}, column {col!r} must be a non-empty string, got {value!r}")
+                raise ValueError(f"{origin}: {where}, column {col!r} must be a non-empty string, got {value!r}")
             rec[key] = value.strip()
         if source.clean_problem:
             rec["problem"] = source.clean_problem(rec["problem"])
@@ -230,24 +244,30 @@ def map_rows(rows, source: Source, origin: str) -> list[dict[str, str]]:
     return out
 
 
-def load_source(name: str, path: str | Path | None = None, limit: int | None = None, seed: int = 0):
+def load_source(
+    name: str, path: str | Path | None = None, limit: int | None = None, seed: int = 0, argument: str = "dataset file"
+):
     """Load a named source (see the module table) from ``path`` if given, else from its hub id.
 
     A name in :data:`OFFLINE_TASKS` generates that offline task (``limit`` rows, default 512).
-    Returns a ``datasets.Dataset`` with columns problem, answer (and solution where the source has one).
+    Returns a ``datasets.Dataset`` with columns problem, answer (and solution where the source has one). ``argument``
+    names ``path`` in a refusal (the command-line flag it came from); a path given for an offline task is refused.
     """
     from datasets import Dataset, load_dataset
 
     if name in OFFLINE_TASKS:
+        if path is not None:
+            from atr_llm.cli import refuse
+
+            raise refuse(argument, str(path), f"dataset {name!r} is generated offline and reads no file")
         return arithmetic_dataset(limit or 512, seed=seed, **OFFLINE_TASKS[name])
     if name not in SOURCES:
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join([*OFFLINE_TASKS, *SOURCES])}")
     src = SOURCES[name]
     if path is not None:
         p = Path(path)
-        if not p.exists():
-            raise ValueError(f"dataset file {p} does not exist (dataset {name!r})")
-        rows = map_rows(_read_local(p), src, str(p))
+        raw, lines = _read_local(p, argument)
+        rows = map_rows(raw, src, f"{argument} {p}", lines)
     else:
         rows = []
         for cfg in src.configs:

@@ -1,7 +1,7 @@
 """``python -m experiments.cpu_table``: see :mod:`experiments.cpu_table.driver`."""
 
-import sys
+from atr_llm.cli import run_command
 
 from .driver import main
 
-main(sys.argv[1:])
+run_command(main)

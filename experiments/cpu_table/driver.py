@@ -6,12 +6,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from datetime import datetime, timezone
 from pathlib import Path
 
 from tqdm.auto import tqdm
+
+from atr_llm.cli import Parser, atomic_write_text, existing_directory, finite_number, positive_int, refuse
 
 from .protocol import (
     _RUN_PROTOCOL_KEYS,
@@ -53,10 +56,14 @@ def train_sft(seed: int, sft_steps: int, runs_dir: Path) -> Path:
     out = run_directory(runs_dir, "sft", seed)
     if (out / "config.json").exists():
         return out
+    # trained into a partial folder and renamed into place whole: a kill leaves no folder that looks finished
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
     tok, model = build_tokenizer_and_model("toy", seed=seed)
     ds = load_source(TASK, None, 4000, seed=seed + 1)
-    run_sft(model, tok, ds, out, max_steps=sft_steps, learning_rate=3e-3, batch_size=32, seed=seed)
-    (out / MACHINE_FILE).write_text(json.dumps({"machine": machine_kind()}))
+    run_sft(model, tok, ds, partial, max_steps=sft_steps, learning_rate=3e-3, batch_size=32, seed=seed)
+    (partial / MACHINE_FILE).write_text(json.dumps({"machine": machine_kind()}))
+    os.replace(partial, out)
     return out
 
 
@@ -113,8 +120,8 @@ def train_and_evaluate(job: dict) -> dict:
 
     run_dir = run_directory(job["runs_dir"], job["run"], job["seed"])
     done = run_dir / "result.json"
-    if done.exists():
-        return _started_from(json.loads(done.read_text()), job, done)
+    if finished_result(done) is not None:
+        return _started_from(finished_result(done), job, done)
     run_dir.mkdir(parents=True, exist_ok=True)
     _send_output_to(run_dir / "train.log")
     argv = train_argv(job, run_dir, job["max_steps"], job["save_steps"])
@@ -132,7 +139,7 @@ def train_and_evaluate(job: dict) -> dict:
     result.update({key: job.get(key) for key in _RUN_PROTOCOL_KEYS})
     result["evals"] = {str(k): v for k, v in evals.items()}
     result["curves"] = [{k: h.get(k) for k in CURVE_KEYS} for h in history if "reward" in h and "step" in h]
-    done.write_text(json.dumps(result))
+    atomic_write_text(done, json.dumps(result))
     return result
 
 
@@ -140,12 +147,22 @@ def evaluate_sft(job: dict) -> dict:
     """The SFT model's own row (step 0 of every run of that seed)."""
     sft_dir = Path(job["sft_dir"])
     done = sft_dir / "result.json"
-    if done.exists():
-        return _started_from(json.loads(done.read_text()), job, done)
+    if finished_result(done) is not None:
+        return _started_from(finished_result(done), job, done)
     res = evaluate_every_benchmark(sft_dir, sft_dir, job, sft_dir / "eval")
     result = {**_result_of("sft", job), "evals": {"0": res}, "curves": []}
-    done.write_text(json.dumps(result))
+    atomic_write_text(done, json.dumps(result))
     return result
+
+
+def finished_result(path: Path) -> dict | None:
+    """A finished run's ``result.json``, or None when there is none or it is cut (written by an older version
+    without the atomic rename and killed mid-write): such a run is redone, not read."""
+    try:
+        value = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _send_output_to(path: Path) -> None:
@@ -210,7 +227,7 @@ def _sft_and_evaluate(seed: int, settings: dict, runs_dir: str) -> dict:
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="2 runs x 1 seed x a few steps (CI)")
     ap.add_argument("--runs", nargs="+", choices=sorted(CPU_RUNS), help="subset of runs (default: all)")
     ap.add_argument("--seeds", nargs="+", type=int)
@@ -252,46 +269,56 @@ def main(argv=None) -> dict:
             if a.startswith("--") and a.split("=")[0] not in ("--rewrite", "--out")
         ]
         if given or not args.out:
-            raise ValueError(f"--rewrite takes only --out DIR (the table to rewrite), got {given or 'no --out'}")
+            raise refuse("--rewrite", " ".join(given) or "without --out", "takes only --out DIR (the table to rewrite)")
+        existing_directory("--out", args.out, holding="cpu_llm_table.json", what="a written table")
         summary = rewrite_outputs(Path(args.out))
         print((Path(args.out) / "cpu_llm_table.md").read_text())
         return summary
     settings = dict(QUICK if args.quick else FULL)
     if args.runs:
         settings["runs"] = args.runs
-    if args.seeds:
+    if args.seeds is not None:
+        for seed in args.seeds:
+            positive_int("--seeds", seed, minimum=0)
+        if len(set(args.seeds)) != len(args.seeds):
+            raise refuse("--seeds", " ".join(map(str, args.seeds)), "lists a seed twice")
         settings["seeds"] = args.seeds
-    if args.max_steps:
-        settings["max_steps"] = args.max_steps
+    if args.max_steps is not None:
+        settings["max_steps"] = positive_int("--max-steps", args.max_steps)
     if args.save_steps is not None:
-        if args.save_steps < 1:
-            raise ValueError(f"--save-steps must be >= 1, got {args.save_steps}")
-        settings["save_steps"] = args.save_steps
+        settings["save_steps"] = positive_int("--save-steps", args.save_steps)
+    if args.learning_rate is not None:
+        finite_number("--learning-rate", args.learning_rate, low=0, open_low=True)
     settings["learning_rate"] = grpo_learning_rate(args.learning_rate)
-    if args.workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    positive_int("--workers", args.workers)
     if args.at_step is not None and not (
         0 < args.at_step <= settings["max_steps"] and args.at_step % settings["save_steps"] == 0
     ):
-        raise ValueError(
-            f"--at-step {args.at_step}: the runs save checkpoints every {settings['save_steps']} steps up to "
-            f"{settings['max_steps']}; expected one of those steps"
+        raise refuse(
+            "--at-step",
+            args.at_step,
+            f"the runs save checkpoints every {settings['save_steps']} steps up to {settings['max_steps']}; "
+            "expected one of those steps",
         )
     out = Path(args.out or OUT_ROOT / ("table" if args.at_step is None else f"at_step{args.at_step}"))
+    if out.exists() and not out.is_dir():
+        raise refuse("--out", str(out), "not a directory")
     runs_dir = Path(args.runs_dir)
-    runs_dir.mkdir(parents=True, exist_ok=True)
+    if runs_dir.exists() and not runs_dir.is_dir():
+        raise refuse("--runs-dir", str(runs_dir), "not a directory")
     if args.device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
-            raise ValueError("--device cuda: no CUDA device is available here (run on a GPU machine, or --device cpu)")
+            raise refuse("--device", "cuda", "no CUDA device is available here (run on a GPU machine, or --device cpu)")
     settings.update(task=TASK, base_config=str(BASE_CONFIG.name), benchmarks=BENCHMARKS, device=args.device)
+    runs_dir.mkdir(parents=True, exist_ok=True)  # after every check: a refused invocation writes nothing
 
     for run in settings["runs"]:  # a finished run of another protocol is refused before any model is trained
         for seed in settings["seeds"]:
             done = run_directory(runs_dir, run, seed) / "result.json"
-            if done.exists():
-                refuse_other_protocol(json.loads(done.read_text()), settings, done)
+            if finished_result(done) is not None:
+                refuse_other_protocol(finished_result(done), settings, done)
 
     import multiprocessing as mp
 
@@ -334,4 +361,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    from atr_llm.cli import run_command
+
+    run_command(main)

@@ -1,0 +1,138 @@
+"""One convention for every command: bad input is refused before any work starts, in one line, with exit status 2.
+
+A refusal names the argument, the value and what was expected (``error: --k 4 exceeds --n 2: Pass@k needs k <= n
+samples per problem``), never a traceback. Commands check paths, files, numbers and combinations with the helpers
+here before they build a model, write a file or start a worker, and run their ``main`` through :func:`run_command`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+EXIT_USAGE = 2
+
+
+class UsageError(ValueError):
+    """A bad command-line input (a ValueError, so library callers can catch it as one)."""
+
+
+def refuse(argument: str, value: Any, expected: str) -> UsageError:
+    """The refusal of ``argument = value``: ``"<argument> <value>: <expected>"``; raise what it returns."""
+    shown = value if isinstance(value, (int, float)) and not isinstance(value, bool) else repr(value)
+    if isinstance(value, str):
+        shown = value
+    return UsageError(f"{argument} {shown}: {expected}")
+
+
+def one_line(message: str) -> str:
+    """``message`` on one line (a refusal is one line whatever the exception text held)."""
+    return " ".join(str(message).split())
+
+
+class Parser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose errors (unknown option, a value of the wrong type, a bad choice) are one line
+    ``error: ...`` on stderr and exit status 2, without the usage block (``--help`` still shows it)."""
+
+    def error(self, message: str):  # noqa: D102 - argparse's hook
+        self.exit(EXIT_USAGE, f"error: {one_line(message)}\n")
+
+
+def run_command(main: Callable[..., Any], argv: list[str] | None = None) -> None:
+    """Run a command's ``main``; a :class:`UsageError` (or another ``ValueError``, the configuration errors of the
+    libraries below) becomes one line on stderr and exit status 2."""
+    try:
+        main(argv)
+    except ValueError as e:
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# checks
+# ---------------------------------------------------------------------------------------------------------------
+def positive_int(argument: str, value: Any, *, minimum: int = 1) -> int:
+    """``value`` as an int >= ``minimum``, else refused."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise refuse(argument, value, f"expected an integer >= {minimum}")
+    return value
+
+
+def finite_number(
+    argument: str, value: Any, *, low: float | None = None, high: float | None = None, open_low: bool = False
+) -> float:
+    """``value`` as a finite float in ``[low, high]`` (``(low, high]`` with ``open_low``), else refused."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (low is None or (value > low if open_low else value >= low)) and (high is None or value <= high)
+    if not ok:
+        lo = "" if low is None else (f"> {low:g}" if open_low else f">= {low:g}")
+        hi = "" if high is None else f"<= {high:g}"
+        raise refuse(argument, value, f"expected a finite number {' and '.join(x for x in (lo, hi) if x)}".strip())
+    return float(value)
+
+
+def existing_file(argument: str, path: str | Path) -> Path:
+    """``path`` if it is a readable, non-empty file, else refused naming why."""
+    p = Path(path)
+    if not p.exists():
+        raise refuse(argument, str(path), "no such file")
+    if not p.is_file():
+        raise refuse(argument, str(path), "not a file")
+    try:
+        with p.open("rb") as f:
+            first = f.read(1)
+    except OSError as e:
+        raise refuse(argument, str(path), f"cannot be read ({e.strerror})") from None
+    if not first:
+        raise refuse(argument, str(path), "the file is empty")
+    return p
+
+
+def existing_directory(argument: str, path: str | Path, *, holding: str | None = None, what: str = "") -> Path:
+    """``path`` if it is a directory (holding the file ``holding``, when given), else refused."""
+    p = Path(path)
+    if not p.is_dir():
+        raise refuse(argument, str(path), "no such directory" if not p.exists() else "not a directory")
+    if holding is not None and not (p / holding).exists():
+        raise refuse(argument, str(path), f"not {what or 'the expected folder'}: it has no {holding}")
+    return p
+
+
+def jsonl_rows(argument: str, path: str | Path) -> list[tuple[int, dict]]:
+    """The rows of a JSON Lines file as ``(line number, object)``, blank lines skipped; the first line that is not a
+    JSON object is refused with its number."""
+    p = existing_file(argument, path)
+    rows = []
+    with p.open(encoding="utf-8", errors="strict") as f:
+        try:
+            for number, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    value = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise refuse(argument, str(path), f"line {number} is not JSON ({e.msg})") from None
+                if not isinstance(value, dict):
+                    raise refuse(argument, str(path), f"line {number} is not a JSON object: {line.strip()[:60]!r}")
+                rows.append((number, value))
+        except UnicodeDecodeError:
+            raise refuse(argument, str(path), "not UTF-8 text (a JSON Lines file was expected)") from None
+    if not rows:
+        raise refuse(argument, str(path), "holds no rows")
+    return rows
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename: a reader (or a process killed meanwhile)
+    sees the old file or the whole new one, never a part."""
+    import os
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.partial")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -1,0 +1,251 @@
+"""Every command refuses bad input before it works: one line naming the argument, exit status 2, no traceback, and
+nothing written into its output folder (atr_llm.cli's convention)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from atr_llm import evaluate, train
+from atr_llm.cli import UsageError
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "atr_llm" / "configs"
+
+
+def _snapshot(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*")} if folder.exists() else {}
+
+
+def _bad_files(tmp_path: Path) -> dict[str, Path]:
+    files = {
+        "empty": tmp_path / "empty.jsonl",
+        "garbage": tmp_path / "garbage.jsonl",
+        "not_object": tmp_path / "list.jsonl",
+        "wrong_columns": tmp_path / "columns.jsonl",
+        "bad_suffix": tmp_path / "data.txt",
+        "bad_line_3": tmp_path / "line3.jsonl",
+        "parquet_garbage": tmp_path / "broken.parquet",
+        "binary": tmp_path / "binary.jsonl",
+    }
+    files["empty"].write_text("")
+    files["garbage"].write_text("this is not json\n")
+    files["not_object"].write_text("[1, 2]\n")
+    files["wrong_columns"].write_text(json.dumps({"q": "1 + 1", "a": "2"}) + "\n")
+    files["bad_suffix"].write_text("x\n")
+    good = json.dumps({"prompt": [{"content": "What is 1 + 1?"}], "reward_model": {"ground_truth": "2"}})
+    files["bad_line_3"].write_text(good + "\n" + good + "\n{broken\n")
+    files["parquet_garbage"].write_bytes(b"PAR1 not really parquet")
+    files["binary"].write_bytes(b"\xff\xfe\x00\x01")
+    return files
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# python -m atr_llm.train
+# ---------------------------------------------------------------------------------------------------------------
+TRAIN_CASES = [
+    (["--dataset_path", "{garbage}"], "--dataset_path .*garbage.jsonl: dataset 'arithmetic' is generated offline"),
+    (["--dataset_name", "dapo-math-17k", "--dataset_path", "{garbage}"], "--dataset_path .*: line 1 is not JSON"),
+    (["--dataset_name", "dapo-math-17k", "--dataset_path", "{bad_line_3}"], "line 3 is not JSON"),
+    (["--dataset_name", "dapo-math-17k", "--dataset_path", "{empty}"], "the file is empty"),
+    (["--dataset_name", "dapo-math-17k", "--dataset_path", "{not_object}"], "line 1 is not a JSON object"),
+    (["--dataset_name", "dapo-math-17k", "--dataset_path", "{wrong_columns}"], "line 1 has no column 'prompt.0.content'"),
+    (["--dataset_name", "dapo-math-17k", "--dataset_path", "{bad_suffix}"], "expected a .jsonl, .json or .parquet"),
+    (["--dataset_name", "dapo-math-17k", "--dataset_path", "{parquet_garbage}"], "cannot be read as parquet"),
+    (["--dataset_name", "dapo-math-17k", "--dataset_path", "{binary}"], "not UTF-8 text"),
+    (["--dataset_name", "dapo-math-17k", "--dataset_path", "{missing}"], "no such file"),
+    (["--dataset_name", "dapo-math-17k", "--dataset_path", "{tmp}"], "not a file"),
+    (["--dataset_name", "nope"], "--dataset_name nope: unknown dataset"),
+    (["--sft_steps", "-1"], "--sft_steps -1: expected an integer >= 0"),
+    (["--sft_batch_size", "0"], "--sft_batch_size 0: expected an integer >= 1"),
+    (["--sft_learning_rate", "nan"], "--sft_learning_rate nan: expected a finite number > 0"),
+    (["--sft_learning_rate", "-0.1"], "--sft_learning_rate -0.1"),
+    (["--dataset_limit", "0"], "--dataset_limit 0"),
+    (["--reward_timeout_seconds", "0"], "--reward_timeout_seconds 0"),
+    (["--tiny_vocab", "big"], "--tiny_vocab big"),
+    (["--backend", "jax"], "--backend jax"),
+    (["--resume_from_checkpoint", "{missing}"], "--resume_from_checkpoint .*: no such checkpoint folder"),
+    (["--resume_from_checkpoint", "{tmp}"], "not a complete checkpoint"),
+    (["--resume_from_checkpoint", "latest"], "--resume_from_checkpoint latest: no complete checkpoint"),
+    (["--method", "atr", "--divergence_delta", "0"], "delta must be a finite number > 0"),
+    (["--method", "atr", "--divergence_delta", "inf"], "delta must be a finite number > 0"),
+    (["--method", "nope"], "unknown method 'nope'"),
+    (["--no_such_option", "1"], "not used by the HfArgumentParser|no_such_option"),
+]
+
+
+@pytest.mark.parametrize("extra,match", TRAIN_CASES, ids=[" ".join(c[0]) for c in TRAIN_CASES])
+def test_train_refuses_bad_input_before_any_model_or_file(tmp_path, monkeypatch, extra, match):
+    from atr_llm import tiny
+
+    def boom(*a, **k):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(train, "load_model_and_tokenizer", boom)
+    monkeypatch.setattr(tiny, "build_tiny_model", boom)
+    files = {k: str(v) for k, v in _bad_files(tmp_path).items()}
+    files |= {"missing": str(tmp_path / "missing.jsonl"), "tmp": str(tmp_path)}
+    out = tmp_path / "out"
+    argv = ["--config", str(CONFIGS / "cpu-tiny.yaml"), "--output_dir", str(out)] + [a.format(**files) for a in extra]
+    with pytest.raises(ValueError, match=match):
+        train.main(argv)
+    assert not out.exists()
+
+
+def test_train_refuses_to_clobber_a_finished_run_unless_asked(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    (out / "final").mkdir(parents=True)
+    (out / "final" / "config.json").write_text("{}")
+    before = _snapshot(out)
+    with pytest.raises(UsageError, match=r"--output_dir .*run: holds a finished run .*--overwrite true"):
+        train.main(["--config", str(CONFIGS / "cpu-tiny.yaml"), "--output_dir", str(out)])
+    assert _snapshot(out) == before
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# python -m atr_llm.evaluate
+# ---------------------------------------------------------------------------------------------------------------
+EVALUATE_CASES = [
+    (["--tiny-model", "{missing}"], "--tiny-model .*missing.jsonl: no such directory"),
+    (["--tiny-model", "{tmp}"], "not a saved model folder: it has no config.json"),
+    (["--tiny-model", "{model}", "--n", "2", "--k", "4"], "--k 4: exceeds --n 2: Pass@k needs k <= n"),
+    (["--tiny-model", "{model}", "--n", "0"], "--n 0: expected an integer >= 1"),
+    (["--tiny-model", "{model}", "--k", "0"], "--k 0"),
+    (["--tiny-model", "{model}", "--temperature", "-1"], "--temperature -1.0"),
+    (["--tiny-model", "{model}", "--temperature", "nan"], "--temperature nan"),
+    (["--tiny-model", "{model}", "--top_p", "0"], "--top_p 0.0"),
+    (["--tiny-model", "{model}", "--top_p", "1.5"], "--top_p 1.5"),
+    (["--tiny-model", "{model}", "--max_tokens", "0"], "--max_tokens 0"),
+    (["--tiny-model", "{model}", "--every", "0"], "--every 0"),
+    (["--tiny-model", "{model}", "--workers", "0"], "--workers 0"),
+    (["--tiny-model", "{model}", "--benchmarks", ","], "--benchmarks ,"),
+    (["--tiny-model", "{model}", "--benchmark_path", "arith"], "--benchmark_path arith: expected NAME=FILE"),
+    (["--tiny-model", "{model}", "--benchmarks", "a", "--benchmark_path", "b=x"], "benchmark 'b' is not in"),
+    (["--tiny-model", "{model}", "--checkpoints", "{tmp}"], "holds no complete checkpoint"),
+    (["--tiny-model", "{model}", "--adapter", "{tmp}"], "not a LoRA adapter folder"),
+    (["--model", "x", "--n", "two"], "argument --n: invalid int value"),
+]
+
+
+@pytest.mark.parametrize("extra,match", EVALUATE_CASES, ids=[" ".join(c[0]) for c in EVALUATE_CASES])
+def test_evaluate_refuses_bad_input_before_any_model_or_file(tmp_path, extra, match, capsys):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    names = {"missing": str(tmp_path / "missing.jsonl"), "tmp": str(tmp_path / "empty_dir"), "model": str(model)}
+    (tmp_path / "empty_dir").mkdir()
+    out = tmp_path / "out"
+    argv = [a.format(**names) for a in extra] + ["--output_dir", str(out)]
+    with pytest.raises((ValueError, SystemExit)) as refused:
+        evaluate.parse_args(argv)
+    text = str(refused.value) if isinstance(refused.value, ValueError) else capsys.readouterr().err
+    import re
+
+    assert re.search(match, text), text
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("benchmark_file,match", [("garbage", "line 1 is not JSON"), ("wrong_columns", "has no column")])
+def test_evaluate_names_the_bad_line_of_a_benchmark_file(tmp_path, benchmark_file, match):
+    from atr_llm import tiny
+
+    model = tiny.save_tiny(tmp_path / "tiny")
+    files = _bad_files(tmp_path)
+    argv = ["--tiny-model", str(model), "--benchmarks", "arith", "--benchmark_path", f"arith={files[benchmark_file]}"]
+    with pytest.raises(ValueError, match=rf"--benchmark_path arith=.*{match}"):
+        evaluate.main([*argv, "--output_dir", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the experiment driver and the sims scripts
+# ---------------------------------------------------------------------------------------------------------------
+DRIVER_CASES = [
+    (["--seeds", "-1"], "--seeds -1: expected an integer >= 0"),
+    (["--seeds", "1", "1"], "--seeds 1 1: lists a seed twice"),
+    (["--max-steps", "0"], "--max-steps 0"),
+    (["--save-steps", "0"], "--save-steps 0"),
+    (["--workers", "0"], "--workers 0"),
+    (["--learning-rate", "nan"], "--learning-rate nan"),
+    (["--learning-rate=-1e-4"], "--learning-rate -0.0001"),
+    (["--at-step", "3"], "--at-step 3: the runs save checkpoints every"),
+    (["--runs", "nope"], "argument --runs: invalid choice"),
+    (["--rewrite", "--out", "{tmp}"], "--out .*: not a written table"),
+    (["--rewrite"], "--rewrite without --out"),
+    (["--rewrite", "--seeds", "1", "--out", "{tmp}"], "--rewrite --seeds: takes only --out"),
+    (["--device", "cuda"], "--device cuda: no CUDA device"),
+]
+
+
+@pytest.mark.parametrize("extra,match", DRIVER_CASES, ids=[" ".join(c[0]) for c in DRIVER_CASES])
+def test_the_experiment_driver_refuses_bad_input_before_any_worker(tmp_path, extra, match, capsys):
+    import re
+
+    import torch
+
+    from experiments.cpu_table import driver
+
+    if "cuda" in extra and torch.cuda.is_available():
+        pytest.skip("a CUDA device is available here")
+    runs = tmp_path / "runs"
+    argv = [a.format(tmp=str(tmp_path)) for a in extra]
+    if "--rewrite" not in extra:
+        argv += ["--runs-dir", str(runs), "--out", str(tmp_path / "table")]
+    with pytest.raises((ValueError, SystemExit)) as refused:
+        driver.main(argv)
+    text = str(refused.value) if isinstance(refused.value, ValueError) else capsys.readouterr().err
+    assert re.search(match, text), text
+    assert not runs.exists() and not (tmp_path / "table").exists()
+
+
+@pytest.mark.parametrize(
+    "module,argv,match",
+    [
+        ("sims.clip_ranges", ["--delta", "0"], "--delta 0.0: expected a finite number > 0"),
+        ("sims.clip_ranges", ["--seed", "-3"], "--seed -3"),
+        ("sims.verify_theorems", ["--n", "0"], "--n 0"),
+        ("sims.entropy_diff", ["--out", "{file}"], "--out .*: not a directory"),
+        ("sims.delta_sweep", ["--quick", "--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_the_sims_scripts_refuse_bad_input(tmp_path, module, argv, match):
+    import importlib
+    import re
+
+    target = tmp_path / "a_file"
+    target.write_text("x")
+    args = [a.format(file=str(target)) for a in argv]
+    if "--out" not in args:
+        args += ["--out", str(tmp_path / "out")]
+    with pytest.raises((ValueError, SystemExit)) as refused:
+        importlib.import_module(module).main(args)
+    if isinstance(refused.value, ValueError):
+        assert re.search(match, str(refused.value))
+    assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the one-line convention, end to end (real processes)
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["-m", "atr_llm.train", "--config", "atr_llm/configs/cpu-tiny.yaml", "--sft_steps", "-1", "--output_dir", "{out}"],
+        ["-m", "atr_llm.evaluate", "--tiny-model", "{out}/none", "--output_dir", "{out}"],
+        ["-m", "atr_llm.evaluate", "--model", "x", "--n", "2", "--k", "4", "--output_dir", "{out}"],
+        ["-m", "experiments.cpu_table", "--seeds", "-1", "--runs-dir", "{out}/runs", "--out", "{out}/t"],
+        ["-m", "sims.clip_ranges", "--delta", "-1", "--out", "{out}"],
+        ["-m", "sims.verify_theorems", "--n", "x"],
+    ],
+)
+def test_a_refusal_is_one_line_exit_2_and_no_traceback(tmp_path, command):
+    out = tmp_path / "out"
+    args = [a.format(out=out) for a in command]
+    res = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    lines = [line for line in res.stderr.splitlines() if line.strip() and "Warning" not in line and "warn(" not in line]
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    assert not out.exists()

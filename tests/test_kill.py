@@ -1,0 +1,148 @@
+"""A run killed at any moment loses nothing: a killed training run resumed from "latest" ends with the weights and logs
+of the uninterrupted run (a checkpoint cut mid-write is never taken as the latest), a killed evaluation resumes
+without a torn or duplicated sample, and the experiment driver redoes a half-written run instead of reading it."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from atr_llm.checkpoints import complete_checkpoints, is_complete_checkpoint, latest_complete_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = [sys.executable, "-m", "atr_llm.train", "--config", "atr_llm/configs/cpu-tiny.yaml", "--sft_steps", "0"]
+SHORT = ["--max_steps", "6", "--save_steps", "2", "--save_total_limit", "10", "--logging_steps", "1"]
+
+
+def _train(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*TRAIN, *SHORT, "--output_dir", str(out), *extra], cwd=ROOT, capture_output=True, text=True)
+
+
+def _kill_when(out: Path, ready, timeout: float = 300) -> None:
+    """Start training into ``out`` and SIGKILL it the moment ``ready(out)`` holds (polled every 5 ms)."""
+    proc = subprocess.Popen(
+        [*TRAIN, *SHORT, "--output_dir", str(out)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    start = time.monotonic()
+    try:
+        while proc.poll() is None and not ready(out):
+            if time.monotonic() - start > timeout:
+                raise AssertionError("the run never reached the kill point")
+            time.sleep(0.005)
+        assert proc.poll() is None, "the run finished before the kill point"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+
+
+def _weights(path: Path) -> str:
+    from experiments.cpu_table import weights_id
+
+    return weights_id(path)
+
+
+def _logged(out: Path) -> list[dict]:
+    keys = ("step", "loss", "reward", "clip/frac_masked", "entropy")
+    return [{k: h.get(k) for k in keys} for h in json.loads((out / "log_history.json").read_text()) if "reward" in h]
+
+
+@pytest.mark.slow
+def test_a_training_run_killed_at_any_moment_resumes_to_the_uninterrupted_run(tmp_path):
+    whole = tmp_path / "whole"
+    res = _train(whole)
+    assert res.returncode == 0, res.stderr[-3000:]
+
+    kill_points = {
+        # the moment a checkpoint folder appears: transformers is writing it (weights, optimizer, state)
+        "mid_checkpoint": lambda out: (out / "checkpoint-4").exists(),
+        # after the first complete checkpoint, while the next steps generate and step the optimizer
+        "mid_training": lambda out: is_complete_checkpoint(out / "checkpoint-2") and not (out / "checkpoint-4").exists(),
+    }
+    for name, ready in kill_points.items():
+        out = tmp_path / name
+        _kill_when(out, ready)
+        assert not (out / "final").exists()
+        latest = latest_complete_checkpoint(out)
+        assert latest is not None and is_complete_checkpoint(latest)
+        res = _train(out, "--resume_from_checkpoint", "latest")
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert _weights(out / "final") == _weights(whole / "final"), name
+        assert _logged(out) == _logged(whole), name
+
+
+def test_a_checkpoint_cut_mid_write_is_never_the_latest(tmp_path):
+    for step, state in ((2, '{"global_step": 2}'), (4, '{"global_step": 4, "log_hi'), (6, None)):
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"x")
+        if state is not None:
+            (folder / "trainer_state.json").write_text(state)
+    assert [s for s, _ in complete_checkpoints(tmp_path)] == [2]
+    assert latest_complete_checkpoint(tmp_path) == tmp_path / "checkpoint-2"
+
+
+def test_a_killed_evaluation_resumes_without_a_torn_or_duplicated_sample(tmp_path):
+    from atr_llm.evaluate import evaluate_benchmarks
+
+    problems = [{"problem": f"{i} + 1", "answer": str(i + 1)} for i in range(3)]
+    out = tmp_path / "eval"
+    out.mkdir()
+    done = [
+        {"benchmark": "b", "problem_id": 0, "sample_index": s, "completion": "x", "extracted_answer": None}
+        | {"correct": False, "status": "wrong"}
+        for s in range(2)
+    ]
+    torn = json.dumps(dict(done[0], sample_index=2))[:25]  # a line cut by the kill
+    (out / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in done) + torn)
+
+    def generate(prompts):
+        return ["\\boxed{1}" for _ in prompts]
+
+    rows = evaluate_benchmarks(generate, {"b": problems}, out, n=4, workers=1)
+    keys = [(r["benchmark"], r["problem_id"], r["sample_index"]) for r in rows]
+    assert sorted(keys) == [("b", p, s) for p in range(3) for s in range(4)]
+    lines = (out / "samples.jsonl").read_text().splitlines()
+    assert len(lines) == 12 and all(json.loads(line) for line in lines)
+
+
+@pytest.mark.slow
+def test_a_real_evaluation_killed_mid_file_completes_every_sample_once(tmp_path):
+    from atr_llm import tiny
+
+    model = tiny.save_tiny(tmp_path / "tiny")
+    bench = ROOT / "atr_llm" / "data" / "arithmetic_bench.jsonl"
+    out = tmp_path / "eval"
+    cmd = [sys.executable, "-m", "atr_llm.evaluate", "--tiny-model", str(model), "--benchmarks", "arith"]
+    cmd += ["--benchmark_path", f"arith={bench}", "--n", "8", "--max_tokens", "12", "--output_dir", str(out)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    samples = out / "model" / "samples.jsonl"
+    start = time.monotonic()
+    while proc.poll() is None and not (samples.exists() and samples.stat().st_size > 0):
+        assert time.monotonic() - start < 300
+        time.sleep(0.002)
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = samples.read_text().splitlines()
+    keys = [(r["benchmark"], r["problem_id"], r["sample_index"]) for r in map(json.loads, lines)]
+    n_problems = sum(1 for line in bench.read_text().splitlines() if line.strip())
+    assert len(keys) == len(set(keys)) == n_problems * 8
+
+
+def test_the_driver_redoes_a_half_written_run_instead_of_reading_it(tmp_path):
+    from experiments.cpu_table.driver import finished_result
+
+    run = tmp_path / "atr-s0"
+    run.mkdir()
+    assert finished_result(run / "result.json") is None
+    (run / "result.json").write_text('{"run": "atr", "seed": 0, "evals": {"1')  # cut mid-write
+    assert finished_result(run / "result.json") is None
+    (run / "result.json").write_text('{"run": "atr", "seed": 0}')
+    assert finished_result(run / "result.json") == {"run": "atr", "seed": 0}
