@@ -168,6 +168,11 @@ def _check_train_sampler() -> None:
         raise AssertionError("GRPOTrainer has no _get_train_sampler")
 
 
+def _check_generate_single_turn() -> None:
+    if not callable(getattr(_grpo_trainer(), "_generate_single_turn", None)):
+        raise AssertionError("GRPOTrainer has no _generate_single_turn (generation with transformers)")
+
+
 def _check_metrics() -> None:
     if "self._metrics" not in inspect.getsource(_grpo_trainer().__init__):
         raise AssertionError("GRPOTrainer.__init__ no longer sets self._metrics")
@@ -229,6 +234,11 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         _check_train_sampler,
     ),
     PrivateName("GRPOTrainer._metrics", "the clip metrics are logged into it", _check_metrics),
+    PrivateName(
+        "GRPOTrainer._generate_single_turn",
+        "wrapped: fast_generation='merged_lora' merges the LoRA around it",
+        _check_generate_single_turn,
+    ),
     PrivateName(
         "unsloth_zoo.rl_replacements.chunked_hidden_states_selective_log_softmax_recompute",
         "--backend unsloth scores hidden states with it, with gradient",

@@ -21,6 +21,7 @@ plus a snapshot of the LM head if the head itself trains), and the loss computes
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -32,6 +33,8 @@ import atr_theory as at
 
 from .checkpoints import LATEST, latest_complete_checkpoint
 from .compat import check_supported_versions, logprob_tile_fitted_to_vocabulary, trl_logps_kernel_available  # noqa: F401
+from .fast_generation import MODES as FAST_GENERATION_MODES
+from .fast_generation import generation_context, resolve_mode
 from .model_parts import base_model, last_hidden_states, output_head
 
 # TRL's loss_type -> our aggregation
@@ -137,6 +140,14 @@ class ATRGRPOConfig(GRPOConfig):
     alpha: float | None = field(default=None, metadata={"help": "Truly PPO: rollback coefficient. Must be a finite number >= 0. Defaults: truly_ppo 5"})
     # fmt: on
     # --- end of method fields ---
+    fast_generation: str = field(
+        default="off",
+        metadata={
+            "help": "'off', 'merged_lora' (LoRA merged into the base weights while TRL generates with transformers, "
+            "restored bit for bit after; atr_llm.fast_generation) or 'auto' (merged_lora on CUDA for a LoRA model "
+            "without vLLM)"
+        },
+    )
     allow_untested_versions: bool = field(
         default=False,
         metadata={"help": "run with a TRL / transformers release outside the tested range (atr_llm.compat.SUPPORTED)"},
@@ -146,6 +157,8 @@ class ATRGRPOConfig(GRPOConfig):
         check_supported_versions(self.allow_untested_versions)  # before TRL's own checks and before any model loads
         super().__post_init__()
         check_method_config(self)
+        if self.fast_generation not in FAST_GENERATION_MODES:
+            raise ValueError(f"fast_generation must be one of {FAST_GENERATION_MODES}, got {self.fast_generation!r}")
 
     @property
     def resolved_method(self) -> at.ResolvedMethod:
@@ -491,6 +504,13 @@ class ATRGRPOTrainer(ExactResumeMixin, ATRLossMixin, GRPOTrainer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self.fast_generation_mode = resolve_mode(
+            getattr(self.args, "fast_generation", "off"),
+            model=self.model,
+            use_vllm=self.use_vllm,
+            device=self.args.device,
+        )
+        logging.getLogger(__name__).info("fast_generation: %s", self.fast_generation_mode)
         self._old_logps_at_first_use = old_logps_from_first_use(
             self.args,
             beta=self.beta,
@@ -498,6 +518,11 @@ class ATRGRPOTrainer(ExactResumeMixin, ATRLossMixin, GRPOTrainer):
             needs_full_distributions=self.method_spec.needs_full_distributions,
         )
         self._generating = False
+
+    def _generate_single_turn(self, *args, **kwargs):
+        """TRL's generation, with the LoRA merged into the base weights in ``merged_lora`` mode (restored after)."""
+        with generation_context(self.fast_generation_mode, self.model):
+            return super()._generate_single_turn(*args, **kwargs)
 
     def _generate_and_score_completions(self, inputs):
         self._generating = True

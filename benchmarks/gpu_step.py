@@ -322,7 +322,8 @@ def one_case(kind: str, backend: str, args, grad_path: Path) -> dict:
             cfg = trl.GRPOConfig(**common)
             cls = trl.GRPOTrainer
         else:
-            cfg = ATRGRPOConfig(method=kind, **common)
+            method, _, fast = kind.partition("+")  # "atr+merged_lora": ATR with atr_llm.fast_generation's mode
+            cfg = ATRGRPOConfig(method=method, fast_generation=fast or "off", **common)
             if backend == "unsloth":
                 from atr_llm.unsloth_backend import unsloth_trainer_class
 
@@ -354,8 +355,16 @@ def one_case(kind: str, backend: str, args, grad_path: Path) -> dict:
     t0 = time.perf_counter()
     trainer.train()
     n_trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    model_bytes = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
     logged = [{k: v for k, v in r.items() if isinstance(v, (int, float))} for r in trainer.state.log_history]
-    extra = {"wall_s": time.perf_counter() - t0, "trainable_parameters": n_trainable, "logged": logged, **probe}
+    extra = {
+        "wall_s": time.perf_counter() - t0,
+        "trainable_parameters": n_trainable,
+        "model_bytes": model_bytes,
+        "fast_generation": getattr(trainer, "fast_generation_mode", "off"),
+        "logged": logged,
+        **probe,
+    }
     return summarise(kind, backend, timer.steps, extra)
 
 
@@ -463,6 +472,41 @@ def compare_first_steps(rows: list[dict], grad_paths: list[Path]) -> dict:
     return out
 
 
+def copy_bandwidth_gbps(device: str) -> float:
+    """The device's memory bandwidth as a large copy moves it (read + write), GB/s: the median of 5 copies of 1 GiB
+    (64 MiB on CPU). The bandwidth floor of a decode step is the model's bytes over it."""
+    import statistics
+
+    import torch
+
+    n = (1 << 30) if device == "cuda" else (1 << 26)
+    src = torch.empty(n, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(6):
+        _sync()
+        t = time.perf_counter()
+        dst.copy_(src)
+        _sync()
+        times.append(time.perf_counter() - t)
+    return 2 * n / statistics.median(times[1:]) / 1e9
+
+
+def add_decode_floor(row: dict, max_completion_length: int, bandwidth_gbps: float) -> None:
+    """A decode step must read every weight once: ``decode_floor_ms`` = the model's bytes over the copy bandwidth.
+    ``decode_ms_per_step`` = generation time per call over its decode steps (every completion of a random model
+    runs to ``max_completion_length``; the call's scoring and old log-probs are in it too, so this is an upper
+    bound), and its ratio to the floor."""
+    gen = row.get("generation_s_per_call_after_first")
+    if row.get("model_bytes") is None:
+        return
+    floor_ms = row["model_bytes"] / (bandwidth_gbps * 1e9) * 1e3
+    row["decode_floor_ms"] = floor_ms
+    if gen:
+        row["decode_ms_per_step"] = gen / max_completion_length * 1e3
+        row["decode_ms_over_floor"] = row["decode_ms_per_step"] / floor_ms
+
+
 def environment() -> dict:
     import importlib.metadata as md
 
@@ -482,7 +526,12 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=20, help="optimizer steps per case (default 20)")
     ap.add_argument("--max-completion-length", type=int, default=1536, help="Table 4: 1536")
-    ap.add_argument("--kinds", default="stock,atr", help="comma list: 'stock' (trl.GRPOTrainer) and/or methods")
+    ap.add_argument(
+        "--kinds",
+        default="stock,atr,atr+merged_lora",
+        help="comma list: 'stock' (trl.GRPOTrainer), methods, and method+MODE for a fast_generation mode "
+        "(atr+merged_lora: LoRA merged while generating)",
+    )
     ap.add_argument("--backends", default="trl", help="comma list of 'trl' and 'unsloth'")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tiny", action="store_true", help="a tiny model on CPU (smoke test of this script)")
@@ -568,12 +617,16 @@ def main(argv=None) -> dict:
                     flush=True,
                 )
     ok = [(r, g) for r, g in zip(rows, grads) if r.get("steps")]
+    bandwidth = copy_bandwidth_gbps("cpu" if args.tiny else "cuda")
+    for r in rows:
+        add_decode_floor(r, args.max_completion_length, bandwidth)
     result = {
         "command": "python -m benchmarks.gpu_step " + " ".join(argv if argv is not None else sys.argv[1:]),
         "environment": environment(),
         "model": "tiny (CPU smoke test)" if args.tiny else {"architecture": "Qwen3-1.7B, random init", **QWEN3_1_7B},
         "geometry": {**table4_grpo_fields(), "max_completion_length": args.max_completion_length},
         "lora": table4_lora(),
+        "copy_bandwidth_GBps": bandwidth,
         "cases": rows,
         "first_step_agreement": compare_first_steps([r for r, _ in ok], [g for _, g in ok]) if len(ok) > 1 else {},
         "fixed_batch_agreement": compare_fixed_batch(rows),

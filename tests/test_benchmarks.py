@@ -73,11 +73,15 @@ def test_gpu_step_pipeline_on_a_tiny_cpu_model(tmp_path):
     cmd = [*_script("gpu_step"), "--tiny", "--steps", "2"]
     subprocess.run(cmd + ["--max-completion-length", "6", "--out", str(out)], check=True, capture_output=True, cwd=ROOT)
     res = json.loads(out.read_text())
-    assert [c["kind"] for c in res["cases"]] == ["stock", "atr"]
+    assert [c["kind"] for c in res["cases"]] == ["stock", "atr", "atr+merged_lora"]
+    assert [c["fast_generation"] for c in res["cases"]] == ["off", "off", "merged_lora"]
     assert all(c["steps"] == 2 and "error" not in c for c in res["cases"])
-    (cmp,) = res["first_step_agreement"].values()
-    assert cmp["same_completions"] and cmp["grad_tensors_compared"] > 0
-    assert cmp["loss_abs_diff"] < 1e-6 and cmp["grad_rel_diff"] < 1e-5 and cmp["grad_norm"] > 0
+    assert len(res["first_step_agreement"]) == 2  # atr and atr+merged_lora, each against stock
+    for cmp in res["first_step_agreement"].values():
+        assert cmp["same_completions"] and cmp["grad_tensors_compared"] > 0
+        assert cmp["loss_abs_diff"] < 1e-6 and cmp["grad_rel_diff"] < 1e-5 and cmp["grad_norm"] > 0
+    assert res["copy_bandwidth_GBps"] > 0
+    assert all(c["decode_floor_ms"] > 0 and c.get("decode_ms_over_floor", 1) > 0 for c in res["cases"])
 
 
 def test_gpu_step_compares_first_step_gradients_only_on_the_same_completions(tmp_path):

@@ -76,23 +76,31 @@ def trainer_step_tables() -> str:
     return "\n\n".join(blocks)
 
 
+def _decode(case: dict) -> str:
+    """``ms (x floor)`` of a case whose file records the decode floor (written since the fast-generation cases)."""
+    if case.get("decode_ms_per_step") is None:
+        return "-"
+    return f"{case['decode_ms_per_step']:.1f} (x{case['decode_ms_over_floor']:.0f})"
+
+
 def gpu_step_tables() -> str:
     """The GPU trainer benchmark: one row per case (kind x backend)."""
     blocks = []
     for path in _machines("gpu_step.json"):
         data = json.loads(path.read_text())
         rows = [
-            "| kind | backend | steps | forward + backward s / step | generation s / call | generated tokens / s | peak GiB |",
-            "|---|---|---|---|---|---|---|",
+            "| kind | backend | steps | forward + backward s / step | generation s / call | generated tokens / s "
+            "| decode ms / step (x bandwidth floor) | peak GiB |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for c in data["cases"]:
             if c.get("forward_backward_s_per_step") is None or c.get("peak_gpu_memory_GiB") is None:
-                rows.append(f"| {c['kind']} | {c['backend']} | {c.get('steps', '-')} | (did not finish) | | | |")
+                rows.append(f"| {c['kind']} | {c['backend']} | {c.get('steps', '-')} | (did not finish) | | | | |")
                 continue
             rows.append(
                 f"| {c['kind']} | {c['backend']} | {c['steps']} | {c['forward_backward_s_per_step']:.2f} | "
                 f"{c['generation_s_per_call_after_first'] or 0:.1f} | {c['generated_tokens_per_s_after_first'] or 0:.0f} | "
-                f"{c['peak_gpu_memory_GiB']:.2f} |"
+                f"{_decode(c)} | {c['peak_gpu_memory_GiB']:.2f} |"
             )
         env = data.get("environment", {})
         head = f"**{path.parent.name}** (`{env.get('device', '?')}`, torch {env.get('torch', '?')}; [`{path.relative_to(ROOT)}`]({path.relative_to(ROOT)}))"
