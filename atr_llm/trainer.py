@@ -166,6 +166,33 @@ class ATRGRPOConfig(GRPOConfig):
         return at.resolve(self.method, self.form, **method_params(self))
 
 
+def _add_fields_of_methods_registered_elsewhere(cls):
+    """Give ``cls`` a field for every method parameter registered beyond the ones written in its source (a plugin's
+    method registered before this module is imported); the built-in ones are ordinary fields already
+    (``python -m atr_llm.config_fields``). Nothing happens when there is none."""
+    import dataclasses
+
+    have = {f.name for f in dataclasses.fields(cls)}
+    extra = {name: spec for name, spec in method_config_fields().items() if name not in have}
+    if not extra:
+        return cls
+    for f in dataclasses.fields(cls):  # re-processing reads the class attributes: keep each field's metadata
+        if f.name in cls.__dict__.get("__annotations__", {}):
+            setattr(cls, f.name, f)
+    annotations = dict(cls.__dict__.get("__annotations__", {}))
+    for name, spec in extra.items():
+        annotations[name] = "float | None"
+        setattr(cls, name, field(default=spec["default"], metadata={"help": spec["help"]}))
+    cls.__annotations__ = annotations
+    for generated in ("__init__", "__repr__", "__eq__"):  # dataclass() keeps methods a class already has
+        if generated in cls.__dict__:
+            delattr(cls, generated)
+    return dataclass(cls)
+
+
+ATRGRPOConfig = _add_fields_of_methods_registered_elsewhere(ATRGRPOConfig)
+
+
 def _is_set(args, name: str) -> bool:
     value = getattr(args, name, None)
     return value is not None and value != _unset_value(name)

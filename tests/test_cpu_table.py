@@ -203,7 +203,7 @@ def test_quick_table_runs_end_to_end_and_writes_every_output(tmp_path):
     (fig / "cpu_llm_table.json").write_text(json.dumps(summary))
     with pytest.raises(ValueError, match=r"--runs"):  # nothing of a training run is taken silently
         cpu_table.main(["--rewrite", "--runs", "clip", "--out", str(fig)])
-    with pytest.raises(ValueError, match="no --out"):
+    with pytest.raises(ValueError, match="--rewrite without --out"):
         cpu_table.main(["--rewrite"])
     rewritten = cpu_table.main(["--rewrite", f"--out={fig}"])
     assert {name: (fig / name).read_text() for name in files} == files

@@ -163,6 +163,7 @@ def test_checkpoints_table_reports_final_and_best(tmp_path):
     run = tmp_path / "run"
     for step in (10, 20):
         tiny.save_tiny(run / f"checkpoint-{step}", seed=step)
+        (run / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"global_step": step}))
     res = ev.main(
         [
             "--tiny-model",
