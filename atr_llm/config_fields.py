@@ -33,11 +33,9 @@ def fields_source() -> str:
 
 def with_fields(text: str) -> str:
     """``text`` (the trainer's source) with the block between :data:`BEGIN` and :data:`END` regenerated."""
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"{TRAINER} has no method-fields markers")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return head + BEGIN + fields_source() + END + tail
+    from atr_theory.docs import replace_block
+
+    return replace_block(text, BEGIN, END, fields_source(), str(TRAINER))
 
 
 def main(argv: list[str] | None = None) -> None:

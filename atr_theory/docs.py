@@ -32,13 +32,20 @@ def methods_markdown() -> str:
     return "\n".join(rows)
 
 
+def replace_block(text: str, begin: str, end: str, body: str, what: str = "the file") -> str:
+    """``text`` with what lies between the markers ``begin`` and ``end`` replaced by ``body`` (the markers kept): how
+    every generated block of this project (the methods table, the config fields, the performance tables) is written
+    into a file that a test then checks for staleness. Raises when ``what`` lacks the markers."""
+    if begin not in text or end not in text:
+        raise ValueError(f"{what} has no markers {begin.strip()!r} ... {end.strip()!r}")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return head + begin + body + end + tail
+
+
 def readme_with_table(text: str) -> str:
     """``text`` with the block between :data:`BEGIN` and :data:`END` replaced by :func:`methods_markdown`."""
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"the page has no methods-table markers ({BEGIN!r} ... {END!r})")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{methods_markdown()}\n{END}{tail}"
+    return replace_block(text, BEGIN, END, f"\n{methods_markdown()}\n", "the page")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,7 +9,6 @@ differs from what the files under ``figures/bench/`` give.
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -118,11 +117,11 @@ GENERATORS = {
 
 def page_with_tables(text: str) -> str:
     """``text`` with every generated block replaced by what its generator writes now."""
+    from atr_theory.docs import replace_block
+
     for name, generate in GENERATORS.items():
-        pattern = re.compile(rf"(<!-- generated: {name} -->\n)(?:.*?\n)?(<!-- end: {name} -->)", re.S)
-        if not pattern.search(text):
-            raise ValueError(f"{PAGE} has no block for {name!r}")
-        text = pattern.sub(lambda m, g=generate: m.group(1) + g() + "\n" + m.group(2), text)
+        begin, end = f"<!-- generated: {name} -->\n", f"<!-- end: {name} -->"
+        text = replace_block(text, begin, end, generate() + "\n", str(PAGE))
     return text
 
 
