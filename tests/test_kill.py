@@ -146,3 +146,41 @@ def test_the_driver_redoes_a_half_written_run_instead_of_reading_it(tmp_path):
     assert finished_result(run / "result.json") is None
     (run / "result.json").write_text('{"run": "atr", "seed": 0}')
     assert finished_result(run / "result.json") == {"run": "atr", "seed": 0}
+
+
+def _table_rows(out: Path) -> list[dict]:
+    import csv
+
+    with (out / "cpu_llm_table.csv").open(newline="") as f:
+        return [{k: v for k, v in row.items() if k != "invocation"} for row in csv.DictReader(f)]
+
+
+@pytest.mark.slow
+def test_the_experiment_driver_killed_mid_run_resumes_to_the_same_table(tmp_path):
+    """The --quick table (SFT, one GRPO run, its evaluations) killed while the GRPO run trains, then run again: the
+    rows equal an uninterrupted invocation's (only the invocation stamp differs)."""
+    base = [sys.executable, "-m", "experiments.cpu_table", "--quick", "--runs", "clip", "--workers", "1"]
+
+    def command(name):
+        return [*base, "--runs-dir", str(tmp_path / name / "runs"), "--out", str(tmp_path / name / "table")]
+
+    res = subprocess.run(command("whole"), cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    proc = subprocess.Popen(command("killed"), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run_dir = tmp_path / "killed" / "runs" / "clip-s0"
+    start = time.monotonic()
+    while proc.poll() is None and not (run_dir / "checkpoint-2").exists():
+        assert time.monotonic() - start < 600, "the GRPO run never started"
+        time.sleep(0.005)
+    assert proc.poll() is None, "the invocation finished before the kill point"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    time.sleep(1.0)  # the worker dies with the driver (PR_SET_PDEATHSIG): nothing trains on into the run directory
+    assert not (run_dir / "result.json").exists()
+    log = run_dir / "train.log"
+    size = log.stat().st_size
+    time.sleep(2.0)
+    assert log.stat().st_size == size, "a worker went on training after the driver was killed"
+    res = subprocess.run(command("killed"), cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert _table_rows(tmp_path / "killed" / "table") == _table_rows(tmp_path / "whole" / "table")

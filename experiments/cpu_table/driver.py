@@ -200,11 +200,29 @@ def keep_freed_memory(mmap_threshold: int = 256 << 20, trim_threshold: int = 1 <
 
 def worker_init() -> None:
     """Initialiser of the driver's worker processes (and of scripts that must reduce like them): one torch thread,
-    and freed memory kept for re-use (:func:`keep_freed_memory`; allocation only, the same numbers)."""
+    freed memory kept for re-use (:func:`keep_freed_memory`; allocation only, the same numbers), and death with the
+    driver (:func:`die_with_parent`)."""
     import torch
 
     torch.set_num_threads(1)  # one core per worker: the tiny model is launch-bound, two workers beat two threads
     keep_freed_memory()
+    die_with_parent()
+
+
+def die_with_parent() -> bool:
+    """Ask Linux to SIGKILL this process when the driver that started it dies (``prctl(PR_SET_PDEATHSIG)``): a driver
+    killed mid-run leaves no worker training on into the run directory that the next invocation resumes. Returns
+    False, changing nothing, where there is no ``prctl``."""
+    import ctypes
+    import ctypes.util
+    import signal
+
+    try:
+        prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return False
+    pr_set_pdeathsig = 1
+    return prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) == 0
 
 
 def _seed_job(seed: int, settings: dict, runs_dir: Path) -> dict:
