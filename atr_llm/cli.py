@@ -8,10 +8,11 @@ here before they build a model, write a file or start a worker, and run their ``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +137,20 @@ def atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.partial")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def directory_written_whole(final: Path) -> Iterator[Path]:
+    """Yield ``final.partial`` to write into; on leaving the block it replaces ``final`` (an earlier one is removed)
+    by a rename, so a process killed meanwhile leaves no ``final`` that looks finished. On an error the partial
+    folder stays for inspection and ``final`` is untouched."""
+    import os
+    import shutil
+
+    final = Path(final)
+    partial = final.with_name(final.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    yield partial
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(partial, final)

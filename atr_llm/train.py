@@ -21,7 +21,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .cli import atomic_write_text
+from .cli import atomic_write_text, directory_written_whole
 
 
 @dataclass
@@ -104,16 +104,18 @@ def parse(argv=None):
         raise
 
 
-def check_before_loading(script_args, training_args, model_args=None) -> None:
+def check_before_loading(script_args, training_args, model_args=None) -> dict:
     """Everything that can be checked without a model and that the configs do not check themselves: numbers, data
     files (read and their rows checked), the checkpoint to resume from, the output folder, the backend. (The method,
-    its form and parameters were validated when ATRGRPOConfig was built.) A refusal names the argument."""
+    its form and parameters were validated when ATRGRPOConfig was built.) A refusal names the argument. Returns the
+    local datasets it read, by flag (``--dataset_path``, ``--sft_dataset_path``), for the run to use as they are."""
     from .checkpoints import LATEST, is_complete_checkpoint, latest_complete_checkpoint
     from .cli import finite_number, positive_int, refuse
     from .data import OFFLINE_TASKS, SOURCES, load_source
     from .rewards import check_truncated_reward
     from .sft import check_sft_implementation
 
+    loaded = {}
     positive_int("--sft_steps", script_args.sft_steps, minimum=0)
     positive_int("--sft_batch_size", script_args.sft_batch_size)
     finite_number("--sft_learning_rate", script_args.sft_learning_rate, low=0, open_low=True)
@@ -127,7 +129,7 @@ def check_before_loading(script_args, training_args, model_args=None) -> None:
         if name is not None and name not in OFFLINE_TASKS and name not in SOURCES:
             raise refuse("--dataset_name", name, f"unknown dataset; known: {', '.join([*OFFLINE_TASKS, *SOURCES])}")
         if path is not None:  # read now: a malformed row stops the run before a model loads, naming its line
-            load_source(name, path, script_args.dataset_limit, argument=flag)
+            loaded[flag] = load_source(name, path, script_args.dataset_limit, argument=flag)
     if script_args.tiny_vocab not in ("toy", "qwen3"):
         raise refuse("--tiny_vocab", script_args.tiny_vocab, "expected 'toy' or 'qwen3'")
     check_truncated_reward(script_args.truncated_reward)
@@ -153,6 +155,7 @@ def check_before_loading(script_args, training_args, model_args=None) -> None:
         from .unsloth_backend import require_unsloth
 
         require_unsloth()
+    return loaded
 
 
 def finished_run(output_dir: Path) -> bool:
@@ -225,7 +228,7 @@ def main(argv=None) -> dict:
     from .trainer import ATRGRPOTrainer
 
     script_args, training_args, model_args = parse(argv)
-    check_before_loading(script_args, training_args, model_args)
+    loaded = check_before_loading(script_args, training_args, model_args)
     from .evaluate import _vllm_available
 
     note = choose_generation(script_args, training_args, vllm_usable=_vllm_available())
@@ -233,7 +236,7 @@ def main(argv=None) -> dict:
         warnings.warn(note, stacklevel=1)
     out = Path(training_args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    train_ds = load_source(
+    train_ds = loaded.get("--dataset_path") or load_source(  # a local file was read by the checks already
         script_args.dataset_name, script_args.dataset_path, script_args.dataset_limit, seed=training_args.seed
     )
 
@@ -251,7 +254,7 @@ def main(argv=None) -> dict:
     if script_args.sft_steps > 0 and not resuming:
         from .sft import run_sft
 
-        sft_ds = load_source(
+        sft_ds = loaded.get("--sft_dataset_path") or load_source(
             script_args.sft_dataset_name or script_args.dataset_name,
             script_args.sft_dataset_path,
             script_args.dataset_limit,
@@ -297,16 +300,9 @@ def main(argv=None) -> dict:
 def save_final_model(trainer, out: Path) -> Path:
     """``out/final``, written whole or not at all: saved into ``final.partial`` and renamed into place (a run killed
     while saving leaves no ``final/`` that looks finished; an earlier ``final/``, with ``--overwrite``, is replaced)."""
-    import os
-    import shutil
-
-    final, partial = out / "final", out / "final.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    trainer.save_model(str(partial))
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(partial, final)
-    return final
+    with directory_written_whole(out / "final") as partial:
+        trainer.save_model(str(partial))
+    return out / "final"
 
 
 def choose_generation(script_args, training_args, *, vllm_usable: bool) -> str | None:

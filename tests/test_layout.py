@@ -98,11 +98,10 @@ def test_no_installable_module_is_over_700_lines():
 
 def test_the_project_speaks_of_itself_only():
     files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
-    words = re.compile(r"\b(sessions?|leases?|lent machine)\b|\bissues? #?\d+\b", re.I)
+    # the words are spelled with a character class so that this file does not contain them itself
+    words = re.compile(r"\b(sess[i]ons?|lea[s]es?|len[t] machine)\b|\bissues? #?\d+\b", re.I)
     for name in files:
         if name.startswith("figures/") or not name.endswith((".py", ".md", ".yaml", ".toml", ".yml")):
-            continue
-        if name == "tests/test_layout.py":
             continue
         found = words.search((ROOT / name).read_text())
         assert not found, f"{name}: {found.group(0)!r}"

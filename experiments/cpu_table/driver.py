@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from datetime import datetime, timezone
@@ -14,7 +13,15 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from atr_llm.cli import Parser, atomic_write_text, existing_directory, finite_number, positive_int, refuse
+from atr_llm.cli import (
+    Parser,
+    atomic_write_text,
+    directory_written_whole,
+    existing_directory,
+    finite_number,
+    positive_int,
+    refuse,
+)
 
 from .protocol import (
     _RUN_PROTOCOL_KEYS,
@@ -57,13 +64,11 @@ def train_sft(seed: int, sft_steps: int, runs_dir: Path) -> Path:
     if (out / "config.json").exists():
         return out
     # trained into a partial folder and renamed into place whole: a kill leaves no folder that looks finished
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    tok, model = build_tokenizer_and_model("toy", seed=seed)
-    ds = load_source(TASK, None, 4000, seed=seed + 1)
-    run_sft(model, tok, ds, partial, max_steps=sft_steps, learning_rate=3e-3, batch_size=32, seed=seed)
-    (partial / MACHINE_FILE).write_text(json.dumps({"machine": machine_kind()}))
-    os.replace(partial, out)
+    with directory_written_whole(out) as partial:
+        tok, model = build_tokenizer_and_model("toy", seed=seed)
+        ds = load_source(TASK, None, 4000, seed=seed + 1)
+        run_sft(model, tok, ds, partial, max_steps=sft_steps, learning_rate=3e-3, batch_size=32, seed=seed)
+        (partial / MACHINE_FILE).write_text(json.dumps({"machine": machine_kind()}))
     return out
 
 
@@ -187,15 +192,22 @@ def keep_freed_memory(mmap_threshold: int = 256 << 20, trim_threshold: int = 1 <
     pages in again. Allocation only: the numbers are unchanged (a GRPO run of the table's setting gave the same
     weights either way). Measured on this 2-core machine, two processes side by side, 100 steps of cpu-table.yaml:
     6.5-9.5% less time (three pairs). Returns False, changing nothing, where the C library has no ``mallopt``."""
+    mallopt = _libc_function("mallopt")
+    if mallopt is None:
+        return False
+    settings = ((_M_MMAP_THRESHOLD, mmap_threshold), (_M_TRIM_THRESHOLD, trim_threshold), (_M_TOP_PAD, top_pad))
+    return all(mallopt(param, int(value)) == 1 for param, value in settings)
+
+
+def _libc_function(name: str):
+    """The C library's function ``name`` through ctypes, or None where there is no such library or function."""
     import ctypes
     import ctypes.util
 
     try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
     except (OSError, AttributeError):
-        return False
-    settings = ((_M_MMAP_THRESHOLD, mmap_threshold), (_M_TRIM_THRESHOLD, trim_threshold), (_M_TOP_PAD, top_pad))
-    return all(mallopt(param, int(value)) == 1 for param, value in settings)
+        return None
 
 
 def worker_init() -> None:
@@ -213,13 +225,10 @@ def die_with_parent() -> bool:
     """Ask Linux to SIGKILL this process when the driver that started it dies (``prctl(PR_SET_PDEATHSIG)``): a driver
     killed mid-run leaves no worker training on into the run directory that the next invocation resumes. Returns
     False, changing nothing, where there is no ``prctl``."""
-    import ctypes
-    import ctypes.util
     import signal
 
-    try:
-        prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
-    except (OSError, AttributeError):
+    prctl = _libc_function("prctl")
+    if prctl is None:
         return False
     pr_set_pdeathsig = 1
     return prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) == 0
