@@ -170,8 +170,6 @@ def _add_fields_of_methods_registered_elsewhere(cls):
     """Give ``cls`` a field for every method parameter registered beyond the ones written in its source (a plugin's
     method registered before this module is imported); the built-in ones are ordinary fields already
     (``python -m atr_llm.config_fields``). Nothing happens when there is none."""
-    import dataclasses
-
     have = {f.name for f in dataclasses.fields(cls)}
     extra = {name: spec for name, spec in method_config_fields().items() if name not in have}
     if not extra:
