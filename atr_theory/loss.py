@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from .divergence import kl3_from_log_ratio
+from .layers import RATIO_LEVELS, SequenceMask, high_entropy_mask, sequence_log_ratio, sequence_mask_keep
 from .methods import FORMS, MethodResult, ResolvedMethod, TokenBatch, resolve
 
 __all__ = [
@@ -101,6 +102,8 @@ class LossOutput:
     result: MethodResult = field(repr=False)
     log_ratio: torch.Tensor = field(repr=False)
     mask: torch.Tensor = field(repr=False)
+    dropped: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+    """Tokens each layer removed from the loss (``"sequence_mask"``, ``"entropy_mask"``), (B, T) or (B, 1) bool."""
 
     @cached_property
     def metrics(self) -> dict[str, float]:
@@ -142,6 +145,8 @@ class LossOutput:
                 ratio_p95=float(q[2]),
                 ratio_max=float(w.max()),
             )
+            for name, dropped in self.dropped.items():
+                out[f"frac_dropped_{name}"] = float((dropped.expand_as(m) & m).sum()) / n
             return out
 
 
@@ -219,6 +224,11 @@ def policy_loss(
     kl_chunk_size: int | None = None,
     position_kl: torch.Tensor | None = None,
     validate: bool = True,
+    ratio_level: str = "token",
+    sequence_mask: SequenceMask | None = None,
+    behaviour_logp: torch.Tensor | None = None,
+    entropies: torch.Tensor | None = None,
+    top_entropy_quantile: float = 1.0,
     **params: float,
 ) -> LossOutput:
     r"""Clipped policy-gradient loss of ``method`` (see :data:`atr_theory.METHODS`).
@@ -249,6 +259,13 @@ def policy_loss(
         for every method except ``clip_cov`` (its random token choice has a data-dependent size);
         padding is still ignored and log w still clamped, but NaN on a valid token gives a NaN loss
         instead of an error. Types, shapes, devices and parameters are checked either way.
+    ratio_level : ``"token"`` or ``"sequence"``: every token sees its sequence's ratio ``exp(mean_t log w_t)``, with
+        gradient through the mean (TRL ``importance_sampling_level``; :func:`atr_theory.layers.sequence_log_ratio`).
+    sequence_mask : a :class:`~atr_theory.layers.SequenceMask`: sequences it rejects contribute 0 (DeepSeek-V3.2's
+        off-policy masking is ``SequenceMask("k1", "mean", delta, "negative")``); its ratio is ``pi / pi_behaviour``
+        with ``behaviour_logp`` ((B, T), the sampling policy's log-probs, e.g. vLLM's; default ``old_logp``).
+    entropies, top_entropy_quantile : (B, T) per-token entropies and the fraction ``rho`` of highest-entropy valid
+        tokens that keep their loss (:func:`atr_theory.layers.high_entropy_mask`; 1 = all).
 
     Returns
     -------
@@ -265,6 +282,14 @@ def policy_loss(
     else:
         choice = resolve(method, form, **params)
     check_aggregation(aggregation)
+    if ratio_level not in RATIO_LEVELS:
+        raise ValueError(f"ratio_level must be one of {RATIO_LEVELS}, got {ratio_level!r}")
+    if sequence_mask is not None and not isinstance(sequence_mask, SequenceMask):
+        raise ValueError(f"sequence_mask must be a SequenceMask, got {type(sequence_mask).__name__}")
+    if not (isinstance(top_entropy_quantile, (int, float)) and 0.0 <= top_entropy_quantile <= 1.0):
+        raise ValueError(f"top_entropy_quantile must be in [0, 1], got {top_entropy_quantile!r}")
+    if top_entropy_quantile < 1.0 and entropies is None:
+        raise ValueError("top_entropy_quantile < 1 needs the per-token entropies (entropies=, shape (B, T))")
     shape = _check_structure(logp, old_logp, advantages, mask, token_weights, aggregation, max_length)
     if validate and mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
         bad = mask[(mask != 0) & (mask != 1)][0].item()
@@ -308,14 +333,28 @@ def policy_loss(
     if position_kl is not None:
         _check_tensor("position_kl", position_kl, shape)
         position_kl = position_kl if all_valid else torch.where(m, position_kl, zero)
+    for name, t in (("behaviour_logp", behaviour_logp), ("entropies", entropies)):
+        if t is not None:
+            _check_tensor(name, t, shape)
+    rule_log_ratio = log_ratio if ratio_level == "token" else sequence_log_ratio(torch.where(m, log_ratio, zero), m)
     batch = TokenBatch(
-        log_ratio, adv, m, lp, olp, choice.form, generator, old_full_logp, full_logp, kl_chunk_size, position_kl
+        rule_log_ratio, adv, m, lp, olp, choice.form, generator, old_full_logp, full_logp, kl_chunk_size, position_kl
     )
     result = choice.spec.fn(batch, **choice.params)
     objective = result.objective
+    dropped: dict[str, torch.Tensor] = {}
+    if sequence_mask is not None:
+        behaviour = olp if behaviour_logp is None else behaviour_logp.detach().to(dtype)
+        dropped["sequence_mask"] = ~sequence_mask_keep(lp.detach() - behaviour, adv, m, sequence_mask)
+    if top_entropy_quantile < 1.0:
+        dropped["entropy_mask"] = ~high_entropy_mask(entropies, m, float(top_entropy_quantile))
+    for drop in dropped.values():
+        objective = torch.where(drop, zero, objective)
     if weights is not None:
         objective = objective * weights
     per_token = objective if all_valid else torch.where(m, objective, zero)
     max_len = shape[1] if max_length is None else int(max_length)
     loss = -AGGREGATIONS[aggregation](per_token, m, max_len)
-    return LossOutput(loss=loss, per_token=per_token, result=result, log_ratio=log_ratio.detach(), mask=m)
+    return LossOutput(
+        loss=loss, per_token=per_token, result=result, log_ratio=rule_log_ratio.detach(), mask=m, dropped=dropped
+    )

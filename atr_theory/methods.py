@@ -313,6 +313,26 @@ def dual_clip(batch: TokenBatch, epsilon: float, dual_clip_c: float) -> MethodRe
 
 
 @register(
+    "dual_clip_higher",
+    params={"epsilon_low": EPSILON_LOW, "epsilon_high": EPSILON_HIGH, "dual_clip_c": DUAL_CLIP_C},
+    default_form="min",
+    forms=("min", "mask"),
+    reference="Ye et al. 2020 (dual clip) with DAPO's asymmetric range; TRL delta with epsilon_high (INTELLECT-2's "
+    "two-sided clipping)",
+    ratio_mask_gradient=True,
+)
+def dual_clip_higher(batch: TokenBatch, epsilon_low: float, epsilon_high: float, dual_clip_c: float) -> MethodResult:
+    r"""Clip-Higher's range ``[1 - eps_low, 1 + eps_high]``, and for ``A < 0`` the objective is at least ``c A``.
+
+    TRL's ``delta`` is this rule: ``min(min(w, delta) A, clip(w) A)`` equals it with ``c = delta`` when
+    ``delta >= 1 + eps_high`` (and with ``eps_high = delta - 1``, ``c = 1 + eps_high`` below that)."""
+    lower, upper = 1.0 - epsilon_low, 1.0 + epsilon_high
+    if batch.form == "min":
+        return ratio_objective(batch, lower, upper, negative_cap=dual_clip_c)
+    return _dual_clip(ratio_objective(batch, lower, upper), batch.advantages, dual_clip_c)
+
+
+@register(
     "dcpo",
     params={
         "epsilon_low": EPSILON_LOW.with_default(0.16),
@@ -520,28 +540,6 @@ def kl_cov(batch: TokenBatch, cov_ratio: float, kl_coef: float) -> MethodResult:
     return MethodResult(objective, flags)
 
 
-@register(
-    "sapo",
-    params={
-        "tau_pos": Param(1.0, gt=0, help="SAPO gate temperature for tokens with A > 0"),
-        "tau_neg": Param(1.05, gt=0, help="SAPO gate temperature for tokens with A <= 0"),
-    },
-    default_form="soft",
-    forms=("soft",),
-    reference="Gao et al. 2025 (SAPO, arXiv 2511.20347); TRL loss_type 'sapo'; verl 'sapo'",
-)
-def sapo(batch: TokenBatch, tau_pos: float, tau_neg: float) -> MethodResult:
-    r"""Soft gate: ``sigma(tau (w - 1)) * 4 / tau * A`` with ``tau = tau_pos`` for ``A > 0`` else ``tau_neg``.
-
-    Its derivative in ``w`` is ``4 sigma'(tau (w-1)) A``, which is ``A`` at ``w = 1``: the vanilla
-    policy gradient on-policy, smoothly fading away from ``w = 1``. Nothing is hard-clipped.
-    """
-    adv = batch.advantages
-    tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
-    gate = torch.sigmoid(tau * torch.expm1(batch.log_ratio)) * (4.0 / tau)
-    return _no_clip(gate * adv, batch)
-
-
 def _sequence_log_ratio(batch: TokenBatch) -> torch.Tensor:
     """``(1/|y|) sum_t log w_t`` over valid tokens, broadcast to (B, T) (GSPO's sequence ratio)."""
     m = batch.mask.to(batch.log_ratio.dtype)
@@ -672,3 +670,4 @@ def truly_ppo(batch: TokenBatch, delta: float, alpha: float) -> MethodResult:
     objective = torch.where(rollback, w * adv - alpha * kl, w * adv)
     none = torch.zeros_like(batch.mask)
     return MethodResult(objective, lambda: (torch.ones_like(batch.mask), none, rollback))
+from . import soft_weights  # noqa: E402,F401  (registers sapo, cispo, vespo: the soft-weight family)

@@ -1,0 +1,195 @@
+"""TRL's GRPOConfig options that act on the loss, honoured by ATRGRPOTrainer: each one mapped onto a layer of
+:func:`atr_theory.policy_loss`, TRL's entropy bonus (static and adaptive), and TRL's metric names.
+
+The rule itself (``loss_type`` cispo / sapo / vespo, ``epsilon``, ``epsilon_high``, ``delta``) is mapped in
+:func:`atr_llm.trainer.trl_rule`; ``tests/test_trl_options.py`` pins every option against TRL's own GRPOTrainer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+import atr_theory as at
+from atr_theory.layers import SequenceMask
+from atr_theory.soft_weights import vespo_log_weight
+
+
+@dataclass(frozen=True)
+class TRLLossType:
+    """What one of TRL's ``loss_type`` values means here: an aggregation of :data:`atr_theory.AGGREGATIONS`, whether
+    TRL divides the token sum by the generation batch's token count (``num_items_in_batch``) instead, and the
+    registry rule the loss type itself is (None for the PPO-clip family, whose rule is ``method``'s)."""
+
+    aggregation: str
+    rule: str | None = None
+    by_generation_tokens: bool = False
+
+
+# TRL 1.16's loss_type values (GRPOTrainer._compute_loss): each one's aggregation and, for cispo / sapo / vespo, rule
+TRL_LOSS_TYPES = {
+    "grpo": TRLLossType("seq_mean_token_mean"),
+    "bnpo": TRLLossType("token_mean"),
+    "dr_grpo": TRLLossType("dr_grpo"),
+    "dapo": TRLLossType("token_mean", by_generation_tokens=True),
+    "luspo": TRLLossType("seq_mean_token_sum"),
+    "cispo": TRLLossType("token_mean", "cispo", by_generation_tokens=True),
+    "sapo": TRLLossType("seq_mean_token_mean", "sapo"),
+    "vespo": TRLLossType("token_mean", "vespo", by_generation_tokens=True),
+}
+
+# method="trl": the registry rule TRL's GRPOTrainer applies for the config, its parameters read from TRL's fields
+TRL_METHOD = "trl"
+
+
+VESPO_FIELDS = ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")
+
+
+def trl_rule(args) -> tuple[str, dict[str, float]]:
+    """The registry rule and parameters that TRL 1.16's GRPOTrainer applies for ``args`` (``method='trl'``).
+
+    ``cispo``: TRL caps the detached weight at ``epsilon_high`` (no lower bound): the registry's cispo with
+    ``epsilon_low = 1``, ``epsilon_high = cap - 1``. ``sapo``: ``sapo_temperature_pos / _neg``. ``vespo``: its four
+    fields. The PPO-clip family (grpo, bnpo, dr_grpo, dapo, luspo): ``clip_higher(epsilon, epsilon_high or
+    epsilon)``; with TRL's ``delta``, ``min(min(w, delta) A, clip(w) A)``, which is ``dual_clip_higher`` with
+    ``c = delta`` when ``delta >= 1 + epsilon_high``, and with the upper bound ``delta`` and ``c = 1 + epsilon_high``
+    below it (tests: TRL's own loss on the same batch)."""
+    rule = TRL_LOSS_TYPES[args.loss_type].rule
+    eps_low = args.epsilon
+    eps_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
+    if rule == "cispo":
+        return "cispo", {"epsilon_low": 1.0, "epsilon_high": eps_high - 1.0}
+    if rule == "sapo":
+        return "sapo", {"tau_pos": args.sapo_temperature_pos, "tau_neg": args.sapo_temperature_neg}
+    if rule == "vespo":
+        return "vespo", {name: getattr(args, name) for name in VESPO_FIELDS}
+    delta = getattr(args, "delta", None)
+    if delta is None:
+        return "clip_higher", {"epsilon_low": eps_low, "epsilon_high": eps_high}
+    if delta <= 1.0:
+        raise ValueError(
+            f"delta={delta!r}: TRL's two-sided clip caps every ratio at delta, so delta <= 1 caps each token's ratio at or "
+            "below 1 (no trust region around w = 1); expected delta > 1 (INTELLECT-2 uses delta > 1 + epsilon_high)"
+        )
+    if delta >= 1.0 + eps_high:
+        return "dual_clip_higher", {"epsilon_low": eps_low, "epsilon_high": eps_high, "dual_clip_c": delta}
+    return "dual_clip_higher", {"epsilon_low": eps_low, "epsilon_high": delta - 1.0, "dual_clip_c": 1.0 + eps_high}
+
+
+# the TRL fields that method='trl' reads (they are not stray parameters of the rule it maps to)
+TRL_RULE_FIELDS = ("epsilon", "epsilon_high", "delta", "sapo_temperature_pos", "sapo_temperature_neg", *VESPO_FIELDS)
+
+
+def default_method(method: str | None, loss_type: str) -> str:
+    """``method`` if given; unset: ``'trl'`` for a loss type that is a rule of its own (cispo, sapo, vespo: TRL's
+    rule with TRL's parameters), else ``'atr'`` (the paper's rule)."""
+    if method is not None:
+        return method
+    implied = TRL_LOSS_TYPES.get(loss_type)
+    return TRL_METHOD if implied is not None and implied.rule is not None else "atr"
+
+
+def trl_option_layers(args) -> dict[str, Any]:
+    """The :func:`atr_theory.policy_loss` keywords for TRL's ``importance_sampling_level`` (``ratio_level``) and
+    ``off_policy_mask_threshold`` (DeepSeek-V3.2's off-policy sequence mask: ``SequenceMask("k1", "mean", delta,
+    "negative")``). ``top_entropy_quantile`` needs the step's entropies: the trainer adds it."""
+    layers: dict[str, Any] = {}
+    level = getattr(args, "importance_sampling_level", "token")
+    if level != "token":
+        layers["ratio_level"] = level
+    threshold = getattr(args, "off_policy_mask_threshold", None)
+    if threshold is not None:
+        layers["sequence_mask"] = SequenceMask("k1", "mean", float(threshold), "negative")
+    return layers
+
+
+def _masked_sequence_mean(flag: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B,) mean of ``flag`` over each sequence's valid tokens (NaN for an empty sequence, as TRL)."""
+    m = mask.to(torch.float64)
+    return (flag.to(torch.float64) * m).sum(-1) / m.sum(-1)
+
+
+def trl_metrics(out: at.LossOutput, advantages: torch.Tensor, token_log_ratio: torch.Tensor, args) -> dict[str, float]:
+    """TRL 1.16's loss metrics under TRL's names: ``clip_ratio/{low_mean, high_mean, region_mean, low_min,
+    high_max}`` (the PPO-clip family), ``cispo_clip_ratio``, ``vespo/phi_seq_mean``. With ``method='trl'`` each is
+    TRL's own definition (its clip flags read the ratio after TRL's ``delta`` cap); with a registry method the
+    ``clip_ratio`` names carry that rule's own flags (what it clipped low / high). At the sequence level TRL averages
+    over sequences, else over tokens; one process's values (the trainer averages them over processes)."""
+    m = out.mask
+    adv = advantages.detach()
+    adv = adv.unsqueeze(-1) if adv.ndim == 1 else adv
+    level = getattr(args, "importance_sampling_level", "token")
+
+    def mean(flag: torch.Tensor) -> float:
+        if level == "sequence":
+            return float(_masked_sequence_mean(flag, m).nanmean())
+        return float((flag & m).sum()) / max(int(m.sum()), 1)
+
+    rule = TRL_LOSS_TYPES[args.loss_type].rule
+    if rule is None:
+        low, high = out.result.clipped_low, out.result.clipped_high
+        if args.method == TRL_METHOD:  # TRL's flags: on min(w, delta), against epsilon / epsilon_high
+            eps_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
+            w = torch.exp(out.log_ratio)
+            w = w if getattr(args, "delta", None) is None else torch.clamp(w, max=args.delta)
+            low, high = (w < 1 - args.epsilon) & (adv < 0), (w > 1 + eps_high) & (adv > 0)
+        return {
+            "clip_ratio/low_mean": mean(low),
+            "clip_ratio/high_mean": mean(high),
+            "clip_ratio/region_mean": mean(low | high),
+            "clip_ratio/low_min": float(_masked_sequence_mean(low, m).nan_to_num(math.inf).min()),
+            "clip_ratio/high_max": float(_masked_sequence_mean(high, m).nan_to_num(-math.inf).max()),
+        }
+    if rule == "cispo":
+        return {"cispo_clip_ratio": mean(out.result.clipped_high & (adv > 0))}
+    if rule == "vespo":
+        y = torch.where(m, token_log_ratio.detach(), 0.0)
+        params = trl_rule(args)[1]  # a rule-naming loss type always trains TRL's rule (check_method_config)
+        phi = torch.exp(vespo_log_weight(y, m, adv, *(params[k] for k in VESPO_FIELDS))).nan_to_num(0.0)
+        if phi.shape[1] == 1:  # one weight per sequence: TRL averages over sequences
+            return {"vespo/phi_seq_mean": float(phi.mean())}
+        return {"vespo/phi_seq_mean": float((phi * m).sum() / m.sum().clamp(min=1))}
+    return {}
+
+
+class EntropyBonus:
+    """TRL's entropy bonus: ``loss - coef * H`` with ``H`` the mean entropy of the tokens the policy loss acts on,
+    divided by the accumulation steps (not by a loss type's normaliser). Adaptive (Skywork-OR1; TRL
+    ``use_adaptive_entropy``): after each optimizer step ``coef`` moves by ``entropy_coef_delta`` (up when the
+    window's token-weighted entropy is ``<= entropy_target``, else down, within ``[entropy_coef_min, _max]``), and
+    the bonus applies only while the last window's entropy is ``<= entropy_target``."""
+
+    def __init__(self, args):
+        self.coef = float(args.entropy_coef)
+        self.adaptive = bool(args.use_adaptive_entropy)
+        self.target = float(args.entropy_target)
+        self.step, self.low, self.high = args.entropy_coef_delta, args.entropy_coef_min, args.entropy_coef_max
+        self.last_window_entropy = math.inf  # no bonus before the first measurement (as TRL)
+        self._window: torch.Tensor | None = None
+
+    @classmethod
+    def from_args(cls, args) -> EntropyBonus | None:
+        enabled = getattr(args, "entropy_coef", 0.0) != 0.0 or getattr(args, "use_adaptive_entropy", False)
+        return cls(args) if enabled else None
+
+    def term(self, entropies: torch.Tensor, mask: torch.Tensor, accumulation: float, accelerator, mode: str):
+        """The bonus to subtract from this micro-batch's loss; updates the adaptive coefficient at a step's end."""
+        m = mask.to(entropies.dtype)
+        total, count = (entropies * m).sum(), m.sum()
+        mean_entropy = total / count.clamp(min=1.0) / accumulation
+        applied = self.coef if not self.adaptive or self.last_window_entropy <= self.target else 0.0
+        if self.adaptive and mode == "train":
+            stats = torch.stack([total, count]).detach()
+            self._window = stats if self._window is None else self._window + stats
+            if accelerator.sync_gradients:
+                window = accelerator.reduce(self._window, reduction="sum")
+                entropy = (window[0] / window[1].clamp(min=1.0)).item()
+                if entropy <= self.target:
+                    self.coef = min(self.coef + self.step, self.high)
+                else:
+                    self.coef = max(self.coef - self.step, self.low)
+                self.last_window_entropy, self._window = entropy, None
+        return applied * mean_entropy

@@ -1,0 +1,174 @@
+"""Every TRL GRPOConfig option that acts on the loss, pinned by TRL's own GRPOTrainer: the same model, the same batch
+(old log-probs away from the new ones), the same loss, gradient and TRL-named metrics; a few optimizer steps with
+the same seed give the same weights; MoE router loss, TRL's default config and its positional order."""
+
+import dataclasses
+import math
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+trl = pytest.importorskip("trl")
+pytest.importorskip("math_verify")
+
+from atr_llm import data, rewards, tiny  # noqa: E402
+from atr_llm.trainer import ATRGRPOConfig, ATRGRPOTrainer  # noqa: E402
+
+TRL_FIELDS = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
+FAMILY = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+RULES = ("cispo", "sapo", "vespo")
+
+
+def _common(tmp_path, **kw):
+    base = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=8,
+        use_cpu=True,
+        report_to="none",
+        beta=0.0,
+        num_iterations=2,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        learning_rate=1e-3,
+    )
+    base.update(kw)
+    return base
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny.build_tiny_tokenizer()
+
+
+def _batch(tok, B=8, P=6, T=8, seed=0, tool_mask=False):
+    g = torch.Generator().manual_seed(seed)
+    batch = {
+        "prompt_ids": torch.randint(5, len(tok), (B, P), generator=g),
+        "prompt_mask": torch.ones(B, P, dtype=torch.long),
+        "completion_ids": torch.randint(5, len(tok), (B, T), generator=g),
+        "completion_mask": (torch.rand(B, T, generator=g) > 0.2).long(),
+        "advantages": torch.randn(B, generator=g),
+        "num_items_in_batch": torch.tensor(40.0),
+    }
+    batch["advantages"][B - 1] = 0.0  # a group whose rewards were all equal: A = 0 (OPSM keeps it, as A >= 0)
+    if tool_mask:  # tool-call output tokens: in the completion, not trained on
+        batch["tool_mask"] = (torch.rand(B, T, generator=g) > 0.25).long()
+    return batch
+
+
+def _trainers(tmp_path, tok, model, options, method="trl"):
+    ds = data.to_grpo_dataset(data.arithmetic_dataset(16))
+    reward = rewards.CorrectnessReward()
+    ours_kw = {} if method is None else {"method": method}
+    ours = ATRGRPOConfig(**_common(tmp_path / "a", **options), **ours_kw)
+    theirs = trl.GRPOConfig(**_common(tmp_path / "b", **options))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a = ATRGRPOTrainer(model=model, reward_funcs=[reward], args=ours, train_dataset=ds, processing_class=tok)
+        b = trl.GRPOTrainer(model=model, reward_funcs=[reward], args=theirs, train_dataset=ds, processing_class=tok)
+    return a, b
+
+
+def _loss_grads_metrics(trainer, model, inputs, micro_batches=1):
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = micro_batches
+    trainer._metrics["train"].clear()
+    params = [p for p in model.parameters() if p.requires_grad]
+    results = []
+    for _ in range(micro_batches):  # the adaptive entropy bonus: its coefficient moves between micro-batches
+        loss = trainer._compute_loss(model, dict(inputs))
+        results.append((loss.detach(), torch.autograd.grad(loss, params, allow_unused=True)))
+    return results, {k: v[-1] for k, v in trainer._metrics["train"].items()}
+
+
+def _assert_same(a, b, model, inputs, beta=0.0, micro_batches=1):
+    a.beta = b.beta = beta
+    ra, ma = _loss_grads_metrics(a, model, inputs, micro_batches)
+    rb, mb = _loss_grads_metrics(b, model, inputs, micro_batches)
+    for (la, ga), (lb, gb) in zip(ra, rb):
+        assert la.item() == pytest.approx(lb.item(), rel=1e-6, abs=1e-12)
+        worst = max(
+            float(torch.linalg.vector_norm(x - y)) / max(float(torch.linalg.vector_norm(y)), 1e-30)
+            for x, y in zip(ga, gb)
+            if x is not None
+        )
+        assert worst <= 3e-5  # float32 log-prob arithmetic; a wrong formula moves it by > 1e-2
+    for key, value in mb.items():  # every metric TRL logs, under TRL's name, with TRL's value
+        assert key in ma, key
+        assert ma[key] == pytest.approx(value, rel=1e-5, abs=1e-6) or (math.isnan(value) and math.isnan(ma[key])), key
+    return ra, ma
+
+
+def _moved_inputs(a, model, tok, seed=0, tool_mask=False, sampling=False):
+    inputs = _batch(tok, seed=seed, tool_mask=tool_mask)
+    with torch.no_grad():
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+        msk = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+        lp = a._get_per_token_logps_and_entropies(model, ids, msk, 8)[0]
+    g = torch.Generator().manual_seed(seed + 1)
+    inputs["old_per_token_logps"] = lp + 0.4 * torch.randn(lp.shape, generator=g)
+    inputs["ref_per_token_logps"] = lp + 0.3 * torch.randn(lp.shape, generator=g)
+    if sampling:  # vLLM's own log-probs of the sampled tokens (OPSM reads them where present)
+        inputs["sampling_per_token_logps"] = lp + 0.5 * torch.randn(lp.shape, generator=g)
+    return inputs
+
+
+OPTIONS = {
+    "none": {},
+    "sequence": {"importance_sampling_level": "sequence"},
+    "opsm": {"off_policy_mask_threshold": 0.05},
+    "entropy_mask": {"top_entropy_quantile": 0.4},
+    "entropy_bonus": {"entropy_coef": 0.01},
+    "adaptive_entropy": {"use_adaptive_entropy": True, "entropy_coef": 0.02, "entropy_target": 10.0},
+    "sequence+opsm+entropy_mask": {
+        "importance_sampling_level": "sequence",
+        "off_policy_mask_threshold": 0.02,
+        "top_entropy_quantile": 0.6,
+    },
+}
+FAMILY_ONLY = {
+    "delta_above": {"delta": 1.5, "epsilon_high": 0.28},
+    "delta_below": {"delta": 1.1, "epsilon_high": 0.28},
+    "epsilon_high": {"epsilon": 0.1, "epsilon_high": 0.3},
+}
+RULE_ONLY = {
+    "cispo": {"cispo_cap": {"epsilon_high": 1.3}},
+    "sapo": {"temperatures": {"sapo_temperature_pos": 2.0, "sapo_temperature_neg": 0.5}},
+    "vespo": {"gamma": {"vespo_k_pos": 1.5, "vespo_lambda_pos": 2.0, "vespo_k_neg": 2.5, "vespo_lambda_neg": 1.5}},
+}
+CASES = [(lt, name, opts) for lt in FAMILY + RULES for name, opts in OPTIONS.items()]
+CASES += [(lt, name, opts) for lt in FAMILY for name, opts in FAMILY_ONLY.items()]
+CASES += [(lt, name, opts) for lt, extra in RULE_ONLY.items() for name, opts in extra.items()]
+
+
+@pytest.mark.parametrize("loss_type,name,options", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
+def test_every_loss_type_and_option_equals_trls_own_loss(tmp_path, tok, loss_type, name, options):
+    if any(k not in TRL_FIELDS for k in options):
+        pytest.skip(f"this TRL has no {sorted(set(options) - TRL_FIELDS)}")
+    model = tiny.build_tiny_model(tok).double()
+    method = None if loss_type in RULES else "trl"  # a rule-naming loss type selects TRL's rule by itself
+    a, b = _trainers(tmp_path, tok, model, {"loss_type": loss_type, **options}, method=method)
+    inputs = _moved_inputs(a, model, tok, tool_mask=name == "none", sampling="opsm" in name)
+    micro_batches = 2 if "entropy" in name else 1
+    _, metrics = _assert_same(a, b, model, inputs, micro_batches=micro_batches)
+    assert metrics["clip/frac_ratio_moved"] > 0.5  # the ratios really moved
+    if "opsm" in name:
+        assert 0 < metrics["clip/frac_dropped_sequence_mask"] < 1  # the mask acted, and not on everything
+    if "entropy_mask" in name:
+        assert 0 < metrics["clip/frac_dropped_entropy_mask"] < 1
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "cispo", "vespo"])
+def test_the_kl_penalty_with_each_ratio_level_equals_trls(tmp_path, tok, loss_type):
+    """beta != 0 (TRL's k3 towards the reference, bias-corrected by the loss's own ratio: the token or the sequence
+    ratio), the kl metric included."""
+    model = tiny.build_tiny_model(tok).double()
+    for level in ("token", "sequence"):
+        method = None if loss_type in RULES else "trl"
+        a, b = _trainers(tmp_path / level, tok, model, {"loss_type": loss_type, "importance_sampling_level": level}, method)
+        _, metrics = _assert_same(a, b, model, _moved_inputs(a, model, tok), beta=0.05)
+        assert metrics["kl"] > 0
