@@ -253,7 +253,8 @@ def check_method_config(args) -> at.ResolvedMethod:
         if getattr(args, "delta", None) is not None:
             raise ValueError(
                 f"delta={args.delta!r} is set: TRL's two-sided clip acts on TRL's own PPO clip; use method='trl' (which "
-                f"maps it to dual_clip_higher), or method='dual_clip_higher' with dual_clip_c, not method={args.method!r}"
+                f"maps it to dual_clip_higher), or method='dual_clip_higher' with dual_clip_c, not method={args.method!r} "
+                "(the paper's divergence threshold is --divergence_delta)"
             )
     resolved = at.resolve(name, args.form, **given)
     stray = [n for n in method_config_fields() if n not in own and _is_set(args, n)]

@@ -6,6 +6,7 @@
 (0.671, 1.422)
 """
 
+from . import layers, soft_weights  # noqa: F401  (soft_weights registers sapo, cispo, vespo)
 from .divergence import (
     HeadScores,
     entropy_from_log_probs,

@@ -36,6 +36,7 @@ from .registry import (  # noqa: F401  (re-exported: the registry is part of thi
     Relation,
     ResolvedMethod,
     TokenBatch,
+    _no_clip,
     get_method,
     method_names,
     register,
@@ -260,12 +261,6 @@ def _centred_cov(batch: TokenBatch, n_valid: torch.Tensor) -> torch.Tensor:
 def _top_k_indices(values: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the ``k`` largest entries of the flat ``values``, largest first (``torch.topk``, sorted)."""
     return torch.topk(values, k).indices
-
-
-def _no_clip(objective: torch.Tensor, batch: TokenBatch) -> MethodResult:
-    return MethodResult(
-        objective, lambda: (torch.ones_like(batch.mask), torch.zeros_like(batch.mask), torch.zeros_like(batch.mask))
-    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -670,4 +665,3 @@ def truly_ppo(batch: TokenBatch, delta: float, alpha: float) -> MethodResult:
     objective = torch.where(rollback, w * adv - alpha * kl, w * adv)
     none = torch.zeros_like(batch.mask)
     return MethodResult(objective, lambda: (torch.ones_like(batch.mask), none, rollback))
-from . import soft_weights  # noqa: E402,F401  (registers sapo, cispo, vespo: the soft-weight family)

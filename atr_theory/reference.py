@@ -20,7 +20,22 @@ import math
 
 import torch
 
-__all__ = ["REFERENCE_FORMS", "atr", "clip", "clip_higher", "dual_clip", "gspo", "is_kl3", "kl1", "kl2", "kl_cov", "sapo"]
+__all__ = [
+    "REFERENCE_FORMS",
+    "atr",
+    "cispo",
+    "clip",
+    "clip_higher",
+    "dual_clip",
+    "dual_clip_higher",
+    "gspo",
+    "is_kl3",
+    "kl1",
+    "kl2",
+    "kl_cov",
+    "sapo",
+    "vespo",
+]
 
 
 def _ratio_and_advantages(logp, old_logp, advantages, mask):
@@ -59,6 +74,13 @@ def dual_clip(logp, old_logp, advantages, mask, epsilon=0.2, dual_clip_c=3.0, fo
     """Dual-clip PPO (Ye et al. 2020): PPO clip, and for ``A < 0`` the objective is at least ``c A``."""
     w, adv = _ratio_and_advantages(logp, old_logp, advantages, mask)
     inner = clip(logp, old_logp, advantages, mask, epsilon, form)
+    return torch.where(adv < 0, torch.maximum(inner, dual_clip_c * adv), inner)
+
+
+def dual_clip_higher(logp, old_logp, advantages, mask, epsilon_low=0.2, epsilon_high=0.28, dual_clip_c=3.0, form="min"):
+    """Clip-Higher's range with the dual clip: for ``A < 0`` the objective is at least ``c A``."""
+    w, adv = _ratio_and_advantages(logp, old_logp, advantages, mask)
+    inner = clip_higher(logp, old_logp, advantages, mask, epsilon_low, epsilon_high, form)
     return torch.where(adv < 0, torch.maximum(inner, dual_clip_c * adv), inner)
 
 
@@ -120,6 +142,25 @@ def sapo(logp, old_logp, advantages, mask, tau_pos=1.0, tau_neg=1.05):
     return torch.sigmoid(tau * (w - 1)) * 4 / tau * adv
 
 
+def cispo(logp, old_logp, advantages, mask, epsilon_low=0.2, epsilon_high=0.2):
+    """CISPO (MiniMax-M1, 2025): ``sg[clip(w, 1 - eps_low, 1 + eps_high)] A log pi``."""
+    w, adv = _ratio_and_advantages(logp, old_logp, advantages, mask)
+    return torch.clamp(w, 1 - epsilon_low, 1 + epsilon_high).detach() * adv * logp
+
+
+def vespo(
+    logp, old_logp, advantages, mask, vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0
+):
+    """VESPO: ``sg[phi(W)] A log pi`` with ``W = prod_t w_t`` (log clamped per token to [-20, 20], in total to
+    [log 1e-8, 20]) and ``phi(W) = W^k exp(lambda (1 - W))``, ``(k, lambda)`` by the sign of ``A`` (``A >= 0``: pos)."""
+    w, adv = _ratio_and_advantages(logp, old_logp, advantages, mask)
+    total = torch.where(mask, torch.log(w).clamp(-20, 20), torch.zeros_like(w)).sum(1, keepdim=True)
+    big_w = torch.exp(total.clamp(math.log(1e-8), 20)).detach()
+    k = torch.where(adv >= 0, torch.full_like(adv, vespo_k_pos), torch.full_like(adv, vespo_k_neg))
+    lam = torch.where(adv >= 0, torch.full_like(adv, vespo_lambda_pos), torch.full_like(adv, vespo_lambda_neg))
+    return big_w**k * torch.exp(lam * (1 - big_w)) * adv * logp
+
+
 def gspo(logp, old_logp, advantages, mask, epsilon_low=3e-4, epsilon_high=4e-4, form="min"):
     """GSPO-token (Zheng et al. 2025, Eq. 11): the sequence ratio ``s = exp(mean_t log w_t)`` carried by each token
     as ``s_t = sg[s] w_t / sg[w_t]``, in PPO's min (or Eq. 5's mask) with ``[1 - eps_low, 1 + eps_high]``."""
@@ -152,6 +193,9 @@ REFERENCE_FORMS = {
     "clip": clip,
     "clip_higher": clip_higher,
     "dual_clip": dual_clip,
+    "dual_clip_higher": dual_clip_higher,
+    "cispo": cispo,
+    "vespo": vespo,
     "atr": atr,
     "kl1": kl1,
     "kl2": kl2,

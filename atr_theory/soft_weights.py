@@ -2,8 +2,8 @@ r"""Rules that reweight instead of clipping: SAPO's soft gate, CISPO's truncated
 
 None of them removes a token's gradient: each scales ``A grad log pi`` by a weight of the ratio (SAPO through ``w``
 itself, CISPO and VESPO through a detached weight times ``log pi``), so every token counts as kept; the flags say
-where the weight was truncated (CISPO). Registered in :data:`atr_theory.METHODS` on import, like
-:mod:`atr_theory.methods`; each rule's plain form is in :mod:`atr_theory.reference`.
+where the weight was truncated (CISPO). Registered in :data:`atr_theory.METHODS` when :mod:`atr_theory` is
+imported, like :mod:`atr_theory.methods`; each rule's plain form is in :mod:`atr_theory.reference`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from .methods import MethodResult, Param, TokenBatch, _no_clip, register
+from .registry import MethodResult, Param, TokenBatch, _no_clip, register
 
 __all__ = ["cispo", "sapo", "vespo", "vespo_log_weight"]
 

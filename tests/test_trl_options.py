@@ -169,6 +169,8 @@ def test_the_kl_penalty_with_each_ratio_level_equals_trls(tmp_path, tok, loss_ty
     model = tiny.build_tiny_model(tok).double()
     for level in ("token", "sequence"):
         method = None if loss_type in RULES else "trl"
-        a, b = _trainers(tmp_path / level, tok, model, {"loss_type": loss_type, "importance_sampling_level": level}, method)
+        a, b = _trainers(
+            tmp_path / level, tok, model, {"loss_type": loss_type, "importance_sampling_level": level}, method
+        )
         _, metrics = _assert_same(a, b, model, _moved_inputs(a, model, tok), beta=0.05)
         assert metrics["kl"] > 0
