@@ -398,7 +398,7 @@ def test_every_preset_parses_validates_and_has_active_clipping():
         (["--method", "clip_cov", "--cov_lb", "6"], "needs cov_lb < cov_ub"),
         (["--loss_type", "cispo", "--method", "atr"], "method='atr' with loss_type='cispo'.*leave method unset"),
         (["--method", "trl", "--delta", "0.9"], "delta=0.9.*expected delta > 1"),
-        (["--loss_type", "vespo", "--method", "trl", "--use_vllm", "true"], "vespo.*vllm_importance_sampling_correction"),
+        (["--method", "trl"], "divergence_delta=0.07 set, but method 'trl' does not use it"),
         (["--bf16", "true", "--use_cpu", "false"], "bf16 on a GPU, and no CUDA device"),
         (["--dataset_name", "dapo-math-17k", "--dataset_path", "/nonexistent/file.parquet"], "no such file"),
         (["--method", "sapo", "--form", "mask"], "form 'mask' is not available"),

@@ -174,3 +174,140 @@ def test_the_kl_penalty_with_each_ratio_level_equals_trls(tmp_path, tok, loss_ty
         )
         _, metrics = _assert_same(a, b, model, _moved_inputs(a, model, tok), beta=0.05)
         assert metrics["kl"] > 0
+
+
+@pytest.mark.parametrize(
+    "options,match",
+    [
+        ({"loss_type": "vespo", "use_vllm": True}, "vespo.*vllm_importance_sampling_correction"),
+        ({"loss_type": "cispo", "method": "clip"}, "method='clip' with loss_type='cispo'.*leave method unset"),
+        ({"method": "atr", "delta": 3.0}, "delta=3.0 is set.*method='trl'.*--divergence_delta"),
+        ({"method": "trl", "delta": 1.0}, "delta=1.0.*expected delta > 1"),
+        ({"method": "trl", "tau_pos": 2.0}, "tau_pos=2.0 set, but method 'trl' does not use it"),
+        ({"loss_type": "nope"}, "loss_type 'nope' is not supported"),
+    ],
+)
+def test_what_cannot_be_honoured_is_refused_by_name_before_any_model_loads(tmp_path, options, match):
+    with pytest.raises(ValueError, match=match):
+        ATRGRPOConfig(**_common(tmp_path, **options))
+
+
+def _tiny_moe(tok):
+    """A tiny Qwen3-MoE (4 experts, 2 per token) with the tokenizer's vocabulary: TRL adds its router loss."""
+    from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3MoeConfig
+
+    torch.manual_seed(0)
+    config = Qwen3MoeConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=None,
+    )
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float64)
+    model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    return model
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+def test_a_mixture_of_experts_model_adds_trls_router_loss(tmp_path, tok, loss_type):
+    """TRL's default router_aux_loss_coef (the architecture's own, 0.001 for Qwen3-MoE): the same loss, gradient
+    and aux_loss metric as TRL's; the router loss really entered (setting its coefficient to 0 changes the loss)."""
+    model = _tiny_moe(tok)
+    a, b = _trainers(tmp_path, tok, model, {"loss_type": loss_type})
+    assert a.aux_loss_enabled and a.router_aux_loss_coef > 0
+    inputs = _moved_inputs(a, model, tok)
+    (results, metrics) = _assert_same(a, b, model, inputs)
+    assert metrics["aux_loss"] > 0
+    a.router_aux_loss_coef = 0.0
+    (without, _) = _loss_grads_metrics(a, model, inputs)
+    assert without[0][0].item() != pytest.approx(results[0][0].item(), rel=1e-9)
+
+
+def test_default_config_and_trls_positional_order(tmp_path, tok, monkeypatch):
+    """As TRL: no args builds the default config ('<model name>-GRPO', the package's default method), and the
+    arguments may come in TRL's positional order (model, reward_funcs, args, train_dataset, eval_dataset,
+    processing_class)."""
+    monkeypatch.chdir(tmp_path)
+    ds = data.to_grpo_dataset(data.arithmetic_dataset(16))
+    model = tiny.build_tiny_model(tok)
+    model.config._name_or_path = "org/tiny-qwen3"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        default = ATRGRPOTrainer(model, [rewards.CorrectnessReward()], train_dataset=ds, processing_class=tok)
+        stock = trl.GRPOTrainer(model, [rewards.CorrectnessReward()], train_dataset=ds, processing_class=tok)
+        cfg = ATRGRPOConfig(**_common(tmp_path, method="clip"))
+        positional = ATRGRPOTrainer(model, [rewards.CorrectnessReward()], cfg, ds, None, tok)
+    assert default.args.output_dir == stock.args.output_dir == "tiny-qwen3-GRPO"
+    assert default.args.method == "atr" and default.atr_method.name == "atr"
+    assert default.args.loss_type == stock.args.loss_type
+    assert positional.args is cfg and positional.processing_class is tok and positional.train_dataset is ds
+    with pytest.raises(ValueError, match="needs args=ATRGRPOConfig.*got GRPOConfig"):
+        ATRGRPOTrainer(model, [rewards.CorrectnessReward()], trl.GRPOConfig(**_common(tmp_path)), ds)
+
+
+TRAINED = {
+    "cispo": {"loss_type": "cispo", "epsilon_high": 1.2},
+    "sapo+sequence": {"loss_type": "sapo", "importance_sampling_level": "sequence"},
+    "vespo": {"loss_type": "vespo"},
+    "luspo+sequence+delta": {"loss_type": "luspo", "importance_sampling_level": "sequence", "delta": 1.3},
+    "dapo+opsm+entropy": {
+        "loss_type": "dapo",
+        "epsilon_high": 0.28,
+        "off_policy_mask_threshold": 0.01,
+        "top_entropy_quantile": 0.5,
+        "use_adaptive_entropy": True,
+        "entropy_coef": 0.01,
+        "entropy_target": 10.0,
+    },
+}
+
+
+@pytest.mark.parametrize("name", list(TRAINED))
+def test_a_few_optimizer_steps_give_trls_weights(tmp_path, tok, name):
+    """The same seed, the same generations, three optimizer steps (num_iterations = 2: the second pass over a batch
+    sees ratios != 1): the same weights as TRL's GRPOTrainer, and the same logged TRL metrics. TRL's log-probs are
+    float32 (its fused kernel), so equal formulas written differently (SAPO's expm1(y) against TRL's exp(y) - 1, a
+    sequence mean's gradient summed in another order) differ in the last bit, and Adam, dividing a near-zero gradient
+    by its own size, carries that into a few weights: the weights must agree to 1% of how far training moved them
+    (seen: <= 0.2%, most cases bit for bit; a wrong formula or option moves them by tens of percent)."""
+    options = TRAINED[name]
+    if any(k not in TRL_FIELDS for k in options):
+        pytest.skip("option not in this TRL")
+    weights, logs = {}, {}
+    for side in ("ours", "trl"):
+        cfg_kw = _common(tmp_path / side, max_steps=3, learning_rate=5e-3, **options)
+        method = {} if options["loss_type"] in RULES else {"method": "trl"}
+        cfg = ATRGRPOConfig(**cfg_kw, **method) if side == "ours" else trl.GRPOConfig(**cfg_kw)
+        cls = ATRGRPOTrainer if side == "ours" else trl.GRPOTrainer
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer = cls(
+                model=tiny.build_tiny_model(tok).double(),
+                reward_funcs=[lambda completions, **kw: [float(len(str(c)) % 3) for c in completions]],
+                args=cfg,
+                train_dataset=data.to_grpo_dataset(data.arithmetic_dataset(32)),
+                processing_class=tok,
+            )
+            trainer.train()
+        weights[side] = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+        logs[side] = [h for h in trainer.state.log_history if "loss" in h]
+    start = tiny.build_tiny_model(tok).double().state_dict()
+    moved = max(float((weights["trl"][k] - start[k]).abs().max()) for k in start)
+    apart = max(float((weights["ours"][k] - weights["trl"][k]).abs().max()) for k in start)
+    assert moved > 1e-3  # it trained
+    assert apart <= 1e-2 * moved, (apart, moved)
+    for ours, theirs in zip(logs["ours"], logs["trl"]):
+        for key in theirs:
+            if key.startswith(("clip_ratio", "cispo", "vespo", "entropy", "kl", "policy_loss")) or key == "loss":
+                assert ours[key] == pytest.approx(theirs[key], rel=1e-3, abs=1e-6), key
