@@ -18,6 +18,7 @@ from .divergence import (
     kl3,
     kl3_from_log_ratio,
 )
+from .layers import SequenceMask
 from .loss import AGGREGATIONS, LossOutput, aggregate, check_aggregation, policy_loss
 from .methods import (
     FORMS,
@@ -55,6 +56,7 @@ __all__ = [
     "METHODS",
     "LossOutput",
     "MethodResult",
+    "SequenceMask",
     "MethodSpec",
     "TokenBatch",
     "aggregate",

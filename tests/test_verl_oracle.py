@@ -145,6 +145,10 @@ RATIO_RULES = [
         ("dual_clip", {"epsilon": 0.1, "dual_clip_c": 1.5}),
         ("vanilla", {"clip_ratio_low": 0.1, "clip_ratio_high": 0.1, "clip_ratio_c": 1.5}),
     ),
+    (
+        ("dual_clip_higher", {"epsilon_low": 0.2, "epsilon_high": 0.28, "dual_clip_c": 3.0}),
+        ("vanilla", {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0}),
+    ),
 ]
 
 
@@ -200,6 +204,22 @@ def test_sapo_equals_verls_sapo(per_token):
         lo, go = _ours(*batch, "sapo", "seq_mean_token_mean", tau_pos=1.0, tau_neg=1.05)
         lv, gv, _ = _verl(*batch, "sapo", "token-mean", tau_pos=1.0, tau_neg=1.05)  # verl ignores the mode
         assert _close(lo, lv, "seq_mean_token_mean") and _close(go, gv, "seq_mean_token_mean"), seed
+
+
+@pytest.mark.parametrize("aggregation", list(AGGREGATIONS))
+@pytest.mark.parametrize("per_token", [False, True])
+@pytest.mark.parametrize("eps", [(0.2, 0.28), (1.0, 2.0)])
+def test_cispo_equals_verls_cispo(aggregation, per_token, eps):
+    """verl's CISPO (its weight clipped to [1 - clip_ratio_low, 1 + clip_ratio_high], detached, times A log pi);
+    (1, 2) is TRL's form, no lower bound and the cap 3. The weights really were clipped on both sides."""
+    for seed in SEEDS:
+        batch = _batch(seed, per_token, scale=1.0)
+        lo, go = _ours(*batch, "cispo", aggregation, epsilon_low=eps[0], epsilon_high=eps[1])
+        lv, gv, metrics = _verl(
+            *batch, "cispo", AGGREGATIONS[aggregation], clip_ratio_low=eps[0], clip_ratio_high=eps[1]
+        )
+        assert _close(lo, lv, aggregation) and _close(go, gv, aggregation), seed
+        assert metrics["actor/pg_clipfrac"] > 0 or eps[0] == 1.0
 
 
 @pytest.mark.parametrize("aggregation", list(AGGREGATIONS))
