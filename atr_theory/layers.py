@@ -97,7 +97,10 @@ def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, top_quantile:
     if not 0.0 <= top_quantile <= 1.0:
         raise ValueError(f"top_entropy_quantile must be in [0, 1], got {top_quantile!r}")
     m = mask.bool()
-    valid = entropies.detach()[m].float()
+    valid = entropies.detach()[m]
+    # the quantile in float32 (TRL's), or float64 for float64 entropies: a float32 quantile of float64 values can round
+    # above the largest and keep no token at all
+    valid = valid if valid.dtype == torch.float64 else valid.float()
     if valid.numel() == 0:
         return torch.zeros_like(m)
     threshold = torch.quantile(valid, 1.0 - top_quantile)

@@ -74,15 +74,15 @@ def test_a_dropped_sequence_contributes_nothing_to_the_loss_and_its_gradient():
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 10_000), rho=st.floats(0.0, 1.0))
-def test_the_entropy_mask_keeps_the_valid_tokens_at_or_above_numpys_quantile(seed, rho):
+@given(seed=st.integers(0, 10_000), rho=st.floats(0.0, 1.0), dtype=st.sampled_from([torch.float32, torch.float64]))
+def test_the_entropy_mask_keeps_the_valid_tokens_at_or_above_numpys_quantile(seed, rho, dtype):
     g = torch.Generator().manual_seed(seed)
-    entropies = torch.rand(4, 6, generator=g) * 3
+    entropies = torch.rand(4, 6, generator=g, dtype=dtype) * 3
     mask = torch.rand(4, 6, generator=g) > 0.3
     mask[0, 0] = True
     threshold = np.quantile(entropies[mask].numpy().astype(np.float64), 1 - rho)  # linear, as torch.quantile
     got = high_entropy_mask(entropies, mask, rho)
-    want = torch.from_numpy(entropies.numpy() >= np.float32(threshold)) & mask
+    want = torch.from_numpy(entropies.numpy() >= threshold.astype(entropies.numpy().dtype)) & mask
     # a value within float32 rounding of the threshold may fall either way: compare everywhere else
     near = torch.from_numpy(np.isclose(entropies.numpy(), threshold, rtol=1e-6, atol=1e-7))
     assert torch.equal(got & ~near, want & ~near)
