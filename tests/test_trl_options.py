@@ -13,7 +13,7 @@ trl = pytest.importorskip("trl")
 pytest.importorskip("math_verify")
 
 from atr_llm import data, rewards, tiny  # noqa: E402
-from atr_llm.trainer import ATRGRPOConfig, ATRGRPOTrainer  # noqa: E402
+from atr_llm.trainer import ATRGRPOConfig, ATRGRPOTrainer, trl_logps_kernel_available  # noqa: E402
 
 TRL_FIELDS = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
 FAMILY = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
@@ -70,6 +70,8 @@ def _trainers(tmp_path, tok, model, options, method="trl"):
         warnings.simplefilter("ignore")
         a = ATRGRPOTrainer(model=model, reward_funcs=[reward], args=ours, train_dataset=ds, processing_class=tok)
         b = trl.GRPOTrainer(model=model, reward_funcs=[reward], args=theirs, train_dataset=ds, processing_class=tok)
+    if not trl_logps_kernel_available():  # TRL 1.15's log-prob path needs Triton: both score with ours, so what is
+        b._get_per_token_logps_and_entropies = a._get_per_token_logps_and_entropies  # compared is the loss
     return a, b
 
 
@@ -223,6 +225,8 @@ def _tiny_moe(tok):
 def test_a_mixture_of_experts_model_adds_trls_router_loss(tmp_path, tok, loss_type):
     """TRL's default router_aux_loss_coef (the architecture's own, 0.001 for Qwen3-MoE): the same loss, gradient
     and aux_loss metric as TRL's; the router loss really entered (setting its coefficient to 0 changes the loss)."""
+    if not trl_logps_kernel_available():
+        pytest.skip("this TRL's log-prob path needs Triton, and the plain CPU path returns no router loss")
     model = _tiny_moe(tok)
     a, b = _trainers(tmp_path, tok, model, {"loss_type": loss_type})
     assert a.aux_loss_enabled and a.router_aux_loss_coef > 0
@@ -315,6 +319,11 @@ def test_a_few_optimizer_steps_give_trls_weights(tmp_path, tok, name):
                 train_dataset=data.to_grpo_dataset(data.arithmetic_dataset(32)),
                 processing_class=tok,
             )
+            if side == "trl" and not trl_logps_kernel_available():  # TRL 1.15 without Triton: score with ours
+                from atr_llm.trainer import ATRLossMixin
+
+                ours_scorer = ATRLossMixin._get_per_token_logps_and_entropies
+                trainer._get_per_token_logps_and_entropies = ours_scorer.__get__(trainer)
             trainer.train()
         weights[side] = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
         logs[side] = [h for h in trainer.state.log_history if "loss" in h]
