@@ -16,12 +16,13 @@ before any model is loaded.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .cli import atomic_write_text, directory_written_whole
+from .cli import atomic_write_text, directory_written_whole, refuse
 
 
 @dataclass
@@ -84,6 +85,35 @@ python -m atr_llm.train needs a config or arguments. To start:
 Presets for every method of the paper's Tables 2-3: atr_llm/configs/qwen3-{1.7b,8b}-<run>.yaml."""
 
 
+def config_file_contents(argv: list[str] | None) -> dict | None:
+    """The mapping in ``--config FILE`` (or ``--config=FILE``), None without one; a file that is missing, a folder,
+    unreadable, not YAML or not a mapping is refused in one line (TRL's parser would raise FileNotFoundError /
+    IsADirectoryError / a YAML traceback)."""
+    import yaml
+
+    argv = sys.argv[1:] if argv is None else argv
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            path = argv[i + 1]
+        elif arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+        else:
+            continue
+        if not os.path.exists(path):
+            raise refuse("--config", path, "no such file")
+        if not os.path.isfile(path):
+            raise refuse("--config", path, "expected a YAML file, got a folder")
+        try:
+            with open(path, encoding="utf-8") as handle:
+                content = yaml.safe_load(handle)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+            raise refuse("--config", path, f"not a readable YAML file ({type(e).__name__})") from None
+        if content is not None and not isinstance(content, dict):
+            raise refuse("--config", path, f"expected a YAML mapping of option: value, got a {type(content).__name__}")
+        return content
+    return None
+
+
 def parse(argv=None):
     """Parse TRL-style arguments (``--config FILE.yaml`` and ``--field value``); configuration errors,
     including a bf16 (GPU) preset on a machine without CUDA, come back as one ValueError naming the fix."""
@@ -91,6 +121,7 @@ def parse(argv=None):
 
     from .trainer import ATRGRPOConfig
 
+    config_file_contents(argv)
     parser = TrlParser((ScriptArguments, ATRGRPOConfig, ModelConfig))
     try:
         return parser.parse_args_and_config(args=argv)
@@ -198,19 +229,7 @@ def requested_backend(argv=None) -> str:
             return argv[i + 1]
         if a.startswith("--backend="):
             return a.split("=", 1)[1]
-    for i, a in enumerate(argv):
-        path = (
-            argv[i + 1]
-            if a == "--config" and i + 1 < len(argv)
-            else a.split("=", 1)[1]
-            if a.startswith("--config=")
-            else None
-        )
-        if path and Path(path).exists():
-            import yaml
-
-            return str((yaml.safe_load(Path(path).read_text()) or {}).get("backend", "trl"))
-    return "trl"
+    return str((config_file_contents(argv) or {}).get("backend", "trl"))
 
 
 def main(argv=None) -> dict:

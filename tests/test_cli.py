@@ -51,7 +51,10 @@ TRAIN_CASES = [
     (["--dataset_name", "dapo-math-17k", "--dataset_path", "{bad_line_3}"], "line 3 is not JSON"),
     (["--dataset_name", "dapo-math-17k", "--dataset_path", "{empty}"], "the file is empty"),
     (["--dataset_name", "dapo-math-17k", "--dataset_path", "{not_object}"], "line 1 is not a JSON object"),
-    (["--dataset_name", "dapo-math-17k", "--dataset_path", "{wrong_columns}"], "line 1 has no column 'prompt.0.content'"),
+    (
+        ["--dataset_name", "dapo-math-17k", "--dataset_path", "{wrong_columns}"],
+        "line 1 has no column 'prompt.0.content'",
+    ),
     (["--dataset_name", "dapo-math-17k", "--dataset_path", "{bad_suffix}"], "expected a .jsonl, .json or .parquet"),
     (["--dataset_name", "dapo-math-17k", "--dataset_path", "{parquet_garbage}"], "cannot be read as parquet"),
     (["--dataset_name", "dapo-math-17k", "--dataset_path", "{binary}"], "not UTF-8 text"),
@@ -92,6 +95,26 @@ def test_train_refuses_bad_input_before_any_model_or_file(tmp_path, monkeypatch,
     with pytest.raises(ValueError, match=match):
         train.main(argv)
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "config,match",
+    [
+        ("{tmp}/missing.yaml", "--config .*missing.yaml: no such file"),
+        ("{tmp}", "--config .*: expected a YAML file, got a folder"),
+        ("{tmp}/broken.yaml", "--config .*broken.yaml: not a readable YAML file"),
+        ("{tmp}/list.yaml", "--config .*list.yaml: expected a YAML mapping of option: value, got a list"),
+    ],
+)
+@pytest.mark.parametrize("spelling", ["--config FILE", "--config=FILE"])
+def test_train_refuses_a_bad_config_file_in_one_line(tmp_path, config, match, spelling):
+    (tmp_path / "broken.yaml").write_text("method: [atr\n")
+    (tmp_path / "list.yaml").write_text("- method\n- atr\n")
+    path = config.format(tmp=tmp_path)
+    argv = ["--config", path] if spelling == "--config FILE" else [f"--config={path}"]
+    with pytest.raises(UsageError, match=match):
+        train.main(argv + ["--output_dir", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
 
 
 def test_train_refuses_to_clobber_a_finished_run_unless_asked(tmp_path, monkeypatch):
@@ -147,7 +170,9 @@ def test_evaluate_refuses_bad_input_before_any_model_or_file(tmp_path, extra, ma
     assert not out.exists()
 
 
-@pytest.mark.parametrize("benchmark_file,match", [("garbage", "line 1 is not JSON"), ("wrong_columns", "has no column")])
+@pytest.mark.parametrize(
+    "benchmark_file,match", [("garbage", "line 1 is not JSON"), ("wrong_columns", "has no column")]
+)
 def test_evaluate_names_the_bad_line_of_a_benchmark_file(tmp_path, benchmark_file, match):
     from atr_llm import tiny
 
@@ -232,12 +257,23 @@ def test_the_sims_scripts_refuse_bad_input(tmp_path, module, argv, match):
 @pytest.mark.parametrize(
     "command",
     [
-        ["-m", "atr_llm.train", "--config", "atr_llm/configs/cpu-tiny.yaml", "--sft_steps", "-1", "--output_dir", "{out}"],
+        [
+            "-m",
+            "atr_llm.train",
+            "--config",
+            "atr_llm/configs/cpu-tiny.yaml",
+            "--sft_steps",
+            "-1",
+            "--output_dir",
+            "{out}",
+        ],
         ["-m", "atr_llm.evaluate", "--tiny-model", "{out}/none", "--output_dir", "{out}"],
         ["-m", "atr_llm.evaluate", "--model", "x", "--n", "2", "--k", "4", "--output_dir", "{out}"],
         ["-m", "experiments.cpu_table", "--seeds", "-1", "--runs-dir", "{out}/runs", "--out", "{out}/t"],
         ["-m", "sims.clip_ranges", "--delta", "-1", "--out", "{out}"],
         ["-m", "sims.verify_theorems", "--n", "x"],
+        ["-m", "atr_llm.train", "--config", "{out}/missing.yaml"],
+        ["sims/clip_ranges.py", "--delta", "-1", "--out", "{out}"],
     ],
 )
 def test_a_refusal_is_one_line_exit_2_and_no_traceback(tmp_path, command):
@@ -249,3 +285,16 @@ def test_a_refusal_is_one_line_exit_2_and_no_traceback(tmp_path, command):
     assert "Traceback" not in res.stderr
     assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "sims").glob("[a-z]*.py")))
+def test_every_sims_script_runs_as_a_file_from_anywhere(tmp_path, script):
+    """The spec's usage, ``python sims/<name>.py``, from another folder: its --help works (no ModuleNotFoundError)."""
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "sims" / script), "--help"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert res.returncode == 0 and res.stdout.startswith("usage:"), res.stderr[-2000:]
