@@ -36,37 +36,24 @@ from .compat import check_supported_versions, logprob_tile_fitted_to_vocabulary,
 from .fast_generation import MODES as FAST_GENERATION_MODES
 from .fast_generation import generation_context, resolve_mode
 from .model_parts import base_model, last_hidden_states, output_head
-from .trl_options import (  # noqa: F401  (TRL_LOSS_TYPES, trl_rule: part of this module's API)
+from .trl_options import (  # noqa: F401  (trl_rule: part of this module's API)
     TRL_LOSS_TYPES,
     TRL_METHOD,
     TRL_RULE_FIELDS,
     EntropyBonus,
-    TRLLossType,
     default_method,
     trl_metrics,
     trl_option_layers,
     trl_rule,
 )
 
-LOSS_TYPE_AGGREGATION = {name: t.aggregation for name, t in TRL_LOSS_TYPES.items()}
-
 # A method parameter becomes a config field of the same name, except where TRL's GRPOConfig already has
 # a field of that name with another meaning: TRL's `delta` is its two-sided ratio clamp, the paper's
-# delta is a divergence threshold.
+# delta is a divergence threshold. TRL's loss options (the rule's fields, delta, the layers) are mapped in trl_options.
 CONFIG_FIELD = {"delta": "divergence_delta"}
 # TRL fields whose meaning our parameter of the same name keeps (the clip range of clip-type rules, VESPO's gamma
 # weight); their TRL default counts as "not set" (then the method's own default applies).
 SHARED_WITH_TRL = ("epsilon", "epsilon_high", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")
-# TRL options that act on the loss: (neutral value, what it is). Each is honoured (TRL_OPTION_LAYERS, method="trl");
-# the few combinations that cannot be are refused by name in check_method_config.
-TRL_LOSS_OPTIONS = {
-    "delta": (None, "TRL's two-sided clip of the ratio (its PPO clip only: method='trl' maps it to dual_clip_higher)"),
-    "top_entropy_quantile": (1.0, "TRL's entropy masking of the policy loss"),
-    "off_policy_mask_threshold": (None, "DeepSeek-V3.2's off-policy sequence masking"),
-    "importance_sampling_level": ("token", "TRL's sequence-level ratio"),
-    "entropy_coef": (0.0, "TRL's entropy bonus"),
-    "use_adaptive_entropy": (False, "TRL's adaptive entropy bonus"),
-}
 _TRL_FIELDS = {f.name: f for f in dataclasses.fields(GRPOConfig)}
 
 
@@ -299,23 +286,36 @@ def inert_clipping_message(args) -> str:
     )
 
 
-def completion_log_softmax(model, input_ids, attention_mask, logits_to_keep, temperature=1.0):
-    """(B, T, V) ``log_softmax(logits / temperature)`` at the positions that predict the last ``logits_to_keep`` tokens."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+def completion_log_softmax(model, input_ids, attention_mask, logits_to_keep, temperature=1.0, aux_losses=None):
+    """(B, T, V) ``log_softmax(logits / temperature)`` at the positions that predict the last ``logits_to_keep`` tokens;
+    with a list ``aux_losses``, a Mixture-of-Experts model's router loss of the forward is appended to it."""
+    extra = {} if aux_losses is None else {"output_router_logits": True}
+    outputs = model(input_ids=input_ids, attention_mask=attention_mask, **extra)
+    if aux_losses is not None:
+        aux_losses.append(outputs.aux_loss)
+    logits = outputs.logits
     return torch.log_softmax(logits[:, -logits_to_keep - 1 : -1, :].float() / temperature, dim=-1)
 
 
 def plain_logps_and_entropies(
-    model, input_ids, attention_mask, logits_to_keep, temperature=1.0, batch_size=None, compute_entropy=False
+    model,
+    input_ids,
+    attention_mask,
+    logits_to_keep,
+    temperature=1.0,
+    batch_size=None,
+    compute_entropy=False,
+    aux_losses=None,
 ):
     """Per-token log-probs (and entropies) of the last ``logits_to_keep`` tokens from a plain forward:
-    ``log_softmax(logits / temperature)`` gathered at the next token. Batched by ``batch_size`` rows."""
+    ``log_softmax(logits / temperature)`` gathered at the next token. Batched by ``batch_size`` rows; with a list
+    ``aux_losses``, each batch's router loss is appended to it (a Mixture-of-Experts model)."""
     batch_size = batch_size or input_ids.size(0)
     logps, ents = [], []
     for start in range(0, input_ids.size(0), batch_size):
         ids = input_ids[start : start + batch_size]
         lsm = completion_log_softmax(
-            model, ids, attention_mask[start : start + batch_size], logits_to_keep, temperature
+            model, ids, attention_mask[start : start + batch_size], logits_to_keep, temperature, aux_losses
         )
         logps.append(lsm.gather(-1, ids[:, -logits_to_keep:].unsqueeze(-1)).squeeze(-1))
         if compute_entropy:
@@ -366,10 +366,11 @@ class ATRLossMixin:
                     compute_aux_loss=compute_aux_loss,
                     **kwargs,
                 )
+        aux_losses = [] if compute_aux_loss else None
         logps, ents = plain_logps_and_entropies(
-            model, input_ids, attention_mask, logits_to_keep, self.temperature, batch_size, compute_entropy
+            model, input_ids, attention_mask, logits_to_keep, self.temperature, batch_size, compute_entropy, aux_losses
         )
-        return logps, ents, None
+        return logps, ents, (torch.stack(aux_losses).mean() if compute_aux_loss else None)  # as TRL: the batches' mean
 
     def __init__(self, model, reward_funcs=None, args=None, *rest, **kwargs):
         """TRL's signature and positional order; ``args=None`` builds the default config as TRL does
@@ -386,6 +387,12 @@ class ATRLossMixin:
         self.method_spec = self.atr_method.spec
         self._method_generator = torch.Generator().manual_seed(self.args.method_seed)
         self._entropy_bonus = EntropyBonus.from_args(self.args)
+        if getattr(self, "aux_loss_enabled", False) and self.method_spec.needs_full_distributions:
+            raise ValueError(
+                f"method {self.method_spec.name!r} scores from hidden states, which gives no router loss, and this "
+                f"Mixture-of-Experts model has router_aux_loss_coef={self.router_aux_loss_coef}: set "
+                "router_aux_loss_coef=0 to train without it, or use a per-token method"
+            )
         self._old_head: dict[str, torch.Tensor | None] = {}
         if self.method_spec.needs_full_distributions:
             check_plain_logit_head(self.model, self.method_spec.name)
@@ -523,9 +530,7 @@ class ATRLossMixin:
         if per_token_kl is not None:
             metrics["kl"].append(self.accelerator.gather((per_token_kl * mask).sum() / n_tok).nanmean().item())
         local_metrics = {f"clip/{k}": v for k, v in out.metrics.items() if k != "n_tokens"}
-        local_metrics.update(
-            trl_metrics(out, inputs["advantages"], per_token_logps - old_per_token_logps, args)
-        )
+        local_metrics.update(trl_metrics(out, inputs["advantages"], per_token_logps - old_per_token_logps, args))
         keys = list(local_metrics)
         local = torch.tensor([local_metrics[k] for k in keys], dtype=torch.float32, device=self.accelerator.device)
         local = torch.where(torch.isfinite(local), local, torch.full_like(local, math.nan))

@@ -14,6 +14,8 @@ torch = pytest.importorskip("torch")
 trl = pytest.importorskip("trl")
 pytest.importorskip("math_verify")
 
+from grpo_helpers import grpo_config_kwargs, random_batch  # noqa: E402
+
 import atr_theory as at  # noqa: E402
 from atr_llm import data, rewards, tiny, train  # noqa: E402
 from atr_llm.trainer import (  # noqa: E402
@@ -34,35 +36,11 @@ def tok():
 
 
 def _common(tmp_path, **kw):
-    base = dict(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=8,
-        use_cpu=True,
-        report_to="none",
-        loss_type="dr_grpo",
-        beta=0.0,
-        num_iterations=2,
-        max_steps=2,
-        logging_steps=1,
-        save_strategy="no",
-        learning_rate=1e-3,
-    )
-    base.update(kw)
-    return base
+    return grpo_config_kwargs(tmp_path, **{"loss_type": "dr_grpo", **kw})
 
 
 def _batch(tok, B=8, P=6, T=8, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return {
-        "prompt_ids": torch.randint(5, len(tok), (B, P), generator=g),
-        "prompt_mask": torch.ones(B, P, dtype=torch.long),
-        "completion_ids": torch.randint(5, len(tok), (B, T), generator=g),
-        "completion_mask": (torch.rand(B, T, generator=g) > 0.2).long(),
-        "advantages": torch.randn(B, generator=g),
-        "num_items_in_batch": torch.tensor(40.0),
-    }
+    return random_batch(tok, B, P, T, seed)
 
 
 def _loss_and_grads(trainer, model, inputs):

@@ -12,6 +12,8 @@ torch = pytest.importorskip("torch")
 trl = pytest.importorskip("trl")
 pytest.importorskip("math_verify")
 
+from grpo_helpers import grpo_config_kwargs, random_batch  # noqa: E402
+
 from atr_llm import data, rewards, tiny  # noqa: E402
 from atr_llm.trainer import ATRGRPOConfig, ATRGRPOTrainer, trl_logps_kernel_available  # noqa: E402
 
@@ -20,52 +22,17 @@ FAMILY = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 RULES = ("cispo", "sapo", "vespo")
 
 
-def _common(tmp_path, **kw):
-    base = dict(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=8,
-        use_cpu=True,
-        report_to="none",
-        beta=0.0,
-        num_iterations=2,
-        max_steps=2,
-        logging_steps=1,
-        save_strategy="no",
-        learning_rate=1e-3,
-    )
-    base.update(kw)
-    return base
-
-
 @pytest.fixture(scope="module")
 def tok():
     return tiny.build_tiny_tokenizer()
-
-
-def _batch(tok, B=8, P=6, T=8, seed=0, tool_mask=False):
-    g = torch.Generator().manual_seed(seed)
-    batch = {
-        "prompt_ids": torch.randint(5, len(tok), (B, P), generator=g),
-        "prompt_mask": torch.ones(B, P, dtype=torch.long),
-        "completion_ids": torch.randint(5, len(tok), (B, T), generator=g),
-        "completion_mask": (torch.rand(B, T, generator=g) > 0.2).long(),
-        "advantages": torch.randn(B, generator=g),
-        "num_items_in_batch": torch.tensor(40.0),
-    }
-    batch["advantages"][B - 1] = 0.0  # a group whose rewards were all equal: A = 0 (OPSM keeps it, as A >= 0)
-    if tool_mask:  # tool-call output tokens: in the completion, not trained on
-        batch["tool_mask"] = (torch.rand(B, T, generator=g) > 0.25).long()
-    return batch
 
 
 def _trainers(tmp_path, tok, model, options, method="trl"):
     ds = data.to_grpo_dataset(data.arithmetic_dataset(16))
     reward = rewards.CorrectnessReward()
     ours_kw = {} if method is None else {"method": method}
-    ours = ATRGRPOConfig(**_common(tmp_path / "a", **options), **ours_kw)
-    theirs = trl.GRPOConfig(**_common(tmp_path / "b", **options))
+    ours = ATRGRPOConfig(**grpo_config_kwargs(tmp_path / "a", **options), **ours_kw)
+    theirs = trl.GRPOConfig(**grpo_config_kwargs(tmp_path / "b", **options))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         a = ATRGRPOTrainer(model=model, reward_funcs=[reward], args=ours, train_dataset=ds, processing_class=tok)
@@ -106,7 +73,7 @@ def _assert_same(a, b, model, inputs, beta=0.0, micro_batches=1, grad_tol=3e-5):
 
 
 def _moved_inputs(a, model, tok, seed=0, tool_mask=False, sampling=False):
-    inputs = _batch(tok, seed=seed, tool_mask=tool_mask)
+    inputs = random_batch(tok, seed=seed, zero_advantage=True, tool_mask=tool_mask)
     with torch.no_grad():
         ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
         msk = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
@@ -191,7 +158,7 @@ def test_the_kl_penalty_with_each_ratio_level_equals_trls(tmp_path, tok, loss_ty
 )
 def test_what_cannot_be_honoured_is_refused_by_name_before_any_model_loads(tmp_path, options, match):
     with pytest.raises(ValueError, match=match):
-        ATRGRPOConfig(**_common(tmp_path, **options))
+        ATRGRPOConfig(**grpo_config_kwargs(tmp_path, **options))
 
 
 def _tiny_moe(tok):
@@ -225,8 +192,6 @@ def _tiny_moe(tok):
 def test_a_mixture_of_experts_model_adds_trls_router_loss(tmp_path, tok, loss_type):
     """TRL's default router_aux_loss_coef (the architecture's own, 0.001 for Qwen3-MoE): the same loss, gradient
     and aux_loss metric as TRL's; the router loss really entered (setting its coefficient to 0 changes the loss)."""
-    if not trl_logps_kernel_available():
-        pytest.skip("this TRL's log-prob path needs Triton, and the plain CPU path returns no router loss")
     model = _tiny_moe(tok)
     a, b = _trainers(tmp_path, tok, model, {"loss_type": loss_type})
     assert a.aux_loss_enabled and a.router_aux_loss_coef > 0
@@ -266,14 +231,14 @@ def test_default_config_and_trls_positional_order(tmp_path, tok, monkeypatch):
         monkeypatch.setattr(ATRGRPOConfig, "__post_init__", on_this_cpu)
         default = ATRGRPOTrainer(model, [rewards.CorrectnessReward()], train_dataset=ds, processing_class=tok)
         monkeypatch.undo()
-        cfg = ATRGRPOConfig(**_common(tmp_path, method="clip"))
+        cfg = ATRGRPOConfig(**grpo_config_kwargs(tmp_path, method="clip"))
         positional = ATRGRPOTrainer(model, [rewards.CorrectnessReward()], cfg, ds, None, tok)
     assert built == [default.args.output_dir] == [default_output_dir(model)] == ["tiny-qwen3-GRPO"]
     assert default.args.method == "atr" and default.atr_method.name == "atr"
     assert default.args.loss_type == trl.GRPOConfig("x", use_cpu=True, bf16=False).loss_type
     assert positional.args is cfg and positional.processing_class is tok and positional.train_dataset is ds
     with pytest.raises(ValueError, match="needs args=ATRGRPOConfig.*got GRPOConfig"):
-        ATRGRPOTrainer(model, [rewards.CorrectnessReward()], trl.GRPOConfig(**_common(tmp_path)), ds)
+        ATRGRPOTrainer(model, [rewards.CorrectnessReward()], trl.GRPOConfig(**grpo_config_kwargs(tmp_path)), ds)
 
 
 TRAINED = {
@@ -306,7 +271,7 @@ def test_a_few_optimizer_steps_give_trls_weights(tmp_path, tok, name):
         pytest.skip("option not in this TRL")
     weights, logs = {}, {}
     for side in ("ours", "trl"):
-        cfg_kw = _common(tmp_path / side, max_steps=3, learning_rate=5e-3, **options)
+        cfg_kw = grpo_config_kwargs(tmp_path / side, max_steps=3, learning_rate=5e-3, **options)
         method = {} if options["loss_type"] in RULES else {"method": "trl"}
         cfg = ATRGRPOConfig(**cfg_kw, **method) if side == "ours" else trl.GRPOConfig(**cfg_kw)
         cls = ATRGRPOTrainer if side == "ours" else trl.GRPOTrainer
@@ -336,3 +301,11 @@ def test_a_few_optimizer_steps_give_trls_weights(tmp_path, tok, name):
         for key in theirs:
             if key.startswith(("clip_ratio", "cispo", "vespo", "entropy", "kl", "policy_loss")) or key == "loss":
                 assert ours[key] == pytest.approx(theirs[key], rel=1e-3, abs=1e-6), key
+
+
+def test_a_full_distribution_method_refuses_a_router_loss_it_cannot_add(tmp_path, tok):
+    ds = data.to_grpo_dataset(data.arithmetic_dataset(16))
+    cfg = ATRGRPOConfig(**grpo_config_kwargs(tmp_path, method="tr_ppo"))
+    with warnings.catch_warnings(), pytest.raises(ValueError, match="tr_ppo.*no router loss.*router_aux_loss_coef=0"):
+        warnings.simplefilter("ignore")
+        ATRGRPOTrainer(_tiny_moe(tok), [rewards.CorrectnessReward()], cfg, ds, processing_class=tok)

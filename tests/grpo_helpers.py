@@ -1,0 +1,45 @@
+"""What the trainer tests share: a small GRPO config on the CPU, a random batch in TRL's format, and one loss call
+with its gradient (tests/test_llm.py, tests/test_trl_options.py)."""
+
+import torch
+
+
+def grpo_config_kwargs(tmp_path, **kw) -> dict:
+    """Keyword arguments of a tiny CPU GRPO run (8 completions per step, 4 per prompt, 8 tokens, two iterations per
+    generated batch so the ratios move); ``kw`` overrides or adds."""
+    base = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=8,
+        use_cpu=True,
+        report_to="none",
+        beta=0.0,
+        num_iterations=2,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        learning_rate=1e-3,
+    )
+    base.update(kw)
+    return base
+
+
+def random_batch(tok, B=8, P=6, T=8, seed=0, *, zero_advantage=False, tool_mask=False) -> dict:
+    """A generated batch as TRL's ``_compute_loss`` receives it: random prompt / completion ids, ~20% padding,
+    advantages; ``zero_advantage``: the last sequence's advantage is 0 (a group whose rewards were all equal);
+    ``tool_mask``: ~25% of the completion are tool outputs (not trained on)."""
+    g = torch.Generator().manual_seed(seed)
+    batch = {
+        "prompt_ids": torch.randint(5, len(tok), (B, P), generator=g),
+        "prompt_mask": torch.ones(B, P, dtype=torch.long),
+        "completion_ids": torch.randint(5, len(tok), (B, T), generator=g),
+        "completion_mask": (torch.rand(B, T, generator=g) > 0.2).long(),
+        "advantages": torch.randn(B, generator=g),
+        "num_items_in_batch": torch.tensor(40.0),
+    }
+    if zero_advantage:
+        batch["advantages"][B - 1] = 0.0
+    if tool_mask:
+        batch["tool_mask"] = (torch.rand(B, T, generator=g) > 0.25).long()
+    return batch
