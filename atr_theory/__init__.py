@@ -6,7 +6,7 @@
 (0.671, 1.422)
 """
 
-from . import layers, soft_weights  # noqa: F401  (soft_weights registers sapo, cispo, vespo)
+from . import divergence_masks, layers, sequence_rules, soft_weights  # noqa: F401  (they register their rules)
 from .divergence import (
     HeadScores,
     entropy_from_log_probs,
@@ -18,7 +18,7 @@ from .divergence import (
     kl3,
     kl3_from_log_ratio,
 )
-from .layers import SequenceMask
+from .layers import RolloutCorrection, SequenceMask
 from .loss import AGGREGATIONS, LossOutput, aggregate, check_aggregation, policy_loss
 from .methods import (
     FORMS,
@@ -56,6 +56,7 @@ __all__ = [
     "METHODS",
     "LossOutput",
     "MethodResult",
+    "RolloutCorrection",
     "SequenceMask",
     "MethodSpec",
     "TokenBatch",

@@ -7,6 +7,10 @@ r"""Layers that compose with every rule of the registry: they act on what a rule
   ``reduce_t k(w_t) > threshold`` with ``k`` one of k1 / k2 / k3 and ``reduce`` mean, sum or max; optionally only
   sequences with negative advantage (DeepSeek-V3.2's off-policy sequence masking, TRL ``off_policy_mask_threshold``:
   k1, mean, negative advantages).
+* :class:`RolloutCorrection` (:func:`rollout_correction_weights`): importance weights ``pi_proximal / pi_behaviour``
+  for the mismatch between the policy that sampled (vLLM, an older checkpoint) and the one trained, truncated (TIS)
+  or masked outside a band (IcePop / MIS), per token, per sequence (product) or per sequence geometrically (verl
+  ``rollout_is``; OpenRLHF / NeMo-RL / slime TIS).
 * :func:`high_entropy_mask`: keep only the tokens whose entropy is in the top ``rho`` quantile of the batch
   (Wang et al. 2025, "Beyond the 80/20 rule"; TRL ``top_entropy_quantile``).
 
@@ -16,18 +20,27 @@ token from the loss. :func:`atr_theory.policy_loss` applies them; they are plain
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from .divergence import kl1_from_log_ratio, kl2_from_log_ratio, kl3_from_log_ratio
 
-__all__ = ["RATIO_LEVELS", "SequenceMask", "high_entropy_mask", "sequence_log_ratio", "sequence_mask_keep"]
+__all__ = [
+    "RATIO_LEVELS",
+    "RolloutCorrection",
+    "SequenceMask",
+    "high_entropy_mask",
+    "rollout_correction_weights",
+    "sequence_log_ratio",
+    "sequence_mask_keep",
+]
 
 RATIO_LEVELS = ("token", "sequence")
 
 _ESTIMATORS = {"k1": kl1_from_log_ratio, "k2": kl2_from_log_ratio, "k3": kl3_from_log_ratio}
-_REDUCTIONS = ("mean", "sum", "max")
+_REDUCTIONS = ("mean", "sum", "max", "token")
 _WHICH = ("negative", "all")
 
 
@@ -42,8 +55,14 @@ def sequence_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Ten
 
 @dataclass(frozen=True)
 class SequenceMask:
-    r"""Drop a sequence when ``reduction_t estimator(w_t) > threshold``, ``w_t = pi / pi_behaviour`` of its valid
-    tokens (``advantages="negative"``: only sequences whose advantage is < 0; the others are always kept).
+    r"""Drop a sequence when ``reduction_t estimator(w_t)`` is above ``threshold`` (or below ``lower``), ``w_t = pi /
+    pi_behaviour`` of its valid tokens (``advantages="negative"``: only sequences whose advantage is < 0; the others
+    are always kept). ``reduction="token"`` decides token by token instead (verl ``rollout_rs="token_k*"``).
+
+    verl's ``rollout_rs`` options are these masks with ``advantages="all"``: ``seq_mean_k3`` with threshold ``d`` is
+    ``SequenceMask("k3", "mean", d, "all")``; its k1 options take ``"lo_hi"`` and keep ``log lo <= k1 <= log hi``,
+    i.e. ``SequenceMask("k1", ..., threshold=log(hi), lower=log(lo), advantages="all")``. Note that verl applies
+    those bounds to ``k1 = -log w``: they bound ``1/w``, not ``w`` (``"0.8_1.5"`` keeps ``w`` in ``[1/1.5, 1/0.8]``).
 
     ``SequenceMask("k1", "mean", delta, "negative")`` is DeepSeek-V3.2's off-policy sequence masking (TRL
     ``off_policy_mask_threshold=delta``): keep where ``A >= 0`` or ``mean_t (log pi_behaviour - log pi) <= delta``.
@@ -54,6 +73,7 @@ class SequenceMask:
     reduction: str = "mean"
     threshold: float = 0.0
     advantages: str = "negative"
+    lower: float = -math.inf
 
     def __post_init__(self):
         if self.estimator not in _ESTIMATORS:
@@ -62,29 +82,34 @@ class SequenceMask:
             raise ValueError(f"SequenceMask reduction must be one of {_REDUCTIONS}, got {self.reduction!r}")
         if self.advantages not in _WHICH:
             raise ValueError(f"SequenceMask advantages must be one of {_WHICH}, got {self.advantages!r}")
-        t = self.threshold
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or t != t:
-            raise ValueError(f"SequenceMask threshold must be a real number, got {t!r}")
+        for name in ("threshold", "lower"):
+            t = getattr(self, name)
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or t != t:
+                raise ValueError(f"SequenceMask {name} must be a real number, got {t!r}")
+        if self.lower > self.threshold:
+            raise ValueError(f"SequenceMask lower {self.lower!r} must be <= threshold {self.threshold!r}")
 
 
 def sequence_mask_keep(
     log_ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, spec: SequenceMask
 ) -> torch.Tensor:
-    r"""Which tokens :class:`SequenceMask` ``spec`` keeps: (B, 1) bool per sequence, or (B, T) when
-    ``spec.advantages == "negative"`` and ``advantages`` is (B, T) (a token with ``A_t >= 0`` is kept, as in TRL).
+    r"""Which tokens :class:`SequenceMask` ``spec`` keeps: (B, 1) bool per sequence, or (B, T) for
+    ``reduction="token"`` or when ``spec.advantages == "negative"`` and ``advantages`` is (B, T) (a token with ``A_t >= 0`` is kept, as in TRL).
     ``log_ratio`` = ``log pi - log pi_behaviour`` per token (NaN counts as 0: a token the behaviour policy could not
     score gives no evidence, as in TRL). No gradient."""
     with torch.no_grad():
         m = mask.bool()
         y = torch.where(m, torch.nan_to_num(log_ratio.detach(), nan=0.0), 0.0)
         k = _ESTIMATORS[spec.estimator](y)
-        if spec.reduction == "max":
+        if spec.reduction == "token":
+            seq = k
+        elif spec.reduction == "max":
             seq = torch.where(m, k, -torch.inf).amax(-1, keepdim=True)
         else:
             seq = k.sum(-1, keepdim=True)
             if spec.reduction == "mean":
                 seq = seq / m.sum(-1, keepdim=True).clamp(min=1)
-        keep = seq <= spec.threshold
+        keep = (seq <= spec.threshold) & (seq >= spec.lower)
         if spec.advantages == "negative":
             keep = keep | (advantages >= 0)
         return keep
@@ -105,3 +130,78 @@ def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, top_quantile:
         return torch.zeros_like(m)
     threshold = torch.quantile(valid, 1.0 - top_quantile)
     return (entropies.detach() * m >= threshold) & m
+
+
+_IS_LEVELS = ("token", "sequence", "geometric")
+_IS_MODES = ("truncate", "mask")
+
+
+@dataclass(frozen=True)
+class RolloutCorrection:
+    r"""Importance weights for the rollout-training mismatch, ``rho = pi_proximal / pi_behaviour`` (detached), that
+    multiply every token's objective.
+
+    ``level``: ``"token"`` (``rho_t``), ``"sequence"`` (``prod_t rho_t``, verl ``rollout_is="sequence"``) or
+    ``"geometric"`` (``exp(mean_t log rho_t)``, the geometric mean per token). ``mode``: ``"truncate"``
+    (``min(rho, upper)``: truncated IS, Ionides 2008; Yao et al. 2025's TIS; verl ``rollout_is_threshold=upper``) or
+    ``"mask"`` (``rho`` inside ``[lower, upper]``, else 0: IcePop / masked IS; verl ``rollout_is_threshold=
+    "lower_upper"``; ``lower`` defaults to ``1 / upper``). ``batch_normalize``: divide by the mean weight over valid
+    tokens (token level) or over sequences (verl ``rollout_is_batch_normalize``).
+
+    Which ratio: with ``behaviour_logp`` given to :func:`atr_theory.policy_loss`, ``rho = pi_old / pi_behaviour``
+    (verl's decoupled mode: the rule's own ratio ``pi / pi_old`` does the trust region); without it, ``old_logp``
+    *is* the behaviour policy and ``rho = sg[pi] / pi_old`` (verl's bypass mode)."""
+
+    level: str = "token"
+    mode: str = "truncate"
+    upper: float = 2.0
+    lower: float | None = None
+    batch_normalize: bool = False
+
+    def __post_init__(self):
+        if self.level not in _IS_LEVELS:
+            raise ValueError(f"RolloutCorrection level must be one of {_IS_LEVELS}, got {self.level!r}")
+        if self.mode not in _IS_MODES:
+            raise ValueError(f"RolloutCorrection mode must be one of {_IS_MODES}, got {self.mode!r}")
+        for name in ("upper", "lower"):
+            v = getattr(self, name)
+            if v is None and name == "lower":
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 < v < math.inf):
+                raise ValueError(f"RolloutCorrection {name} must be a finite number > 0, got {v!r}")
+        if self.lower is not None and self.mode == "truncate":
+            raise ValueError("RolloutCorrection lower is used by mode='mask' only (truncation has no lower bound)")
+        if self.lower is not None and self.lower > self.upper:
+            raise ValueError(f"RolloutCorrection lower {self.lower!r} must be <= upper {self.upper!r}")
+
+
+def rollout_correction_weights(log_rho: torch.Tensor, mask: torch.Tensor, spec: RolloutCorrection) -> torch.Tensor:
+    r"""(B, T) detached weights of :class:`RolloutCorrection` ``spec`` from ``log_rho = log pi_proximal - log
+    pi_behaviour`` per token, 0 on padding. Bounds are compared in log space (no overflow for any ``log_rho``)."""
+    with torch.no_grad():
+        m = mask.bool()
+        y = torch.where(m, torch.nan_to_num(log_rho.detach(), nan=0.0), 0.0)  # NaN: no evidence, as in SequenceMask
+        if spec.level == "token":
+            log_w = y
+        else:
+            log_w = y.sum(-1, keepdim=True)
+            if spec.level == "geometric":
+                log_w = log_w / m.sum(-1, keepdim=True).clamp(min=1)
+            log_w = log_w.expand_as(y)
+        log_upper = math.log(spec.upper)
+        if spec.mode == "truncate":
+            weights = torch.exp(torch.clamp(log_w, max=log_upper))
+        else:
+            log_lower = -log_upper if spec.lower is None else math.log(spec.lower)
+            inside = (log_w >= log_lower) & (log_w <= log_upper)
+            weights = torch.where(inside, torch.exp(torch.clamp(log_w, max=log_upper)), 0.0)
+        weights = torch.where(m, weights, 0.0)
+        if spec.batch_normalize:
+            if spec.level == "token":
+                mean = weights.sum() / m.sum().clamp(min=1)
+            else:
+                rows = m.any(-1)
+                per_sequence = weights.sum(-1) / m.sum(-1).clamp(min=1)
+                mean = per_sequence[rows].sum() / rows.sum().clamp(min=1)
+            weights = torch.where(mean > 1e-8, weights / mean, weights)
+        return weights

@@ -20,7 +20,15 @@ import numpy as np
 import torch
 
 from .divergence import kl3_from_log_ratio
-from .layers import RATIO_LEVELS, SequenceMask, high_entropy_mask, sequence_log_ratio, sequence_mask_keep
+from .layers import (
+    RATIO_LEVELS,
+    RolloutCorrection,
+    SequenceMask,
+    high_entropy_mask,
+    rollout_correction_weights,
+    sequence_log_ratio,
+    sequence_mask_keep,
+)
 from .methods import FORMS, MethodResult, ResolvedMethod, TokenBatch, resolve
 
 __all__ = [
@@ -53,6 +61,8 @@ AGGREGATIONS = {
     "seq_mean_token_mean": lambda x, m, L: (x.sum(-1) / m.sum(-1).clamp(min=1)).mean(),
     # per-sequence sum, then mean over sequences
     "seq_mean_token_sum": lambda x, m, L: x.sum(-1).mean(),
+    # sum over all valid tokens, no normalisation (verl 'token-sum')
+    "token_sum": lambda x, m, L: x.sum(),
 }
 
 
@@ -229,6 +239,7 @@ def policy_loss(
     behaviour_logp: torch.Tensor | None = None,
     entropies: torch.Tensor | None = None,
     top_entropy_quantile: float = 1.0,
+    rollout_correction: RolloutCorrection | None = None,
     **params: float,
 ) -> LossOutput:
     r"""Clipped policy-gradient loss of ``method`` (see :data:`atr_theory.METHODS`).
@@ -244,7 +255,7 @@ def policy_loss(
         ``form`` and ``**params`` stay empty): a training loop resolves its choice once instead of every step.
     form : ``"min"`` (PPO) or ``"mask"`` (paper Eq. 5); None = the method's default.
     aggregation : ``dr_grpo`` (sum / (B * max_length)), ``token_mean``, ``seq_mean_token_mean``,
-        ``seq_mean_token_sum``. ``max_length`` (dr_grpo only, >= T) defaults to T.
+        ``seq_mean_token_sum``, ``token_sum``. ``max_length`` (dr_grpo only, >= T) defaults to T.
     old_full_logp, full_logp : (B, T, V), only for methods that need full distributions.
     generator : torch.Generator for stochastic methods (clip_cov).
     token_weights : optional (B, T) constant multiplier of the per-token objective (e.g. TRL's
@@ -266,6 +277,9 @@ def policy_loss(
         with ``behaviour_logp`` ((B, T), the sampling policy's log-probs, e.g. vLLM's; default ``old_logp``).
     entropies, top_entropy_quantile : (B, T) per-token entropies and the fraction ``rho`` of highest-entropy valid
         tokens that keep their loss (:func:`atr_theory.layers.high_entropy_mask`; 1 = all).
+    rollout_correction : a :class:`~atr_theory.layers.RolloutCorrection`: every token's objective is multiplied by
+        its detached importance weight ``pi_old / pi_behaviour`` (``behaviour_logp`` given) or ``sg[pi] / pi_old``
+        (not given: ``old_logp`` is the behaviour policy, verl's bypass mode), truncated or masked.
 
     Returns
     -------
@@ -286,6 +300,8 @@ def policy_loss(
         raise ValueError(f"ratio_level must be one of {RATIO_LEVELS}, got {ratio_level!r}")
     if sequence_mask is not None and not isinstance(sequence_mask, SequenceMask):
         raise ValueError(f"sequence_mask must be a SequenceMask, got {type(sequence_mask).__name__}")
+    if rollout_correction is not None and not isinstance(rollout_correction, RolloutCorrection):
+        raise ValueError(f"rollout_correction must be a RolloutCorrection, got {type(rollout_correction).__name__}")
     if not (isinstance(top_entropy_quantile, (int, float)) and 0.0 <= top_entropy_quantile <= 1.0):
         raise ValueError(f"top_entropy_quantile must be in [0, 1], got {top_entropy_quantile!r}")
     if top_entropy_quantile < 1.0 and entropies is None:
@@ -350,6 +366,15 @@ def policy_loss(
         dropped["entropy_mask"] = ~high_entropy_mask(entropies, m, float(top_entropy_quantile))
     for drop in dropped.values():
         objective = torch.where(drop, zero, objective)
+    if rollout_correction is not None:
+        if behaviour_logp is None:  # bypass: old_logp is the behaviour policy, the proximal one is pi itself
+            log_rho = lp.detach() - olp
+        else:
+            log_rho = olp - behaviour_logp.detach().to(dtype)
+        rho = rollout_correction_weights(log_rho, m, rollout_correction)
+        if rollout_correction.mode == "mask":
+            dropped["rollout_correction"] = (rho == 0) & m
+        objective = objective * rho
     if weights is not None:
         objective = objective * weights
     per_token = objective if all_valid else torch.where(m, objective, zero)

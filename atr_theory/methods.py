@@ -20,13 +20,12 @@ Each rule's formula on one screen, without the fast path's helpers: :mod:`atr_th
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from functools import lru_cache
 
 import torch
 
 from . import ranges
-from .divergence import full_kl, kl3_from_log_ratio
+from .divergence import full_kl
 from .registry import (  # noqa: F401  (re-exported: the registry is part of this module's API)
     FORMS,
     METHODS,
@@ -533,61 +532,6 @@ def kl_cov(batch: TokenBatch, cov_ratio: float, kl_coef: float) -> MethodResult:
         return torch.ones_like(batch.mask), torch.zeros_like(batch.mask), penalised
 
     return MethodResult(objective, flags)
-
-
-def _sequence_log_ratio(batch: TokenBatch) -> torch.Tensor:
-    """``(1/|y|) sum_t log w_t`` over valid tokens, broadcast to (B, T) (GSPO's sequence ratio)."""
-    m = batch.mask.to(batch.log_ratio.dtype)
-    seq = (batch.log_ratio * m).sum(-1) / m.sum(-1).clamp(min=1.0)
-    return seq.unsqueeze(-1).expand_as(batch.log_ratio)
-
-
-@register(
-    "gspo",
-    params={"epsilon_low": EPSILON_LOW.with_default(3e-4), "epsilon_high": EPSILON_HIGH.with_default(4e-4)},
-    default_form="min",
-    forms=("min", "mask"),
-    reference="Zheng et al. 2025 (GSPO, GSPO-token); TRL importance_sampling_level='sequence'; verl 'gspo'",
-)
-def gspo(batch: TokenBatch, epsilon_low: float, epsilon_high: float) -> MethodResult:
-    r"""Sequence-level ratio ``s = exp(mean_t log w_t)`` clipped to ``[1 - eps_low, 1 + eps_high]``, in its
-    GSPO-token form (Zheng et al. 2025, Eq. 11; verl ``gspo``): token ``t`` uses ``s_t = sg[s] w_t / sg[w_t]``.
-
-    ``s_t`` has the value ``s`` (and the same clipping decision for every token of the sequence) and the
-    gradient ``s grad log pi_t``, so each token's gradient carries its own advantage. With per-sequence
-    advantages (GRPO's) this is exactly GSPO's sequence-level gradient ``A s mean_t grad log pi_t`` under
-    every aggregation; with per-token advantages it is GSPO-token (tests: against verl).
-    """
-    y = batch.log_ratio
-    token_log_ratio = _sequence_log_ratio(batch).detach() + (y - y.detach())
-    seq_batch = replace(batch, log_ratio=token_log_ratio)
-    return ratio_objective(seq_batch, 1.0 - epsilon_low, 1.0 + epsilon_high)
-
-
-@register(
-    "atr_seq",
-    params={"delta": DELTA},
-    default_form="mask",
-    forms=("mask",),
-    reference="ours (the paper's future work): sequence-level approximate trust region with KL3",
-    ratio_mask_gradient=True,
-)
-def atr_seq(batch: TokenBatch, delta: float) -> MethodResult:
-    r"""Sequence-level ATR: keep every token of a sequence (objective ``w_t A``) while the sequence's
-    mean ``(1/|y|) sum_t k3(w_t) <= delta``, else freeze the whole sequence (objective ``A``).
-
-    Derivation: ``mean_t k3(w_t)`` estimates the per-token average ``KL(pi_old || pi)`` along the
-    sampled sequence (each k3 is unbiased per position), which is TRPO's average-KL trust region.
-    Because k3 is convex and ``mean_t w_t >= exp(mean_t log w_t)`` (AM-GM),
-    ``mean_t k3(w_t) >= k3(s)`` with GSPO's sequence ratio ``s = exp(mean_t log w_t)``: a kept
-    sequence always has ``s`` inside ``kl3_clip_range(delta)``, while log-ratios of opposite signs can
-    no longer cancel as they do in ``s``.
-    """
-    with torch.no_grad():  # the test's outcome carries no gradient: record no graph for it
-        # log w is 0 on padding (TokenBatch), where k3 = 0: the sum runs over the valid tokens
-        seq_k3 = kl3_from_log_ratio(batch.log_ratio).sum(-1) / batch.mask.sum(-1).clamp(min=1)
-        keep = (seq_k3 <= delta).unsqueeze(-1).expand_as(batch.mask)
-    return ratio_objective(batch, 0.0, math.inf, keep)
 
 
 def _position_kl(batch: TokenBatch, name: str) -> torch.Tensor:

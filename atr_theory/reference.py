@@ -27,12 +27,16 @@ __all__ = [
     "clip",
     "clip_higher",
     "dual_clip",
+    "dppo_kl",
+    "dppo_tv",
     "dual_clip_higher",
+    "gmpo",
     "gspo",
     "is_kl3",
     "kl1",
     "kl2",
     "kl_cov",
+    "reinforce",
     "sapo",
     "vespo",
 ]
@@ -175,6 +179,61 @@ def gspo(logp, old_logp, advantages, mask, epsilon_low=3e-4, epsilon_high=4e-4, 
     return torch.where(mask, objective, torch.zeros_like(w))
 
 
+def gmpo(logp, old_logp, advantages, mask, epsilon_low=0.4, epsilon_high=0.4, form="min"):
+    """GMPO (Zhao et al. 2025): the sequence's ``mean_t A_t`` times the geometric mean of its token ratios, each
+    ``log w_t`` clipped PPO-style by its advantage's sign (``A > 0``: at most ``eps_high``; ``A < 0``: at least
+    ``-eps_low``; ``A = 0``: 0). Every token of a sequence holds the sequence's value, so the
+    ``seq_mean_token_mean`` aggregation of this (B, T) tensor is GMPO's batch mean."""
+    w, adv = _ratio_and_advantages(logp, old_logp, advantages, mask)
+    log_w = torch.log(w)
+    signed = torch.sign(adv)
+    clipped = signed * torch.minimum(signed * log_w, signed * torch.clamp(log_w, -epsilon_low, epsilon_high))
+    n = mask.sum(1, keepdim=True).clamp(min=1)
+    sequence = (adv.sum(1, keepdim=True) / n) * torch.exp(clipped.sum(1, keepdim=True) / n)
+    return sequence.expand_as(w)
+
+
+def _binary_kl(p_old, p_new):
+    """``KL(Ber(p_old) || Ber(p_new))`` as written (textbook form; float64 tests keep ``p`` away from 1)."""
+    return p_old * torch.log(p_old / p_new) + (1 - p_old) * torch.log((1 - p_old) / (1 - p_new))
+
+
+def _dppo(divergence_exceeds, logp, old_logp, advantages, mask, is_cap, form):
+    """DPPO (Qi et al. 2026): ``sg[min(w, c)] A log pi`` where the token stays inside its bound, else 0. ``min``:
+    only the side the advantage pushes towards (``A > 0``: rising; ``A <= 0``: falling); ``mask``: both sides."""
+    w, adv = _ratio_and_advantages(logp, old_logp, advantages, mask)
+    p_old, p_new = torch.exp(old_logp), torch.exp(logp).detach()
+    rose, fell = divergence_exceeds(p_old, p_new)
+    outside = torch.where(adv > 0, rose, fell) if form == "min" else rose | fell
+    return torch.where(outside, torch.zeros_like(w), torch.clamp(w, max=is_cap).detach() * adv * logp)
+
+
+def dppo_tv(logp, old_logp, advantages, mask, delta_low=0.2, delta_high=0.2, is_cap=20.0, form="min"):
+    """DPPO-Binary-TV: the token's probability change ``p - p_old`` stays in ``[-delta_low, delta_high]``."""
+
+    def exceeds(p_old, p_new):
+        return p_new - p_old > delta_high, p_new - p_old < -delta_low
+
+    return _dppo(exceeds, logp, old_logp, advantages, mask, is_cap, form)
+
+
+def dppo_kl(logp, old_logp, advantages, mask, delta_low=0.2, delta_high=0.2, is_cap=20.0, form="min"):
+    """DPPO-Binary-KL: ``KL(Ber(p_old) || Ber(p))`` stays at most ``delta_high`` (``p`` rose) or ``delta_low``
+    (``p`` fell)."""
+
+    def exceeds(p_old, p_new):
+        kl = _binary_kl(p_old, p_new)
+        return (p_new > p_old) & (kl > delta_high), (p_new < p_old) & (kl > delta_low)
+
+    return _dppo(exceeds, logp, old_logp, advantages, mask, is_cap, form)
+
+
+def reinforce(logp, old_logp, advantages, mask):
+    """REINFORCE (Williams 1992) / GPG: ``A log pi``."""
+    _, adv = _ratio_and_advantages(logp, old_logp, advantages, mask)
+    return adv * logp
+
+
 def kl_cov(logp, old_logp, advantages, mask, cov_ratio=2e-3, kl_coef=1.0):
     """KL-Cov (Cui et al. 2025): ``w A``, and the ``max(1, int(cov_ratio n))`` valid tokens with the largest centred
     ``(A - mean A)(log pi - mean log pi)`` get the penalty ``- kl_coef |log w|``."""
@@ -202,6 +261,10 @@ REFERENCE_FORMS = {
     "is_kl3": is_kl3,
     "sapo": sapo,
     "gspo": gspo,
+    "gmpo": gmpo,
+    "dppo_tv": dppo_tv,
+    "dppo_kl": dppo_kl,
+    "reinforce": reinforce,
     "kl_cov": kl_cov,
 }
 """Registry name -> its reference form (the rules with one; the others: ``tests/test_oracles.py``)."""

@@ -33,6 +33,10 @@ PARAMS = {
     "sapo": {"tau_pos": st.floats(0.5, 3.0), "tau_neg": st.floats(0.5, 3.0)},
     "gspo": {"epsilon_low": st.floats(0.01, 0.2), "epsilon_high": st.floats(0.01, 0.2)},
     "kl_cov": {"cov_ratio": st.floats(0.01, 0.5), "kl_coef": st.floats(0.1, 2.0)},
+    "gmpo": {"epsilon_low": st.floats(0.01, 0.6), "epsilon_high": st.floats(0.01, 0.6)},
+    "dppo_tv": {"delta_low": st.floats(0.01, 0.3), "delta_high": st.floats(0.01, 0.3), "is_cap": st.floats(1.1, 4.0)},
+    "dppo_kl": {"delta_low": st.floats(0.005, 0.3), "delta_high": st.floats(0.005, 0.3), "is_cap": st.floats(1.1, 4.0)},
+    "reinforce": {},
 }
 
 

@@ -15,6 +15,7 @@ Where the two differ by design, a test says so and pins the difference:
 
 from __future__ import annotations
 
+import math
 import sys
 import types
 
@@ -74,6 +75,7 @@ AGGREGATIONS = {  # ours -> verl's loss_agg_mode (dr_grpo: seq-mean-token-sum-no
     "token_mean": "token-mean",
     "seq_mean_token_mean": "seq-mean-token-mean",
     "seq_mean_token_sum": "seq-mean-token-sum",
+    "token_sum": "token-sum",
 }
 SEEDS = range(12)
 
@@ -102,6 +104,7 @@ def _config(loss_mode: str, **kw) -> ActorConfig:
 
 
 def _ours(logp, old, adv, mask, method, aggregation, **params):
+    """Our loss and gradient; ``params`` are the method's and :func:`atr_theory.policy_loss`'s keywords."""
     lp = logp.clone().requires_grad_(True)
     out = at.policy_loss(lp, old, adv, mask, method=method, aggregation=aggregation, **params)
     (grad,) = torch.autograd.grad(out.loss, lp)
@@ -220,6 +223,68 @@ def test_cispo_equals_verls_cispo(aggregation, per_token, eps):
         )
         assert _close(lo, lv, aggregation) and _close(go, gv, aggregation), seed
         assert metrics["actor/pg_clipfrac"] > 0 or eps[0] == 1.0
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+@pytest.mark.parametrize("eps", [(0.4, 0.4), (0.1, 0.3)])
+def test_gmpo_equals_verls_geo_mean(per_token, eps):
+    """verl's ``geo_mean`` (GMPO) ignores its ``loss_agg_mode`` and averages over sequences: our per-token form
+    under ``seq_mean_token_mean`` is the same loss and gradient, per-token advantages (their sequence mean, each
+    token clipped by its own sign) included. Both sides' clipping acted."""
+    low = high = 0
+    for seed in SEEDS:
+        batch = _batch(seed, per_token, scale=0.5)
+        lo, go = _ours(*batch, "gmpo", "seq_mean_token_mean", epsilon_low=eps[0], epsilon_high=eps[1])
+        lv, gv, metrics = _verl(*batch, "geo_mean", "token-mean", clip_ratio_low=eps[0], clip_ratio_high=eps[1])
+        assert _close(lo, lv, "seq_mean_token_mean") and _close(go, gv, "seq_mean_token_mean"), seed
+        high += metrics["actor/pg_clipfrac"] > 0
+        low += metrics["actor/pg_clipfrac_lower"] > 0
+    assert low > 0 and high > 0
+    lo, go = _ours(*batch, "geo_mean", "seq_mean_token_mean", epsilon_low=eps[0], epsilon_high=eps[1])  # the alias
+    assert _close(lo, lv, "seq_mean_token_mean") and _close(go, gv, "seq_mean_token_mean")
+
+
+def _probability_batch(seed: int, per_token: bool):
+    """:func:`_batch` with every log-probability <= -1e-6 (DPPO reads ``p = exp(log p)`` as a probability)."""
+    logp, old, adv, mask = _batch(seed, per_token, scale=1.0)
+    return logp.clamp(max=-1e-6), old, adv, mask
+
+
+@pytest.mark.parametrize("aggregation", list(AGGREGATIONS))
+@pytest.mark.parametrize("per_token", [False, True])
+@pytest.mark.parametrize(
+    "rule,bounds,cap", [("dppo_tv", (0.05, 0.08), 3.0), ("dppo_tv", (0.2, 0.2), 20.0), ("dppo_kl", (0.02, 0.05), 3.0)]
+)
+def test_dppo_equals_verls_dppo(rule, bounds, cap, aggregation, per_token):
+    """verl's ``dppo_tv`` / ``dppo_kl``: the same tokens masked on the side their advantage pushes, the same
+    truncated weight ``min(w, clip_ratio_c)``, the same loss and gradient. Masks and truncation both acted."""
+    masked = truncated = 0
+    for seed in SEEDS:
+        batch = _probability_batch(seed, per_token)
+        params = dict(delta_low=bounds[0], delta_high=bounds[1], is_cap=cap)
+        lo, go = _ours(*batch, rule, aggregation, **params)
+        lv, gv, metrics = _verl(
+            *batch,
+            rule,
+            AGGREGATIONS[aggregation],
+            clip_ratio_low=bounds[0],
+            clip_ratio_high=bounds[1],
+            clip_ratio_c=cap,
+        )
+        assert _close(lo, lv, aggregation) and _close(go, gv, aggregation), seed
+        masked += metrics["actor/pg_clipfrac"] > 0
+        truncated += metrics["actor/pg_clipfrac_lower"] > 0
+    assert masked > 0 and (truncated > 0 or cap == 20.0)
+
+
+@pytest.mark.parametrize("aggregation", list(AGGREGATIONS))
+@pytest.mark.parametrize("name", ["reinforce", "gpg"])
+def test_reinforce_equals_verls_gpg(name, aggregation):
+    for seed in SEEDS:
+        batch = _batch(seed, per_token=True, scale=1.0)
+        lo, go = _ours(*batch, name, aggregation)
+        lv, gv, _ = _verl(*batch, "gpg", AGGREGATIONS[aggregation])
+        assert _close(lo, lv, aggregation) and _close(go, gv, aggregation), seed
 
 
 @pytest.mark.parametrize("aggregation", list(AGGREGATIONS))
@@ -403,3 +468,197 @@ def test_an_all_padding_row_counts_in_our_batch_size_but_not_in_verls():
         )
         assert not _close(lo, lv)
         assert _close(lo * 6 / 5, lv), ours_agg
+
+
+# --------------------------------------------------------------------------------------------
+# Rollout correction: verl's IS weights and rejection masks (rollout_corr_helper) against atr_theory.layers
+# --------------------------------------------------------------------------------------------
+from verl.trainer.ppo import rollout_corr_helper  # noqa: E402
+
+RS_OPTIONS = sorted(rollout_corr_helper.SUPPORTED_ROLLOUT_RS_OPTIONS)
+
+
+def _mismatch_batch(seed: int, B: int = 8, T: int = 10, scale: float = 0.3):
+    """log pi_old - log pi_behaviour per token (a small mismatch) and a padded mask."""
+    g = torch.Generator().manual_seed(seed)
+    log_rho = scale * torch.randn(B, T, generator=g, dtype=torch.float64)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    return log_rho, torch.arange(T)[None, :] < lengths[:, None]
+
+
+def _our_mask(option: str, threshold) -> at.SequenceMask:
+    """verl's ``rollout_rs`` option and threshold as our :class:`SequenceMask` (advantages: all)."""
+    level, estimator = option.rsplit("_", 1)
+    reduction = "token" if level == "token" else level.split("_")[1]
+    if estimator == "k1":
+        lo, hi = (float(x) for x in str(threshold).split("_"))
+        return at.SequenceMask(estimator, reduction, math.log(hi), "all", lower=math.log(lo))
+    return at.SequenceMask(estimator, reduction, float(threshold), "all")
+
+
+@pytest.mark.parametrize("option", RS_OPTIONS)
+def test_rejection_masks_equal_verls_rollout_rs(option):
+    """Every ``rollout_rs`` option is a :class:`SequenceMask`; the same tokens are rejected, and some were."""
+    threshold = "0.7_1.2" if option.endswith("k1") else ("0.02" if option.startswith("token") else "0.2")
+    if option.startswith("seq_sum") and not option.endswith("k1"):
+        threshold = "0.3"
+    rejected = 0
+    for seed in SEEDS:
+        log_rho, mask = _mismatch_batch(seed)
+        theirs, _ = rollout_corr_helper.compute_rollout_rejection_mask(
+            log_rho, mask.to(torch.float64), rollout_rs=option, rollout_rs_threshold=threshold
+        )
+        keep = at.layers.sequence_mask_keep(log_rho, torch.ones(log_rho.shape[0]), mask, _our_mask(option, threshold))
+        ours = (keep.expand_as(mask) & mask).to(torch.float64)
+        assert torch.equal(ours, theirs), (option, seed)
+        rejected += bool((theirs < mask.to(torch.float64)).any())
+    assert rejected > 0
+
+
+def test_verls_k1_bounds_bound_the_inverse_ratio():
+    """verl's k1 thresholds ``"lo_hi"`` are documented as ratio bounds, but they bound ``-log r``: ``"0.8_1.5"`` keeps
+    ``r`` in ``[1/1.5, 1/0.8] = [0.667, 1.25]``, not ``[0.8, 1.5]``. A token with ``r = 1.4`` is rejected, one with
+    ``r = 0.7`` kept."""
+    log_rho = torch.log(torch.tensor([[1.4, 0.7, 1.24, 0.68]], dtype=torch.float64))
+    mask = torch.ones(1, 4, dtype=torch.float64)
+    theirs, _ = rollout_corr_helper.compute_rollout_rejection_mask(log_rho, mask, "token_k1", "0.8_1.5")
+    assert theirs.tolist() == [[0.0, 1.0, 1.0, 1.0]]
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("threshold", [2.0, "0.5_1.5"])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_is_weights_equal_verls_rollout_is(level, threshold, normalize):
+    """``rollout_is`` token / sequence, TIS (one bound) and IcePop (``"lower_upper"``), with and without batch
+    normalisation: the same weights as :func:`atr_theory.layers.rollout_correction_weights`."""
+    if isinstance(threshold, str):
+        lo, hi = (float(x) for x in threshold.split("_"))
+        spec = at.RolloutCorrection(level, "mask", hi, lo, normalize)
+    else:
+        spec = at.RolloutCorrection(level, "truncate", threshold, None, normalize)
+    acted = 0
+    for seed in SEEDS:
+        log_rho, mask = _mismatch_batch(seed, scale=0.4 if level == "token" else 0.15)
+        theirs, _ = rollout_corr_helper.compute_rollout_correction_weights(
+            log_rho, mask.to(torch.float64), level, threshold, normalize
+        )
+        ours = at.layers.rollout_correction_weights(log_rho, mask, spec)
+        # verl's masked mean divides by n + 1e-8: the normalised weights differ by ~1e-8 / n relative
+        assert torch.allclose(ours, theirs, rtol=1e-8 if normalize else 1e-12, atol=0.0), (seed, level, threshold)
+        raw = torch.exp(log_rho if level == "token" else (log_rho * mask).sum(-1, keepdim=True).expand_as(log_rho))
+        acted += bool(((raw > spec.upper) & mask).any())
+    assert acted > 0
+
+
+def _bypass_config(rollout_is, is_threshold, rollout_rs, rs_threshold):
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+    from verl.workers.config.actor import PolicyLossConfig
+
+    correction = RolloutCorrectionConfig(
+        rollout_is=rollout_is,
+        rollout_is_threshold=is_threshold,
+        rollout_rs=rollout_rs,
+        rollout_rs_threshold=rs_threshold,
+        bypass_mode=True,
+        loss_type="reinforce",
+    )
+    policy = PolicyLossConfig(loss_mode="bypass_mode", rollout_correction=correction)
+    return ActorConfig(strategy="fsdp", rollout_n=4, ppo_micro_batch_size_per_gpu=1, policy_loss=policy)
+
+
+def _verl_bypass(logp, old, adv, mask, agg_mode, rollout_rs, rs_threshold, is_threshold=2.0):
+    """verl's bypass mode, REINFORCE with token TIS and the rejection ``rollout_rs``; the batch sizes in
+    ``global_batch_info`` are those of the batch before rejection, as verl's trainer sets them before the loss."""
+    lp = logp.clone().requires_grad_(True)
+    config = _bypass_config("token", is_threshold, rollout_rs, rs_threshold)
+    config.global_batch_info.update(batch_num_tokens=int(mask.sum()), global_batch_size=mask.shape[0])
+    loss, metrics = core_algos.get_policy_loss_fn("bypass_mode")(old, lp, adv, mask.to(torch.float64), agg_mode, config)
+    (grad,) = torch.autograd.grad(loss, lp)
+    return loss.detach(), grad, metrics
+
+
+BYPASS = [("token_k3", "token", "atr"), ("seq_mean_k3", "mean", "atr_seq")]
+
+
+def _kept_token_rescaling(logp, old, mask, option, delta, aggregation):
+    """Where verl and we differ by design: its bypass mode removes rejected tokens from the mask it aggregates with,
+    so under ``seq-mean-token-mean`` a sequence's mean runs over its *kept* tokens; ours (like Eq. 5's frozen tokens)
+    over all of them. Per sequence the gradients then differ by ``n / n_kept``: returned as a (B, 1) factor, None
+    where the two agree (other aggregations fix the denominators from the batch before rejection; sequence-level
+    rejection removes whole sequences)."""
+    if aggregation != "seq_mean_token_mean" or not option.startswith("token"):
+        return None
+    kept, _ = rollout_corr_helper.compute_rollout_rejection_mask(logp - old, mask.to(torch.float64), option, delta)
+    factor = mask.sum(-1, keepdim=True) / kept.sum(-1, keepdim=True).clamp(min=1)
+    return None if bool((factor == 1).all()) else factor.to(torch.float64)
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"])
+@pytest.mark.parametrize("option,reduction,rule", BYPASS)
+def test_bypass_reinforce_with_k3_rejection_is_reinforce_with_our_layers(option, reduction, rule, aggregation):
+    """verl's bypass mode (REINFORCE, token TIS at 2, ``rollout_rs`` k3 at delta) is our ``reinforce`` with
+    :class:`RolloutCorrection` and :class:`SequenceMask`: the same loss and gradient."""
+    delta = 0.07
+    for seed in SEEDS:
+        logp, old, adv, mask = _batch(seed, per_token=False, scale=0.4)
+        lv, gv, _ = _verl_bypass(logp, old, adv, mask, AGGREGATIONS[aggregation], option, delta)
+        lo, go = _ours(
+            logp,
+            old,
+            adv,
+            mask,
+            "reinforce",
+            aggregation,
+            rollout_correction=at.RolloutCorrection("token", "truncate", 2.0),
+            sequence_mask=at.SequenceMask("k3", reduction, delta, "all"),
+        )
+        scale = _kept_token_rescaling(logp, old, mask, option, delta, aggregation)
+        assert _close(lo, lv, aggregation) == (scale is None) and _close(
+            go * (1.0 if scale is None else scale), gv, aggregation
+        ), seed
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"])
+@pytest.mark.parametrize("option,reduction,rule", BYPASS)
+def test_bypass_reinforce_with_k3_rejection_has_atrs_gradient(option, reduction, rule, aggregation):
+    """A second, independent implementation of the paper's rule: verl's bypass REINFORCE with ``token_k3``
+    rejection has ATR's gradient (``atr``, mask form), and with ``seq_mean_k3`` that of ``atr_seq``, when its IS cap
+    lies above every kept ratio (token_k3: above ATR's upper bound 1.422; seq_mean_k3: a mean bound lets single
+    ratios go further, so the cap is 1e6 here). Loss values differ (``A log pi`` against ``w A``)."""
+    delta = 0.07
+    for seed in SEEDS:
+        logp, old, adv, mask = _batch(seed, per_token=True, scale=0.4)
+        _, gv, _ = _verl_bypass(logp, old, adv, mask, AGGREGATIONS[aggregation], option, delta, 1e6)
+        _, go = _ours(logp, old, adv, mask, rule, aggregation, delta=delta)
+        scale = _kept_token_rescaling(logp, old, mask, option, delta, aggregation)
+        assert _close(go * (1.0 if scale is None else scale), gv, aggregation), seed
+
+
+def test_decoupled_mode_weights_multiply_the_rule():
+    """verl's decoupled mode: a rule's loss times the IS weights of ``pi_old / pi_rollout`` (computed by verl's
+    helper) equals ours with ``behaviour_logp`` and :class:`RolloutCorrection`, sequence level, IcePop."""
+    for seed in SEEDS:
+        logp, old, adv, mask = _batch(seed, per_token=False, scale=0.4)
+        rollout = old + 0.05 * torch.randn(old.shape, generator=torch.Generator().manual_seed(seed), dtype=old.dtype)
+        weights, _ = rollout_corr_helper.compute_rollout_correction_weights(
+            old - rollout, mask.to(torch.float64), "sequence", "0.5_2.0"
+        )
+        lp = logp.clone().requires_grad_(True)
+        config = _config("vanilla", clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=1e12)
+        loss, _ = core_algos.get_policy_loss_fn("vanilla")(
+            old, lp, adv, mask.to(torch.float64), "token-mean", config, weights
+        )
+        (gv,) = torch.autograd.grad(loss, lp)
+        lo, go = _ours(
+            logp,
+            old,
+            adv,
+            mask,
+            "clip_higher",
+            "token_mean",
+            epsilon_low=0.2,
+            epsilon_high=0.28,
+            behaviour_logp=rollout,
+            rollout_correction=at.RolloutCorrection("sequence", "mask", 2.0, 0.5),
+        )
+        assert _close(lo, loss.detach()) and _close(go, gv), seed

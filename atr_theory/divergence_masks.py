@@ -1,0 +1,103 @@
+r"""Masks decided by a divergence of the sampled token's Bernoulli: DPPO (Qi et al. 2026, "Rethinking the Trust
+Region in LLM Reinforcement Learning", arXiv 2602.04879; verl ``dppo_tv`` / ``dppo_kl``).
+
+A token with old probability ``p`` and new probability ``p w`` is seen as the Bernoulli "this token or another":
+its total variation is ``|p w - p|`` and its KL is the binary ``KL(Ber(p) || Ber(p w))``, both the smallest
+full-distribution divergence compatible with the sampled token's move. Unlike a ratio range, the mask depends on
+``p`` itself: a rare token may move its ratio far, a frequent one only a little. The closest relative of ATR:
+``KL(Ber(p) || Ber(p w)) / p -> w - 1 - log w = k3(w)`` as ``p -> 0``, so for rare tokens DPPO-KL with bound
+``delta`` is ATR with bound ``delta / p`` (``tests/test_divergence_masks.py``).
+
+Both rules keep verl's form: the gradient ``sg[min(w, c)] A grad log pi`` on the tokens the mask keeps (a
+REINFORCE-style truncated IS weight, ``c`` = ``is_cap``, verl's ``clip_ratio_c``), value ``sg[min(w, c)] A log pi``
+there and 0 elsewhere. ``form="min"`` (verl's) masks only the side the advantage pushes towards: for ``A > 0`` a
+token is dropped only when its probability rose past the bound, for ``A <= 0`` only when it fell past it.
+``form="mask"`` drops a token outside the bound on either side (the paper's Eq. 5 with this divergence).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .ranges import _bernoulli_kl_and_slope
+from .registry import MethodResult, Param, TokenBatch, register
+
+__all__ = ["binary_kl", "binary_tv", "dppo_kl", "dppo_tv"]
+
+_FORMS = ("min", "mask")
+DELTA_LOW = Param(0.2, gt=0, help="DPPO: divergence bound for a token whose probability fell (verl clip_ratio_low)")
+DELTA_HIGH = Param(0.2, gt=0, help="DPPO: divergence bound for a token whose probability rose (verl clip_ratio_high)")
+IS_CAP = Param(20.0, gt=0, help="DPPO: the detached IS weight is min(w, is_cap) (verl clip_ratio_c)")
+_REFERENCE = "Qi et al. 2026 (DPPO, arXiv 2602.04879), sail-sg/Stable-RL; verl '{}'"
+
+
+def binary_tv(log_ratio: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
+    r"""Signed ``p w - p = p (e^y - 1)`` with ``p = exp(old_logp)``: the sampled token's probability change, whose
+    absolute value is the total variation between ``Ber(p)`` and ``Ber(p w)``. ``expm1``: exact near ``w = 1``."""
+    return torch.exp(old_logp) * torch.expm1(log_ratio)
+
+
+def binary_kl(log_ratio: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
+    r"""``KL(Ber(p) || Ber(p w)) = p log(1/w) + (1 - p) log((1 - p) / (1 - p w))`` with ``p = exp(old_logp)``,
+    ``w = e^y``, evaluated as ``p k3(y) + q k3(y')`` (:func:`atr_theory.ranges.bernoulli_kl_of_log_ratio`), with
+    ``q = 1 - p = -expm1(old_logp)`` exact for ``p`` near 1; ``-y`` at ``p = 1``; ``+inf`` where ``p w >= 1``.
+
+    verl writes ``log((1 - p + 1e-8) / (1 - p w + 1e-8))``: off where ``1 - p w`` is ~1e-8 or smaller
+    (``tests/test_divergence_masks.py`` measures it against mpmath)."""
+    p = torch.exp(old_logp)
+    q = -torch.expm1(old_logp)
+    certain = q <= 0
+    safe_q = torch.where(certain, torch.ones_like(q), q)
+    kl, _ = _bernoulli_kl_and_slope(log_ratio, p, safe_q)
+    kl = torch.where(certain, -log_ratio, kl)
+    return torch.nan_to_num(kl, nan=torch.inf)  # log1p of a negative number: p w > 1
+
+
+def _dppo(batch: TokenBatch, below: torch.Tensor, above: torch.Tensor, is_cap: float) -> MethodResult:
+    """DPPO's objective given where the token's probability fell past its bound (``below``) or rose past it
+    (``above``): see the module docstring."""
+    adv = batch.advantages
+    if batch.form == "min":
+        drop = torch.where(adv > 0, above, below)
+    else:
+        drop = below | above
+    w = torch.exp(batch.log_ratio)
+    weight = torch.clamp(w.detach(), max=is_cap)
+    objective = torch.where(drop, torch.zeros_like(w), weight * adv * batch.logp)
+
+    def flags():
+        y = batch.log_ratio
+        return ~drop, drop & (y < 0), (drop & (y > 0)) | (~drop & (w > is_cap))
+
+    return MethodResult(objective, flags)
+
+
+@register(
+    "dppo_tv",
+    params={"delta_low": DELTA_LOW, "delta_high": DELTA_HIGH, "is_cap": IS_CAP},
+    default_form="min",
+    forms=_FORMS,
+    reference=_REFERENCE.format("dppo_tv"),
+)
+def dppo_tv(batch: TokenBatch, delta_low: float, delta_high: float, is_cap: float) -> MethodResult:
+    r"""DPPO-Binary-TV: keep a token while its probability change ``p w - p`` lies in ``[-delta_low, delta_high]``
+    (:func:`binary_tv`): a per-token ratio range ``[1 - delta_low / p, 1 + delta_high / p]``."""
+    with torch.no_grad():
+        change = binary_tv(batch.log_ratio, batch.old_logp)
+    return _dppo(batch, change < -delta_low, change > delta_high, is_cap)
+
+
+@register(
+    "dppo_kl",
+    params={"delta_low": DELTA_LOW, "delta_high": DELTA_HIGH, "is_cap": IS_CAP},
+    default_form="min",
+    forms=_FORMS,
+    reference=_REFERENCE.format("dppo_kl"),
+)
+def dppo_kl(batch: TokenBatch, delta_low: float, delta_high: float, is_cap: float) -> MethodResult:
+    r"""DPPO-Binary-KL: keep a token while ``KL(Ber(p) || Ber(p w))`` (:func:`binary_kl`) is at most ``delta_high``
+    (probability rose) or ``delta_low`` (fell): TRGPPO's range ``[l_KL(p), u_KL(p)]`` with two bounds."""
+    with torch.no_grad():
+        kl = binary_kl(batch.log_ratio, batch.old_logp)
+        y = batch.log_ratio.detach()
+    return _dppo(batch, (y < 0) & (kl > delta_low), (y > 0) & (kl > delta_high), is_cap)
