@@ -12,7 +12,8 @@ data-parallel normalisation (global token counts, ``seq-mean-token-sum-norm``'s 
 
 Parameters: verl's fields map onto ours where they mean the same thing (:data:`VERL_FIELDS`):
 ``clip_ratio_low`` / ``clip_ratio_high`` -> ``epsilon_low`` / ``epsilon_high`` (``epsilon`` when a method has one
-symmetric range: then the two must be equal), ``clip_ratio_c`` -> ``dual_clip_c``, ``clip_cov_*`` / ``kl_cov_ratio``
+symmetric range: then the two must be equal; GMPO's log-space bounds too), ``clip_ratio_c`` -> ``dual_clip_c``, DPPO's
+``clip_ratio_low`` / ``clip_ratio_high`` / ``clip_ratio_c`` -> ``delta_low`` / ``delta_high`` / ``is_cap``, ``clip_cov_*`` / ``kl_cov_ratio``
 / ``ppo_kl_coef`` -> Clip-Cov / KL-Cov's, ``tau_pos`` / ``tau_neg`` -> SAPO's. Parameters verl has no field for
 (``delta``, ``alpha``, ...) come from the environment variable ``ATR_GRPO_PARAMS``, a JSON object, e.g.
 ``ATR_GRPO_PARAMS='{"delta": 0.05}'`` (pass it to the workers through Ray's ``runtime_env``); a name the method
@@ -40,6 +41,9 @@ VERL_FIELDS: dict[str, tuple[str, str]] = {
     "epsilon_low": ("actor", "clip_ratio_low"),
     "epsilon_high": ("actor", "clip_ratio_high"),
     "dual_clip_c": ("actor", "clip_ratio_c"),
+    "delta_low": ("actor", "clip_ratio_low"),  # DPPO's divergence bounds sit in verl's clip-ratio fields
+    "delta_high": ("actor", "clip_ratio_high"),
+    "is_cap": ("actor", "clip_ratio_c"),  # DPPO's truncation of the IS weight
     "cov_lb": ("policy_loss", "clip_cov_lb"),
     "cov_ub": ("policy_loss", "clip_cov_ub"),
     "kl_coef": ("policy_loss", "ppo_kl_coef"),

@@ -412,6 +412,27 @@ def test_clip_through_the_plugin_equals_verls_vanilla(method, cfg, aggregation):
         assert mp_["actor/ppo_kl"] == pytest.approx(mv["actor/ppo_kl"], rel=1e-9, abs=1e-12)
 
 
+@pytest.mark.parametrize(
+    "method, verl_mode, cfg",
+    [
+        ("dppo_tv", "dppo_tv", dict(clip_ratio_low=0.05, clip_ratio_high=0.08, clip_ratio_c=3.0)),
+        ("dppo_kl", "dppo_kl", dict(clip_ratio_low=0.02, clip_ratio_high=0.05, clip_ratio_c=3.0)),
+        ("geo_mean", "geo_mean", dict(clip_ratio_low=0.1, clip_ratio_high=0.3)),
+        ("gpg", "gpg", {}),
+        ("cispo", "cispo", dict(clip_ratio_low=0.2, clip_ratio_high=0.28)),
+    ],
+)
+def test_verls_own_rules_through_the_plugin_read_verls_fields(method, verl_mode, cfg):
+    """``atr_grpo_<rule>`` with verl's config fields (no ``$ATR_GRPO_PARAMS``) equals verl's own loss mode; GMPO under
+    ``seq-mean-token-mean``, which verl's ``geo_mean`` uses whatever the mode."""
+    agg = "seq-mean-token-mean" if method == "geo_mean" else "token-mean"
+    for seed in range(6):
+        batch = _probability_batch(seed, per_token=seed % 2 == 1)
+        lp_, gp, _ = _plugin(*batch, method, agg, **cfg)
+        lv, gv, _ = _verl(*batch, verl_mode, agg, **cfg)
+        assert _close(lp_, lv, "seq_mean_token_mean") and _close(gp, gv, "seq_mean_token_mean"), seed
+
+
 def test_verls_global_batch_info_sets_the_normalisation():
     """Data-parallel normalisation is verl's: with dp_size and a global token count, the plugin's loss is verl's."""
     logp, old, adv, mask = _batch(0, per_token=False)

@@ -1,0 +1,195 @@
+"""DPPO's divergences (atr_theory.divergence_masks) against mpmath, and the rollout-correction layer
+(atr_theory.layers.RolloutCorrection) against a loop over each sequence; the bad inputs each refuses.
+
+verl 0.9.1 pins the rules and the layer on random batches (tests/test_verl_oracle.py); here: exactness where verl's
+own numerics leave it (its ``+ 1e-8`` in the binary KL), the limit that relates DPPO-KL to ATR, the geometric level
+verl does not have."""
+
+import math
+
+import mpmath as mp
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import atr_theory as at
+from atr_theory.divergence_masks import binary_kl, binary_tv
+from atr_theory.layers import RolloutCorrection, SequenceMask, rollout_correction_weights
+from tests.mp_reference import binary_kl as mp_binary_kl
+
+mp.mp.dps = 50
+D = torch.float64
+
+
+def _verl_binary_kl(p_old: float, p: float) -> float:
+    """verl 0.9.1's ``dppo_kl`` expression, in float64 as verl evaluates it."""
+    return p_old * (math.log(p_old) - math.log(p)) + (1 - p_old) * math.log((1.0 - p_old + 1e-8) / (1.0 - p + 1e-8))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    log_p_old=st.floats(-30.0, -1e-12),
+    u=st.floats(0.001, 0.999),
+)
+def test_binary_kl_equals_mpmath(log_p_old, u):
+    """Relative error <= 1e-12 for every p_old in [1e-13, 1 - 1e-12] and every w with p_old w < 1 (w drawn in log
+    space between p_old / 100 and 1 / p_old)."""
+    p_old = mp.exp(mp.mpf(log_p_old))
+    log_w_max = -mp.mpf(log_p_old)
+    log_w = float(-4.6 + u * (float(log_w_max) + 4.6))  # w in [e^-4.6, 1 / p_old)
+    if log_w >= float(log_w_max):
+        return
+    got = float(binary_kl(torch.tensor(log_w, dtype=torch.float64), torch.tensor(log_p_old, dtype=torch.float64)))
+    want = mp_binary_kl(p_old, mp.exp(mp.mpf(log_w)))
+    assert abs(got - float(want)) <= 1e-12 * float(want) + 1e-300, (log_p_old, log_w, got, float(want))
+
+
+def test_verls_binary_kl_is_off_where_one_minus_p_is_tiny():
+    """verl's ``log((1 - p_old + 1e-8) / (1 - p + 1e-8))`` where the new probability is within ~1e-8 of 1: at
+    ``p_old = 1 - 1e-6``, ``p = 1 - 1e-9`` its KL is ~40% low; ours is exact to 1e-12. (Decisions differ only at
+    bounds this small, so verl's masks on realistic batches are the same: tests/test_verl_oracle.py.)"""
+    p_old, p = 1 - 1e-6, 1 - 1e-9
+    want = float(mp_binary_kl(mp.mpf(p_old), mp.mpf(p) / mp.mpf(p_old)))
+    ours = float(binary_kl(torch.tensor(math.log(p) - math.log(p_old), dtype=D), torch.tensor(math.log(p_old), dtype=D)))
+    theirs = _verl_binary_kl(p_old, p)
+    assert abs(ours - want) <= 1e-9 * want  # the inputs' own rounding (log of 1 - 1e-9) bounds this
+    assert abs(theirs - want) > 0.3 * want
+
+
+@pytest.mark.parametrize("w", [0.5, 0.8, 1.3, 2.0, 5.0])
+def test_binary_kl_per_unit_probability_tends_to_k3(w):
+    """``KL(Ber(p) || Ber(p w)) / p -> k3(w) = w - 1 - log w`` as ``p -> 0``: for rare tokens DPPO-KL at bound
+    ``delta`` is ATR at ``delta / p``. The gap shrinks like ``p`` (checked at 1e-4 and 1e-8)."""
+    k3 = w - 1 - math.log(w)
+    gaps = []
+    for p in (1e-4, 1e-8):
+        kl = float(binary_kl(torch.tensor(math.log(w), dtype=torch.float64), torch.tensor(math.log(p), dtype=torch.float64)))
+        gaps.append(abs(kl / p - k3) / k3)
+    assert gaps[1] < 1e-6 and gaps[1] < gaps[0] * 1e-3
+
+
+def test_binary_tv_is_a_per_token_ratio_range():
+    """DPPO-TV keeps ``p (w - 1)`` in ``[-d_low, d_high]``, i.e. ``w`` in ``[1 - d_low / p, 1 + d_high / p]``: the
+    registry's flags (mask form) equal that range on a grid of ratios and old probabilities."""
+    g = torch.Generator().manual_seed(0)
+    old = -torch.rand(64, 32, generator=g, dtype=torch.float64) * 4
+    logp = (old + torch.randn(64, 32, generator=g, dtype=torch.float64)).clamp(max=-1e-9)
+    mask = torch.ones_like(old, dtype=torch.bool)
+    out = at.policy_loss(logp, old, torch.ones(64), mask, method="dppo_tv", form="mask", delta_low=0.1, delta_high=0.2)
+    p, w = old.exp(), (logp - old).exp()
+    inside = (w >= 1 - 0.1 / p) & (w <= 1 + 0.2 / p)
+    assert torch.equal(out.result.kept, inside) and 0 < int(inside.sum()) < inside.numel()
+    assert torch.allclose(binary_tv(logp - old, old), logp.exp() - old.exp(), rtol=1e-12, atol=1e-15)
+
+
+def test_dppo_min_form_masks_one_side_and_the_mask_form_both():
+    """A token whose probability fell far: kept by the min form when A > 0 (the update would raise it), dropped when
+    A < 0; dropped by the mask form either way. Its gradient is then exactly 0."""
+    old = torch.log(torch.tensor([[0.5, 0.5]], dtype=torch.float64))
+    logp = torch.log(torch.tensor([[0.1, 0.1]], dtype=torch.float64)).requires_grad_(True)
+    adv = torch.tensor([[1.0, -1.0]], dtype=torch.float64)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    for rule in ("dppo_tv", "dppo_kl"):
+        minimal = at.policy_loss(logp, old, adv, mask, method=rule, form="min", delta_low=0.05)
+        assert minimal.result.kept.tolist() == [[True, False]]
+        both = at.policy_loss(logp, old, adv, mask, method=rule, form="mask", delta_low=0.05)
+        assert both.result.kept.tolist() == [[False, False]]
+        (grad,) = torch.autograd.grad(both.loss, logp)
+        assert grad.abs().sum() == 0
+
+
+# --------------------------------------------------------------------------------------------
+# RolloutCorrection
+# --------------------------------------------------------------------------------------------
+def _loop_weights(log_rho, mask, spec):
+    """Each sequence in Python floats: its token, product or geometric-mean ratio, truncated or masked."""
+    out = np.zeros(tuple(mask.shape))
+    for b in range(mask.shape[0]):
+        ys = [float(log_rho[b, t]) for t in range(mask.shape[1]) if mask[b, t]]
+        for t in range(mask.shape[1]):
+            if not mask[b, t]:
+                continue
+            y = {"token": float(log_rho[b, t]), "sequence": sum(ys), "geometric": sum(ys) / len(ys)}[spec.level]
+            r = math.exp(y)
+            if spec.mode == "truncate":
+                out[b, t] = min(r, spec.upper)
+            else:
+                lower = 1 / spec.upper if spec.lower is None else spec.lower
+                out[b, t] = r if lower <= r <= spec.upper else 0.0
+    return out
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    level=st.sampled_from(["token", "sequence", "geometric"]),
+    mode=st.sampled_from(["truncate", "mask"]),
+    upper=st.floats(1.05, 3.0),
+)
+def test_rollout_correction_weights_equal_a_loop(seed, level, mode, upper):
+    g = torch.Generator().manual_seed(seed)
+    log_rho = 0.3 * torch.randn(4, 6, generator=g, dtype=torch.float64)
+    mask = torch.arange(6)[None, :] < torch.randint(1, 7, (4, 1), generator=g)
+    spec = RolloutCorrection(level, mode, upper)
+    got = rollout_correction_weights(log_rho, mask, spec).numpy()
+    np.testing.assert_allclose(got, _loop_weights(log_rho, mask, spec), rtol=1e-12, atol=0.0)
+
+
+def test_bypass_and_decoupled_read_different_ratios():
+    """Without ``behaviour_logp`` the weight is ``sg[pi] / pi_old`` (bypass); with it, ``pi_old / pi_behaviour``."""
+    logp = torch.log(torch.tensor([[0.6]], dtype=torch.float64))
+    old = torch.log(torch.tensor([[0.4]], dtype=torch.float64))
+    behaviour = torch.log(torch.tensor([[0.5]], dtype=torch.float64))
+    mask = torch.ones(1, 1, dtype=torch.bool)
+    spec = RolloutCorrection("token", "truncate", 10.0)
+    bypass = at.policy_loss(logp, old, torch.ones(1), mask, method="reinforce", rollout_correction=spec)
+    decoupled = at.policy_loss(
+        logp, old, torch.ones(1), mask, method="reinforce", rollout_correction=spec, behaviour_logp=behaviour
+    )
+    assert float(bypass.per_token) == pytest.approx(1.5 * math.log(0.6), rel=1e-12)
+    assert float(decoupled.per_token) == pytest.approx(0.8 * math.log(0.6), rel=1e-12)
+
+
+def test_masked_tokens_are_reported_as_dropped():
+    logp = torch.log(torch.tensor([[0.9, 0.5]], dtype=torch.float64))
+    old = torch.log(torch.tensor([[0.3, 0.5]], dtype=torch.float64))
+    out = at.policy_loss(
+        logp,
+        old,
+        torch.ones(1),
+        torch.ones(1, 2, dtype=torch.bool),
+        method="reinforce",
+        rollout_correction=RolloutCorrection("token", "mask", 2.0),
+    )
+    assert out.metrics["frac_dropped_rollout_correction"] == 0.5 and float(out.per_token[0, 0]) == 0.0
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(level="tokens"), "level must be one of"),
+        (dict(mode="clip"), "mode must be one of"),
+        (dict(upper=0.0), "upper must be a finite number > 0"),
+        (dict(upper=math.inf), "upper must be a finite number > 0"),
+        (dict(upper=True), "upper must be a finite number > 0"),
+        (dict(mode="truncate", lower=0.5), "lower is used by mode='mask' only"),
+        (dict(mode="mask", lower=3.0, upper=2.0), "lower 3.0 must be <= upper 2.0"),
+        (dict(mode="mask", lower=-1.0), "lower must be a finite number > 0"),
+    ],
+)
+def test_rollout_correction_refuses_bad_settings(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        RolloutCorrection(**kwargs)
+
+
+def test_bad_layers_are_refused_by_name():
+    with pytest.raises(ValueError, match="rollout_correction must be a RolloutCorrection, got dict"):
+        at.policy_loss(
+            torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1), torch.ones(1, 2), rollout_correction={"upper": 2}
+        )
+    with pytest.raises(ValueError, match="lower 0.5 must be <= threshold 0.1"):
+        SequenceMask("k1", "token", 0.1, "all", lower=0.5)
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        SequenceMask("k3", "median", 0.1, "all")
