@@ -46,7 +46,7 @@ test-verl:
 	$(VERL_VENV)/bin/python -m pytest tests/test_verl_oracle.py -q -p no:cacheprovider
 
 figures: install
-	for s in verify_theorems clip_ranges entropy_diff bandit_training delta_sweep; do $(PY) -m sims.$$s || exit 1; done
+	for s in verify_theorems clip_ranges trust_regions entropy_diff bandit_training delta_sweep; do $(PY) -m sims.$$s || exit 1; done
 
 bench: install
 	$(PY) -m benchmarks.loss_overhead

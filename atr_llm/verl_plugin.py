@@ -44,6 +44,7 @@ VERL_FIELDS: dict[str, tuple[str, str]] = {
     "delta_low": ("actor", "clip_ratio_low"),  # DPPO's divergence bounds sit in verl's clip-ratio fields
     "delta_high": ("actor", "clip_ratio_high"),
     "is_cap": ("actor", "clip_ratio_c"),  # DPPO's truncation of the IS weight
+    "dro_beta": ("policy_loss", "dro_beta"),
     "cov_lb": ("policy_loss", "clip_cov_lb"),
     "cov_ub": ("policy_loss", "clip_cov_ub"),
     "kl_coef": ("policy_loss", "ppo_kl_coef"),

@@ -81,7 +81,7 @@ def _dppo(batch: TokenBatch, below: torch.Tensor, above: torch.Tensor, is_cap: f
 )
 def dppo_tv(batch: TokenBatch, delta_low: float, delta_high: float, is_cap: float) -> MethodResult:
     r"""DPPO-Binary-TV: keep a token while its probability change ``p w - p`` lies in ``[-delta_low, delta_high]``
-    (:func:`binary_tv`): a per-token ratio range ``[1 - delta_low / p, 1 + delta_high / p]``."""
+    (``binary_tv``): a per-token ratio range ``[1 - delta_low / p, 1 + delta_high / p]``."""
     with torch.no_grad():
         change = binary_tv(batch.log_ratio, batch.old_logp)
     return _dppo(batch, change < -delta_low, change > delta_high, is_cap)
@@ -95,7 +95,7 @@ def dppo_tv(batch: TokenBatch, delta_low: float, delta_high: float, is_cap: floa
     reference=_REFERENCE.format("dppo_kl"),
 )
 def dppo_kl(batch: TokenBatch, delta_low: float, delta_high: float, is_cap: float) -> MethodResult:
-    r"""DPPO-Binary-KL: keep a token while ``KL(Ber(p) || Ber(p w))`` (:func:`binary_kl`) is at most ``delta_high``
+    r"""DPPO-Binary-KL: keep a token while ``KL(Ber(p) || Ber(p w))`` (``binary_kl``) is at most ``delta_high``
     (probability rose) or ``delta_low`` (fell): TRGPPO's range ``[l_KL(p), u_KL(p)]`` with two bounds."""
     with torch.no_grad():
         kl = binary_kl(batch.log_ratio, batch.old_logp)

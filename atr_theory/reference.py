@@ -29,6 +29,7 @@ __all__ = [
     "dual_clip",
     "dppo_kl",
     "dppo_tv",
+    "dro",
     "dual_clip_higher",
     "gmpo",
     "gspo",
@@ -234,6 +235,12 @@ def reinforce(logp, old_logp, advantages, mask):
     return adv * logp
 
 
+def dro(logp, old_logp, advantages, mask, dro_beta=0.1):
+    """DRO (Richemond et al. 2024): ``A log pi - beta / 2 (log pi - log pi_old)^2``."""
+    _, adv = _ratio_and_advantages(logp, old_logp, advantages, mask)
+    return adv * logp - 0.5 * dro_beta * (logp - old_logp) ** 2
+
+
 def kl_cov(logp, old_logp, advantages, mask, cov_ratio=2e-3, kl_coef=1.0):
     """KL-Cov (Cui et al. 2025): ``w A``, and the ``max(1, int(cov_ratio n))`` valid tokens with the largest centred
     ``(A - mean A)(log pi - mean log pi)`` get the penalty ``- kl_coef |log w|``."""
@@ -265,6 +272,7 @@ REFERENCE_FORMS = {
     "dppo_tv": dppo_tv,
     "dppo_kl": dppo_kl,
     "reinforce": reinforce,
+    "dro": dro,
     "kl_cov": kl_cov,
 }
 """Registry name -> its reference form (the rules with one; the others: ``tests/test_oracles.py``)."""

@@ -37,6 +37,7 @@ PARAMS = {
     "dppo_tv": {"delta_low": st.floats(0.01, 0.3), "delta_high": st.floats(0.01, 0.3), "is_cap": st.floats(1.1, 4.0)},
     "dppo_kl": {"delta_low": st.floats(0.005, 0.3), "delta_high": st.floats(0.005, 0.3), "is_cap": st.floats(1.1, 4.0)},
     "reinforce": {},
+    "dro": {"dro_beta": st.floats(0.01, 2.0)},
 }
 
 

@@ -31,6 +31,7 @@ def test_a_sim_script_runs_with_python_m_from_the_repository_root(tmp_path):
         ("entropy_diff", "entropy_diff"),
         ("bandit_training", "bandit_training"),
         ("delta_sweep", "delta_sweep"),
+        ("trust_regions", "trust_regions"),
     ],
 )
 def test_sim_script_writes_png_pdf_and_numbers(tmp_path, script, figure):
@@ -75,3 +76,18 @@ def test_interior_optimum_needs_an_inside_best_that_beats_both_ends_beyond_their
     assert mod.interior_optimum([row(0.01, 0.5, 0.6), row(0.07, 0.8, 0.85), row(0.5, 0.6, 0.7)])["interior"]
     assert not mod.interior_optimum([row(0.01, 0.5, 0.6), row(0.07, 0.8, 0.85), row(0.5, 0.7, 0.81)])["interior"]
     assert not mod.interior_optimum([row(0.01, 0.9, 0.95), row(0.07, 0.8, 0.85), row(0.5, 0.6, 0.7)])["interior"]
+
+
+def test_trust_regions_are_the_rules_own_bounds(tmp_path):
+    """The figure's numbers are the rules' ranges: ATR's band [0.671, 1.422] for both signs at every p_old, DPPO-TV's
+    upper bound 1 + 0.2 / p_old for A > 0 (up to the grid's spacing), PPO's min form unbounded below for A > 0."""
+    rows = _load("trust_regions").main(["--quick", "--out", str(tmp_path)])
+    step = (5.0 / 0.2) ** (1 / 199)  # the quick grid's ratio between neighbouring w
+    lo, hi = (0.6714, 1.4225)
+    for r in (r for r in rows if r["rule"] == "atr" and r["p_old"] < 0.5):
+        assert lo <= r["w_low"] <= lo * step and hi / step <= r["w_high"] <= hi
+    for r in (r for r in rows if r["rule"] == "dppo_tv" and r["advantage"] == "positive" and 0.05 < r["p_old"] < 0.5):
+        bound = 1 + 0.2 / r["p_old"]
+        assert bound / step <= r["w_high"] <= bound
+    clip_pos = [r for r in rows if r["rule"] == "clip" and r["advantage"] == "positive"]
+    assert all(r["w_low"] == pytest.approx(0.2) and r["interval"] for r in clip_pos)

@@ -97,7 +97,7 @@ def _batch(seed: int, per_token: bool, B: int = 6, T: int = 9, scale: float = 0.
 def _config(loss_mode: str, **kw) -> ActorConfig:
     from verl.workers.config.actor import PolicyLossConfig
 
-    policy_keys = {"clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef"}
+    policy_keys = {"clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "dro_beta"}
     policy = PolicyLossConfig(loss_mode=loss_mode, **{k: v for k, v in kw.items() if k in policy_keys})
     actor = {k: v for k, v in kw.items() if k not in policy_keys}
     return ActorConfig(strategy="fsdp", rollout_n=4, ppo_micro_batch_size_per_gpu=1, policy_loss=policy, **actor)
@@ -278,6 +278,15 @@ def test_dppo_equals_verls_dppo(rule, bounds, cap, aggregation, per_token):
 
 
 @pytest.mark.parametrize("aggregation", list(AGGREGATIONS))
+def test_dro_equals_verls_dro(aggregation):
+    for seed in SEEDS:
+        batch = _batch(seed, per_token=seed % 2 == 1, scale=1.0)
+        lo, go = _ours(*batch, "dro", aggregation, dro_beta=0.3)
+        lv, gv, _ = _verl(*batch, "dro", AGGREGATIONS[aggregation], dro_beta=0.3)
+        assert _close(lo, lv, aggregation) and _close(go, gv, aggregation), seed
+
+
+@pytest.mark.parametrize("aggregation", list(AGGREGATIONS))
 @pytest.mark.parametrize("name", ["reinforce", "gpg"])
 def test_reinforce_equals_verls_gpg(name, aggregation):
     for seed in SEEDS:
@@ -419,6 +428,7 @@ def test_clip_through_the_plugin_equals_verls_vanilla(method, cfg, aggregation):
         ("dppo_kl", "dppo_kl", dict(clip_ratio_low=0.02, clip_ratio_high=0.05, clip_ratio_c=3.0)),
         ("geo_mean", "geo_mean", dict(clip_ratio_low=0.1, clip_ratio_high=0.3)),
         ("gpg", "gpg", {}),
+        ("dro", "dro", dict(dro_beta=0.3)),
         ("cispo", "cispo", dict(clip_ratio_low=0.2, clip_ratio_high=0.28)),
     ],
 )
