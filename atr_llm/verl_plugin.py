@@ -18,6 +18,8 @@ symmetric range: then the two must be equal; GMPO's log-space bounds too), ``cli
 (``delta``, ``alpha``, ...) come from the environment variable ``ATR_GRPO_PARAMS``, a JSON object, e.g.
 ``ATR_GRPO_PARAMS='{"delta": 0.05}'`` (pass it to the workers through Ray's ``runtime_env``); a name the method
 does not take, or a value outside its domain, raises at the first loss call (malformed JSON already at import).
+The same variable configures the loss layers (:func:`layers_from_params`): ``{"rollout_correction": {...},
+"sequence_mask": {...}}`` gives any method verl's rollout correction and rejection, e.g. ATR in verl's bypass mode.
 Metrics: verl's names (``actor/pg_clipfrac`` = fraction of valid tokens whose gradient was removed, ``actor/pg_clipfrac_lower`` = those
 clipped because w was too low, ``actor/ppo_kl`` = mean ``-log w``) plus ours under ``actor/atr_*``.
 """
@@ -78,7 +80,7 @@ def method_params(method: str, config: Any, extra: Mapping[str, Any] | None = No
     """Our parameters of ``method`` from verl's ``config`` (an ``ActorConfig``) and ``extra`` (``$ATR_GRPO_PARAMS``),
     validated by :func:`atr_theory.resolve`."""
     spec = at.get_method(method)
-    extra = dict(env_params() if extra is None else extra)
+    extra = {k: v for k, v in (env_params() if extra is None else extra).items() if k not in LAYER_KEYS}
     params: dict[str, Any] = {}
     for name in spec.params:
         if name in extra:
@@ -109,6 +111,41 @@ def method_params(method: str, config: Any, extra: Mapping[str, Any] | None = No
             f"(its parameters: {sorted(spec.params) or 'none'})"
         )
     return at.resolve(spec.name, **params)
+
+
+LAYER_KEYS = ("rollout_correction", "sequence_mask")
+"""Keys of ``$ATR_GRPO_PARAMS`` that configure a layer of :mod:`atr_theory.layers` instead of a method parameter."""
+
+
+def layers_from_params(extra: Mapping[str, Any]) -> dict[str, Any]:
+    """The :func:`atr_theory.policy_loss` layer keywords in ``$ATR_GRPO_PARAMS``: ``"rollout_correction"`` (the
+    fields of :class:`atr_theory.RolloutCorrection`, e.g. ``{"level": "sequence", "mode": "mask", "upper": 2.0}``)
+    and ``"sequence_mask"`` (those of :class:`atr_theory.SequenceMask`, e.g. ``{"estimator": "k3", "reduction":
+    "token", "threshold": 0.07, "advantages": "all"}``). In verl's bypass mode (old = rollout log-probs) the rollout
+    correction's ratio is ``sg[pi] / pi_rollout``, as in verl's own bypass losses."""
+    layers: dict[str, Any] = {}
+    for key, cls in (("rollout_correction", at.RolloutCorrection), ("sequence_mask", at.SequenceMask)):
+        if key not in extra:
+            continue
+        fields = extra[key]
+        if not isinstance(fields, dict):
+            raise ValueError(f"{PARAMS_ENV} key {key!r} must be a JSON object of {cls.__name__} fields, got {fields!r}")
+        try:
+            layers[key] = cls(**fields)
+        except TypeError as e:
+            raise ValueError(f"{PARAMS_ENV} key {key!r}: {e}") from None
+    return layers
+
+
+_LAYERS: dict[str, dict[str, Any]] = {}
+
+
+def layers_once() -> dict[str, Any]:
+    """:func:`layers_from_params` of ``$ATR_GRPO_PARAMS``, parsed once per distinct value of the variable."""
+    raw = os.environ.get(PARAMS_ENV, "").strip()
+    if raw not in _LAYERS:
+        _LAYERS[raw] = layers_from_params(env_params())
+    return _LAYERS[raw]
 
 
 CONFIG_FIELDS_READ = (
@@ -159,6 +196,12 @@ def make_verl_policy_loss(method: str):
         if config is None:
             raise ValueError(f"verl policy loss {PREFIX}{method!r} needs the actor config")
         choice = resolved_once(method, config)
+        layers = layers_once()
+        if rollout_is_weights is not None and "rollout_correction" in layers:
+            raise ValueError(
+                f"verl passed rollout_is_weights (its rollout_is is set) and {PARAMS_ENV} sets rollout_correction: the "
+                "correction would be applied twice; set one of them"
+            )
         mask = response_mask.bool()
         out = at.policy_loss(
             log_prob,
@@ -169,6 +212,7 @@ def make_verl_policy_loss(method: str):
             form=choice.form,
             aggregation="token_mean",  # unused: verl aggregates out.per_token below
             token_weights=None if rollout_is_weights is None else rollout_is_weights.to(log_prob.dtype),
+            **layers,
             **choice.params,
         )
         batch_info = dict(getattr(config, "global_batch_info", None) or {})
@@ -200,7 +244,7 @@ def register_all() -> list[str]:
         register_policy_loss(PREFIX + method)(make_verl_policy_loss(method))
         names.append(PREFIX + method)
     if os.environ.get(PARAMS_ENV):
-        env_params()  # a malformed value fails at import, not at the first step
+        layers_from_params(env_params())  # a malformed value fails at import, not at the first step
     return names
 
 

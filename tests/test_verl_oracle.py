@@ -15,6 +15,7 @@ Where the two differ by design, a test says so and pins the difference:
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import types
@@ -693,3 +694,39 @@ def test_decoupled_mode_weights_multiply_the_rule():
             rollout_correction=at.RolloutCorrection("sequence", "mask", 2.0, 0.5),
         )
         assert _close(lo, loss.detach()) and _close(go, gv), seed
+
+
+def test_the_plugin_applies_our_layers_as_verls_bypass_mode(monkeypatch):
+    """``$ATR_GRPO_PARAMS`` layers: ``atr_grpo_reinforce`` with our rollout correction and token-k3 mask, given
+    verl's bypass batch (old = rollout log-probs), is verl's own ``bypass_mode`` (REINFORCE, token TIS at 2,
+    ``rollout_rs="token_k3"``): the same loss and gradient."""
+    from atr_llm import verl_plugin
+
+    layers = {
+        "rollout_correction": {"level": "token", "mode": "truncate", "upper": 2.0},
+        "sequence_mask": {"estimator": "k3", "reduction": "token", "threshold": 0.07, "advantages": "all"},
+    }
+    monkeypatch.setenv(verl_plugin.PARAMS_ENV, json.dumps(layers))
+    for seed in range(6):
+        logp, old, adv, mask = _batch(seed, per_token=False, scale=0.4)
+        lv, gv, _ = _verl_bypass(logp, old, adv, mask, "token-mean", "token_k3", 0.07)
+        lp_, gp, _ = _plugin(logp, old, adv, mask, "reinforce", "token-mean")
+        assert _close(lp_, lv) and _close(gp, gv), seed
+    with pytest.raises(ValueError, match="applied twice"):
+        _plugin(logp, old, adv, mask, "reinforce", "token-mean", torch.ones_like(logp))
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ({"rollout_correction": {"level": "tokens"}}, "level must be one of"),
+        ({"rollout_correction": [2.0]}, "must be a JSON object of RolloutCorrection fields"),
+        ({"sequence_mask": {"estimator": "k3", "cap": 1}}, "key 'sequence_mask'.*unexpected keyword argument 'cap'"),
+    ],
+)
+def test_bad_layers_in_the_environment_are_refused_by_name(value, message, monkeypatch):
+    from atr_llm import verl_plugin
+
+    monkeypatch.setenv(verl_plugin.PARAMS_ENV, json.dumps(value))
+    with pytest.raises(ValueError, match=message):
+        verl_plugin.layers_from_params(verl_plugin.env_params())
