@@ -52,7 +52,9 @@ def test_verls_binary_kl_is_off_where_one_minus_p_is_tiny():
     bounds this small, so verl's masks on realistic batches are the same: tests/test_verl_oracle.py.)"""
     p_old, p = 1 - 1e-6, 1 - 1e-9
     want = float(mp_binary_kl(mp.mpf(p_old), mp.mpf(p) / mp.mpf(p_old)))
-    ours = float(binary_kl(torch.tensor(math.log(p) - math.log(p_old), dtype=D), torch.tensor(math.log(p_old), dtype=D)))
+    ours = float(
+        binary_kl(torch.tensor(math.log(p) - math.log(p_old), dtype=D), torch.tensor(math.log(p_old), dtype=D))
+    )
     theirs = _verl_binary_kl(p_old, p)
     assert abs(ours - want) <= 1e-9 * want  # the inputs' own rounding (log of 1 - 1e-9) bounds this
     assert abs(theirs - want) > 0.3 * want
@@ -65,7 +67,9 @@ def test_binary_kl_per_unit_probability_tends_to_k3(w):
     k3 = w - 1 - math.log(w)
     gaps = []
     for p in (1e-4, 1e-8):
-        kl = float(binary_kl(torch.tensor(math.log(w), dtype=torch.float64), torch.tensor(math.log(p), dtype=torch.float64)))
+        kl = float(
+            binary_kl(torch.tensor(math.log(w), dtype=torch.float64), torch.tensor(math.log(p), dtype=torch.float64))
+        )
         gaps.append(abs(kl / p - k3) / k3)
     assert gaps[1] < 1e-6 and gaps[1] < gaps[0] * 1e-3
 
@@ -137,6 +141,47 @@ def test_rollout_correction_weights_equal_a_loop(seed, level, mode, upper):
     np.testing.assert_allclose(got, _loop_weights(log_rho, mask, spec), rtol=1e-12, atol=0.0)
 
 
+@pytest.mark.parametrize("level", ["token", "sequence", "geometric"])
+def test_batch_normalised_weights_average_one(level):
+    """verl's ``rollout_is_batch_normalize``: the mean weight over valid tokens (token level) or over sequences (the
+    other levels) becomes 1, from a mean below 1 and from one above; all-zero weights stay 0 (no division)."""
+    mask = torch.tensor([[True, True, True], [True, False, False]])
+    for shift in (-0.4, 0.3):
+        log_rho = torch.tensor([[0.1, -0.2, 0.05], [0.3, 9.0, 9.0]], dtype=torch.float64) + shift
+        raw = rollout_correction_weights(log_rho, mask, RolloutCorrection(level, "truncate", 5.0))
+        w = rollout_correction_weights(log_rho, mask, RolloutCorrection(level, "truncate", 5.0, None, True))
+        if level == "token":
+            mean = w[mask].mean()
+        else:
+            mean = torch.stack([w[b][mask[b]].mean() for b in range(2)]).mean()
+        ratio = (w / raw)[mask]  # one common factor
+        assert float(mean) == pytest.approx(1.0, rel=1e-12) and torch.allclose(ratio, ratio[0].expand_as(ratio))
+    zeros = rollout_correction_weights(
+        torch.full((2, 3), 5.0, dtype=torch.float64), mask, RolloutCorrection(level, "mask", 2.0, None, True)
+    )
+    assert torch.equal(zeros, torch.zeros(2, 3, dtype=torch.float64))
+
+
+def test_dppo_flags_a_truncated_weight_as_clipped_high_and_kept():
+    """A kept token whose weight hit ``is_cap`` is reported (verl's ``pg_clipfrac_lower`` counts it); a token inside
+    and below the cap is not."""
+    old = torch.log(torch.tensor([[0.01, 0.01]], dtype=torch.float64))
+    logp = torch.log(torch.tensor([[0.03, 0.011]], dtype=torch.float64))
+    out = at.policy_loss(logp, old, torch.ones(1), torch.ones(1, 2, dtype=torch.bool), method="dppo_tv", is_cap=2.0)
+    assert out.result.kept.tolist() == [[True, True]] and out.result.clipped_high.tolist() == [[True, False]]
+
+
+def test_vespo_clamps_each_token_log_ratio_before_the_sum():
+    """TRL's VESPO clamps every token's log-ratio to [-20, 20] before summing: tokens at +25 and -10 give log W =
+    20 - 10 = 10, not 15."""
+    from atr_theory.soft_weights import vespo_log_weight
+
+    y = torch.tensor([[25.0, -10.0]], dtype=torch.float64)
+    one = torch.ones(1, 1, dtype=torch.float64)
+    got = vespo_log_weight(y, torch.ones(1, 2, dtype=torch.float64), one, 2.0, 3.0, 3.0, 2.0)
+    assert float(got) == pytest.approx(3.0 + 2.0 * 10.0 - 3.0 * math.exp(10.0), rel=1e-12)
+
+
 def test_bypass_and_decoupled_read_different_ratios():
     """Without ``behaviour_logp`` the weight is ``sg[pi] / pi_old`` (bypass); with it, ``pi_old / pi_behaviour``."""
     logp = torch.log(torch.tensor([[0.6]], dtype=torch.float64))
@@ -174,7 +219,7 @@ def test_masked_tokens_are_reported_as_dropped():
         (dict(upper=0.0), "upper must be a finite number > 0"),
         (dict(upper=math.inf), "upper must be a finite number > 0"),
         (dict(upper=True), "upper must be a finite number > 0"),
-        (dict(mode="truncate", lower=0.5), "lower is used by mode='mask' only"),
+        (dict(mode="truncate", lower=0.5), "RolloutCorrection lower is used by mode='mask' only"),
         (dict(mode="mask", lower=3.0, upper=2.0), "lower 3.0 must be <= upper 2.0"),
         (dict(mode="mask", lower=-1.0), "lower must be a finite number > 0"),
     ],
