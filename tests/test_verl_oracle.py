@@ -730,3 +730,24 @@ def test_bad_layers_in_the_environment_are_refused_by_name(value, message, monke
     monkeypatch.setenv(verl_plugin.PARAMS_ENV, json.dumps(value))
     with pytest.raises(ValueError, match=message):
         verl_plugin.layers_from_params(verl_plugin.env_params())
+
+
+def test_verls_k3_cancels_near_a_small_bound_ours_is_exact():
+    """verl evaluates k3 as ``exp(y) - 1 - y``, which cancels for small ``y``: at ``delta = 1e-8`` (bound near
+    ``y = 1.41e-4``) it decides 391 of 2,001 log-ratios spaced 1e-15 around the bound (within 1e-12 of it) otherwise
+    than exact arithmetic (mpmath, 50 digits); :class:`SequenceMask` (the k3 series near 0) decides every one as
+    mpmath does. At realistic bounds (0.01 and up) the band is ~1e-15 wide: no random batch shows it."""
+    import mpmath as mp
+
+    delta = 1e-8
+    with mp.workdps(50):
+        bound = float(mp.findroot(lambda y: mp.expm1(y) - y - delta, 1.4e-4))
+        ys = [bound + i * 1e-15 for i in range(-1000, 1001)]
+        exact = [bool(mp.expm1(mp.mpf(y)) - mp.mpf(y) <= delta) for y in ys]
+    log_ratio = torch.tensor([ys], dtype=torch.float64)
+    mask = torch.ones_like(log_ratio)
+    theirs, _ = rollout_corr_helper.compute_rollout_rejection_mask(log_ratio, mask, "token_k3", delta)
+    ours = at.layers.sequence_mask_keep(log_ratio, torch.ones(1), mask, at.SequenceMask("k3", "token", delta, "all"))
+    assert ours[0].tolist() == exact
+    wrong = sum(bool(t) != e for t, e in zip(theirs[0].tolist(), exact))
+    assert wrong > 0, "verl's k3 now agrees with exact arithmetic here: update the docs"
