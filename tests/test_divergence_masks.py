@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import atr_theory as at
 from atr_theory.divergence_masks import binary_kl, binary_tv
-from atr_theory.layers import RolloutCorrection, SequenceMask, rollout_correction_weights
+from atr_theory.layers import RolloutCorrection, SequenceMask, high_entropy_mask, rollout_correction_weights
 from tests.mp_reference import binary_kl as mp_binary_kl
 
 mp.mp.dps = 50
@@ -173,13 +173,18 @@ def test_dppo_flags_a_truncated_weight_as_clipped_high_and_kept():
 
 def test_vespo_clamps_each_token_log_ratio_before_the_sum():
     """TRL's VESPO clamps every token's log-ratio to [-20, 20] before summing: tokens at +25 and -10 give log W =
-    20 - 10 = 10, not 15."""
+    20 - 10 = 10, not 15 (and at -25 and +10, -10, not -15)."""
     from atr_theory.soft_weights import vespo_log_weight
 
     y = torch.tensor([[25.0, -10.0]], dtype=torch.float64)
     one = torch.ones(1, 1, dtype=torch.float64)
     got = vespo_log_weight(y, torch.ones(1, 2, dtype=torch.float64), one, 2.0, 3.0, 3.0, 2.0)
     assert float(got) == pytest.approx(3.0 + 2.0 * 10.0 - 3.0 * math.exp(10.0), rel=1e-12)
+    low = vespo_log_weight(-y, torch.ones(1, 2, dtype=torch.float64), one, 2.0, 3.0, 3.0, 2.0)  # -20 + 10 = -10
+    assert float(low) == pytest.approx(3.0 + 2.0 * -10.0 - 3.0 * math.exp(-10.0), rel=1e-12)
+    total = torch.tensor([[15.0, 10.0]], dtype=torch.float64)  # each inside, the sum 25 clamped to 20
+    high = vespo_log_weight(total, torch.ones(1, 2, dtype=torch.float64), one, 2.0, 3.0, 3.0, 2.0)
+    assert float(high) == pytest.approx(3.0 + 2.0 * 20.0 - 3.0 * math.exp(20.0), rel=1e-12)
 
 
 def test_bypass_and_decoupled_read_different_ratios():
@@ -238,3 +243,5 @@ def test_bad_layers_are_refused_by_name():
         SequenceMask("k1", "token", 0.1, "all", lower=0.5)
     with pytest.raises(ValueError, match="reduction must be one of"):
         SequenceMask("k3", "median", 0.1, "all")
+    with pytest.raises(ValueError, match=r"top_entropy_quantile must be in \[0, 1\], got 1.5"):
+        high_entropy_mask(torch.ones(1, 2), torch.ones(1, 2, dtype=torch.bool), 1.5)

@@ -654,21 +654,29 @@ def test_frac_ratio_moved_counts_tokens_whose_ratio_left_one_beyond_float_noise(
     assert moved.metrics["frac_ratio_moved"] == pytest.approx(2 / 3)  # the padded token does not count
 
 
-@pytest.mark.parametrize("method", ["gspo", "clip_cov", "kl_cov", "atr_seq", "atr", "clip"])
+@pytest.mark.parametrize(
+    "method", [n for n in at.method_names(aliases=False) if not at.METHODS[n].needs_full_distributions]
+)
 def test_non_finite_values_on_padding_change_nothing(method):
-    """policy_loss promises that padding is ignored: NaN / inf advantages and token weights there must not
-    reach the loss, the gradient or a method's token selection (GSPO's sequence ratio, Clip-/KL-Cov's covariance)."""
+    """policy_loss promises that padding is ignored: NaN / inf advantages, token weights and behaviour log-probs
+    there must not reach the loss, the gradient or a method's token selection (GSPO's and GMPO's sequence means,
+    Clip-/KL-Cov's covariance), nor the rollout correction's or the sequence mask's sequence statistics."""
     logp, old, adv, _ = _batch(3, B=4, T=7)
     adv_t = adv[:, None].expand(4, 7).clone()
     mask = torch.ones(4, 7, dtype=torch.bool)
     mask[:, 5:] = False
     weights = torch.ones(4, 7)
+    behaviour = old + 0.05
+    layers = dict(
+        rollout_correction=at.RolloutCorrection("sequence", "truncate", 1.5),
+        sequence_mask=at.SequenceMask("k3", "mean", 0.5, "all"),
+    )
     kw = dict(method=method, generator=None)
 
-    def run(a, w):
+    def run(a, w, b=behaviour):
         lp = logp.detach().clone().requires_grad_(True)
         g = torch.Generator().manual_seed(0)
-        out = at.policy_loss(lp, old, a, mask, token_weights=w, **{**kw, "generator": g})
+        out = at.policy_loss(lp, old, a, mask, token_weights=w, behaviour_logp=b, **layers, **{**kw, "generator": g})
         out.loss.backward()
         return out.loss.detach(), lp.grad, out.metrics
 
@@ -677,7 +685,10 @@ def test_non_finite_values_on_padding_change_nothing(method):
     dirty_adv[:, 5:] = math.nan
     dirty_adv[0, 6] = math.inf
     dirty_w[:, 5:] = math.nan
-    dirty = run(dirty_adv, dirty_w)
+    dirty_b = behaviour.clone()
+    dirty_b[:, 5:] = math.nan
+    dirty_b[1, 6] = -math.inf
+    dirty = run(dirty_adv, dirty_w, dirty_b)
     assert torch.isfinite(clean[0]) and torch.equal(clean[0], dirty[0])
     assert torch.equal(clean[1], dirty[1]) and bool(torch.isfinite(dirty[1]).all())
     assert clean[2] == dirty[2]
