@@ -156,6 +156,12 @@ def test_batch_normalised_weights_average_one(level):
             mean = torch.stack([w[b][mask[b]].mean() for b in range(2)]).mean()
         ratio = (w / raw)[mask]  # one common factor
         assert float(mean) == pytest.approx(1.0, rel=1e-12) and torch.allclose(ratio, ratio[0].expand_as(ratio))
+    single = rollout_correction_weights(  # one valid token: its weight is the mean, normalised to 1
+        torch.tensor([[0.3, 0.0]], dtype=torch.float64),
+        torch.tensor([[True, False]]),
+        RolloutCorrection("token", "truncate", 5.0, None, True),
+    )
+    assert single.tolist() == [[1.0, 0.0]]
     zeros = rollout_correction_weights(
         torch.full((2, 3), 5.0, dtype=torch.float64), mask, RolloutCorrection(level, "mask", 2.0, None, True)
     )
@@ -232,6 +238,14 @@ def test_masked_tokens_are_reported_as_dropped():
 def test_rollout_correction_refuses_bad_settings(kwargs, message):
     with pytest.raises(ValueError, match=message):
         RolloutCorrection(**kwargs)
+
+
+def test_sequence_mask_bounds_are_inclusive():
+    """A statistic equal to ``threshold`` or to ``lower`` is kept (verl keeps ``lower <= k <= upper``)."""
+    y = torch.tensor([[-0.25, 0.5, 0.51, -0.26]], dtype=torch.float64)  # k1 = -y: 0.25, -0.5, -0.51, 0.26
+    spec = SequenceMask("k1", "token", 0.25, "all", lower=-0.5)
+    keep = at.layers.sequence_mask_keep(y, torch.ones(1), torch.ones(1, 4, dtype=torch.bool), spec)
+    assert keep.tolist() == [[True, True, False, False]]
 
 
 def test_bad_layers_are_refused_by_name():
