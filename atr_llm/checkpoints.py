@@ -2,7 +2,7 @@
 
 transformers writes ``checkpoint-N/`` in place, its ``trainer_state.json`` after the weights, optimizer, scheduler
 and RNG states; a process killed during the write leaves a folder without that file or with a cut one. A checkpoint
-is complete when its ``trainer_state.json`` parses (:func:`is_complete_checkpoint`); resuming from "latest" takes
+is complete when its ``trainer_state.json`` parses (``is_complete_checkpoint``); resuming from "latest" takes
 the newest complete one, and an incomplete one named explicitly is refused.
 """
 

@@ -2,7 +2,7 @@
 
 A refusal names the argument, the value and what was expected (``error: --k 4 exceeds --n 2: Pass@k needs k <= n
 samples per problem``), never a traceback. Commands check paths, files, numbers and combinations with the helpers
-here before they build a model, write a file or start a worker, and run their ``main`` through :func:`run_command`.
+here before they build a model, write a file or start a worker, and run their ``main`` through ``run_command``.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def run_command(main: Callable[..., Any], argv: list[str] | None = None) -> None:
-    """Run a command's ``main``; a :class:`UsageError` (or another ``ValueError``, the configuration errors of the
+    """Run a command's ``main``; a ``UsageError`` (or another ``ValueError``, the configuration errors of the
     libraries below) becomes one line on stderr and exit status 2."""
     try:
         main(argv)

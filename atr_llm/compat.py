@@ -1,10 +1,10 @@
 """Every touch of a private TRL / transformers / Unsloth name, in one place, with the versions it was tested on.
 
 The trainer changes one thing in TRL (the loss), but to do it without a second forward or a wrong number it relies on
-names TRL does not promise to keep. Each is listed in :data:`PRIVATE_NAMES` with what it relies on and a check that
+names TRL does not promise to keep. Each is listed in ``PRIVATE_NAMES`` with what it relies on and a check that
 fails, naming it, when an installed release changes it (``tests/test_compat.py`` runs every check against the TRL
-releases CI installs: 1.15 and 1.16). :func:`check_supported_versions` refuses to start a run on a release outside
-:data:`SUPPORTED` before any model loads (``--allow_untested_versions true`` runs anyway).
+releases CI installs: 1.15 and 1.16). ``check_supported_versions`` refuses to start a run on a release outside
+``SUPPORTED`` before any model loads (``--allow_untested_versions true`` runs anyway).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ SUPPORTED: dict[str, tuple[str, str]] = {
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
-    """``"1.16.0.dev0"`` -> ``(1, 16, 0)``: the numeric release segments, enough to compare against :data:`SUPPORTED`."""
+    """``"1.16.0.dev0"`` -> ``(1, 16, 0)``: the numeric release segments, enough to compare against ``SUPPORTED``."""
     parts = []
     for piece in text.split("."):
         digits = re.match(r"\d*", piece).group(0)  # the leading digits: "0rc1" -> "0"
@@ -37,7 +37,7 @@ def _version_tuple(text: str) -> tuple[int, ...]:
 
 
 def unsupported_versions(installed: dict[str, str] | None = None) -> list[str]:
-    """One line per distribution of :data:`SUPPORTED` whose installed release lies outside its tested range
+    """One line per distribution of ``SUPPORTED`` whose installed release lies outside its tested range
     (``installed``: name -> version, default the installed distributions'); empty when all are supported."""
     lines = []
     for name, (low, high) in SUPPORTED.items():
@@ -51,7 +51,7 @@ def unsupported_versions(installed: dict[str, str] | None = None) -> list[str]:
 
 def check_supported_versions(allow_untested: bool = False, installed: dict[str, str] | None = None) -> None:
     """Raise ``RuntimeError`` with one line naming the installed and the supported releases when TRL or transformers
-    lies outside :data:`SUPPORTED`, unless ``allow_untested`` (the private names below may then have changed)."""
+    lies outside ``SUPPORTED``, unless ``allow_untested`` (the private names below may then have changed)."""
     problems = unsupported_versions(installed)
     if problems and not allow_untested:
         raise RuntimeError(

@@ -1,4 +1,4 @@
-"""Writes the method fields of :class:`atr_llm.trainer.ATRGRPOConfig` from the registry into its source.
+"""Writes the method fields of ``atr_llm.trainer.ATRGRPOConfig`` from the registry into its source.
 
     python -m atr_llm.config_fields      # rewrites the block between the markers in atr_llm/trainer.py
 
@@ -32,7 +32,7 @@ def fields_source() -> str:
 
 
 def with_fields(text: str) -> str:
-    """``text`` (the trainer's source) with the block between :data:`BEGIN` and :data:`END` regenerated."""
+    """``text`` (the trainer's source) with the block between ``BEGIN`` and ``END`` regenerated."""
     from atr_theory.docs import replace_block
 
     return replace_block(text, BEGIN, END, fields_source(), str(TRAINER))

@@ -173,7 +173,7 @@ def load_benchmark(name: str, path: str | None, argument: str = "benchmark file"
 
 def read_samples(path: Path) -> list[dict]:
     """The samples of ``samples.jsonl``, each (benchmark, problem, sample) once; a line cut by a kill is not read
-    (:func:`drop_torn_tail` removes it before anything is appended)."""
+    (``drop_torn_tail`` removes it before anything is appended)."""
     if not path.exists():
         return []
     rows, seen = [], set()

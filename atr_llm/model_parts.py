@@ -1,6 +1,6 @@
 """The parts of a transformers / PEFT / Unsloth causal LM that the trainer's loss reads: the base model inside a
-PEFT wrapper, the final hidden states, and the output head (imported by both :mod:`atr_llm.trainer` and
-:mod:`atr_llm.unsloth_backend`, so neither imports the other at import time)."""
+PEFT wrapper, the final hidden states, and the output head (imported by both ``atr_llm.trainer`` and
+``atr_llm.unsloth_backend``, so neither imports the other at import time)."""
 
 from __future__ import annotations
 

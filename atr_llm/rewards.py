@@ -6,7 +6,7 @@ main thread we use them; elsewhere (a trainer's worker thread) the grading runs 
 whose worker grades on its own main thread, and a result that does not arrive in time is graded wrong.
 A reward call never raises: unparsable output, timeouts and errors score 0 and are counted. Completions in the
 arithmetic tasks' own format (steps, then ``\\boxed{integer}``) against an integer gold are graded without
-math-verify, with its result (:func:`boxed_integer_grade`).
+math-verify, with its result (``boxed_integer_grade``).
 
 Truncated completions (cut at ``max_completion_length``: no eos among their token ids) can be given a fixed
 reward instead of a grade (``truncated_reward``): DAPO's overlong punishment in its simplest form (Yu et al.,
@@ -69,8 +69,8 @@ def boxed_integer_grade(completion: str, gold: str) -> tuple[str, str] | None:
 
 
 def grade_with_answer(completion: str, gold: str, timeout_seconds: int | None = 5) -> tuple[str, str | None]:
-    """``(status, extracted answer)``; status is one of :data:`STATUSES`: :func:`boxed_integer_grade` where it
-    applies, else :func:`math_verify_grade`. Main thread only when timeouts are set."""
+    """``(status, extracted answer)``; status is one of ``STATUSES``: ``boxed_integer_grade`` where it
+    applies, else ``math_verify_grade``. Main thread only when timeouts are set."""
     fast = boxed_integer_grade(completion, gold)
     return fast if fast is not None else math_verify_grade(completion, gold, timeout_seconds)
 
@@ -100,7 +100,7 @@ def math_verify_grade(completion: str, gold: str, timeout_seconds: int | None = 
 
 
 def grade(completion: str, gold: str, timeout_seconds: int | None = 5) -> str:
-    """One of :data:`STATUSES`. Must run on the main thread when ``timeout_seconds`` is set."""
+    """One of ``STATUSES``. Must run on the main thread when ``timeout_seconds`` is set."""
     return grade_with_answer(completion, gold, timeout_seconds)[0]
 
 
@@ -164,7 +164,7 @@ class CorrectnessReward:
 
     ``truncated_reward`` (with ``eos_token_ids``): the reward of a completion whose ``completion_ids`` (which
     TRL passes) hold no eos id, given instead of its grade and counted as ``truncated``; ``None`` grades every
-    completion. ``stats`` counts the statuses since the last :meth:`pop_stats` (the trainer logs them).
+    completion. ``stats`` counts the statuses since the last ``pop_stats`` (the trainer logs them).
 
     Grades are cached: a (completion, gold) pair already graded ``correct`` / ``wrong`` / ``unparsable`` is not
     graded again (at most ``cache_size`` pairs, the oldest dropped first; ``cache_size=0`` turns it off), and equal

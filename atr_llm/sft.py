@@ -24,8 +24,8 @@ def run_sft(
     """Supervised fine-tuning on ``dataset`` (columns problem, answer[, solution]); returns the trained model.
 
     The model is saved to ``output_dir`` (so a later run can start RL from it). ``implementation``: ``"trl"``
-    (TRL's SFTTrainer; falls back to :func:`plain_sft` where SFTTrainer cannot run) or ``"plain"``
-    (:func:`plain_sft`, no PEFT).
+    (TRL's SFTTrainer; falls back to ``plain_sft`` where SFTTrainer cannot run) or ``"plain"``
+    (``plain_sft``, no PEFT).
     """
     from trl import SFTConfig, SFTTrainer
 
@@ -91,7 +91,7 @@ def plain_sft(model, tokenizer, dataset, *, max_steps: int, learning_rate: float
 
     Used where TRL's SFTTrainer cannot run (TRL <= 1.15 needs Triton for it on a CPU-only install) and with
     ``--sft_implementation plain``: batches are left-padded and the model scores only the last
-    ``max completion + 1`` positions (:func:`completion_only_loss`), which at Qwen3's 151,936-row vocabulary
+    ``max completion + 1`` positions (``completion_only_loss``), which at Qwen3's 151,936-row vocabulary
     is several times cheaper than the full-sequence logits SFTTrainer computes."""
     import math
     import random

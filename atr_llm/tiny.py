@@ -94,7 +94,7 @@ def build_tiny_model(
 
 def build_tokenizer_and_model(vocab: str = "toy", seed: int = 0, **model_kw):
     """``vocab="toy"``: the in-memory BPE of a few hundred tokens and a model with that many rows;
-    ``vocab="qwen3"``: Qwen3's real tokenizer (:func:`atr_llm.tokenizer.qwen3_tokenizer`) and a small
+    ``vocab="qwen3"``: Qwen3's real tokenizer (``atr_llm.tokenizer.qwen3_tokenizer``) and a small
     Qwen3-architecture model with Qwen3's 151,936 embedding rows (tied to the output layer)."""
     if vocab == "toy":
         tok = build_tiny_tokenizer(seed=seed)

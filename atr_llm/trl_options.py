@@ -1,8 +1,8 @@
 """TRL's GRPOConfig options that act on the loss, honoured by ATRGRPOTrainer: each one mapped onto a layer of
-:func:`atr_theory.policy_loss`, TRL's entropy bonus (static and adaptive), and TRL's metric names.
+``atr_theory.policy_loss``, TRL's entropy bonus (static and adaptive), and TRL's metric names.
 
 The rule itself (``loss_type`` cispo / sapo / vespo, ``epsilon``, ``epsilon_high``, ``delta``) is mapped in
-:func:`atr_llm.trainer.trl_rule`; ``tests/test_trl_options.py`` pins every option against TRL's own GRPOTrainer.
+``atr_llm.trainer.trl_rule``; ``tests/test_trl_options.py`` pins every option against TRL's own GRPOTrainer.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from atr_theory.soft_weights import vespo_log_weight
 
 @dataclass(frozen=True)
 class TRLLossType:
-    """What one of TRL's ``loss_type`` values means here: an aggregation of :data:`atr_theory.AGGREGATIONS`, whether
+    """What one of TRL's ``loss_type`` values means here: an aggregation of ``atr_theory.AGGREGATIONS``, whether
     TRL divides the token sum by the generation batch's token count (``num_items_in_batch``) instead, and the
     registry rule the loss type itself is (None for the PPO-clip family, whose rule is ``method``'s)."""
 
@@ -93,7 +93,7 @@ def default_method(method: str | None, loss_type: str) -> str:
 
 
 def trl_option_layers(args) -> dict[str, Any]:
-    """The :func:`atr_theory.policy_loss` keywords for TRL's ``importance_sampling_level`` (``ratio_level``) and
+    """The ``atr_theory.policy_loss`` keywords for TRL's ``importance_sampling_level`` (``ratio_level``) and
     ``off_policy_mask_threshold`` (DeepSeek-V3.2's off-policy sequence mask: ``SequenceMask("k1", "mean", delta,
     "negative")``). ``top_entropy_quantile`` needs the step's entropies: the trainer adds it."""
     layers: dict[str, Any] = {}

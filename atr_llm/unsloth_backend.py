@@ -4,8 +4,8 @@ What Unsloth 2026.10.9 / unsloth_zoo 2026.10.9 do, read from their source (with 
 
 - ``import unsloth`` rebinds ``trl.GRPOTrainer`` / ``trl.GRPOConfig`` to generated classes (``UnslothGRPOTrainer``,
   a copy of TRL's source, and a config with ``unsloth_num_chunks``, ``unsloth_grpo_mini_batch``, ...). So unsloth is
-  imported before :mod:`atr_llm.trainer` (``python -m atr_llm.train`` does it when it sees ``backend: unsloth``),
-  and :class:`~atr_llm.trainer.ATRGRPOConfig` then carries Unsloth's fields and defaults.
+  imported before ``atr_llm.trainer`` (``python -m atr_llm.train`` does it when it sees ``backend: unsloth``),
+  and ``ATRGRPOConfig`` then carries Unsloth's fields and defaults.
 - Unsloth's training forward ignores the 2-D attention mask: its own ``_get_per_token_logps_and_entropies``
   left-packs each row (``unsloth_zoo.rl_replacements.left_pack_padding``: left padding moved to the right, where
   causal attention never sees it) and returns log-probs detached, ``entropies=None``, in a layout ``max_left_pad``
@@ -17,10 +17,10 @@ What Unsloth 2026.10.9 / unsloth_zoo 2026.10.9 do, read from their source (with 
 - Unsloth rewrites TRL's vLLM importance-sampling blocks to ``if False and ...``: no
   ``importance_sampling_ratio`` reaches the loss.
 
-So this backend scores with :func:`unsloth_logps_and_entropies`: left-pack, hidden states from the model,
+So this backend scores with ``unsloth_logps_and_entropies``: left-pack, hidden states from the model,
 unsloth_zoo's chunked scorer **with gradient**, then the rows gathered back into TRL's completion layout. The same
 function scores the old (and reference) log-probs, so the ratio is exactly 1 where no update happened. The loss is
-:class:`~atr_llm.trainer.ATRGRPOTrainer`'s ``_compute_loss`` (``atr_theory.policy_loss``, unchanged). The vLLM
+``ATRGRPOTrainer``'s ``_compute_loss`` (``atr_theory.policy_loss``, unchanged). The vLLM
 importance-sampling correction is refused with a message (Unsloth's trainer never computes its ratio), and so
 are the full-distribution methods (tr_ppo, truly_ppo: they need (B, T, V) log-probs that this path never builds).
 """
@@ -139,7 +139,7 @@ def unsloth_lora_model(
 
 
 def load_unsloth_model(model_args, training_args):
-    """:func:`unsloth_lora_model` with the paper's LoRA (rank/alpha/targets from ModelConfig)."""
+    """``unsloth_lora_model`` with the paper's LoRA (rank/alpha/targets from ModelConfig)."""
     model, tok = unsloth_lora_model(
         model_args.model_name_or_path,
         max_seq_length=(training_args.max_prompt_length or 512) + (training_args.max_completion_length or 1024),
@@ -175,7 +175,7 @@ def check_unsloth_config(args) -> None:
 
 def unsloth_trainer_class():
     """``UnslothATRGRPOTrainer``: our loss (``atr_theory.policy_loss``) on Unsloth's generated GRPOTrainer, scored by
-    :func:`unsloth_logps_and_entropies` for the current, old and reference log-probs alike."""
+    ``unsloth_logps_and_entropies`` for the current, old and reference log-probs alike."""
     require_unsloth()
     import trl
 

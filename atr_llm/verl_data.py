@@ -12,9 +12,9 @@ AIME 2025, AMC 2023 by default), each row as verl's RL datasets expect (verl ``e
     reward_model  {"style": "rule", "ground_truth": answer}
     extra_info    {"split", "index", "problem", "answer"}
 
-The sources and their loaders are :mod:`atr_llm.data`'s (one loader per dataset in this package). Reward:
+The sources and their loaders are ``atr_llm.data``'s (one loader per dataset in this package). Reward:
 ``custom_reward_function.path=<this file> custom_reward_function.name=compute_score`` gives 1.0 for a correct
-final answer and 0.0 otherwise (wrong, unparsable, timeout), graded by :func:`atr_llm.rewards.grade`, the
+final answer and 0.0 otherwise (wrong, unparsable, timeout), graded by ``atr_llm.rewards.grade``, the
 grader the TRL trainer and the evaluation use.
 """
 
@@ -72,7 +72,7 @@ def export(out: Path, local: dict[str, str] | None = None, train: str = TRAIN_SO
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None, **kwargs) -> float:
     """verl's custom reward function: 1.0 when ``solution_str``'s final answer equals ``ground_truth``
-    (math-verify, :func:`atr_llm.rewards.grade`), else 0.0."""
+    (math-verify, ``atr_llm.rewards.grade``), else 0.0."""
     return 1.0 if rewards.grade(rewards.completion_text(solution_str), str(ground_truth)) == "correct" else 0.0
 
 

@@ -1,4 +1,4 @@
-"""Every method of :data:`atr_theory.METHODS` as a verl (0.9.1) policy loss, computed by ``atr_theory.policy_loss``.
+"""Every method of ``atr_theory.METHODS`` as a verl (0.9.1) policy loss, computed by ``atr_theory.policy_loss``.
 
 Loading: verl imports every ``verl.plugins`` entry point when ``verl`` is imported, and this package declares
 one (``pyproject.toml``), so installing atr-grpo next to verl is enough; ``VERL_USE_EXTERNAL_MODULES=
@@ -10,7 +10,7 @@ verl's own ``agg_loss`` aggregates it with verl's ``loss_agg_mode`` and ``config
 data-parallel normalisation (global token counts, ``seq-mean-token-sum-norm``'s horizon) is exactly verl's.
 ``rollout_is_weights`` multiply the per-token objective (``token_weights``), as in verl's own losses.
 
-Parameters: verl's fields map onto ours where they mean the same thing (:data:`VERL_FIELDS`):
+Parameters: verl's fields map onto ours where they mean the same thing (``VERL_FIELDS``):
 ``clip_ratio_low`` / ``clip_ratio_high`` -> ``epsilon_low`` / ``epsilon_high`` (``epsilon`` when a method has one
 symmetric range: then the two must be equal; GMPO's log-space bounds too), ``clip_ratio_c`` -> ``dual_clip_c``, DPPO's
 ``clip_ratio_low`` / ``clip_ratio_high`` / ``clip_ratio_c`` -> ``delta_low`` / ``delta_high`` / ``is_cap``, ``clip_cov_*`` / ``kl_cov_ratio``
@@ -18,7 +18,7 @@ symmetric range: then the two must be equal; GMPO's log-space bounds too), ``cli
 (``delta``, ``alpha``, ...) come from the environment variable ``ATR_GRPO_PARAMS``, a JSON object, e.g.
 ``ATR_GRPO_PARAMS='{"delta": 0.05}'`` (pass it to the workers through Ray's ``runtime_env``); a name the method
 does not take, or a value outside its domain, raises at the first loss call (malformed JSON already at import).
-The same variable configures the loss layers (:func:`layers_from_params`): ``{"rollout_correction": {...},
+The same variable configures the loss layers (``layers_from_params``): ``{"rollout_correction": {...},
 "sequence_mask": {...}}`` gives any method verl's rollout correction and rejection, e.g. ATR in verl's bypass mode.
 Metrics: verl's names (``actor/pg_clipfrac`` = fraction of valid tokens whose gradient was removed, ``actor/pg_clipfrac_lower`` = those
 clipped because w was too low, ``actor/ppo_kl`` = mean ``-log w``) plus ours under ``actor/atr_*``.
@@ -78,7 +78,7 @@ def _field(config: Any, where: str, name: str) -> Any:
 
 def method_params(method: str, config: Any, extra: Mapping[str, Any] | None = None) -> at.ResolvedMethod:
     """Our parameters of ``method`` from verl's ``config`` (an ``ActorConfig``) and ``extra`` (``$ATR_GRPO_PARAMS``),
-    validated by :func:`atr_theory.resolve`."""
+    validated by ``atr_theory.resolve``."""
     spec = at.get_method(method)
     extra = {k: v for k, v in (env_params() if extra is None else extra).items() if k not in LAYER_KEYS}
     params: dict[str, Any] = {}
@@ -114,13 +114,13 @@ def method_params(method: str, config: Any, extra: Mapping[str, Any] | None = No
 
 
 LAYER_KEYS = ("rollout_correction", "sequence_mask")
-"""Keys of ``$ATR_GRPO_PARAMS`` that configure a layer of :mod:`atr_theory.layers` instead of a method parameter."""
+"""Keys of ``$ATR_GRPO_PARAMS`` that configure a layer of ``atr_theory.layers`` instead of a method parameter."""
 
 
 def layers_from_params(extra: Mapping[str, Any]) -> dict[str, Any]:
-    """The :func:`atr_theory.policy_loss` layer keywords in ``$ATR_GRPO_PARAMS``: ``"rollout_correction"`` (the
-    fields of :class:`atr_theory.RolloutCorrection`, e.g. ``{"level": "sequence", "mode": "mask", "upper": 2.0}``)
-    and ``"sequence_mask"`` (those of :class:`atr_theory.SequenceMask`, e.g. ``{"estimator": "k3", "reduction":
+    """The ``atr_theory.policy_loss`` layer keywords in ``$ATR_GRPO_PARAMS``: ``"rollout_correction"`` (the
+    fields of ``atr_theory.RolloutCorrection``, e.g. ``{"level": "sequence", "mode": "mask", "upper": 2.0}``)
+    and ``"sequence_mask"`` (those of ``atr_theory.SequenceMask``, e.g. ``{"estimator": "k3", "reduction":
     "token", "threshold": 0.07, "advantages": "all"}``). In verl's bypass mode (old = rollout log-probs) the rollout
     correction's ratio is ``sg[pi] / pi_rollout``, as in verl's own bypass losses."""
     layers: dict[str, Any] = {}
@@ -141,7 +141,7 @@ _LAYERS: dict[str, dict[str, Any]] = {}
 
 
 def layers_once() -> dict[str, Any]:
-    """:func:`layers_from_params` of ``$ATR_GRPO_PARAMS``, parsed once per distinct value of the variable."""
+    """``layers_from_params`` of ``$ATR_GRPO_PARAMS``, parsed once per distinct value of the variable."""
     raw = os.environ.get(PARAMS_ENV, "").strip()
     if raw not in _LAYERS:
         _LAYERS[raw] = layers_from_params(env_params())
@@ -155,14 +155,14 @@ CONFIG_FIELDS_READ = (
     ("policy_loss", "kl_cov_ratio"),
     *VERL_FIELDS.values(),
 )
-"""Every verl config field :func:`method_params` reads: with ``$ATR_GRPO_PARAMS`` they decide the resolved choice."""
+"""Every verl config field ``method_params`` reads: with ``$ATR_GRPO_PARAMS`` they decide the resolved choice."""
 
 _RESOLVED: dict[tuple, at.ResolvedMethod] = {}
 
 
 def resolved_once(method: str, config: Any) -> at.ResolvedMethod:
-    """:func:`method_params` of ``method``, computed once per worker for each distinct ``$ATR_GRPO_PARAMS`` text and
-    value of the config fields it reads (:data:`CONFIG_FIELDS_READ`): the JSON is parsed and the choice validated on
+    """``method_params`` of ``method``, computed once per worker for each distinct ``$ATR_GRPO_PARAMS`` text and
+    value of the config fields it reads (``CONFIG_FIELDS_READ``): the JSON is parsed and the choice validated on
     the first loss call, not on every one."""
     try:
         key = (method, os.environ.get(PARAMS_ENV, "").strip(), tuple(_field(config, *f) for f in CONFIG_FIELDS_READ))

@@ -11,7 +11,7 @@ import numpy as np
 def check_positive(name: str, value: Any, *, allow_array: bool = True) -> np.ndarray | float:
     """Return ``value`` if every entry is a finite number > 0, else raise ValueError naming it.
 
-    A Python int/float is checked with :mod:`math` alone (no numpy), so the check can be traced by
+    A Python int/float is checked with ``math`` alone (no numpy), so the check can be traced by
     ``torch.compile`` without a graph break."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if not math.isfinite(value) or value <= 0:

@@ -2,7 +2,7 @@ r"""Tabular softmax bandit / one-step MDP simulator, vectorised over seeds, stat
 
 Logits ``theta`` have shape (N, S, K): N independent runs (seeds), S states visited uniformly
 (``d(s) = 1/S``), K actions. ``pi(a|s) = softmax(theta[n, s])``. The surrogate of every method is
-computed by :func:`atr_theory.policy_loss` -- the simulator has no clipping formula of its own:
+computed by ``atr_theory.policy_loss`` -- the simulator has no clipping formula of its own:
 each (run, state) is one "sequence" and each action (exact mode) or sampled action (sampled mode)
 one "token".
 
@@ -50,7 +50,7 @@ def entropy(theta: torch.Tensor) -> torch.Tensor:
 
 
 def kl_divergence(theta_old: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
-    """``KL(pi_old || pi)`` over the last axis, from logits (:func:`atr_theory.divergence.full_kl`)."""
+    """``KL(pi_old || pi)`` over the last axis, from logits (``atr_theory.divergence.full_kl``)."""
     return full_kl(theta_old, theta)
 
 
@@ -71,7 +71,7 @@ def exact_surrogate(
     r"""``-sum_n J_n(theta)`` (exact expectation over ``a ~ pi_old``) and the policy_loss output.
 
     The gradient of the returned scalar w.r.t. ``theta[n]`` is exactly ``-grad J_n``: runs do not mix.
-    ``kw`` goes to :func:`policy_loss` (``delta``, ``epsilon``, ``form``, ...).
+    ``kw`` goes to ``policy_loss`` (``delta``, ``epsilon``, ``form``, ...).
     """
     N, S, K = theta.shape
     logp = torch.log_softmax(theta, -1).reshape(N * S, K)
@@ -83,7 +83,7 @@ def exact_surrogate(
 def _exact_policy_loss(
     logp: torch.Tensor, old: torch.Tensor, advantages: torch.Tensor, method: str, **kw
 ) -> LossOutput:
-    """:func:`policy_loss` of the exact expectation: (N*S, K) log-probs, every action a token weighted by pi_old."""
+    """``policy_loss`` of the exact expectation: (N*S, K) log-probs, every action a token weighted by pi_old."""
     mask = torch.ones(logp.shape, dtype=torch.bool, device=logp.device)
     if get_method(method).needs_full_distributions:  # every action of a state shares one KL(pi_old || pi): O(K)
         kw = {**kw, "position_kl": full_kl(old, logp).unsqueeze(-1).expand(logp.shape)}
@@ -95,17 +95,17 @@ def _exact_policy_loss(
 def exact_gradient(
     theta: torch.Tensor, theta_old: torch.Tensor, advantages: torch.Tensor, method: str = "atr", **kw
 ) -> tuple[torch.Tensor, LossOutput]:
-    r"""Closed form of the gradient of :func:`exact_surrogate`'s loss w.r.t. ``theta``, without autograd.
+    r"""Closed form of the gradient of ``exact_surrogate``'s loss w.r.t. ``theta``, without autograd.
 
     With ``c_a = dL/d log pi(a)`` the softmax chain rule gives ``dL/d theta_j = c_j - pi_j sum_a c_a``. For a
-    method declared with ``ratio_mask_gradient`` (:class:`atr_theory.methods.MethodSpec`: its token gradient is
+    method declared with ``ratio_mask_gradient`` (``atr_theory.methods.MethodSpec``: its token gradient is
     ``kept * w A grad log pi``; clip, clip_higher, dual_clip, dcpo, trgppo, atr, kl1, kl2, is_kl3, clip_cov, atr_seq,
     tr_ppo) the loss ``-(1/S) sum_{n,s,a} pi_old(a) f(w_a, A_a)`` has
     ``c_a = -(1/S) pi_old(a) w_a A_a kept_a = -(1/S) pi(a) A_a kept_a`` (``pi_old w = pi``), with ``kept`` the
-    method's own flags from :func:`policy_loss` (called without gradient), zero where ``|log w|`` exceeds
-    :data:`LOG_RATIO_CLAMP` (the clamp's gradient). One reduction over the K actions; ``torch.compile`` fuses it.
-    ``tests/test_bandit.py``: equal to autograd of :func:`exact_surrogate` for every such method and form.
-    Returns ``(grad, out)`` like :func:`exact_surrogate` returns ``(loss, out)``.
+    method's own flags from ``policy_loss`` (called without gradient), zero where ``|log w|`` exceeds
+    ``LOG_RATIO_CLAMP`` (the clamp's gradient). One reduction over the K actions; ``torch.compile`` fuses it.
+    ``tests/test_bandit.py``: equal to autograd of ``exact_surrogate`` for every such method and form.
+    Returns ``(grad, out)`` like ``exact_surrogate`` returns ``(loss, out)``.
     """
     if not get_method(method).ratio_mask_gradient:
         raise ValueError(
@@ -203,7 +203,7 @@ def train(
     (``optimizer="sgd"``) or ``torch.optim.Adam`` (``"adam"``, Kingma & Ba 2015, default betas and eps, its
     moments kept across outer steps; elementwise, so runs stay independent). Each inner step records the pooled ratio
     quantiles (p05, p50, p95) of the surrogate's tokens in ``ratio_quantiles``.
-    ``gradient``: ``"autograd"`` (of the surrogate), ``"closed_form"`` (:func:`exact_gradient`; exact mode and
+    ``gradient``: ``"autograd"`` (of the surrogate), ``"closed_form"`` (``exact_gradient``; exact mode and
     a ``ratio_mask_gradient`` method only) or ``"auto"`` (the closed form where it applies: same updates up to rounding).
     Returns the final logits and the history (entropy, return, KL(pi_old || pi) per outer step).
     """
@@ -314,7 +314,7 @@ def train_episodic(
 
     The policy is tabular per position: ``pi(y_t) = softmax(theta[n, t])`` (N runs). Each outer step
     samples G sequences per run, gives each the Dr.GRPO advantage ``r - mean_G r``, and takes
-    ``inner_steps`` gradient steps on :func:`policy_loss` with B = N * G sequences of T tokens -- so
+    ``inner_steps`` gradient steps on ``policy_loss`` with B = N * G sequences of T tokens -- so
     sequence-level methods (gspo, atr_seq) act on real sequences here.
     Returns the final logits and the history: exact success probability, mean per-position entropy,
     fraction of tokens masked, each (iterations + 1, N) (masked: (iterations, N)).

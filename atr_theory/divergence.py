@@ -10,7 +10,7 @@ With ``w = pi(a) / pi_old(a)`` for ``a ~ pi_old`` (so ``E_{pi_old}[w] = 1``):
 Each function takes the log-ratio ``y = log w`` **or** the ratio ``w`` (``kl3(w)`` in the public API,
 as in the paper's Eq. 6) and works on numpy arrays and torch tensors alike. The ``*_from_log_ratio``
 forms are the numerically preferred ones: ``k3`` from ``y`` is ``expm1(y) - y`` with no
-``log(0)``, and the Taylor series below a cutoff (numpy: ``|y| < 0.5``; torch: per dtype, :data:`_TORCH_SERIES`).
+``log(0)``, and the Taylor series below a cutoff (numpy: ``|y| < 0.5``; torch: per dtype, ``_TORCH_SERIES``).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ _TORCH_HALF = (torch.float16, torch.bfloat16)
 
 def _torch_with_series(y: torch.Tensor, direct, coeff) -> torch.Tensor:
     """``direct(y)``, replaced by ``sum_{n=2}^{N} coeff(n) y^n`` where ``|y|`` is below the dtype's cutoff
-    (:data:`_TORCH_SERIES`); gradients flow through both branches. Half-precision ``y``: in float32, rounded back."""
+    (``_TORCH_SERIES``); gradients flow through both branches. Half-precision ``y``: in float32, rounded back."""
     if y.dtype in _TORCH_HALF:
         return _torch_with_series(y.float(), direct, coeff).to(y.dtype)
     cutoff, terms = _TORCH_SERIES.get(y.dtype, _TORCH_SERIES_NARROW)
@@ -106,7 +106,7 @@ def kl3_from_log_ratio(y: Any) -> Any:
     r"""``k3 = e^y - 1 - y`` (paper Eq. 6 in ``y = log w``), computed without cancellation for small ``|y|``.
 
     numpy: the series ``sum_{n>=2} y^n / n!`` for ``|y| < 0.5`` (exact to the last digit); torch: ``expm1(y) - y``,
-    and the series below a dtype-dependent cutoff (:data:`_TORCH_SERIES`: <= 4e-15 relative in float64, <= 5e-6
+    and the series below a dtype-dependent cutoff (``_TORCH_SERIES``: <= 4e-15 relative in float64, <= 5e-6
     in float32, against mpmath: ``tests/test_ranges.py``); gradients flow through both branches.
 
     >>> float(kl3_from_log_ratio(1e-8))  # y^2 / 2, exact to the last digit
@@ -120,7 +120,7 @@ def kl3_from_log_ratio(y: Any) -> Any:
 def is_kl3_from_log_ratio(y: Any) -> Any:
     r"""``w log w - w + 1 = e^y (y - 1) + 1 = sum_{n>=2} (n-1) y^n / n!`` (IS-weighted KL3, paper Table 3).
 
-    numpy: the series for ``|y| < 0.5``; torch: the series below the dtype's cutoff, as :func:`kl3_from_log_ratio`.
+    numpy: the series for ``|y| < 0.5``; torch: the series below the dtype's cutoff, as ``kl3_from_log_ratio``.
     """
     if _is_torch(y):
         # y e^y - expm1(y), the same value as e^y (y - 1) + 1, whose "+ 1" cancelled to ~eps / y^2 relative (10% in
@@ -229,7 +229,7 @@ def full_kl(old_full_logp: torch.Tensor, full_logp: torch.Tensor, *, chunk_size:
 
 
 class HeadScores(NamedTuple):
-    """Per-position results of :func:`head_kl_chunked`, each (B, T)."""
+    """Per-position results of ``head_kl_chunked``, each (B, T)."""
 
     logp: torch.Tensor  # log pi(token), with gradient
     kl: torch.Tensor  # KL(pi_old || pi), with gradient
@@ -237,7 +237,7 @@ class HeadScores(NamedTuple):
 
 
 def _head_chunk(hidden, weight, bias, old_hidden, old_weight, old_bias, tokens, temperature):
-    """One chunk of :func:`head_kl_chunked`: (c, V) values live only inside this call."""
+    """One chunk of ``head_kl_chunked``: (c, V) values live only inside this call."""
     lsm = torch.log_softmax(_upcast(torch.nn.functional.linear(hidden, weight, bias)) / temperature, dim=-1)
     with torch.no_grad():
         old = torch.nn.functional.linear(old_hidden, old_weight, old_bias)
@@ -272,7 +272,7 @@ def head_kl_chunked(
     logits are recomputed in the backward instead of stored (the chunked-loss technique of Liger-Kernel /
     unsloth_zoo's ``chunked_hidden_states_selective_log_softmax``). Extra memory: O(chunk_size x V),
     independent of B x T. Gradients flow to ``hidden``, ``weight`` and ``bias`` through ``logp`` and ``kl``;
-    ``pi_old`` is a constant. Same values and gradients as :func:`full_kl` on the full (B, T, V) log-softmax
+    ``pi_old`` is a constant. Same values and gradients as ``full_kl`` on the full (B, T, V) log-softmax
     (tests).
     """
     if hidden.shape != old_hidden.shape or hidden.ndim < 2:

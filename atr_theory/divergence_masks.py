@@ -39,7 +39,7 @@ def binary_tv(log_ratio: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
 
 def binary_kl(log_ratio: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
     r"""``KL(Ber(p) || Ber(p w)) = p log(1/w) + (1 - p) log((1 - p) / (1 - p w))`` with ``p = exp(old_logp)``,
-    ``w = e^y``, evaluated as ``p k3(y) + q k3(y')`` (:func:`atr_theory.ranges.bernoulli_kl_of_log_ratio`), with
+    ``w = e^y``, evaluated as ``p k3(y) + q k3(y')`` (``atr_theory.ranges.bernoulli_kl_of_log_ratio``), with
     ``q = 1 - p = -expm1(old_logp)`` exact for ``p`` near 1; ``-y`` at ``p = 1``; ``+inf`` where ``p w >= 1``.
 
     verl writes ``log((1 - p + 1e-8) / (1 - p w + 1e-8))``: off where ``1 - p w`` is ~1e-8 or smaller

@@ -44,7 +44,7 @@ def replace_block(text: str, begin: str, end: str, body: str, what: str = "the f
 
 
 def readme_with_table(text: str) -> str:
-    """``text`` with the block between :data:`BEGIN` and :data:`END` replaced by :func:`methods_markdown`."""
+    """``text`` with the block between ``BEGIN`` and ``END`` replaced by ``methods_markdown``."""
     return replace_block(text, BEGIN, END, f"\n{methods_markdown()}\n", "the page")
 
 

@@ -1,4 +1,4 @@
-r"""Equivalences between rules, each an executable check: two routes through :func:`atr_theory.policy_loss` that
+r"""Equivalences between rules, each an executable check: two routes through ``atr_theory.policy_loss`` that
 share no code for the rule itself, compared by the gradient autograd gives each on random float64 batches.
 
 The paper's framework says a rule is the set of tokens it keeps and what a kept token's gradient is; two rules that

@@ -1,21 +1,21 @@
 r"""Layers that compose with every rule of the registry: they act on what a rule sees or on what it returns.
 
-* ``ratio_level="sequence"`` (:func:`sequence_log_ratio`): every token of a sequence sees the sequence's ratio
+* ``ratio_level="sequence"`` (``sequence_log_ratio``): every token of a sequence sees the sequence's ratio
   ``s = exp(mean_t log w_t)``, its gradient flowing through the mean (TRL ``importance_sampling_level="sequence"``,
   GSPO's sequence-level ratio). Any rule then decides per sequence.
-* :class:`SequenceMask`: drop whole sequences whose divergence from the behaviour policy exceeds a threshold,
+* ``SequenceMask``: drop whole sequences whose divergence from the behaviour policy exceeds a threshold,
   ``reduce_t k(w_t) > threshold`` with ``k`` one of k1 / k2 / k3 and ``reduce`` mean, sum or max; optionally only
   sequences with negative advantage (DeepSeek-V3.2's off-policy sequence masking, TRL ``off_policy_mask_threshold``:
   k1, mean, negative advantages).
-* :class:`RolloutCorrection` (:func:`rollout_correction_weights`): importance weights ``pi_proximal / pi_behaviour``
+* ``RolloutCorrection`` (``rollout_correction_weights``): importance weights ``pi_proximal / pi_behaviour``
   for the mismatch between the policy that sampled (vLLM, an older checkpoint) and the one trained, truncated (TIS)
   or masked outside a band (IcePop / MIS), per token, per sequence (product) or per sequence geometrically (verl
   ``rollout_is``; OpenRLHF / NeMo-RL / slime TIS).
-* :func:`high_entropy_mask`: keep only the tokens whose entropy is in the top ``rho`` quantile of the batch
+* ``high_entropy_mask``: keep only the tokens whose entropy is in the top ``rho`` quantile of the batch
   (Wang et al. 2025, "Beyond the 80/20 rule"; TRL ``top_entropy_quantile``).
 
 A dropped token's objective is 0 (value and gradient), as in TRL: unlike Eq. 5's frozen ``A`` these layers remove the
-token from the loss. :func:`atr_theory.policy_loss` applies them; they are plain functions usable on their own.
+token from the loss. ``atr_theory.policy_loss`` applies them; they are plain functions usable on their own.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class SequenceMask:
 
     ``SequenceMask("k1", "mean", delta, "negative")`` is DeepSeek-V3.2's off-policy sequence masking (TRL
     ``off_policy_mask_threshold=delta``): keep where ``A >= 0`` or ``mean_t (log pi_behaviour - log pi) <= delta``.
-    ``SequenceMask("k3", "mean", delta, "all")`` is the keep-test of :func:`atr_theory.methods.atr_seq` (which
+    ``SequenceMask("k3", "mean", delta, "all")`` is the keep-test of ``atr_theory.methods.atr_seq`` (which
     freezes instead of dropping)."""
 
     estimator: str = "k1"
@@ -93,7 +93,7 @@ class SequenceMask:
 def sequence_mask_keep(
     log_ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, spec: SequenceMask
 ) -> torch.Tensor:
-    r"""Which tokens :class:`SequenceMask` ``spec`` keeps: (B, 1) bool per sequence, or (B, T) for
+    r"""Which tokens ``SequenceMask`` ``spec`` keeps: (B, 1) bool per sequence, or (B, T) for
     ``reduction="token"`` or when ``spec.advantages == "negative"`` and ``advantages`` is (B, T) (a token with ``A_t >= 0`` is kept, as in TRL).
     ``log_ratio`` = ``log pi - log pi_behaviour`` per token (NaN counts as 0: a token the behaviour policy could not
     score gives no evidence, as in TRL). No gradient."""
@@ -148,7 +148,7 @@ class RolloutCorrection:
     "lower_upper"``; ``lower`` defaults to ``1 / upper``). ``batch_normalize``: divide by the mean weight over valid
     tokens (token level) or over sequences (verl ``rollout_is_batch_normalize``).
 
-    Which ratio: with ``behaviour_logp`` given to :func:`atr_theory.policy_loss`, ``rho = pi_old / pi_behaviour``
+    Which ratio: with ``behaviour_logp`` given to ``atr_theory.policy_loss``, ``rho = pi_old / pi_behaviour``
     (verl's decoupled mode: the rule's own ratio ``pi / pi_old`` does the trust region); without it, ``old_logp``
     *is* the behaviour policy and ``rho = sg[pi] / pi_old`` (verl's bypass mode)."""
 
@@ -176,7 +176,7 @@ class RolloutCorrection:
 
 
 def rollout_correction_weights(log_rho: torch.Tensor, mask: torch.Tensor, spec: RolloutCorrection) -> torch.Tensor:
-    r"""(B, T) detached weights of :class:`RolloutCorrection` ``spec`` from ``log_rho = log pi_proximal - log
+    r"""(B, T) detached weights of ``RolloutCorrection`` ``spec`` from ``log_rho = log pi_proximal - log
     pi_behaviour`` per token, 0 on padding. Bounds are compared in log space (no overflow for any ``log_rho``)."""
     with torch.no_grad():
         m = mask.bool()

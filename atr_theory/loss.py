@@ -67,7 +67,7 @@ AGGREGATIONS = {
 
 
 def check_aggregation(aggregation: str) -> str:
-    """``aggregation`` if it names an entry of :data:`AGGREGATIONS`, else ValueError listing them."""
+    """``aggregation`` if it names an entry of ``AGGREGATIONS``, else ValueError listing them."""
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {aggregation!r}; known: {', '.join(AGGREGATIONS)}")
     return aggregation
@@ -76,7 +76,7 @@ def check_aggregation(aggregation: str) -> str:
 def aggregate(
     objective: torch.Tensor, mask: torch.Tensor, aggregation: str, max_length: int | None = None
 ) -> torch.Tensor:
-    """Aggregate a (B, T) per-token quantity over valid tokens (see :data:`AGGREGATIONS`)."""
+    """Aggregate a (B, T) per-token quantity over valid tokens (see ``AGGREGATIONS``)."""
     m = mask.to(objective.dtype)
     L = objective.shape[-1] if max_length is None else max_length
     return AGGREGATIONS[check_aggregation(aggregation)](objective * m, mask.bool(), L)
@@ -105,7 +105,7 @@ def nearest_rank_quantiles(
 
 @dataclass
 class LossOutput:
-    """Result of :func:`policy_loss`. ``metrics`` is computed on first access (no cost if unused)."""
+    """Result of ``policy_loss``. ``metrics`` is computed on first access (no cost if unused)."""
 
     loss: torch.Tensor
     per_token: torch.Tensor
@@ -186,7 +186,7 @@ def _check_structure(
     aggregation: str,
     max_length: Any,
 ) -> tuple[int, int]:
-    """Types, shapes, dtypes, devices and ``max_length`` of :func:`policy_loss`'s inputs: metadata only,
+    """Types, shapes, dtypes, devices and ``max_length`` of ``policy_loss``'s inputs: metadata only,
     no value is read (so no host synchronisation). Returns ``(B, T)``."""
     _check_tensor("logp", logp)
     if logp.ndim != 2:
@@ -242,49 +242,78 @@ def policy_loss(
     rollout_correction: RolloutCorrection | None = None,
     **params: float,
 ) -> LossOutput:
-    r"""Clipped policy-gradient loss of ``method`` (see :data:`atr_theory.METHODS`).
+    r"""Clipped policy-gradient loss of ``method`` (see ``atr_theory.METHODS``).
+
+    The paper's Eq. 2 with the rule's per-token objective: ``-aggregate_t(objective_t)``, where a rule of the unified
+    framework (Eq. 5) keeps ``w_t A_t`` where its constraint holds and freezes the token (constant ``A_t``) elsewhere,
+    ``w_t = pi_theta / pi_old``.
 
     Parameters
     ----------
-    logp, old_logp : (B, T) log-probabilities of the sampled tokens under pi_theta and pi_old.
-        ``old_logp`` is treated as a constant. Values on masked-out positions are ignored.
-    advantages : (B,) or (B, T).
-    mask : (B, T) bool or 0/1: which tokens count.
-    method : registered name; ``**params`` are that method's parameters (``delta``, ``epsilon``, ...). Or a
-        :class:`~atr_theory.ResolvedMethod` from :func:`atr_theory.resolve` (validated once, e.g. per run; then
-        ``form`` and ``**params`` stay empty): a training loop resolves its choice once instead of every step.
-    form : ``"min"`` (PPO) or ``"mask"`` (paper Eq. 5); None = the method's default.
-    aggregation : ``dr_grpo`` (sum / (B * max_length)), ``token_mean``, ``seq_mean_token_mean``,
-        ``seq_mean_token_sum``, ``token_sum``. ``max_length`` (dr_grpo only, >= T) defaults to T.
-    old_full_logp, full_logp : (B, T, V), only for methods that need full distributions.
-    generator : torch.Generator for stochastic methods (clip_cov).
-    token_weights : optional (B, T) constant multiplier of the per-token objective (e.g. TRL's
-        vLLM importance-sampling correction).
-    kl_chunk_size : positions per chunk when computing full KLs.
-    position_kl : (B, T) ``KL(pi_old || pi)`` per position, in place of ``old_full_logp`` / ``full_logp``
-        (e.g. :func:`atr_theory.head_kl_chunked`'s, which never holds the (B, T, V) tensors). truly_ppo
-        differentiates through it; values on padding are ignored.
-    validate : check the *values* (finite log-probs and advantages on valid tokens, a 0/1 mask) and
-        skip masking / clamping work a batch does not need. ``False``: no value is read on the host,
-        so the call never synchronises a GPU stream and compiles with ``torch.compile(fullgraph=True)``
-        for every method except ``clip_cov`` (its random token choice has a data-dependent size);
-        padding is still ignored and log w still clamped, but NaN on a valid token gives a NaN loss
-        instead of an error. Types, shapes, devices and parameters are checked either way.
-    ratio_level : ``"token"`` or ``"sequence"``: every token sees its sequence's ratio ``exp(mean_t log w_t)``, with
-        gradient through the mean (TRL ``importance_sampling_level``; :func:`atr_theory.layers.sequence_log_ratio`).
-    sequence_mask : a :class:`~atr_theory.layers.SequenceMask`: sequences it rejects contribute 0 (DeepSeek-V3.2's
-        off-policy masking is ``SequenceMask("k1", "mean", delta, "negative")``); its ratio is ``pi / pi_behaviour``
-        with ``behaviour_logp`` ((B, T), the sampling policy's log-probs, e.g. vLLM's; default ``old_logp``).
-    entropies, top_entropy_quantile : (B, T) per-token entropies and the fraction ``rho`` of highest-entropy valid
-        tokens that keep their loss (:func:`atr_theory.layers.high_entropy_mask`; 1 = all).
-    rollout_correction : a :class:`~atr_theory.layers.RolloutCorrection`: every token's objective is multiplied by
-        its detached importance weight ``pi_old / pi_behaviour`` (``behaviour_logp`` given) or ``sg[pi] / pi_old``
-        (not given: ``old_logp`` is the behaviour policy, verl's bypass mode), truncated or masked.
+    logp : torch.Tensor
+        (B, T) log-probabilities of the sampled tokens under pi_theta. Values on masked-out positions are ignored.
+    old_logp : torch.Tensor
+        (B, T) log-probabilities under pi_old, treated as a constant.
+    advantages : torch.Tensor
+        (B,) or (B, T).
+    mask : torch.Tensor
+        (B, T) bool or 0/1: which tokens count.
+    method : str or ResolvedMethod
+        A registered name, whose parameters come as ``**params`` (``delta``, ``epsilon``, ...); or a choice resolved
+        once by ``atr_theory.resolve`` (then ``form`` and ``**params`` stay empty): a training loop validates its
+        choice once instead of every step.
+    form : str, optional
+        ``"min"`` (PPO's pessimistic min) or ``"mask"`` (paper Eq. 5); None: the method's default.
+    aggregation : str
+        ``dr_grpo`` (sum / (B max_length)), ``token_mean``, ``seq_mean_token_mean``, ``seq_mean_token_sum`` or
+        ``token_sum``.
+    max_length : int, optional
+        ``dr_grpo`` only: the generation budget (>= T; default T).
+    old_full_logp, full_logp : torch.Tensor, optional
+        (B, T, V), only for methods that need the full distributions.
+    generator : torch.Generator, optional
+        For stochastic methods (clip_cov).
+    token_weights : torch.Tensor, optional
+        (B, T) constant multiplier of the per-token objective (e.g. TRL's vLLM importance-sampling correction).
+    kl_chunk_size : int, optional
+        Positions per chunk when computing full KLs.
+    position_kl : torch.Tensor, optional
+        (B, T) ``KL(pi_old || pi)`` per position, in place of ``old_full_logp`` / ``full_logp`` (e.g.
+        ``atr_theory.head_kl_chunked``'s, which never holds the (B, T, V) tensors). truly_ppo differentiates
+        through it; values on padding are ignored.
+    validate : bool
+        Check the *values* (finite log-probs and advantages on valid tokens, a 0/1 mask) and skip masking /
+        clamping work a batch does not need. ``False``: no value is read on the host, so the call never
+        synchronises a GPU stream and compiles with ``torch.compile(fullgraph=True)`` for every method except
+        ``clip_cov`` (its random token choice has a data-dependent size); padding is still ignored and log w still
+        clamped, but NaN on a valid token gives a NaN loss instead of an error. Types, shapes, devices and
+        parameters are checked either way.
+    ratio_level : str
+        ``"token"`` or ``"sequence"``: every token sees its sequence's ratio ``exp(mean_t log w_t)``, with gradient
+        through the mean (TRL ``importance_sampling_level``; ``atr_theory.layers.sequence_log_ratio``).
+    sequence_mask : SequenceMask, optional
+        Sequences (or tokens) it rejects contribute 0 (DeepSeek-V3.2's off-policy masking is
+        ``SequenceMask("k1", "mean", delta, "negative")``; verl's ``rollout_rs`` options are the others); its ratio
+        is ``pi / pi_behaviour``.
+    behaviour_logp : torch.Tensor, optional
+        (B, T) log-probabilities of the policy that sampled (e.g. vLLM's); default ``old_logp``.
+    entropies : torch.Tensor, optional
+        (B, T) per-token entropies, for ``top_entropy_quantile``.
+    top_entropy_quantile : float
+        The fraction ``rho`` of highest-entropy valid tokens that keep their loss
+        (``atr_theory.layers.high_entropy_mask``; 1 = all).
+    rollout_correction : RolloutCorrection, optional
+        Every token's objective is multiplied by its detached importance weight ``pi_old / pi_behaviour``
+        (``behaviour_logp`` given) or ``sg[pi] / pi_old`` (not given: ``old_logp`` is the behaviour policy, verl's
+        bypass mode), truncated or masked.
+    **params : float
+        The method's parameters.
 
     Returns
     -------
-    LossOutput with ``loss`` (scalar, minimise), ``per_token`` (B, T objective, 0 on padding) and
-    ``metrics`` (dict of floats).
+    LossOutput
+        ``loss`` (scalar, to minimise), ``per_token`` ((B, T) objective, 0 on padding) and ``metrics`` (a dict of
+        floats, computed on first access).
     """
     if isinstance(method, ResolvedMethod):  # validated once by the caller (the trainer, at config time)
         if form is not None or params:

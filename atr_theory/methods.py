@@ -1,20 +1,20 @@
 r"""The registry of clipping methods: one small function per rule, one shared signature.
 
-Every method receives a :class:`TokenBatch` (log-ratios, advantages, mask, ... as torch tensors)
-and its own parameters, and returns a :class:`MethodResult`: the per-token objective to *maximise*
+Every method receives a ``TokenBatch`` (log-ratios, advantages, mask, ... as torch tensors)
+and its own parameters, and returns a ``MethodResult``: the per-token objective to *maximise*
 and boolean tensors saying which tokens kept their gradient and which were clipped low / high.
 
-The paper's unified framework (Eq. 5) is :func:`ratio_objective` with ``form="mask"``: keep
+The paper's unified framework (Eq. 5) is ``ratio_objective`` with ``form="mask"``: keep
 ``w A`` where the constraint holds, else the constant ``w_old A = A``. ``form="min"`` is PPO's
 pessimistic ``min(w A, clip(w, l, u) A)``. A method with a ratio range supports both forms; its
 constraint in the mask form is the divergence itself (``k3 <= delta`` for atr), decided for kl1, kl2, kl3 and
-is_kl3 as the interval of ``log w`` where it holds in exact arithmetic (:func:`within_divergence_bound`: bounds
+is_kl3 as the interval of ``log w`` where it holds in exact arithmetic (``within_divergence_bound``: bounds
 found from the Lambert-W / closed-form roots and corrected against the definition in mpmath, once per delta and
 dtype). Tests check those decisions against mpmath's divergence at the bounds, and Thm 3.2's equivalence of the
 constraint and the ratio range separately (``theorems``), rather than assume either.
 
-Adding a rule: write one function decorated with :func:`register` (:mod:`atr_theory.registry`); nothing else changes.
-Each rule's formula on one screen, without the fast path's helpers: :mod:`atr_theory.reference`.
+Adding a rule: write one function decorated with ``register`` (``atr_theory.registry``); nothing else changes.
+Each rule's formula on one screen, without the fast path's helpers: ``atr_theory.reference``.
 """
 
 from __future__ import annotations
@@ -93,12 +93,12 @@ def _and(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _or(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a | b`` of two bool tensors; under ``torch.compile`` as ``torch.where(a, True, b)`` (see :func:`_and`)."""
+    """``a | b`` of two bool tensors; under ``torch.compile`` as ``torch.where(a, True, b)`` (see ``_and``)."""
     return torch.where(a, True, b) if torch.compiler.is_compiling() else a | b
 
 
 def _and_not(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a & ~b`` of two bool tensors; under ``torch.compile`` as ``torch.where(b, False, a)`` (see :func:`_and`)."""
+    """``a & ~b`` of two bool tensors; under ``torch.compile`` as ``torch.where(b, False, a)`` (see ``_and``)."""
     return torch.where(b, False, a) if torch.compiler.is_compiling() else a & ~b
 
 
@@ -116,8 +116,8 @@ def _constant_range_cached(kind: str, delta: float) -> tuple[float, float]:
 
 @torch.compiler.assume_constant_result
 def _log_range_for(kind: str, delta: float, dtype: torch.dtype) -> tuple[float, float]:
-    """:func:`atr_theory.ranges.log_range_of_dtype`, once per (kind, delta, dtype) (cached); a constant to
-    ``torch.compile``, like :func:`_constant_range`."""
+    """``atr_theory.ranges.log_range_of_dtype``, once per (kind, delta, dtype) (cached); a constant to
+    ``torch.compile``, like ``_constant_range``."""
     return _log_range_cached(kind, float(delta), dtype)
 
 
@@ -128,8 +128,8 @@ def _log_range_cached(kind: str, delta: float, dtype: torch.dtype) -> tuple[floa
 
 def within_divergence_bound(log_ratio: torch.Tensor, kind: str, delta: float) -> torch.Tensor:
     """``divergence_kind(log w) <= delta`` per token, for a per-token divergence whose constraint is an interval of
-    ``log w`` (:data:`atr_theory.ranges.LOG_RANGE_KINDS`: kl1, kl2, kl3, is_kl3), decided as ``lo <= log w <= hi``
-    with the extreme values of ``log w``'s dtype that satisfy it exactly (:func:`atr_theory.ranges.log_range_of_dtype`;
+    ``log w`` (``atr_theory.ranges.LOG_RANGE_KINDS``: kl1, kl2, kl3, is_kl3), decided as ``lo <= log w <= hi``
+    with the extreme values of ``log w``'s dtype that satisfy it exactly (``atr_theory.ranges.log_range_of_dtype``;
     half precision is compared in float32, which holds it exactly): the decision of exact arithmetic for every
     representable ``log w`` (``tests/test_ranges.py``, against mpmath), in two comparisons, without gradient.
 
@@ -144,8 +144,8 @@ def within_divergence_bound(log_ratio: torch.Tensor, kind: str, delta: float) ->
 
 
 def _divergence_rule(batch: TokenBatch, kind: str, delta: float) -> MethodResult:
-    """A per-token divergence rule (``kind`` of :data:`atr_theory.ranges.LOG_RANGE_KINDS`): in the mask form ``w A``
-    where :func:`within_divergence_bound` holds, in the min form PPO's min with the equivalent ratio range."""
+    """A per-token divergence rule (``kind`` of ``atr_theory.ranges.LOG_RANGE_KINDS``): in the mask form ``w A``
+    where ``within_divergence_bound`` holds, in the min form PPO's min with the equivalent ratio range."""
     lower, upper = _constant_range(kind, delta)
     constraint = within_divergence_bound(batch.log_ratio, kind, delta) if batch.form == "mask" else None
     return ratio_objective(batch, lower, upper, constraint)
@@ -175,7 +175,7 @@ def ratio_objective(
       constant ``w_old A = A``: zero gradient, finite value. (``negative_cap`` is not read: see ``_dual_clip``.)
 
     ``lower``/``upper`` are floats or (B, T) tensors (per-token ranges: DCPO, TRGPPO); since a token's sign picks
-    one of them, a per-token bound computed only for that sign (:func:`atr_theory.ranges.dcpo_bound_by_sign`) can be
+    one of them, a per-token bound computed only for that sign (``atr_theory.ranges.dcpo_bound_by_sign``) can be
     passed as both.
     """
     y, adv = batch.log_ratio, batch.advantages
@@ -193,7 +193,7 @@ def ratio_objective(
 
 
 def _clamp_objective(batch: TokenBatch, w, lo: torch.Tensor, hi: torch.Tensor, negative_cap: float = math.inf):
-    """``A clamp(w, lo, hi)``: :func:`ratio_objective`'s min form once its per-token bounds are chosen by sign."""
+    """``A clamp(w, lo, hi)``: ``ratio_objective``'s min form once its per-token bounds are chosen by sign."""
     objective = torch.clamp(w, lo, hi) * batch.advantages
 
     def flags():
@@ -203,7 +203,7 @@ def _clamp_objective(batch: TokenBatch, w, lo: torch.Tensor, hi: torch.Tensor, n
 
 
 def _bounds_by_sign(adv: torch.Tensor, lower, upper, negative_cap: float, dtype: torch.dtype):
-    """``(lo, hi)`` of :func:`ratio_objective`'s min form: ``(lower, negative_cap)`` where the sign bit of ``adv`` is
+    """``(lo, hi)`` of ``ratio_objective``'s min form: ``(lower, negative_cap)`` where the sign bit of ``adv`` is
     set, ``(-inf, upper)`` elsewhere, as ``dtype`` tensors (bit selects for float32/float64, else ``torch.where``)."""
     if adv.dtype == dtype and dtype in (torch.float32, torch.float64):
         negative = ranges._sign_mask(adv.detach())
@@ -250,7 +250,7 @@ def _dual_clip(result: MethodResult, adv: torch.Tensor, c: float) -> MethodResul
 
 def _centred_cov(batch: TokenBatch, n_valid: torch.Tensor) -> torch.Tensor:
     """Per-token ``(A - mean A)(log pi - mean log pi)`` over valid tokens, detached (Cui et al. 2025). Both are zero
-    on padding (:class:`TokenBatch`), so their sums run over the valid tokens without a multiplication by the mask."""
+    on padding (``TokenBatch``), so their sums run over the valid tokens without a multiplication by the mask."""
     adv = batch.advantages.detach()
     logp = batch.logp.detach()
     n_valid = n_valid.clamp(min=1)
@@ -339,7 +339,7 @@ def dual_clip_higher(batch: TokenBatch, epsilon_low: float, epsilon_high: float,
     ratio_mask_gradient=True,
 )
 def dcpo(batch: TokenBatch, epsilon_low: float, epsilon_high: float, dual_clip_c: float) -> MethodResult:
-    r"""Dynamic clipping: per-token ``[l(p), u(p)]`` of :func:`atr_theory.ranges.dcpo_clip_range` with
+    r"""Dynamic clipping: per-token ``[l(p), u(p)]`` of ``atr_theory.ranges.dcpo_clip_range`` with
     ``p = pi_old(token)``, ``u`` capped at ``max(c, 10)``, then the dual clip with ``c`` (as in the source)."""
     cap = max(dual_clip_c, 10.0)
     if batch.form == "min":
@@ -361,10 +361,10 @@ def trgppo(batch: TokenBatch, delta: float, epsilon: float) -> MethodResult:
     r"""Per-token range ``[min(l_KL(p), 1-eps), max(u_KL(p), 1+eps)]`` where ``l_KL, u_KL`` are the
     extreme ratios with binary ``KL(p || p w) <= delta``, ``p = pi_old(token)``.
 
-    float32 (and lower) batches read the bounds from a table (:func:`atr_theory.ranges.trgppo_kl_range_table`, float32
+    float32 (and lower) batches read the bounds from a table (``atr_theory.ranges.trgppo_kl_range_table``, float32
     accurate; in the ``min`` form only the bound the advantage's sign selects, as in
-    :func:`atr_theory.ranges.trgppo_bound_by_sign`); float64 batches solve for them by Newton in float64
-    (:func:`atr_theory.ranges.trgppo_kl_log_range_torch`)."""
+    ``atr_theory.ranges.trgppo_bound_by_sign``); float64 batches solve for them by Newton in float64
+    (``atr_theory.ranges.trgppo_kl_log_range_torch``)."""
     y = batch.log_ratio
     if y.dtype != torch.float64 and batch.form == "min":
         negative = ranges._sign_mask(batch.advantages.detach())
@@ -395,7 +395,7 @@ def atr(batch: TokenBatch, delta: float) -> MethodResult:
 
     Mask form: ``k3(y) <= delta`` with ``y = log w``; ``k3(y) = e^y - 1 - y`` falls on ``y < 0`` and rises on ``y > 0``,
     so the constraint holds exactly between its two roots (the ``log`` of the Lambert-W range of Thm 3.2): decided
-    by :func:`within_divergence_bound`, exactly for every representable ``y``. Min form: PPO's min objective with
+    by ``within_divergence_bound``, exactly for every representable ``y``. Min form: PPO's min objective with
     the equivalent range ``[l, u] = kl3_clip_range(delta)`` (= clip_higher with ``(1 - l, u - 1)``).
     """
     return _divergence_rule(batch, "kl3", delta)
@@ -414,7 +414,7 @@ def kl1(batch: TokenBatch, delta: float) -> MethodResult:
 
     Our reading of the paper's loosely defined "KL1": the signed estimator, so the constraint is
     **one-sided** (``w >= e^{-delta}``, no upper limit). A symmetric ``|log w| <= delta`` variant is
-    what :func:`kl2` gives with ``delta -> delta^2/2``.
+    what ``kl2`` gives with ``delta -> delta^2/2``.
     """
     return _divergence_rule(batch, "kl1", delta)
 
@@ -536,7 +536,7 @@ def kl_cov(batch: TokenBatch, cov_ratio: float, kl_coef: float) -> MethodResult:
 
 def _position_kl(batch: TokenBatch, name: str) -> torch.Tensor:
     """(B, T) ``KL(pi_old(.|s_t) || pi(.|s_t))``: ``batch.position_kl`` when the caller computed it (e.g. chunk by
-    chunk from hidden states, :func:`atr_theory.head_kl_chunked`; :func:`atr_theory.policy_loss` checked its
+    chunk from hidden states, ``atr_theory.head_kl_chunked``; ``atr_theory.policy_loss`` checked its
     shape), else from the full distributions."""
     expected = tuple(batch.log_ratio.shape)
     if batch.position_kl is not None:

@@ -10,7 +10,7 @@ constraint     estimator                                   range
 KL3 (ATR)      ``k3 = w - 1 - log w``                      ``[-W0(-e^{-1-d}), -W_{-1}(-e^{-1-d})]``
 KL1            ``k1 = -log w``                             ``[e^{-d}, inf)`` (one-sided)
 KL2            ``k2 = (log w)^2 / 2``                      ``[e^{-sqrt(2d)}, e^{sqrt(2d)}]``
-IS-KL3         ``w * k3(1/w) = 1 - w + w log w``           Lambert W, see :func:`is_kl3_clip_range`
+IS-KL3         ``w * k3(1/w) = 1 - w + w log w``           Lambert W, see ``is_kl3_clip_range``
 TRGPPO         binary ``KL(p || p w) <= d``                roots per p_old, union with ``1 -+ eps``
 DCPO           --                                          ``0.5 + 0.5 sqrt(1 -+ 4 eps / p_old)``
 =============  ==========================================  ==========================================
@@ -76,7 +76,7 @@ def _as_output(x: np.ndarray, scalar: bool):
 
 
 def kl3_clip_log_range(delta: Any) -> tuple[Any, Any]:
-    r"""``(log l, log u)`` of :func:`kl3_clip_range`: the two roots of ``e^y - 1 - y = delta``."""
+    r"""``(log l, log u)`` of ``kl3_clip_range``: the two roots of ``e^y - 1 - y = delta``."""
     d = check_positive("delta", delta)
     scalar = np.ndim(d) == 0
     d = np.atleast_1d(np.asarray(d, dtype=float))
@@ -131,7 +131,7 @@ def _divergence_exceeds(kind: str, y: float, delta: float) -> bool:
 
 
 def _float64_log_range(kind: str, delta: float) -> tuple[float, float]:
-    """The float64 roots (``log`` of the ratio range) of ``kind <= delta``, before :func:`log_range_of_dtype`'s
+    """The float64 roots (``log`` of the ratio range) of ``kind <= delta``, before ``log_range_of_dtype``'s
     exact correction; an infinite end where the constraint has none (kl1's upper, is_kl3's lower for delta >= 1)."""
     if kind == "kl1":
         return -delta, math.inf
@@ -147,13 +147,13 @@ LOG_RANGE_KINDS = ("kl1", "kl2", "kl3", "is_kl3")
 
 def log_range_of_dtype(kind: str, delta: float, dtype: torch.dtype = torch.float64) -> tuple[float, float]:
     r"""The smallest and the largest ``y`` representable in ``dtype`` (float64 or float32) whose per-token
-    divergence ``kind`` (:data:`LOG_RANGE_KINDS`: ``kl1 = -y``, ``kl2 = y^2 / 2``, ``kl3 = e^y - 1 - y``,
+    divergence ``kind`` (``LOG_RANGE_KINDS``: ``kl1 = -y``, ``kl2 = y^2 / 2``, ``kl3 = e^y - 1 - y``,
     ``is_kl3 = e^y (y - 1) + 1``, with ``y = log w``) is ``<= delta`` in exact arithmetic, as Python floats
     (``-inf`` / ``inf`` where the constraint has no end on that side).
 
     Each divergence falls on ``y < 0`` and rises on ``y > 0`` (kl1 only falls), so for every ``y`` of that dtype the
     constraint holds exactly when ``lo <= y <= hi``: the rule decided by two comparisons, with no rounding (the bounds
-    are representable in ``dtype``). Start: the float64 roots (:func:`kl3_clip_log_range` etc.) rounded inward to
+    are representable in ``dtype``). Start: the float64 roots (``kl3_clip_log_range`` etc.) rounded inward to
     ``dtype``; then each finite bound is stepped one representable value at a time while exact arithmetic (mpmath)
     says it is on the wrong side (a step or two: the float64 roots are within a few ulp).
 
@@ -211,16 +211,20 @@ def kl3_clip_range(delta: Any) -> tuple[Any, Any]:
     ``0 < l < 1 < u`` and ``1 - l < u - 1``. The Lambert-W values are polished by Newton's method on
     ``k3(e^y) = delta`` so that the result is accurate to ~1e-15 relative for delta in [1e-12, 50]
     (tested against mpmath at 50 digits). ``u`` stays finite for every finite delta (``u ~ delta + log delta``);
-    ``l ~ e^{-1-delta}`` underflows to 0 for delta > ~744 (:func:`kl3_clip_log_range` keeps ``log l``).
+    ``l ~ e^{-1-delta}`` underflows to 0 for delta > ~744 (``kl3_clip_log_range`` keeps ``log l``).
 
     Parameters
     ----------
-    delta : float or array_like, > 0
+    delta : float or array_like
+        The KL3 bound, > 0.
 
     Returns
     -------
-    (l, u) : floats (or arrays of the shape of delta)
+    tuple
+        ``(l, u)``: floats, or arrays of the shape of ``delta``.
 
+    Examples
+    --------
     >>> l, u = kl3_clip_range(0.07)
     >>> round(l, 5), round(u, 5)
     (0.67097, 1.42222)
@@ -246,7 +250,7 @@ def _exp_or_inf(y: float) -> float:
 
 
 def kl3_delta_from_bound(bound: Any) -> Any:
-    r"""Inverse of :func:`kl3_clip_range`: the ``delta`` whose range has ``bound`` as ``l`` or ``u``.
+    r"""Inverse of ``kl3_clip_range``: the ``delta`` whose range has ``bound`` as ``l`` or ``u``.
 
     ``delta = k3(bound) = bound - 1 - log(bound)``; a bound below 1 is read as ``l``, above 1 as ``u``.
 
@@ -280,7 +284,7 @@ def kl2_clip_range(delta: Any) -> tuple[Any, Any]:
 
 
 def is_kl3_clip_log_range(delta: Any) -> tuple[Any, Any]:
-    r"""``(log l, log u)`` of :func:`is_kl3_clip_range`: the roots of ``e^y (y - 1) + 1 = delta``; ``log l = -inf``
+    r"""``(log l, log u)`` of ``is_kl3_clip_range``: the roots of ``e^y (y - 1) + 1 = delta``; ``log l = -inf``
     for ``delta >= 1`` (no lower bound)."""
     d = check_positive("delta", delta)
     scalar = np.ndim(d) == 0
@@ -309,7 +313,7 @@ def is_kl3_clip_range(delta: Any) -> tuple[Any, Any]:
     (paper Table 3). With ``y = log w`` the boundary is ``(y - 1) e^{y - 1} = (delta - 1)/e``, so
     ``w = (delta - 1) / W((delta - 1)/e)``: the principal branch gives ``u > 1``, the ``W_{-1}``
     branch ``l < 1``. Since ``1 - w + w log w -> 1`` as ``w -> 0``, for ``delta >= 1`` there is no
-    lower bound: ``l = 0``. (:func:`is_kl3_clip_log_range` gives the logs.)
+    lower bound: ``l = 0``. (``is_kl3_clip_log_range`` gives the logs.)
     """
     y_lo, y_hi = is_kl3_clip_log_range(delta)
     with np.errstate(over="ignore"):
@@ -336,7 +340,7 @@ def bernoulli_kl_of_log_ratio(y: Any, p_old: Any) -> np.ndarray:
     full-distribution KL(pi_old || pi) compatible with the sampled action's ratio being ``w``. Defined for
     ``w < 1/p``.
 
-    Evaluated as ``p k3(y) + q k3(y')`` (:func:`_bernoulli_kl_and_slope`, ``y'`` the other outcome's log-ratio):
+    Evaluated as ``p k3(y) + q k3(y')`` (``_bernoulli_kl_and_slope``, ``y'`` the other outcome's log-ratio):
     the textbook form ``-p y + q [log1p(-p) - log1p(-p e^y)]`` subtracts terms ~``p |y|`` to get ~``p y^2 / 2q`` and
     lost ~``eps / |y|`` relative: TRGPPO's roots were off by up to 3e-11 in ``log l`` at delta = 1e-12
     (``tests/test_ranges.py``, against mpmath). At ``p = 1`` it is ``-y``.
@@ -349,7 +353,7 @@ def bernoulli_kl_of_log_ratio(y: Any, p_old: Any) -> np.ndarray:
 
 
 def trgppo_kl_range(p_old: Any, delta: float) -> tuple[np.ndarray, np.ndarray]:
-    """``exp`` of :func:`trgppo_kl_log_range` (``l`` underflows to 0 for tiny ``p_old``, which is harmless)."""
+    """``exp`` of ``trgppo_kl_log_range`` (``l`` underflows to 0 for tiny ``p_old``, which is harmless)."""
     y_lo, y_hi = trgppo_kl_log_range(p_old, delta)
     return np.exp(y_lo), np.exp(y_hi)
 
@@ -418,8 +422,8 @@ def dcpo_clip_range(
 def dcpo_clip_range_from_log(
     old_logp: torch.Tensor, epsilon_low: float = 0.16, epsilon_high: float = 0.2, ratio_cap: float = 10.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`dcpo_clip_range` of ``p_old = exp(old_logp)`` (torch), with ``1 / p_old = exp(-old_logp)`` taken
-    directly, capped at the dtype's largest value as :func:`dcpo_clip_range` floors ``p_old`` at its smallest
+    """``dcpo_clip_range`` of ``p_old = exp(old_logp)`` (torch), with ``1 / p_old = exp(-old_logp)`` taken
+    directly, capped at the dtype's largest value as ``dcpo_clip_range`` floors ``p_old`` at its smallest
     normal (so ``0 * 1/p`` stays 0 at ``epsilon = 0``)."""
     eps_l, eps_u = _check_dcpo_parameters(epsilon_low, epsilon_high, ratio_cap)
     return _dcpo_bounds_torch(_dcpo_inverse_p(old_logp), eps_l, eps_u, ratio_cap)
@@ -432,8 +436,8 @@ def dcpo_bound_by_sign(
     epsilon_high: float = 0.2,
     ratio_cap: float = 10.0,
 ) -> torch.Tensor:
-    """The one bound of :func:`dcpo_clip_range_from_log` that PPO's min objective reads at each token
-    (:func:`bound_by_sign`): ``u`` where ``advantages`` is positive, ``l`` where its sign bit is set. Bit for bit
+    """The one bound of ``dcpo_clip_range_from_log`` that PPO's min objective reads at each token
+    (``bound_by_sign``): ``u`` where ``advantages`` is positive, ``l`` where its sign bit is set. Bit for bit
     the same values, at about half the work (``1/4 + e / p`` with ``e = eps_u`` or ``-eps_l`` per token)."""
     eps_l, eps_u = _check_dcpo_parameters(epsilon_low, epsilon_high, ratio_cap)
     with torch.no_grad():
@@ -493,11 +497,11 @@ def _newton_nonpositive_torch(value_and_slope, x: torch.Tensor, max_iter: int, t
 
 
 def trgppo_kl_log_range_torch(p_old, delta: float, max_iter: int = 60):
-    r"""Torch version of :func:`trgppo_kl_log_range` (any device, float64 inside): Newton's method on
+    r"""Torch version of ``trgppo_kl_log_range`` (any device, float64 inside): Newton's method on
     convex monotone parametrisations, started where the function is positive so every step is safe.
 
     The KL is evaluated as ``p k3(y) + q k3(y')`` (``q = 1 - p``, ``y' = log((1 - p e^y) / q)``: two non-negative
-    terms, see :func:`bernoulli_kl_of_log_ratio`). Lower root, in ``y``: ``f(y) = KL - delta`` is convex and
+    terms, see ``bernoulli_kl_of_log_ratio``). Lower root, in ``y``: ``f(y) = KL - delta`` is convex and
     decreasing on ``y < 0`` and ``f >= -p y + q log q - delta``, so ``y0 = (q log q - delta)/p - 1`` has ``f > 0``.
     Upper root, in ``z = y'``: ``g(z) = KL - delta`` is convex and decreasing on ``z < 0`` with
     ``g >= p log p + q log q - q (z + log q) - delta``; start where that is > 0. Both iterations converge
@@ -600,7 +604,7 @@ def trgppo_kl_range_table(old_logp: torch.Tensor, delta: float) -> tuple[torch.T
     r"""TRGPPO's ``(l_KL, u_KL)`` for float32 ``old_logp = log p_old`` (any shape) by table lookup: no
     root finding, no host synchronisation, compilable.
 
-    The table holds the float64 roots of :func:`trgppo_kl_log_range_torch` (``log l_KL`` and ``log u_KL``) on
+    The table holds the float64 roots of ``trgppo_kl_log_range_torch`` (``log l_KL`` and ``log u_KL``) on
     a grid in ``a = -log p_old`` that is uniform within each binade of ``a`` (2,048 cells) and is read by
     linear interpolation; cell and weight come exactly from the float32 bits of ``a``. Accuracy against
     the float64 roots (tests, mpmath): ``|l - l_KL| < 1e-7`` and ``|log u - log u_KL| <= 2^-23 (1 + |log
@@ -617,7 +621,7 @@ def trgppo_bound_by_sign(
     old_logp: torch.Tensor, advantages: torch.Tensor, delta: float = 0.07, epsilon: float = 0.2
 ) -> torch.Tensor:
     """The one bound of TRGPPO's range ``[min(l_KL, 1 - eps), max(u_KL, 1 + eps)]`` that PPO's min objective reads
-    at each token (:func:`bound_by_sign`), from the table of :func:`trgppo_kl_range_table` (same accuracy): one
+    at each token (``bound_by_sign``), from the table of ``trgppo_kl_range_table`` (same accuracy): one
     interpolation per token instead of two (the sign of the advantage picks the table's half). Finite: where
     ``u_KL`` exceeds float32, float32's largest value."""
     negative = _sign_mask(advantages.detach().to(torch.float32))
@@ -627,9 +631,9 @@ def trgppo_bound_by_sign(
 
 @torch.no_grad()
 def _trgppo_sided_bounds(old_logp: torch.Tensor, negative: torch.Tensor, delta: float, epsilon: float):
-    """``(lo, hi) = (min(l_KL, 1 - eps), inf)`` where ``negative`` (of :func:`_sign_mask`) is -1 and
+    """``(lo, hi) = (min(l_KL, 1 - eps), inf)`` where ``negative`` (of ``_sign_mask``) is -1 and
     ``(-inf, max(u_KL, 1 + eps))`` where it is 0: the clamp of PPO's min objective under TRGPPO's range
-    (:func:`atr_theory.methods.ratio_objective`), one table interpolation per token."""
+    (``atr_theory.methods.ratio_objective``), one table interpolation per token."""
     eps = check_nonnegative("epsilon", epsilon)
     table, cells, frac = _trgppo_cells(old_logp, delta)
     bound = _trgppo_read(table, cells.add_(negative & _TABLE_ROWS), frac)
@@ -648,8 +652,8 @@ def bound_by_sign(lower: torch.Tensor, upper: torch.Tensor, advantages: torch.Te
     r"""``u`` where ``A > 0``, ``l`` where ``A < 0`` (and where ``A`` is -0.0; +0.0 takes ``u``): the only bound
     PPO's min objective reads. For ``A > 0``, ``min(w A, clip(w, l, u) A) = min(w, u) A``; for ``A < 0`` it is
     ``max(w, l) A``; at ``A = 0`` it is 0 whichever. Hence ``min(w A, b A)`` with this ``b`` equals PPO's
-    objective in value and gradient: :func:`atr_theory.ratio_objective` given ``b`` as both bounds reads ``b`` where it
-    should. :func:`dcpo_bound_by_sign` and :func:`trgppo_bound_by_sign` compute it without the other bound; this
+    objective in value and gradient: ``atr_theory.ratio_objective`` given ``b`` as both bounds reads ``b`` where it
+    should. ``dcpo_bound_by_sign`` and ``trgppo_bound_by_sign`` compute it without the other bound; this
     reference takes both (float32 or float64, broadcastable)."""
     return torch.where(torch.signbit(advantages.detach()), lower, upper)
 
@@ -672,7 +676,7 @@ def _float_bits(value: float, dtype: torch.dtype) -> int:
 def _select_by_sign(
     mask: torch.Tensor, negative: float | torch.Tensor, positive: float | torch.Tensor, dtype: torch.dtype
 ) -> torch.Tensor:
-    """``negative`` where ``mask`` (of :func:`_sign_mask`) is -1, ``positive`` where it is 0, exactly, as ``dtype``
+    """``negative`` where ``mask`` (of ``_sign_mask``) is -1, ``positive`` where it is 0, exactly, as ``dtype``
     (float32 or float64); each a number or a tensor (cast to ``dtype``, broadcast to ``mask``): the bit select
     ``((n ^ p) & mask) ^ p`` (two or three integer passes; ``torch.where`` on a boolean is ~5x a multiply here)."""
     n, p = _bits_of(negative, dtype), _bits_of(positive, dtype)

@@ -1,9 +1,9 @@
 r"""Each rule's formula on one screen: plain reference forms of the clipping rules, PPO-style.
 
-The registry's rules (:mod:`atr_theory.methods`) are written for speed: sign-bit selects, bounds cached per dtype,
+The registry's rules (``atr_theory.methods``) are written for speed: sign-bit selects, bounds cached per dtype,
 workarounds for ``torch.compile``. Here each rule is the textbook formula in a few lines of torch, sharing no helper
 with that fast path, so a reader sees the whole rule at once. ``tests/test_reference.py`` checks that
-:func:`atr_theory.policy_loss` gives the same per-token objective and gradient as these on random batches.
+``atr_theory.policy_loss`` gives the same per-token objective and gradient as these on random batches.
 
 Every function takes ``logp``, ``old_logp`` ((B, T) log-probabilities of the sampled tokens under pi and pi_old),
 ``advantages`` ((B,) or (B, T)), the boolean ``mask`` and the rule's parameters, and returns the (B, T) objective

@@ -1,7 +1,7 @@
-r"""The method registry: the shapes every clipping rule shares (:class:`TokenBatch` in, :class:`MethodResult` out),
-each parameter's declaration (:class:`Param`: default, domain, help), :func:`register` and :func:`resolve`.
+r"""The method registry: the shapes every clipping rule shares (``TokenBatch`` in, ``MethodResult`` out),
+each parameter's declaration (``Param``: default, domain, help), ``register`` and ``resolve``.
 
-The rules themselves are in :mod:`atr_theory.methods`, which re-exports every name here.
+The rules themselves are in ``atr_theory.methods``, which re-exports every name here.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ FORMS = ("min", "mask", "soft", "none")
 @dataclass
 class TokenBatch:
     """What a method sees. All tensors are (B, T) unless noted; ``mask`` is boolean; ``log_ratio``, ``advantages``,
-    ``logp``, ``old_logp`` and ``position_kl`` are zero on padding (:func:`atr_theory.policy_loss` replaces whatever
+    ``logp``, ``old_logp`` and ``position_kl`` are zero on padding (``atr_theory.policy_loss`` replaces whatever
     the caller had there)."""
 
     log_ratio: torch.Tensor  # log w = logp - old_logp, zero on padding, clamped to +-LOG_RATIO_CLAMP
@@ -164,7 +164,7 @@ class MethodSpec:
     aliases: tuple[str, ...] = ()
     ratio_mask_gradient: bool = False
     """The token gradient is ``kept * w A grad log pi`` in every form (``kept`` from the flags): a rule of Eq. 5, PPO's
-    min, a dual clip, dropped tokens. :func:`atr_theory.bandit.exact_gradient` uses it (test: against autograd)."""
+    min, a dual clip, dropped tokens. ``atr_theory.bandit.exact_gradient`` uses it (test: against autograd)."""
 
     @property
     def defaults(self) -> dict[str, float]:
@@ -200,9 +200,9 @@ def register(
     relations: tuple[Relation, ...] = (),
     ratio_mask_gradient: bool = False,
 ) -> Callable[[Callable[..., MethodResult]], Callable[..., MethodResult]]:
-    """Decorator: register ``fn`` under ``name`` (and ``aliases``) in :data:`METHODS`.
+    """Decorator: register ``fn`` under ``name`` (and ``aliases``) in ``METHODS``.
 
-    ``params`` maps each parameter of ``fn`` (after the batch) to its :class:`Param`; the function's
+    ``params`` maps each parameter of ``fn`` (after the batch) to its ``Param``; the function's
     signature must name exactly those parameters.
     """
     for key, p in params.items():
@@ -238,7 +238,7 @@ def register(
 
 
 def unregister(name: str) -> None:
-    """Remove a method and its aliases from :data:`METHODS` (for plugins and tests)."""
+    """Remove a method and its aliases from ``METHODS`` (for plugins and tests)."""
     spec = get_method(name)
     for key in (spec.name, *spec.aliases):
         METHODS.pop(key, None)
@@ -274,7 +274,7 @@ def resolve(method: str, form: str | None = None, **params: Any) -> ResolvedMeth
     r"""Validate a method choice once: name, form, parameter names, each value's domain, relations.
 
     ``form=None`` picks the method's default form; parameters not given take their declared defaults.
-    :func:`atr_theory.policy_loss` and the trainer's config both call this (the trainer at config
+    ``atr_theory.policy_loss`` and the trainer's config both call this (the trainer at config
     time, before any model is loaded).
 
     >>> r = resolve("atr")

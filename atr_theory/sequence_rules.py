@@ -1,12 +1,12 @@
 r"""Sequence-level rules: one decision (or one ratio) per sequence instead of one per token.
 
-* :func:`gspo`: GSPO's sequence ratio ``s = exp(mean_t log w_t)`` clipped PPO-style (Zheng et al. 2025).
-* :func:`gmpo`: GMPO's geometric mean of the token ratios, each clipped in log space by its advantage's sign
+* ``gspo``: GSPO's sequence ratio ``s = exp(mean_t log w_t)`` clipped PPO-style (Zheng et al. 2025).
+* ``gmpo``: GMPO's geometric mean of the token ratios, each clipped in log space by its advantage's sign
   (Zhao et al. 2025; verl ``geo_mean``).
-* :func:`atr_seq`: the paper's rule at sequence level: ``mean_t k3(w_t) <= delta`` keeps the whole sequence.
+* ``atr_seq``: the paper's rule at sequence level: ``mean_t k3(w_t) <= delta`` keeps the whole sequence.
 
-Registered in :data:`atr_theory.METHODS` when :mod:`atr_theory` is imported. ``ratio_level="sequence"`` of
-:func:`atr_theory.policy_loss` (:mod:`atr_theory.layers`) gives any token rule a sequence ratio instead.
+Registered in ``atr_theory.METHODS`` when ``atr_theory`` is imported. ``ratio_level="sequence"`` of
+``atr_theory.policy_loss`` (``atr_theory.layers``) gives any token rule a sequence ratio instead.
 """
 
 from __future__ import annotations

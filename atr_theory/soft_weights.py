@@ -3,8 +3,8 @@ REINFORCE (weight 1) and DRO (REINFORCE with a quadratic log-ratio penalty).
 
 None of them removes a token's gradient: each scales ``A grad log pi`` by a weight of the ratio (SAPO through ``w``
 itself, CISPO and VESPO through a detached weight times ``log pi``), so every token counts as kept; the flags say
-where the weight was truncated (CISPO). Registered in :data:`atr_theory.METHODS` when :mod:`atr_theory` is
-imported, like :mod:`atr_theory.methods`; each rule's plain form is in :mod:`atr_theory.reference`.
+where the weight was truncated (CISPO). Registered in ``atr_theory.METHODS`` when ``atr_theory`` is
+imported, like ``atr_theory.methods``; each rule's plain form is in ``atr_theory.reference``.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def vespo(
     batch: TokenBatch, vespo_k_pos: float, vespo_lambda_pos: float, vespo_k_neg: float, vespo_lambda_neg: float
 ) -> MethodResult:
     r"""Sequence-level soft weight: ``sg[phi(W)] A log pi`` with the gamma weight ``phi`` of
-    :func:`vespo_log_weight` on the *product* of the sequence's token ratios ``W = prod_t w_t``.
+    ``vespo_log_weight`` on the *product* of the sequence's token ratios ``W = prod_t w_t``.
 
     ``phi`` peaks at ``W = k / lambda`` and vanishes for ``W -> 0`` and ``W -> inf``: a sequence far off-policy
     contributes little, smoothly. It reads the token ratios themselves (``logp - old_logp``), whatever ratio level
@@ -134,7 +134,7 @@ def vespo(
 def reinforce(batch: TokenBatch) -> MethodResult:
     r"""The plain policy gradient: objective ``A log pi``, gradient ``A grad log pi``, no ratio and no clipping.
 
-    With a rollout correction (:class:`atr_theory.layers.RolloutCorrection`) it is verl's bypass-mode REINFORCE
+    With a rollout correction (``atr_theory.layers.RolloutCorrection``) it is verl's bypass-mode REINFORCE
     ``sg[rho] A log pi``; with a token k3 mask on top it has ATR's gradient (``docs/methods.md``)."""
     return _no_clip(batch.advantages * batch.logp, batch)
 

@@ -1,7 +1,7 @@
 r"""The paper's theorems as executable checks.
 
 Each check takes a batch of instances (logits ``theta`` = theta^k, ``theta_old``, advantages ``adv``,
-all (N, S, K) float64; ``delta``, ``epsilon``, ``eta``) and returns a :class:`Check` holding what the
+all (N, S, K) float64; ``delta``, ``epsilon``, ``eta``) and returns a ``Check`` holding what the
 paper's statement predicts, what an *independent* exact computation gives (autograd of the clipped
 objective, the entropy of the updated policy, mpmath root finding), and the error. Where the
 statement as written fails, a ``corrected`` prediction (derived in the docstring) is checked the
@@ -146,10 +146,10 @@ def check_gradient_equivalence(theta, theta_old, adv, lower: float, upper: float
 
     predicted: the gradient of the general (mask) objective, in closed form
     ``d(s) pi(a) [g(a) - E_pi g]`` with ``g = A 1[C]``; also computed through
-    :func:`atr_theory.policy_loss` (``form="mask"``) and required to agree with it.
+    ``atr_theory.policy_loss`` (``form="mask"``) and required to agree with it.
     exact: autograd of the ratio-based objective written inline (``"clip"`` or PPO ``"min"``).
     corrected (for ``"min"``): the same closed form with the min objective's kept set
-    (:func:`kept_indicator`): ``C' = {A > 0, w <= u} u {A < 0, w >= l}``.
+    (``kept_indicator``): ``C' = {A > 0, w <= u} u {A < 0, w >= l}``.
     """
     S = theta.shape[1]
     w = ratio(theta, theta_old)
@@ -201,7 +201,7 @@ def check_equivalence_and_asymmetry(deltas: np.ndarray, n_ratios: int = 200, see
     (1) the paper's closed form ``[-W0(-e^{-1-d}), -W_{-1}(-e^{-1-d})]`` (scipy's lambertw, as written)
     against the roots of ``k3(w) = delta`` found by mpmath at 50 digits (no Lambert W involved), and
     ``k3(w) <= delta  <=>  l <= w <= u`` on random ratios; (2) ``1 - l < u - 1``.
-    Also reports the error of :func:`atr_theory.kl3_clip_range` (Newton-polished) on the same grid.
+    Also reports the error of ``atr_theory.kl3_clip_range`` (Newton-polished) on the same grid.
     """
     rng = np.random.default_rng(seed)
     rows = []
@@ -335,7 +335,7 @@ class Theorem:
     statement that replaces it where it fails as written (None: nothing to correct); ``tolerance`` the
     bound on the relative error below which it holds (exact statements 1e-8; first-order ones 0.05,
     plus the O(eta^2) test); ``run(theorem, n, generator, seed)`` returns the report row (see
-    :func:`evaluate`).
+    ``evaluate``).
     """
 
     id: str

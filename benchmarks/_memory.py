@@ -2,7 +2,7 @@
 
 glibc keeps freed blocks below its mmap threshold (up to 32 MiB) in the heap, so a process that frees and
 re-allocates many 8 MiB blocks grows its RSS without its live memory growing; children started with
-:data:`MMAP_ENV` mmap every block >= 1 MiB, so their high-water mark is that of live memory.
+``MMAP_ENV`` mmap every block >= 1 MiB, so their high-water mark is that of live memory.
 """
 
 from __future__ import annotations

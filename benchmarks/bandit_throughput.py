@@ -3,8 +3,8 @@ loop and against the machine's copy bandwidth, measured side by side in one proc
 
 Throughput is (seeds x states x actions) per second of one exact-mode gradient (ATR, float64). Paths:
 
-* ``autograd``: :func:`atr_theory.bandit.exact_surrogate` (``policy_loss``) and ``torch.autograd.grad``;
-* ``closed_form``: :func:`atr_theory.bandit.exact_gradient` (``c - pi sum c`` with the method's own flags);
+* ``autograd``: ``atr_theory.bandit.exact_surrogate`` (``policy_loss``) and ``torch.autograd.grad``;
+* ``closed_form``: ``atr_theory.bandit.exact_gradient`` (``c - pi sum c`` with the method's own flags);
 * ``compiled``: the same under ``torch.compile(fullgraph=True)`` (``validate=False``: no host sync);
 * ``loop``: the autograd path per (seed, state), a (1, 1, K) call each.
 
@@ -56,7 +56,7 @@ def numpy_copy_bandwidth(n_bytes: int = 1 << 29, repeats: int = 5) -> float:
 
 def torch_copy_bandwidth(device: str, n_bytes: int = 1 << 29, repeats: int = 7) -> float:
     """Bytes/s of ``Tensor.copy_`` on ``device`` (read + write counted; all threads on CPU): the best of ``repeats``
-    after a warm-up, like :func:`numpy_copy_bandwidth` (the median of 5 read 42-44 GB/s in some runs on this 2-core
+    after a warm-up, like ``numpy_copy_bandwidth`` (the median of 5 read 42-44 GB/s in some runs on this 2-core
     machine where the copy otherwise runs at 70-75)."""
     src = torch.ones(n_bytes // 8, dtype=torch.float64, device=device)
     dst = torch.empty_like(src)

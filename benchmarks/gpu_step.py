@@ -2,8 +2,8 @@
 initialised Qwen3-1.7B architecture, with the paper's LoRA and Table 4's batch geometry.
 
 No hub access: the model is ``Qwen3ForCausalLM`` built from the published Qwen3-1.7B sizes
-(:data:`QWEN3_1_7B`) with random weights, the tokenizer is Qwen3's real one built offline
-(:func:`atr_llm.tokenizer.qwen3_tokenizer`), the prompts are the package's arithmetic task. A random model
+(``QWEN3_1_7B``) with random weights, the tokenizer is Qwen3's real one built offline
+(``atr_llm.tokenizer.qwen3_tokenizer``), the prompts are the package's arithmetic task. A random model
 earns no task reward, so the reward is a deterministic function of the completion's token ids (it has
 spread, so advantages and gradients are not zero); what is measured is cost, not learning.
 

@@ -22,7 +22,7 @@ from atr_theory import theorems as T
 
 
 def build_report(n: int, seed: int) -> list[dict]:
-    """One row per :data:`atr_theory.theorems.THEOREMS` record, in order, from one seeded generator."""
+    """One row per ``atr_theory.theorems.THEOREMS`` record, in order, from one seeded generator."""
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     return [T.evaluate(thm, n, gen, seed) for thm in tqdm(T.THEOREMS, desc="statements")]

@@ -171,10 +171,13 @@ def test_batch_normalised_weights_average_one(level):
 def test_dppo_flags_a_truncated_weight_as_clipped_high_and_kept():
     """A kept token whose weight hit ``is_cap`` is reported (verl's ``pg_clipfrac_lower`` counts it); a token inside
     and below the cap is not."""
-    old = torch.log(torch.tensor([[0.01, 0.01]], dtype=torch.float64))
-    logp = torch.log(torch.tensor([[0.03, 0.011]], dtype=torch.float64))
-    out = at.policy_loss(logp, old, torch.ones(1), torch.ones(1, 2, dtype=torch.bool), method="dppo_tv", is_cap=2.0)
-    assert out.result.kept.tolist() == [[True, True]] and out.result.clipped_high.tolist() == [[True, False]]
+    old = torch.log(torch.tensor([[0.01, 0.01, 0.01]], dtype=torch.float64))
+    logp = torch.log(torch.tensor([[0.03, 0.011, 0.009]], dtype=torch.float64))
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    out = at.policy_loss(logp, old, torch.ones(1), mask, method="dppo_tv", is_cap=2.0)
+    assert out.result.kept.tolist() == [[True, True, True]]
+    assert out.result.clipped_high.tolist() == [[True, False, False]]
+    assert out.result.clipped_low.tolist() == [[False, False, False]]  # a kept token whose ratio fell is not clipped
 
 
 def test_vespo_clamps_each_token_log_ratio_before_the_sum():

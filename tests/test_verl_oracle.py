@@ -2,7 +2,7 @@
 
 Runs where verl is importable: ``make test-verl`` builds a virtualenv with ``pip install --no-deps verl==0.9.1``
 and its few pure-Python needs (verl's package ``__init__`` imports ray, which the loss code never uses: a stub
-module stands in for it, see :func:`_import_verl`). Batches are float64, padded, with per-sequence or
+module stands in for it, see ``_import_verl``). Batches are float64, padded, with per-sequence or
 per-token advantages and log-ratios within verl's +-20 clamp.
 
 Where the two differ by design, a test says so and pins the difference:
@@ -105,7 +105,7 @@ def _config(loss_mode: str, **kw) -> ActorConfig:
 
 
 def _ours(logp, old, adv, mask, method, aggregation, **params):
-    """Our loss and gradient; ``params`` are the method's and :func:`atr_theory.policy_loss`'s keywords."""
+    """Our loss and gradient; ``params`` are the method's and ``atr_theory.policy_loss``'s keywords."""
     lp = logp.clone().requires_grad_(True)
     out = at.policy_loss(lp, old, adv, mask, method=method, aggregation=aggregation, **params)
     (grad,) = torch.autograd.grad(out.loss, lp)
@@ -246,7 +246,7 @@ def test_gmpo_equals_verls_geo_mean(per_token, eps):
 
 
 def _probability_batch(seed: int, per_token: bool):
-    """:func:`_batch` with every log-probability <= -1e-6 (DPPO reads ``p = exp(log p)`` as a probability)."""
+    """``_batch`` with every log-probability <= -1e-6 (DPPO reads ``p = exp(log p)`` as a probability)."""
     logp, old, adv, mask = _batch(seed, per_token, scale=1.0)
     return logp.clamp(max=-1e-6), old, adv, mask
 
@@ -519,7 +519,7 @@ def _mismatch_batch(seed: int, B: int = 8, T: int = 10, scale: float = 0.3):
 
 
 def _our_mask(option: str, threshold) -> at.SequenceMask:
-    """verl's ``rollout_rs`` option and threshold as our :class:`SequenceMask` (advantages: all)."""
+    """verl's ``rollout_rs`` option and threshold as our ``SequenceMask`` (advantages: all)."""
     level, estimator = option.rsplit("_", 1)
     reduction = "token" if level == "token" else level.split("_")[1]
     if estimator == "k1":
@@ -530,7 +530,7 @@ def _our_mask(option: str, threshold) -> at.SequenceMask:
 
 @pytest.mark.parametrize("option", RS_OPTIONS)
 def test_rejection_masks_equal_verls_rollout_rs(option):
-    """Every ``rollout_rs`` option is a :class:`SequenceMask`; the same tokens are rejected, and some were."""
+    """Every ``rollout_rs`` option is a ``SequenceMask``; the same tokens are rejected, and some were."""
     threshold = "0.7_1.2" if option.endswith("k1") else ("0.02" if option.startswith("token") else "0.2")
     if option.startswith("seq_sum") and not option.endswith("k1"):
         threshold = "0.3"
@@ -562,7 +562,7 @@ def test_verls_k1_bounds_bound_the_inverse_ratio():
 @pytest.mark.parametrize("normalize", [False, True])
 def test_is_weights_equal_verls_rollout_is(level, threshold, normalize):
     """``rollout_is`` token / sequence, TIS (one bound) and IcePop (``"lower_upper"``), with and without batch
-    normalisation: the same weights as :func:`atr_theory.layers.rollout_correction_weights`."""
+    normalisation: the same weights as ``atr_theory.layers.rollout_correction_weights``."""
     if isinstance(threshold, str):
         lo, hi = (float(x) for x in threshold.split("_"))
         spec = at.RolloutCorrection(level, "mask", hi, lo, normalize)
@@ -629,7 +629,7 @@ def _kept_token_rescaling(logp, old, mask, option, delta, aggregation):
 @pytest.mark.parametrize("option,reduction,rule", BYPASS)
 def test_bypass_reinforce_with_k3_rejection_is_reinforce_with_our_layers(option, reduction, rule, aggregation):
     """verl's bypass mode (REINFORCE, token TIS at 2, ``rollout_rs`` k3 at delta) is our ``reinforce`` with
-    :class:`RolloutCorrection` and :class:`SequenceMask`: the same loss and gradient."""
+    ``RolloutCorrection`` and ``SequenceMask``: the same loss and gradient."""
     delta = 0.07
     for seed in SEEDS:
         logp, old, adv, mask = _batch(seed, per_token=False, scale=0.4)
@@ -668,7 +668,7 @@ def test_bypass_reinforce_with_k3_rejection_has_atrs_gradient(option, reduction,
 
 def test_decoupled_mode_weights_multiply_the_rule():
     """verl's decoupled mode: a rule's loss times the IS weights of ``pi_old / pi_rollout`` (computed by verl's
-    helper) equals ours with ``behaviour_logp`` and :class:`RolloutCorrection`, sequence level, IcePop."""
+    helper) equals ours with ``behaviour_logp`` and ``RolloutCorrection``, sequence level, IcePop."""
     for seed in SEEDS:
         logp, old, adv, mask = _batch(seed, per_token=False, scale=0.4)
         rollout = old + 0.05 * torch.randn(old.shape, generator=torch.Generator().manual_seed(seed), dtype=old.dtype)
@@ -735,7 +735,7 @@ def test_bad_layers_in_the_environment_are_refused_by_name(value, message, monke
 def test_verls_k3_cancels_near_a_small_bound_ours_is_exact():
     """verl evaluates k3 as ``exp(y) - 1 - y``, which cancels for small ``y``: at ``delta = 1e-8`` (bound near
     ``y = 1.41e-4``) it decides 391 of 2,001 log-ratios spaced 1e-15 around the bound (within 1e-12 of it) otherwise
-    than exact arithmetic (mpmath, 50 digits); :class:`SequenceMask` (the k3 series near 0) decides every one as
+    than exact arithmetic (mpmath, 50 digits); ``SequenceMask`` (the k3 series near 0) decides every one as
     mpmath does. At realistic bounds (0.01 and up) the band is ~1e-15 wide: no random batch shows it."""
     import mpmath as mp
 

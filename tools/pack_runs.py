@@ -24,7 +24,7 @@ RESUME_ONLY = {"optimizer.pt", "scheduler.pt", "rng_state.pth"}
 
 
 def files_to_keep(runs_dir: Path) -> list[Path]:
-    """The files of ``runs_dir`` that :mod:`experiments.cpu_table` needs to resume and to write its outputs."""
+    """The files of ``runs_dir`` that ``experiments.cpu_table`` needs to resume and to write its outputs."""
     keep: list[Path] = []
     for run in sorted(p for p in runs_dir.iterdir() if p.is_dir()):
         if run.name.startswith("sft-"):

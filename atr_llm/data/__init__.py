@@ -17,7 +17,7 @@ amc23                         AI-MO/aimo-validation-amc (83 problems:      probl
 amc23-40                      math-ai/amc23 (40 problems, another set)     question, answer
 openmathreasoning             nvidia/OpenMathReasoning (split cot)         problem, expected_answer (+ solution)
 openmathreasoning-mini        unsloth/OpenMathReasoning-mini               problem, expected_answer (+ solution)
-arithmetic                    generated offline (:func:`arithmetic_dataset`)  problem, answer
+arithmetic                    generated offline (``arithmetic_dataset``)  problem, answer
 arithmetic-3step              generated offline: ``a +- b +- c``, digits   problem, answer
                               0-9, training split (``OFFLINE_TASKS``)
 arithmetic-3step-steps        the same problems with a step-by-step        problem, answer, solution
@@ -104,8 +104,8 @@ def arithmetic_dataset(
     steps: bool = False,
 ):
     """A ``datasets.Dataset`` of ``n`` generated arithmetic problems with verifiable answers; ``split``:
-    ``"all"``, or ``"train"`` / ``"test"`` (rows drawn until ``n`` fall on that side of :func:`is_held_out`);
-    ``steps``: with a step-by-step ``solution`` column (:func:`arithmetic_problem`)."""
+    ``"all"``, or ``"train"`` / ``"test"`` (rows drawn until ``n`` fall on that side of ``is_held_out``);
+    ``steps``: with a step-by-step ``solution`` column (``arithmetic_problem``)."""
     from datasets import Dataset
 
     if split not in ("all", "train", "test"):
@@ -124,7 +124,7 @@ OFFLINE_TASKS: dict[str, dict] = {
     "arithmetic-3step": {"terms": 3, "ops": "+-", "max_operand": 9, "split": "train"},
     "arithmetic-3step-steps": {"terms": 3, "ops": "+-", "max_operand": 9, "split": "train", "steps": True},
 }
-"""Offline task name -> :func:`arithmetic_dataset` arguments (``arithmetic-3step``: the CPU analog of Tables 2-3;
+"""Offline task name -> ``arithmetic_dataset`` arguments (``arithmetic-3step``: the CPU analog of Tables 2-3;
 its test split is ``arithmetic_dataset(..., split="test")`` with the same arguments)."""
 
 
@@ -249,7 +249,7 @@ def load_source(
 ):
     """Load a named source (see the module table) from ``path`` if given, else from its hub id.
 
-    A name in :data:`OFFLINE_TASKS` generates that offline task (``limit`` rows, default 512).
+    A name in ``OFFLINE_TASKS`` generates that offline task (``limit`` rows, default 512).
     Returns a ``datasets.Dataset`` with columns problem, answer (and solution where the source has one). ``argument``
     names ``path`` in a refusal (the command-line flag it came from); a path given for an offline task is refused.
     """

@@ -1,5 +1,5 @@
 """The paper's Tables 2-3 and Figs. 3-4 at the scale of a 2-core CPU (Fig. 5, Pass@K against K, is read from the
-samples its evaluations leave in ``--runs-dir`` by :mod:`experiments.cpu_table.pass_at_k_curves`).
+samples its evaluations leave in ``--runs-dir`` by ``experiments.cpu_table.pass_at_k_curves``).
 
     python -m experiments.cpu_table                  # every run x 3 seeds, resumable (see the README for the cost)
     python -m experiments.cpu_table --device cuda --workers 8   # the same table on one GPU, 8 runs at a time
@@ -10,10 +10,10 @@ samples its evaluations leave in ``--runs-dir`` by :mod:`experiments.cpu_table.p
 
 Per seed: a tiny Qwen3 (``atr_llm.tiny``) gets a formatting SFT (600 steps) on three-term arithmetic answered
 step by step (``a +- b +- c`` over digits, ``atr_llm.data.OFFLINE_TASKS["arithmetic-3step-steps"]``); then every
-run of :data:`CPU_RUNS` (Table 2's methods, Table 3's estimators and matched baselines, an ATR delta ablation)
+run of ``CPU_RUNS`` (Table 2's methods, Table 3's estimators and matched baselines, an ATR delta ablation)
 trains GRPO from that same SFT model with ``atr_llm/configs/cpu-table.yaml`` (dr_grpo, G = 8, 32 prompts per step,
 1,000 steps, ``num_iterations: 2`` so that clipping acts) through ``python -m atr_llm.train``'s own entry point.
-Each run and the SFT model are evaluated on the task's test split (:func:`atr_llm.data.is_held_out`: no training
+Each run and the SFT model are evaluated on the task's test split (``atr_llm.data.is_held_out``: no training
 row of any seed is a test problem) with 8 samples under two samplings, each its own benchmark of the table:
 T = 0.3, top-p 0.95 (the paper's evaluation sampling) and T = 1 (the training sampling). Mean@8 and Pass@8 at
 the final step and the best over the saved checkpoints, as in Table 2's "final (best)".
@@ -21,9 +21,9 @@ the final step and the best over the saved checkpoints, as in Table 2's "final (
 Writes into ``--out`` (default ``figures/``): ``cpu_llm_table.csv`` (one row per run x seed x benchmark),
 ``cpu_llm_table.md`` (means over seeds, paired differences against clip and atr with 95% t intervals, the
 difference each line's seeds would detect with 80% power, and the seeds a comparison between rules needs at the
-table's pooled spread: :func:`detectable_difference`, :func:`between_rule_noise`; when clip, clip-mask, atr-min
-and atr ran on the same seeds, Eq. 5's form crossed with the ratio range as a 2 x 2: :func:`forms_factorial`;
-training reward, entropy and length over each run's last 100 steps, paired: :func:`curve_tails`),
+table's pooled spread: ``detectable_difference``, ``between_rule_noise``; when clip, clip-mask, atr-min
+and atr ran on the same seeds, Eq. 5's form crossed with the ratio range as a 2 x 2: ``forms_factorial``;
+training reward, entropy and length over each run's last 100 steps, paired: ``curve_tails``),
 ``cpu_llm_curves.csv`` + ``cpu_llm_curves.png`` (training reward, entropy, completion length: Fig. 3's
 quantities), ``cpu_llm_delta_ablation.csv`` + ``.png`` (Mean@8 against ATR's delta: Fig. 4's question) and
 ``cpu_llm_table.json`` (settings, versions, paired statistics, each run's change from its own SFT model). Runs live in ``--runs-dir``; a finished run
@@ -32,16 +32,16 @@ rows of an earlier invocation with the same protocol stay (a re-run (run, seed, 
 rows can be added by later invocations even when their ``--runs-dir`` is gone (``--replace-table`` starts over;
 ``--rewrite`` writes a table again from its own rows, training nothing, after a change to its statistics).
 
-Every row records the SFT model it started from (``sft_model``: :func:`weights_id`, a hash of its weights) and
+Every row records the SFT model it started from (``sft_model``: ``weights_id``, a hash of its weights) and
 the invocation that wrote it. The same command trains different SFT models on different kinds of CPU (kernels
 round differently and 600 steps amplify it), so rows are only paired when they started from the same model, and
-SFT models trained on one kind of machine form one *start* (:func:`start_labels`; each SFT model records the machine
-that trained it, :func:`machine_kind`, so seeds added in a later invocation join their start); with more than one
+SFT models trained on one kind of machine form one *start* (``start_labels``; each SFT model records the machine
+that trained it, ``machine_kind``, so seeds added in a later invocation join their start); with more than one
 start in a table every row is named with its start (``atr [B]``) and the table lists which models each start holds.
 
 
-The modules: :mod:`.protocol` (runs, settings, layout), :mod:`.driver` (training and evaluation, the command
-line), :mod:`.statistics`, :mod:`.report` (tables, plots, files). Every name is re-exported here."""
+The modules: ``.protocol`` (runs, settings, layout), ``.driver`` (training and evaluation, the command
+line), ``.statistics``, ``.report`` (tables, plots, files). Every name is re-exported here."""
 
 from .driver import (  # noqa: F401
     _M_MMAP_THRESHOLD,

@@ -1,4 +1,4 @@
-"""``python -m experiments.cpu_table``: see :mod:`experiments.cpu_table.driver`."""
+"""``python -m experiments.cpu_table``: see ``experiments.cpu_table.driver``."""
 
 from atr_llm.cli import run_command
 

@@ -86,7 +86,7 @@ def evaluate_model(
 ) -> dict:
     """Mean@1/Pass@1 and Mean@k/Pass@k (%) on ``task``'s test split (its first ``test_problems`` problems of seed
     12345), ``samples`` completions per problem; ``max_tokens`` defaults to the training cap of cpu-table.yaml and
-    ``sampling`` to :data:`EVAL_SAMPLING`."""
+    ``sampling`` to ``EVAL_SAMPLING``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from atr_llm.evaluate import HFGenerator, evaluate_benchmarks, summarise_samples
@@ -102,7 +102,7 @@ def evaluate_model(
 
 
 def evaluate_every_benchmark(model_dir: Path, tokenizer_dir: Path, job: dict, out_dir: Path) -> dict:
-    """``{benchmark: evaluate_model(...)}`` for every sampling of :data:`BENCHMARKS` (samples in ``out_dir/<name>``)."""
+    """``{benchmark: evaluate_model(...)}`` for every sampling of ``BENCHMARKS`` (samples in ``out_dir/<name>``)."""
     return {
         name: evaluate_model(
             model_dir,
@@ -212,8 +212,8 @@ def _libc_function(name: str):
 
 def worker_init() -> None:
     """Initialiser of the driver's worker processes (and of scripts that must reduce like them): one torch thread,
-    freed memory kept for re-use (:func:`keep_freed_memory`; allocation only, the same numbers), and death with the
-    driver (:func:`die_with_parent`)."""
+    freed memory kept for re-use (``keep_freed_memory``; allocation only, the same numbers), and death with the
+    driver (``die_with_parent``)."""
     import torch
 
     torch.set_num_threads(1)  # one core per worker: the tiny model is launch-bound, two workers beat two threads

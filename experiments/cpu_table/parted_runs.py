@@ -3,10 +3,10 @@
 Training on one machine kind is deterministic, so two rules run from the same SFT model make the same updates -- and
 log the same curves bit for bit -- until a batch on which their gradients differ (README, "Two declarations of one
 rule"). Per shared start (seed and SFT model) this reads, from the committed tables only (no run is re-trained):
-the first logged step at which the curves part (:func:`experiments.cpu_table.where_curves_part`), whether the final
+the first logged step at which the curves part (``experiments.cpu_table.where_curves_part``), whether the final
 Mean@k / Pass@k are equal, and over the starts that parted the spread of the final Mean@k differences, beside the
-paired difference over every shared start (:func:`experiments.cpu_table.paired_difference`) and the pooled spread of a
-difference between two rules in the first run's table (:func:`experiments.cpu_table.between_rule_noise`). The two runs may
+paired difference over every shared start (``experiments.cpu_table.paired_difference``) and the pooled spread of a
+difference between two rules in the first run's table (``experiments.cpu_table.between_rule_noise``). The two runs may
 come from two tables written with the same protocol (the other table is refused, naming the settings that differ).
 
     python -m experiments.cpu_table.parted_runs \

@@ -3,17 +3,17 @@
     python -m experiments.cpu_table.pass_at_k_curves --runs-dir runs/cpu_table_forms --runs sft clip atr \
         --seeds 10 11 12 13 14 15 16 17 --out figures/cpu_pass_at_k
 
-Reads the samples each evaluation of :mod:`experiments.cpu_table` left in its runs directory (``samples.jsonl``: 8
+Reads the samples each evaluation of ``experiments.cpu_table`` left in its runs directory (``samples.jsonl``: 8
 completions per held-out problem; the SFT model's own, and each GRPO run's at ``--step``, default the final one) and
 computes, per run, seed and benchmark, Pass@K and Mean@K for each K with the unbiased estimators of
-:func:`atr_llm.evaluate.summarise_samples` (Chen et al. 2021). Nothing is generated again: every Pass@k the run recorded in its
+``atr_llm.evaluate.summarise_samples`` (Chen et al. 2021). Nothing is generated again: every Pass@k the run recorded in its
 ``result.json`` must equal the samples', else the samples are not the ones that were
 evaluated and the run is refused. Mean@K's expectation does not depend on K (it is the accuracy of one sample), so
 only Pass@K varies; it is written for every K as the paper's figure has it.
 
 Writes ``cpu_pass_at_k.csv`` (run, seed, sft_model, benchmark, k, mean_at_k, pass_at_k), ``cpu_pass_at_k.json`` (the
 same, and per reference of ``--references``, benchmark and K each run's paired difference against it over shared seeds,
-:func:`experiments.cpu_table.paired_difference`) and ``cpu_pass_at_k.png`` (Pass@K against K, mean over seeds).
+``experiments.cpu_table.paired_difference``) and ``cpu_pass_at_k.png`` (Pass@K against K, mean over seeds).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from experiments import cpu_table
 
 
 def evaluation_directory(runs_dir: Path | str, run: str, seed: int, step: int) -> Path:
-    """Where :mod:`experiments.cpu_table` left the samples of (``run``, ``seed``): the SFT model's ``eval/``, a GRPO
+    """Where ``experiments.cpu_table`` left the samples of (``run``, ``seed``): the SFT model's ``eval/``, a GRPO
     run's ``checkpoint-<step>/eval/``; one sub-directory per benchmark."""
     directory = cpu_table.run_directory(runs_dir, run, seed)
     return directory / "eval" if run == "sft" else directory / f"checkpoint-{step}" / "eval"
@@ -90,8 +90,8 @@ def curve_of_run(runs_dir: Path | str, run: str, seed: int, step: int, ks: list[
 def paired_by_k(rows: list[dict], runs: list[str], reference: str) -> dict[str, dict[str, dict]]:
     """``{benchmark: {k: {run: paired difference of pass_at_k against reference}}}`` over shared starts. Against
     ``"sft"`` with two GRPO runs or more, also ``"mean of runs"``: the GRPO runs' mean minus their SFT models, one
-    contrast per start shared by all (:func:`experiments.cpu_table.paired_contrast`), with ``p_holm``: Holm over these
-    contrasts at every benchmark and K (:func:`experiments.cpu_table.holm_adjusted`)."""
+    contrast per start shared by all (``experiments.cpu_table.paired_contrast``), with ``p_holm``: Holm over these
+    contrasts at every benchmark and K (``experiments.cpu_table.holm_adjusted``)."""
     out: dict[str, dict[str, dict]] = {}
     others = [run for run in runs if run != reference]
     for benchmark in sorted({r["benchmark"] for r in rows}):

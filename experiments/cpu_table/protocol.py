@@ -1,5 +1,5 @@
 """The CPU table's protocol: its runs, benchmarks and settings, where a run lives, and what a finished run must
-agree on to join a table (the data layout every other module of :mod:`experiments.cpu_table` reads)."""
+agree on to join a table (the data layout every other module of ``experiments.cpu_table`` reads)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ BASE_CONFIG = Path(atr_llm.__file__).parent / "configs" / "cpu-table.yaml"
 
 
 def base_config_value(key: str):
-    """``key`` of :data:`BASE_CONFIG` (cpu-table.yaml), the training settings every run starts from."""
+    """``key`` of ``BASE_CONFIG`` (cpu-table.yaml), the training settings every run starts from."""
     import yaml
 
     return yaml.safe_load(BASE_CONFIG.read_text())[key]
@@ -36,7 +36,7 @@ BENCHMARKS: dict[str, dict] = {
     "steps-test-T0.3": EVAL_SAMPLING,
     "steps-test-T1": dict(temperature=1.0, top_p=1.0),  # the training sampling: what GRPO's reward measures
 }
-"""Benchmark name -> sampling; every benchmark is the same held-out problems of :data:`TASK`."""
+"""Benchmark name -> sampling; every benchmark is the same held-out problems of ``TASK``."""
 
 
 TABLE2 = ["clip", "clip-higher", "dual-clip", "dcpo", "clip-cov", "sapo", "atr"]
@@ -46,7 +46,7 @@ TABLE3 = ["kl1", "kl2", "is-kl3", "clip-eps0.329", "clip-eps0.422", "clip-higher
 
 
 PAPER_CLIP_HIGHER = ["clip-higher-0.329-0.5", "clip-higher-0.329-0.6"]
-"""The paper's own Table 3 clip-higher rows (eps_low 0.329, eps_high 0.5 / 0.6; :data:`atr_llm.presets.RUNS`); the
+"""The paper's own Table 3 clip-higher rows (eps_low 0.329, eps_high 0.5 / 0.6; ``atr_llm.presets.RUNS``); the
 default table has clip-higher at ATR's range (0.329, 0.422) instead (the matched control), so these run on request."""
 
 
@@ -73,12 +73,12 @@ CPU_RUNS: dict[str, dict] = {
     run: RUNS[run] if run in RUNS else _NOT_PRESETS[run]
     for run in TABLE2 + TABLE3 + PAPER_CLIP_HIGHER + DELTA_ABLATION + FORM_CONTROL
 }
-"""Run name -> method and parameters (the paper's presets where it has one: :data:`atr_llm.presets.RUNS`), in the
+"""Run name -> method and parameters (the paper's presets where it has one: ``atr_llm.presets.RUNS``), in the
 table's order: Table 2, Table 3, the paper's other clip-higher rows, the ablation, the form controls."""
 
 
 ABLATION_DELTAS: dict[str, float] = {run: CPU_RUNS[run]["delta"] for run in ["atr", *DELTA_ABLATION]}
-"""Run name -> ATR's delta for the delta ablation: ``atr`` (the paper's 0.07) and :data:`DELTA_ABLATION`."""
+"""Run name -> ATR's delta for the delta ablation: ``atr`` (the paper's 0.07) and ``DELTA_ABLATION``."""
 
 
 FULL = dict(
@@ -108,7 +108,7 @@ def run_args(run: str) -> list[str]:
 
 
 MACHINE_FILE = "machine.json"
-"""Written beside an SFT model by :func:`train_sft`: the :func:`machine_kind` that trained it."""
+"""Written beside an SFT model by ``train_sft``: the ``machine_kind`` that trained it."""
 
 
 def machine_kind() -> str:
@@ -116,7 +116,7 @@ def machine_kind() -> str:
     protocol: the CPU's model name and the vector instruction set torch dispatches to, the CUDA device when one is
     available (TRL's trainers use it), and torch's version -- e.g. ``"AMD EPYC | cpu AVX2 | torch 2.13.0+cpu"``.
     Two machines that agree here are taken to train the same SFT model from the same seed (kernels of one ISA and
-    torch build round alike); the cpu-table's starts are these kinds (:func:`start_labels`)."""
+    torch build round alike); the cpu-table's starts are these kinds (``start_labels``)."""
     import platform
 
     import torch
@@ -135,7 +135,7 @@ def machine_kind() -> str:
 
 
 def sft_machine(model_dir: Path | str) -> str | None:
-    """The machine kind recorded beside an SFT model (:data:`MACHINE_FILE`), or None for a model trained before
+    """The machine kind recorded beside an SFT model (``MACHINE_FILE``), or None for a model trained before
     it was recorded."""
     path = Path(model_dir) / MACHINE_FILE
     return json.loads(path.read_text())["machine"] if path.exists() else None
@@ -186,7 +186,7 @@ def grpo_learning_rate(requested: float | None) -> float | None:
 def train_argv(job: dict, output_dir: Path | str, max_steps: int, save_steps: int) -> list[str]:
     """``python -m atr_llm.train`` arguments of ``job``'s run (``run``, ``seed``, ``sft_dir``, optionally
     ``learning_rate`` and ``device``) from its seed's SFT model into ``output_dir``: cpu-table.yaml, then the run's
-    method and parameters (:func:`run_args`)."""
+    method and parameters (``run_args``)."""
     argv = ["--config", str(BASE_CONFIG), "--model_name_or_path", str(job["sft_dir"]), "--seed", str(job["seed"])]
     argv += ["--output_dir", str(output_dir), "--max_steps", str(max_steps), "--save_steps", str(save_steps)]
     argv += run_args(job["run"])
@@ -227,7 +227,7 @@ def _result_of(run: str, job: dict) -> dict:
 def _started_from(result: dict, job: dict, path: Path) -> dict:
     """A finished result read back, checked to have started from the job's SFT model (results written before
     the SFT model was recorded take the job's, and its machine kind with it) and, for a GRPO run, to have been
-    trained and saved as the job asks (:func:`refuse_other_protocol`)."""
+    trained and saved as the job asks (``refuse_other_protocol``)."""
     recorded = result.setdefault("sft_model", job["sft_model"])
     result.setdefault("sft_machine", job.get("sft_machine"))
     if recorded != job["sft_model"]:
@@ -287,6 +287,6 @@ _PROTOCOL_KEYS = (
 
 
 def protocol_differences(settings: dict, other: dict) -> list[str]:
-    """The :data:`_PROTOCOL_KEYS` in which two tables' settings differ: rows of tables that differ in none of them
+    """The ``_PROTOCOL_KEYS`` in which two tables' settings differ: rows of tables that differ in none of them
     were trained and evaluated the same way, and may be compared (or pooled) across the tables."""
     return [key for key in _PROTOCOL_KEYS if settings.get(key) != other.get(key)]

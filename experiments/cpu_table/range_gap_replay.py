@@ -6,14 +6,14 @@ loss values also differ on tokens clipped by both -- clamped to different consta
 either, and the optimizer sees only gradients). Training here is deterministic on one machine kind, so two such runs from the same SFT model stay equal bit
 for bit until the first such token (README, "Two declarations of one rule"). This script re-trains the first
 ``--steps`` steps of ``--run`` exactly as ``python -m experiments.cpu_table`` did (same config, arguments, seed and SFT
-model, one thread as its workers), with a read-only spy on :func:`atr_theory.methods.ratio_objective` that records,
+model, one thread as its workers), with a read-only spy on ``atr_theory.methods.ratio_objective`` that records,
 per loss call, every valid token in those slivers; it then checks that the replay's logged windows equal the
 original run's ``log_history.json`` (every value but the wall-clock ones), so the tokens found are the run's own.
 
     python -m experiments.cpu_table.range_gap_replay --run clip-higher-0.329-0.422 --seeds 7 4 0 --steps 12 130 130 \
         --runs-dir runs/cpu_table_forms [--other kl3:0.07] [--out figures/experiments/cpu_table/readouts/range_gap_replay.json]
 
-``--other`` is ``kl3:DELTA`` (ATR's range, :func:`atr_theory.ranges.kl3_clip_range`) or ``LOWER,UPPER``.
+``--other`` is ``kl3:DELTA`` (ATR's range, ``atr_theory.ranges.kl3_clip_range``) or ``LOWER,UPPER``.
 Prints and writes JSON: a list, per seed ``{"run", "seed", "steps", "calls", "other_range", "gap_tokens": [{"call",
 "side", "w", "A"}], "first_call", "windows_compared", "windows_equal"}``.
 """
@@ -63,10 +63,10 @@ def gap_tokens(batch, lower: float, upper: float, other: tuple[float, float]) ->
 def constant_range_in_min_form(choice) -> tuple[float, float] | None:
     """The one constant ratio range ``(lower, upper)`` a resolved method applies in PPO's min form, read from the
     method itself: it is called once on a small batch with a read-only spy on
-    :func:`atr_theory.methods.ratio_objective`, and it qualifies only when that was its single call, on the batch it
+    ``atr_theory.methods.ratio_objective``, and it qualifies only when that was its single call, on the batch it
     was given (token ratios, not GSPO's sequence ratios), with float bounds and no dual-clip floor, and it returned
     that call's result unchanged (a constraint passed along is read only in the mask form). Then two such rules differ
-    exactly on :func:`gap_tokens`. None otherwise (the mask form, per-token bounds, a floor, a soft gate, sequence
+    exactly on ``gap_tokens``. None otherwise (the mask form, per-token bounds, a floor, a soft gate, sequence
     ratios, a wrapped result): there other tokens differ too."""
     import math
 
@@ -100,8 +100,8 @@ def constant_range_in_min_form(choice) -> tuple[float, float] | None:
 
 def check_replayable(run: str) -> None:
     """``run`` must be a cpu-table run whose rule is one constant ratio range in PPO's min form
-    (:func:`constant_range_in_min_form`): in the mask form, with per-token bounds, a dual-clip floor or a soft gate
-    other tokens differ too, and :func:`gap_tokens` would miss them."""
+    (``constant_range_in_min_form``): in the mask form, with per-token bounds, a dual-clip floor or a soft gate
+    other tokens differ too, and ``gap_tokens`` would miss them."""
     from atr_theory import methods
     from experiments import cpu_table
 

@@ -5,7 +5,7 @@ second table written with the same protocol on *new* seeds (new SFT models) test
 in the direction fixed before it ran (the prediction commit). This reads, per benchmark: the exploratory paired
 difference, the replication's paired difference with its one-sided p in that direction and how many of its seeds
 lie on that side, and both pooled (every start of the two tables). It refuses two tables whose protocols differ
-(:func:`experiments.cpu_table.protocol_differences`) or that share a start: a replication on the same SFT models is not
+(``experiments.cpu_table.protocol_differences``) or that share a start: a replication on the same SFT models is not
 independent of what it replicates.
 
     python -m experiments.cpu_table.replication --exploratory figures/experiments/cpu_table/startC \
@@ -23,7 +23,7 @@ DIRECTIONS = ("below", "above")
 
 
 def one_sided_p(difference: dict, direction: str) -> float:
-    """One-sided p of a paired difference (:func:`experiments.cpu_table.paired_difference`, two-sided ``p`` of a
+    """One-sided p of a paired difference (``experiments.cpu_table.paired_difference``, two-sided ``p`` of a
     Student t) for the alternative ``mean < 0`` (``direction`` "below") or ``mean > 0`` ("above"): half the
     two-sided p when the mean lies on that side, one minus half of it otherwise."""
     if direction not in DIRECTIONS:
@@ -41,7 +41,7 @@ def replication_readout(
     k: int = 8,
 ) -> dict:
     """Per benchmark the ``exploratory``, ``replication`` and ``pooled`` paired Mean@k difference ``run -
-    reference`` (:func:`experiments.cpu_table.paired_difference`); the replication's also carries ``p_one_sided`` in
+    reference`` (``experiments.cpu_table.paired_difference``); the replication's also carries ``p_one_sided`` in
     ``direction`` and ``on_side`` / ``starts`` (its starts where the difference lies strictly on that side). Raises
     when a start (seed and SFT model) or an SFT model (under any seed) of ``run`` or ``reference`` is in both tables,
     or the replication has fewer than two paired starts."""

@@ -33,14 +33,14 @@ from .statistics import (
 
 
 def sampling_label(benchmark: str) -> str:
-    """How a benchmark of :data:`BENCHMARKS` samples, for a table: "T = 0.3", "T = 1" (shortest form, as the README
+    """How a benchmark of ``BENCHMARKS`` samples, for a table: "T = 0.3", "T = 1" (shortest form, as the README
     writes it; the benchmark's name when it is not one of them)."""
     sampling = BENCHMARKS.get(benchmark, {})
     return f"T = {sampling['temperature']:g}" if "temperature" in sampling else benchmark
 
 
 def markdown_tables(rows: list[dict], runs: list[str], k: int) -> str:
-    """One :func:`markdown_table` per benchmark, each under its own heading, then which SFT models each start
+    """One ``markdown_table`` per benchmark, each under its own heading, then which SFT models each start
     holds when there is more than one."""
     parts = []
     for benchmark, sampling in BENCHMARKS.items():
@@ -83,10 +83,10 @@ def difference_cell(d: dict, places: int = 1) -> str:
 
 def markdown_table(rows: list[dict], runs: list[str], k: int) -> str:
     """Means (and standard deviations) over seeds, with paired differences against clip and atr (rows of one
-    benchmark); one line per run and start (:func:`start_labels`), paired only within a start ("other start"
+    benchmark); one line per run and start (``start_labels``), paired only within a start ("other start"
     where the reference ran those seeds from other SFT models only; "*" where the 95% interval excludes 0, "†"
-    where Holm's adjustment over the table's differences keeps p < 0.05: :func:`paired_against_references`); the
-    masked fraction is "-" for a run that masks nothing by construction (:func:`masks_tokens`)."""
+    where Holm's adjustment over the table's differences keeps p < 0.05: ``paired_against_references``); the
+    masked fraction is "-" for a run that masks nothing by construction (``masks_tokens``)."""
     key, pkey, bkey = f"mean_at_{k}", f"pass_at_{k}", f"best_mean_at_{k}"
     labels = start_labels(rows)
 
@@ -145,7 +145,7 @@ def markdown_table(rows: list[dict], runs: list[str], k: int) -> str:
 
 
 def markdown_delta_optimum(optima: list[dict], k: int) -> str:
-    """:func:`delta_optimum` as a short section ("" when there is nothing to show)."""
+    """``delta_optimum`` as a short section ("" when there is nothing to show)."""
     if not optima:
         return ""
     lines = [
@@ -185,7 +185,7 @@ def _p_value(p: float) -> str:
 
 
 def markdown_forms_factorial(factorial: dict[str, dict[str, dict]], k: int) -> str:
-    """The :func:`forms_factorial` effects as one Markdown table (a line per benchmark and effect)."""
+    """The ``forms_factorial`` effects as one Markdown table (a line per benchmark and effect)."""
     lines = [
         "### The forms as a 2 x 2: ratio range x form of Eq. 5 (clip, clip-mask, atr-min, atr)",
         "",
@@ -211,9 +211,9 @@ def markdown_forms_factorial(factorial: dict[str, dict[str, dict]], k: int) -> s
 def markdown_curves_equal(
     parted: dict[str, list[dict]], labels: dict[str, str] | None = None, reference: str = "clip"
 ) -> str:
-    """One line per run of :func:`where_curves_part` that equals ``reference`` on at least one start: on how many
+    """One line per run of ``where_curves_part`` that equals ``reference`` on at least one start: on how many
     starts (which seeds, with their start letter from ``labels`` where the table has several:
-    :func:`start_labels`) its curves are ``reference``'s bit for bit, and at which step they part on the others.
+    ``start_labels``) its curves are ``reference``'s bit for bit, and at which step they part on the others.
     "" when no run equals ``reference`` anywhere."""
     labels = labels or {}
 
@@ -250,9 +250,9 @@ def markdown_curves_equal(
 def markdown_curve_tails(
     tails: list[dict], runs: list[str], last_steps: int = TAIL_STEPS, paired: dict[str, dict] | None = None
 ) -> str:
-    """Training reward, entropy and completion length where the runs end (:func:`curve_tails`), mean over seeds,
+    """Training reward, entropy and completion length where the runs end (``curve_tails``), mean over seeds,
     with the paired differences of reward and entropy against clip and atr (``paired``, by default
-    :func:`curve_tail_differences`; * and † as in :func:`markdown_table`, Holm over each column family: one
+    ``curve_tail_differences``; * and † as in ``markdown_table``, Holm over each column family: one
     quantity's differences in this table)."""
     labels = start_labels(tails)
     units = _units(tails, runs, labels)
@@ -291,7 +291,7 @@ def markdown_curve_tails(
 
 
 def markdown_outcome_association(association: dict[str, dict[str, dict | None]], k: int) -> str:
-    """:func:`outcome_association` as one line per benchmark and quantity ("" when there is nothing to show)."""
+    """``outcome_association`` as one line per benchmark and quantity ("" when there is nothing to show)."""
     lines = []
     for benchmark, by_name in association.items():
         where = sampling_label(benchmark)
@@ -317,7 +317,7 @@ def markdown_outcome_association(association: dict[str, dict[str, dict | None]],
 
 def plot_delta_ablation(points: list[dict], k: int, path: Path) -> None:
     """Mean@k against delta per benchmark (log x), with the paired 95% interval of each delta's difference to
-    0.07 drawn around delta 0.07's mean (:func:`delta_ablation`)."""
+    0.07 drawn around delta 0.07's mean (``delta_ablation``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -391,7 +391,7 @@ def previous_outputs(
     out: Path, settings: dict, fresh: set[tuple[str, int, str | None]]
 ) -> tuple[list[dict], list[dict], str]:
     """The rows and training curves already written into ``out`` by an earlier invocation with the same protocol
-    (:data:`_PROTOCOL_KEYS`), for the (run, seed, SFT model) triples that are not in ``fresh``; so the table
+    (``_PROTOCOL_KEYS``), for the (run, seed, SFT model) triples that are not in ``fresh``; so the table
     accumulates over invocations (also when an earlier ``--runs-dir`` is gone) while a re-run triple replaces its
     old rows, and a run of the same seed from another SFT model (another machine kind) is kept beside it.
 
@@ -419,7 +419,7 @@ def previous_outputs(
 
 def read_table(out: Path | str) -> tuple[dict, list[dict], list[dict]]:
     """A written table's ``(summary, rows, curve_sets)``: its ``cpu_llm_table.json`` and, through
-    :func:`previous_outputs`, every row and training curve it holds. Raises when ``out`` has no table."""
+    ``previous_outputs``, every row and training curve it holds. Raises when ``out`` has no table."""
     out = Path(out)
     summary_path = out / "cpu_llm_table.json"
     if not summary_path.exists():
@@ -432,8 +432,8 @@ def read_table(out: Path | str) -> tuple[dict, list[dict], list[dict]]:
 def read_tables_of_one_protocol(
     first: Path | str, second: Path | str
 ) -> tuple[tuple[dict, list[dict], list[dict]], tuple[dict, list[dict], list[dict]]]:
-    """:func:`read_table` of two tables whose rows may be compared or pooled: raises when their settings differ in a
-    :data:`_PROTOCOL_KEYS` entry (:func:`protocol_differences`), naming the entries."""
+    """``read_table`` of two tables whose rows may be compared or pooled: raises when their settings differ in a
+    ``_PROTOCOL_KEYS`` entry (``protocol_differences``), naming the entries."""
     a, b = read_table(first), read_table(second)
     differ = protocol_differences(a[0]["settings"], b[0]["settings"])
     if differ:
@@ -450,7 +450,7 @@ def _number_or_none(text: str) -> float | int | None:
 
 
 def _table_order(runs: set[str]) -> list[str]:
-    """Runs in the order of :data:`CPU_RUNS` (Table 2, Table 3, the ablation), unknown names last."""
+    """Runs in the order of ``CPU_RUNS`` (Table 2, Table 3, the ablation), unknown names last."""
     known = [r for r in CPU_RUNS if r in runs]
     return known + sorted(runs - set(known))
 
@@ -458,9 +458,9 @@ def _table_order(runs: set[str]) -> list[str]:
 def write_outputs(
     results: list[dict], settings: dict, out: Path, keep_previous: bool = True, versions: dict | None = None
 ) -> dict:
-    """Write the CSV / Markdown / JSON / curves of :func:`main` into ``out``; with ``keep_previous`` the rows of
-    earlier invocations with the same protocol stay (:func:`previous_outputs`), and the table covers all of them.
-    ``versions``: the library versions to record (default: this process's, :func:`_versions`)."""
+    """Write the CSV / Markdown / JSON / curves of ``main`` into ``out``; with ``keep_previous`` the rows of
+    earlier invocations with the same protocol stay (``previous_outputs``), and the table covers all of them.
+    ``versions``: the library versions to record (default: this process's, ``_versions``)."""
     k = settings["samples"]
     fresh = {(r["run"], r["seed"], r.get("sft_model")) for r in results}
     old_rows, old_curves, why = previous_outputs(out, settings, fresh) if keep_previous else ([], [], "")

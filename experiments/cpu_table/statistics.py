@@ -56,17 +56,17 @@ def paired_difference(rows: list[dict], run: str, reference: str, key: str) -> d
     """Mean over pairs of ``key``(run) - ``key``(reference) on the same seed started from the same SFT model
     (``sft_model``; same data order) and its 95% Student-t interval; ``significant`` when the interval excludes 0.
     None with < 2 pairs: rows of one seed that started from different SFT models are never paired.
-    The contrast {run: +1, reference: -1} of :func:`paired_contrast`."""
+    The contrast {run: +1, reference: -1} of ``paired_contrast``."""
     if run == reference:
         return None
     return paired_contrast(rows, {run: 1.0, reference: -1.0}, key)
 
 
 def paired_contrast(rows: list[dict], weights: dict[str, float], key: str) -> dict | None:
-    """A within-seed contrast of runs: on every start (seed and SFT model, :func:`pairing_key`) that all runs of
+    """A within-seed contrast of runs: on every start (seed and SFT model, ``pairing_key``) that all runs of
     ``weights`` share, c = sum over runs of weight * ``key``(run); the mean of c over starts with its 95% Student-t
     interval (n - 1 degrees of freedom), two-sided p, ``significant`` when the interval excludes 0, the sd of c and
-    the difference detectable with 80% power (:func:`detectable_difference`). Rows of one benchmark only. None with
+    the difference detectable with 80% power (``detectable_difference``). Rows of one benchmark only. None with
     < 2 shared starts; a start where some run lacks ``key`` (None: e.g. a curve that did not log it) is left out.
     A difference of two runs is {run: +1, reference: -1}; an interaction of a 2 x 2 design
     (a1b1 - a1b0 - a0b1 + a0b0) is the one-sample t test of a repeated-measures ANOVA's interaction (t^2 = F)."""
@@ -118,7 +118,7 @@ def paired_t_power(difference: float, sd: float, n: int, alpha: float = 0.05) ->
 def detectable_difference(sd: float, n: int, power: float = 0.8, alpha: float = 0.05) -> float:
     """The smallest true mean difference that a two-sided paired t test (level ``alpha``, ``n`` pairs, standard
     deviation ``sd`` of the differences) detects with probability ``power``: the root in d >= 0 of
-    :func:`paired_t_power` (d) = ``power``. With the observed ``sd`` plugged in it says how large a difference a
+    ``paired_t_power`` (d) = ``power``. With the observed ``sd`` plugged in it says how large a difference a
     "not significant" line of the table still leaves open (0 when every pair differs by the same amount)."""
     from scipy.optimize import brentq
 
@@ -137,7 +137,7 @@ def detectable_difference(sd: float, n: int, power: float = 0.8, alpha: float = 
 def seeds_needed(sd: float, difference: float, power: float = 0.8, alpha: float = 0.05) -> int:
     """The fewest seeds (pairs, >= 2) with which a two-sided paired t test at level ``alpha`` detects a true mean
     difference ``difference`` with probability >= ``power`` when the paired differences have standard deviation
-    ``sd``: the smallest n with :func:`paired_t_power` (difference, sd, n) >= ``power`` (power rises with n)."""
+    ``sd``: the smallest n with ``paired_t_power`` (difference, sd, n) >= ``power`` (power rises with n)."""
     if not (sd > 0 and difference != 0):
         raise ValueError(
             f"seeds_needed needs sd > 0 and a nonzero difference, got sd = {sd}, difference = {difference}"
@@ -149,7 +149,7 @@ def seeds_needed(sd: float, difference: float, power: float = 0.8, alpha: float 
 
 
 def pooled_sd(differences: list[dict]) -> tuple[float, int] | None:
-    """Pooled standard deviation of paired differences, each of :func:`paired_difference` (its ``sd`` over ``n``
+    """Pooled standard deviation of paired differences, each of ``paired_difference`` (its ``sd`` over ``n``
     pairs): sqrt(sum (n_i - 1) sd_i^2 / sum (n_i - 1)), with its degrees of freedom sum (n_i - 1); one noise level
     for a table whose lines each rest on few seeds. None without differences."""
     df = sum(d["n"] - 1 for d in differences)
@@ -180,9 +180,9 @@ def holm_adjusted(p_values: list[float]) -> list[float]:
 def paired_against_references(
     rows: list[dict], runs: list[str], key: str, references: tuple[str, ...] = REFERENCES
 ) -> dict[str, dict[str, dict | None]]:
-    """For each table line of ``runs`` (:func:`_units`; rows of one benchmark) and each of ``references``, the
-    :func:`unit_minus_reference` difference, with ``p_holm``: its p-value adjusted by Holm over every difference
-    of this table (:func:`holm_adjusted`), so ``p_holm < 0.05`` is significant for the table as a family."""
+    """For each table line of ``runs`` (``_units``; rows of one benchmark) and each of ``references``, the
+    ``unit_minus_reference`` difference, with ``p_holm``: its p-value adjusted by Holm over every difference
+    of this table (``holm_adjusted``), so ``p_holm < 0.05`` is significant for the table as a family."""
     table = {
         name: {ref: unit_minus_reference(unit, rows, ref, key) for ref in references}
         for name, unit in _units(rows, runs, start_labels(rows)).items()
@@ -194,15 +194,15 @@ def paired_against_references(
 
 
 def unit_minus_reference(unit: list[dict], rows: list[dict], reference: str, key: str) -> dict | None:
-    """:func:`paired_difference` of one table line's rows (``unit``: one run, one start) against every row of
+    """``paired_difference`` of one table line's rows (``unit``: one run, one start) against every row of
     ``reference`` in ``rows``; pairs form only where the reference ran the same seed from the same SFT model."""
     return paired_difference(unit + [r for r in rows if r["method"] == reference], unit[0]["method"], reference, key)
 
 
 def between_rule_noise(rows: list[dict], runs: list[str], k: int) -> dict | None:
-    """How noisy a comparison of two GRPO rules is in this table (rows of one benchmark): the :func:`pooled_sd` of
+    """How noisy a comparison of two GRPO rules is in this table (rows of one benchmark): the ``pooled_sd`` of
     every paired Mean@k difference between ``runs`` (the SFT line left out: GRPO against its starting model is
-    another spread) and the seeds :func:`seeds_needed` for 80% power at 2, 5 and 10 points. None without any
+    another spread) and the seeds ``seeds_needed`` for 80% power at 2, 5 and 10 points. None without any
     difference of nonzero spread."""
     paired = paired_against_references(rows, [r for r in runs if r != "sft"], f"mean_at_{k}")
     pooled = pooled_sd([d for by_ref in paired.values() for d in by_ref.values() if d is not None and d["sd"] > 0])
@@ -216,7 +216,7 @@ def start_labels(rows: list[dict]) -> dict[str, str]:
     """SFT model id -> the letter of its *start* ("A", "B", ...), or "" for every id when the rows have one start.
 
     A start is the set of SFT models trained on one kind of machine: models with the same recorded
-    ``sft_machine`` (:func:`machine_kind`) are one start, whichever invocation wrote their rows. Rows without a
+    ``sft_machine`` (``machine_kind``) are one start, whichever invocation wrote their rows. Rows without a
     recorded machine (written before it was recorded) are grouped by invocation instead (the seeds of one machine),
     and groups that share a model id are joined. Letters follow the earliest invocation of each start. Rows without
     a recorded model (``sft_model`` None) count as one model."""
@@ -249,19 +249,19 @@ def pairing_key(row: dict) -> tuple:
 
 
 def _of_start(rows: list[dict], labels: dict[str, str], letter: str) -> list[dict]:
-    """The rows that started from an SFT model of start ``letter`` (:func:`start_labels`)."""
+    """The rows that started from an SFT model of start ``letter`` (``start_labels``)."""
     return [r for r in rows if labels[r.get("sft_model")] == letter]
 
 
 def display_name(row: dict, labels: dict[str, str]) -> str:
-    """``method`` when the table has one start, else ``method [letter]`` (:func:`start_labels`)."""
+    """``method`` when the table has one start, else ``method [letter]`` (``start_labels``)."""
     letter = labels.get(row.get("sft_model"), "")
     return f"{row['method']} [{letter}]" if letter else row["method"]
 
 
 def _by_benchmark_and_start(rows: list[dict]):
-    """(benchmark, start letter, the rows of that benchmark and start) for every benchmark of :data:`BENCHMARKS` and
-    start of ``rows`` (:func:`start_labels`), in that order: what is paired within."""
+    """(benchmark, start letter, the rows of that benchmark and start) for every benchmark of ``BENCHMARKS`` and
+    start of ``rows`` (``start_labels``), in that order: what is paired within."""
     labels = start_labels(rows)
     for benchmark in BENCHMARKS:
         for letter in sorted(set(labels.values())):
@@ -271,7 +271,7 @@ def _by_benchmark_and_start(rows: list[dict]):
 def delta_ablation(rows: list[dict], k: int) -> list[dict]:
     """The ATR delta ablation (the paper's Fig. 4 at this scale): per benchmark and start, one point per delta
     (``atr`` is delta 0.07) with Mean@k over seeds and its paired difference to delta 0.07 on the same SFT models
-    (:func:`paired_difference`); only starts where atr and at least one other delta ran."""
+    (``paired_difference``); only starts where atr and at least one other delta ran."""
     key = f"mean_at_{k}"
     points = []
     for benchmark, letter, mine in _by_benchmark_and_start(rows):
@@ -300,13 +300,13 @@ def delta_ablation(rows: list[dict], k: int) -> list[dict]:
 
 def delta_optimum(rows: list[dict], k: int) -> list[dict]:
     """Is ATR's delta 0.07 the best of the deltas that ran (the paper's Fig. 4: an interior optimum near 0.07)?
-    Per benchmark and start where atr and at least two other deltas of :data:`DELTA_ABLATION` ran on shared seeds:
-    for each other delta, the paired difference d = Mean@k(0.07) - Mean@k(delta) (:func:`paired_difference`) with
+    Per benchmark and start where atr and at least two other deltas of ``DELTA_ABLATION`` ran on shared seeds:
+    for each other delta, the paired difference d = Mean@k(0.07) - Mean@k(delta) (``paired_difference``) with
     its one-sided p for d > 0 (from the paired t: p/2 when d > 0, else 1 - p/2) and the two-sided p Holm-adjusted
-    over these comparisons (:func:`holm_adjusted`); ``iut_p``, the intersection-union p of "0.07 is above every
+    over these comparisons (``holm_adjusted``); ``iut_p``, the intersection-union p of "0.07 is above every
     other delta" = the largest of the one-sided p (Berger 1982, Technometrics 24: the claim needs every comparison,
     so no multiplicity correction, and it holds at level alpha when iut_p < alpha); and, when deltas below and above
-    0.07 both ran, ``peak``: the paired contrast 0.07 - (smallest + largest delta) / 2 (:func:`paired_contrast`).
+    0.07 both ran, ``peak``: the paired contrast 0.07 - (smallest + largest delta) / 2 (``paired_contrast``).
     ``best_delta``: the delta with the highest mean over seeds (descriptive)."""
     key = f"mean_at_{k}"
     deltas, at_atr = ABLATION_DELTAS, ABLATION_DELTAS["atr"]
@@ -358,13 +358,13 @@ FORMS_2X2_EFFECTS: dict[str, dict[str, float]] = {
 """Eq. 5's two forms crossed with two ratio ranges (clip's [0.8, 1.2], atr's [0.671, 1.422] at delta = 0.07):
 ``range``: atr's range minus clip's, averaged over the two forms; ``form``: the mask form minus PPO's min form,
 averaged over the two ranges; ``interaction``: the form's effect at atr's range minus that at clip's
-((atr - atr-min) - (clip-mask - clip)). Contrast weights over the four runs, for :func:`paired_contrast`."""
+((atr - atr-min) - (clip-mask - clip)). Contrast weights over the four runs, for ``paired_contrast``."""
 
 
 def forms_factorial(rows: list[dict], k: int) -> dict[str, dict[str, dict]] | None:
-    """Per benchmark, the :data:`FORMS_2X2_EFFECTS` of Mean@k as :func:`paired_contrast` s over the seeds (and SFT
+    """Per benchmark, the ``FORMS_2X2_EFFECTS`` of Mean@k as ``paired_contrast`` s over the seeds (and SFT
     models) on which all four of clip, clip-mask, atr, atr-min ran, each with ``p_holm``: Holm over the three
-    (:func:`holm_adjusted`). None unless some benchmark has >= 2 such seeds."""
+    (``holm_adjusted``). None unless some benchmark has >= 2 such seeds."""
     key = f"mean_at_{k}"
     out = {}
     for benchmark in BENCHMARKS:
@@ -389,14 +389,14 @@ TAIL_KEYS = {
     # ratios go in fact, whatever its nominal bound (kl1 has none above; sapo none at all)
     "ratio_max": "clip/ratio_max",
 }
-"""Where a run ends, in its training curves: name -> logged key, averaged over the last :data:`TAIL_STEPS` steps."""
+"""Where a run ends, in its training curves: name -> logged key, averaged over the last ``TAIL_STEPS`` steps."""
 
 
 def curve_tails(rows: list[dict], curve_sets: list[dict], last_steps: int = TAIL_STEPS) -> list[dict]:
     """One row per GRPO run, seed and SFT model of ``curve_sets`` (``{"run", "seed", "sft_model", "curves"}``) that
-    has a table row in ``rows``: for each of :data:`TAIL_KEYS` (``<name>_tail``) the mean over its logged points with
+    has a table row in ``rows``: for each of ``TAIL_KEYS`` (``<name>_tail``) the mean over its logged points with
     step > final step - ``last_steps`` (less noisy than the last point alone), with the table row's seed, SFT model,
-    machine and invocation, so that :func:`paired_against_references` pairs and groups it as the table does."""
+    machine and invocation, so that ``paired_against_references`` pairs and groups it as the table does."""
     identity = {(r["method"], *pairing_key(r)): r for r in rows}
     tails = []
     for c in sorted(curve_sets, key=lambda c: (c["run"], c["seed"], str(c.get("sft_model")))):
@@ -417,27 +417,27 @@ def curve_tails(rows: list[dict], curve_sets: list[dict], last_steps: int = TAIL
 
 
 def curve_tail_differences(tails: list[dict], runs: list[str]) -> dict[str, dict]:
-    """Per paired quantity ("reward", "entropy"): :func:`paired_against_references` of its ``<name>_tail`` over the
-    :func:`curve_tails` rows (Holm over that quantity's differences)."""
+    """Per paired quantity ("reward", "entropy"): ``paired_against_references`` of its ``<name>_tail`` over the
+    ``curve_tails`` rows (Holm over that quantity's differences)."""
     return {name: paired_against_references(tails, runs, f"{name}_tail") for name in ("reward", "entropy")}
 
 
 ASSOCIATED_TAILS = ("ratio_max", "entropy", "reward")
-"""The curve tails :func:`outcome_association` relates to the final Mean@k."""
+"""The curve tails ``outcome_association`` relates to the final Mean@k."""
 
 
 def outcome_association(
     rows: list[dict], tails: list[dict], k: int, names: tuple[str, ...] = ASSOCIATED_TAILS
 ) -> dict[str, dict[str, dict | None]]:
     """Per benchmark and per curve quantity ``name`` of ``names``: how a GRPO run's final Mean@k moves with where its
-    training curve ends (``<name>_tail`` of :func:`curve_tails`), within starts. Over the runs of every rule that have
+    training curve ends (``<name>_tail`` of ``curve_tails``), within starts. Over the runs of every rule that have
     both, x = the tail and y = ``mean_at_<k>``, each minus the mean of its start (seed and SFT model; starts with one
     run are left out): the least-squares slope b = sum(x y) / sum(x^2), its 95% t interval and two-sided p with
     n - g - 1 degrees of freedom (n runs, g starts), and Pearson's r of the centred values -- the slope, standard
     error and p of an OLS of y on x with one indicator per start (a fixed-effects regression). None where fewer than
     three degrees of freedom remain or x does not vary. A run whose (x, y) equals another run's on the same start
     counts once (``copies`` says how many were dropped on the starts kept): the same tail to the last bit and the same Mean@k is the
-    same training run under two names (the dual clip where its floor never acted, :func:`where_curves_part`), one
+    same training run under two names (the dual clip where its floor never acted, ``where_curves_part``), one
     observation, not two.
 
     Exploratory: the rules were not assigned a ratio, runs of one start share its SFT model, and a quantity chosen
@@ -501,7 +501,7 @@ def _same_value(a, b) -> bool:
 def where_curves_part(curve_sets: list[dict], runs: list[str], reference: str = "clip") -> dict[str, list[dict]]:
     """Per run of ``runs`` other than ``reference``, one entry per start (seed and SFT model) it shares with
     ``reference``: ``{"seed", "sft_model", "parts_at"}``, where ``parts_at`` is the first logged step at which any
-    value of :data:`CURVE_KEYS` differs from ``reference``'s, or None when every logged point is equal bit for bit
+    value of ``CURVE_KEYS`` differs from ``reference``'s, or None when every logged point is equal bit for bit
     (the same steps, every value). Training on one machine kind is deterministic (a rerun reproduces its curves), and
     two rules that give the same loss and gradient on every batch make the same updates, so None says the rule never
     changed an update on that start: e.g. the dual clip's floor c A (Ye et al. 2020) where no ratio of an A < 0
@@ -528,7 +528,7 @@ def where_curves_part(curve_sets: list[dict], runs: list[str], reference: str = 
 
 def grpo_minus_own_sft(rows: list[dict], k: int) -> dict[str, dict]:
     """Per benchmark: each GRPO row's final Mean@k minus that of the SFT model it started from (same seed, same
-    ``sft_model``), how many runs raise / lower / keep it, and every change by run (:func:`display_name`) and seed.
+    ``sft_model``), how many runs raise / lower / keep it, and every change by run (``display_name``) and seed.
     A GRPO row whose SFT model has no ``sft`` row in ``rows`` is left out (``unmatched`` counts them)."""
     key = f"mean_at_{k}"
     labels = start_labels(rows)
@@ -555,7 +555,7 @@ def grpo_minus_own_sft(rows: list[dict], k: int) -> dict[str, dict]:
 
 
 def _units(rows: list[dict], runs: list[str], labels: dict[str, str]) -> dict[str, list[dict]]:
-    """The rows of each of ``runs`` and start, by :func:`display_name`, in the order of ``runs`` then of starts."""
+    """The rows of each of ``runs`` and start, by ``display_name``, in the order of ``runs`` then of starts."""
     units: dict[str, list[dict]] = {}
     for run in runs:
         mine = [r for r in rows if r["method"] == run]
