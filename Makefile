@@ -6,7 +6,7 @@ VERL_VENV ?= .venv-verl
 # verl's loss code runs on CPU; its package needs only these (ray is stubbed in the test, never called)
 VERL_PKGS = verl==0.9.1 omegaconf antlr4-python3-runtime==4.9.3 tensordict==0.10.0 codetiming orjson cloudpickle pyvers
 
-.PHONY: install demo test docs test-pins test-verl lint figures bench mutation mutation-sample
+.PHONY: install demo test docs docs-shots test-pins test-verl lint figures bench mutation mutation-sample
 
 install:
 	$(PIP) install --quiet torch==2.13.0
@@ -19,11 +19,16 @@ demo: install
 test: install
 	$(PY) -m ruff check .
 	$(PY) -m pytest atr_theory tests
-	$(PY) -m mkdocs build --strict --site-dir $$(mktemp -d)
+	SITE=$$(mktemp -d) && $(PY) -m mkdocs build --strict --site-dir $$SITE && $(PY) -m tools.check_site $$SITE
 
 # the documentation site (docs/, mkdocs.yml) into site/; `mkdocs serve` to browse it
 docs:
 	$(PY) -m mkdocs build --strict
+
+# screenshots of every page of the built site (headless Chromium, Debian's `chromium` package) into site-shots/, to
+# look at by eye; not run in CI
+docs-shots: docs
+	$(PY) -m tools.docs_shots site site-shots
 
 # the trainer tests again, with the trl/transformers/datasets versions unsloth pins (ci/unsloth-pins.txt)
 test-pins:

@@ -27,9 +27,16 @@ def methods_markdown() -> str:
         forms = ", ".join([spec.default_form, *[f for f in spec.forms if f != spec.default_form]])
         extra = " Needs the full distributions (B, T, V)." if spec.needs_full_distributions else ""
         relations = "".join(f" Requires {r.text}." for r in spec.relations)
-        summary = spec.summary.replace("``", "`").replace("|", "\\|") + extra + relations
+        summary = _escape_pipes_outside_code(spec.summary.replace("``", "`")) + extra + relations
         rows.append(f"| {label} | {params} | {forms} | {summary} | {spec.reference} |")
     return "\n".join(rows)
+
+
+def _escape_pipes_outside_code(text: str) -> str:
+    """``|`` escaped as ``\\|`` outside code spans only: Python-Markdown's tables leave a pipe inside backticks alone,
+    and an escape there would be shown (``\\|``) rather than read."""
+    parts = text.split("`")
+    return "`".join(p if i % 2 else p.replace("|", "\\|") for i, p in enumerate(parts))
 
 
 def replace_block(text: str, begin: str, end: str, body: str, what: str = "the file") -> str:

@@ -251,6 +251,17 @@ def test_sequence_mask_bounds_are_inclusive():
     assert keep.tolist() == [[True, True, False, False]]
 
 
+def test_the_bounds_of_the_layers_are_inclusive():
+    """IcePop keeps a weight equal to either bound (verl: ``lower <= r <= upper``); a SequenceMask whose lower bound
+    equals its threshold is allowed (it keeps exactly that value)."""
+    log_rho = torch.tensor([[math.log(2.0), math.log(0.5), math.log(2.0) + 1e-12]], dtype=torch.float64)
+    w = rollout_correction_weights(log_rho, torch.ones(1, 3, dtype=torch.bool), RolloutCorrection("token", "mask", 2.0))
+    assert w[0, :2].tolist() == pytest.approx([2.0, 0.5], rel=1e-12) and float(w[0, 2]) == 0.0
+    spec = SequenceMask("k1", "token", 0.25, "all", lower=0.25)
+    keep = at.layers.sequence_mask_keep(torch.tensor([[-0.25, -0.3]]), torch.ones(1), torch.ones(1, 2), spec)
+    assert keep.tolist() == [[True, False]]
+
+
 def test_bad_layers_are_refused_by_name():
     with pytest.raises(ValueError, match="rollout_correction must be a RolloutCorrection, got dict"):
         at.policy_loss(

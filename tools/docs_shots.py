@@ -1,0 +1,47 @@
+"""Screenshots of every page of a built site, for review by eye (``make docs-shots``; not run in CI).
+
+    python -m tools.docs_shots SITE_DIR OUT_DIR [--width 1500] [--height 2400]
+
+Needs Chromium (Debian: ``apt-get install chromium``); each page is rendered headless with 8 s of virtual time for
+MathJax, one PNG per page named after its path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+from pathlib import Path
+
+
+def browser() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if shutil.which(name):
+            return name
+    raise SystemExit("no Chromium found: apt-get install chromium (Debian) and run again")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("site", type=Path)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--width", type=int, default=1500)
+    ap.add_argument("--height", type=int, default=2400)
+    args = ap.parse_args(argv)
+    if not (args.site / "index.html").is_file():
+        raise SystemExit(f"{args.site} holds no built site (run make docs first)")
+    exe = browser()
+    args.out.mkdir(parents=True, exist_ok=True)
+    pages = sorted(args.site.rglob("index.html"))
+    for page in pages:
+        name = page.parent.relative_to(args.site).as_posix().replace("/", "_") or "home"
+        shot = args.out / f"{name}.png"
+        cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--virtual-time-budget=8000"]
+        cmd += [f"--window-size={args.width},{args.height}", f"--screenshot={shot}", page.resolve().as_uri()]
+        subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+        print(shot)
+    print(f"{len(pages)} pages -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
