@@ -262,6 +262,16 @@ def test_the_bounds_of_the_layers_are_inclusive():
     assert keep.tolist() == [[True, False]]
 
 
+def test_the_entropy_mask_takes_half_precision_entropies():
+    """bfloat16 entropies (a bf16 model's) are ranked in float32: the same tokens as the float32 entropies keep
+    (``torch.quantile`` refuses bfloat16)."""
+    g = torch.Generator().manual_seed(0)
+    entropies = torch.rand(4, 9, generator=g).to(torch.bfloat16)
+    mask = torch.rand(4, 9, generator=g) > 0.2
+    half = high_entropy_mask(entropies, mask, 0.3)
+    assert torch.equal(half, high_entropy_mask(entropies.float(), mask, 0.3)) and 0 < int(half.sum()) < int(mask.sum())
+
+
 def test_bad_layers_are_refused_by_name():
     with pytest.raises(ValueError, match="rollout_correction must be a RolloutCorrection, got dict"):
         at.policy_loss(
