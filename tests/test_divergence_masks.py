@@ -131,12 +131,13 @@ def _loop_weights(log_rho, mask, spec):
     level=st.sampled_from(["token", "sequence", "geometric"]),
     mode=st.sampled_from(["truncate", "mask"]),
     upper=st.floats(1.05, 3.0),
+    lower=st.one_of(st.none(), st.floats(0.3, 0.95)),
 )
-def test_rollout_correction_weights_equal_a_loop(seed, level, mode, upper):
+def test_rollout_correction_weights_equal_a_loop(seed, level, mode, upper, lower):
     g = torch.Generator().manual_seed(seed)
     log_rho = 0.3 * torch.randn(4, 6, generator=g, dtype=torch.float64)
     mask = torch.arange(6)[None, :] < torch.randint(1, 7, (4, 1), generator=g)
-    spec = RolloutCorrection(level, mode, upper)
+    spec = RolloutCorrection(level, mode, upper, lower if mode == "mask" else None)
     got = rollout_correction_weights(log_rho, mask, spec).numpy()
     np.testing.assert_allclose(got, _loop_weights(log_rho, mask, spec), rtol=1e-12, atol=0.0)
 
