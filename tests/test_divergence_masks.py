@@ -195,6 +195,8 @@ def test_vespo_clamps_each_token_log_ratio_before_the_sum():
     total = torch.tensor([[15.0, 10.0]], dtype=torch.float64)  # each inside, the sum 25 clamped to 20
     high = vespo_log_weight(total, torch.ones(1, 2, dtype=torch.float64), one, 2.0, 3.0, 3.0, 2.0)
     assert float(high) == pytest.approx(3.0 + 2.0 * 20.0 - 3.0 * math.exp(20.0), rel=1e-12)
+    floor = vespo_log_weight(-total, torch.ones(1, 2, dtype=torch.float64), one, 2.0, 3.0, 3.0, 2.0)  # -25 -> log 1e-8
+    assert float(floor) == pytest.approx(3.0 + 2.0 * math.log(1e-8) - 3.0 * 1e-8, rel=1e-12)
 
 
 def test_bypass_and_decoupled_read_different_ratios():
@@ -234,7 +236,7 @@ def test_masked_tokens_are_reported_as_dropped():
         (dict(upper=0.0), "upper must be a finite number > 0"),
         (dict(upper=math.inf), "upper must be a finite number > 0"),
         (dict(upper=True), "upper must be a finite number > 0"),
-        (dict(mode="truncate", lower=0.5), "RolloutCorrection lower is used by mode='mask' only"),
+        (dict(mode="truncate", lower=0.5), "^RolloutCorrection lower is used by mode='mask' only"),
         (dict(mode="mask", lower=3.0, upper=2.0), "lower 3.0 must be <= upper 2.0"),
         (dict(mode="mask", lower=-1.0), "lower must be a finite number > 0"),
     ],
