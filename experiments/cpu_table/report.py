@@ -130,7 +130,7 @@ def markdown_table(rows: list[dict], runs: list[str], k: int) -> str:
         f"{len(tested) / 20:.1f} such are expected by chance when no method differs); †: Holm-adjusted p < 0.05 over "
         f"the {len(tested)} (significant for the table as a whole). Detectable: the true difference a paired t test "
         "over these seeds would find (5% level, one test alone) with 80% power, taking the line's observed spread of "
-        "the differences as the true one (`atr_llm.cpu_table.detectable_difference`); a difference that is not "
+        "the differences as the true one (`experiments.cpu_table.statistics.detectable_difference`); a difference that is not "
         "significant may still be this large.",
     ]
     noise = between_rule_noise(rows, runs, k)
@@ -203,7 +203,7 @@ def markdown_forms_factorial(factorial: dict[str, dict[str, dict]], k: int) -> s
         "range: atr's [0.671, 1.422] minus clip's [0.8, 1.2], averaged over the two forms; form: the mask form "
         "(freeze outside the range whatever the advantage's sign) minus PPO's min form, averaged over the two ranges; "
         "interaction: (atr - atr-min) - (clip-mask - clip), the form's effect at atr's range minus at clip's. Each is "
-        "a within-seed contrast with a paired t interval (`atr_llm.cpu_table.paired_contrast`).",
+        "a within-seed contrast with a paired t interval (`experiments.cpu_table.statistics.paired_contrast`).",
     ]
     return "\n".join(lines) + "\n"
 
