@@ -82,6 +82,11 @@ def _decode(case: dict) -> str:
     return f"{case['decode_ms_per_step']:.1f} (x{case['decode_ms_over_floor']:.0f})"
 
 
+def _number(value, spec: str) -> str:
+    """``value`` formatted with ``spec``, or ``-`` when it was not recorded."""
+    return "-" if value is None else format(value, spec)
+
+
 def gpu_step_tables() -> str:
     """The GPU trainer benchmark: one row per case (kind x backend)."""
     blocks = []
@@ -92,15 +97,21 @@ def gpu_step_tables() -> str:
             "| decode ms / step (x bandwidth floor) | peak GiB |",
             "|---|---|---|---|---|---|---|---|",
         ]
+        stopped = []
         for c in data["cases"]:
-            if c.get("forward_backward_s_per_step") is None or c.get("peak_gpu_memory_GiB") is None:
+            if c.get("forward_backward_s_per_step") is None:
                 rows.append(f"| {c['kind']} | {c['backend']} | {c.get('steps', '-')} | (did not finish) | | | | |")
                 continue
+            if c.get("error"):  # stopped early: the steps it did are measured, what it did not record is "-"
+                stopped.append(f"{c['kind']} / {c['backend']}: {c['error']}")
             rows.append(
                 f"| {c['kind']} | {c['backend']} | {c['steps']} | {c['forward_backward_s_per_step']:.2f} | "
-                f"{c['generation_s_per_call_after_first'] or 0:.1f} | {c['generated_tokens_per_s_after_first'] or 0:.0f} | "
-                f"{_decode(c)} | {c['peak_gpu_memory_GiB']:.2f} |"
+                f"{_number(c.get('generation_s_per_call_after_first'), '.1f')} | "
+                f"{_number(c.get('generated_tokens_per_s_after_first'), '.0f')} | "
+                f"{_decode(c)} | {_number(c.get('peak_gpu_memory_GiB'), '.2f')} |"
             )
+        if stopped:
+            rows.append("\nStopped early, the steps done measured (- = not recorded): " + "; ".join(stopped) + ".")
         env = data.get("environment", {})
         head = f"**{path.parent.name}** (`{env.get('device', '?')}`, torch {env.get('torch', '?')}; [`{path.relative_to(ROOT)}`]({path.relative_to(ROOT)}))"
         blocks.append(head + f"\n\n`{data.get('command', '')}`\n\n" + "\n".join(rows))
