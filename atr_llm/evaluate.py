@@ -45,6 +45,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     ``1 - C(n - c, k) / C(n, k)``, computed as ``1 - prod_{i = n-c+1}^{n} (1 - k / i)`` -- no large
     binomials, stable for any n.
 
+    Examples
+    --------
     >>> pass_at_k(8, 1, 8), round(pass_at_k(10, 3, 2), 6)
     (1.0, 0.533333)
     """

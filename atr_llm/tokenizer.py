@@ -169,6 +169,8 @@ def _backend(path: str | None):
 def qwen3_tokenizer(ranks_path: str | Path | None = None):
     """Qwen3's tokenizer as a ``PreTrainedTokenizerFast``, built offline (see the module docstring).
 
+    Examples
+    --------
     >>> tok = qwen3_tokenizer()  # doctest: +SKIP
     >>> len(tok), tok.eos_token, tok.pad_token, tok.convert_tokens_to_ids("</think>")  # doctest: +SKIP
     (151669, '<|im_end|>', '<|endoftext|>', 151668)

@@ -1,5 +1,7 @@
 """atr_theory: the verified core of atr-grpo (numpy, scipy, sympy, torch only).
 
+Examples
+--------
 >>> import atr_theory as at
 >>> l, u = at.kl3_clip_range(0.07)
 >>> round(l, 3), round(u, 3)

@@ -109,6 +109,8 @@ def kl3_from_log_ratio(y: Any) -> Any:
     and the series below a dtype-dependent cutoff (``_TORCH_SERIES``: <= 4e-15 relative in float64, <= 5e-6
     in float32, against mpmath: ``tests/test_ranges.py``); gradients flow through both branches.
 
+    Examples
+    --------
     >>> float(kl3_from_log_ratio(1e-8))  # y^2 / 2, exact to the last digit
     5.000000016666667e-17
     """
@@ -166,6 +168,8 @@ def kl2(w: Any) -> Any:
 def kl3(w: Any) -> Any:
     r"""``k3(w) = w - 1 - log w`` (paper Eq. 6), elementwise on numpy arrays or torch tensors.
 
+    Examples
+    --------
     >>> round(float(kl3(1.4222167362759164)), 12)
     0.07
     """
@@ -183,6 +187,8 @@ def entropy_from_log_probs(log_probs: torch.Tensor, dim: int = -1) -> torch.Tens
     ``log_probs`` is a log-softmax output (torch). Entries with ``pi(a) = 0`` (``-inf``) contribute 0,
     never ``0 * -inf = NaN``.
 
+    Examples
+    --------
     >>> round(float(entropy_from_log_probs(torch.log(torch.tensor([0.5, 0.5, 0.0])))), 6)  # log 2
     0.693147
     """

@@ -2,6 +2,8 @@ r"""``policy_loss``: ratio -> method -> per-token objective -> aggregation -> me
 
 The one loss function of the package: the bandit simulator and the LLM trainer both call it.
 
+Examples
+--------
 >>> import torch, atr_theory as at
 >>> logp = torch.log(torch.tensor([[0.30, 0.20, 0.50]], requires_grad=False))
 >>> old = torch.log(torch.tensor([[0.20, 0.20, 0.25]]))
@@ -244,9 +246,9 @@ def policy_loss(
 ) -> LossOutput:
     r"""Clipped policy-gradient loss of ``method`` (see ``atr_theory.METHODS``).
 
-    The paper's Eq. 2 with the rule's per-token objective: ``-aggregate_t(objective_t)``, where a rule of the unified
-    framework (Eq. 5) keeps ``w_t A_t`` where its constraint holds and freezes the token (constant ``A_t``) elsewhere,
-    ``w_t = pi_theta / pi_old``.
+    The paper's Eq. 2 with the rule's per-token objective \(o_t\): the loss is \(-\operatorname{aggregate}_t\, o_t\),
+    where a rule of the unified framework (Eq. 5) has \(o_t = w_t A_t\) where its constraint holds and the constant
+    \(o_t = A_t\) elsewhere (the token is frozen), \(w_t = \pi_\theta(y_t) / \pi_{\text{old}}(y_t)\).
 
     Parameters
     ----------

@@ -157,6 +157,8 @@ def log_range_of_dtype(kind: str, delta: float, dtype: torch.dtype = torch.float
     ``dtype``; then each finite bound is stepped one representable value at a time while exact arithmetic (mpmath)
     says it is on the wrong side (a step or two: the float64 roots are within a few ulp).
 
+    Examples
+    --------
     >>> log_range_of_dtype("kl3", 0.07, torch.float32)
     (-0.3990282416343689, 0.3522167205810547)
     """
@@ -207,8 +209,8 @@ def _settle(bound: float, inward, outward, exceeds, max_steps: int = 64) -> floa
 def kl3_clip_range(delta: Any) -> tuple[Any, Any]:
     r"""Ratio range ``[l, u]`` equivalent to the ATR constraint ``KL3 = w - 1 - log w <= delta``.
 
-    Paper Thm 3.2 / App. A.1: ``l = -W_0(-e^{-1-delta})``, ``u = -W_{-1}(-e^{-1-delta})``, with
-    ``0 < l < 1 < u`` and ``1 - l < u - 1``. The Lambert-W values are polished by Newton's method on
+    Paper Thm 3.2 / App. A.1: \(l = -W_0(-e^{-1-\delta})\), \(u = -W_{-1}(-e^{-1-\delta})\), with
+    \(0 < l < 1 < u\) and \(1 - l < u - 1\). The Lambert-W values are polished by Newton's method on
     ``k3(e^y) = delta`` so that the result is accurate to ~1e-15 relative for delta in [1e-12, 50]
     (tested against mpmath at 50 digits). ``u`` stays finite for every finite delta (``u ~ delta + log delta``);
     ``l ~ e^{-1-delta}`` underflows to 0 for delta > ~744 (``kl3_clip_log_range`` keeps ``log l``).
@@ -254,6 +256,8 @@ def kl3_delta_from_bound(bound: Any) -> Any:
 
     ``delta = k3(bound) = bound - 1 - log(bound)``; a bound below 1 is read as ``l``, above 1 as ``u``.
 
+    Examples
+    --------
     >>> round(kl3_delta_from_bound(kl3_clip_range(0.07)[1]), 12)
     0.07
     """

@@ -96,6 +96,8 @@ class Param:
     (``policy_loss``, the trainer config and its ``--help``, the presets, the README's methods table)
     reads it from here.
 
+    Examples
+    --------
     >>> Param(0.07, gt=0, help="KL3 threshold").check("delta", 0.0, "atr")
     Traceback (most recent call last):
     ...
@@ -277,6 +279,8 @@ def resolve(method: str, form: str | None = None, **params: Any) -> ResolvedMeth
     ``atr_theory.policy_loss`` and the trainer's config both call this (the trainer at config
     time, before any model is loaded).
 
+    Examples
+    --------
     >>> r = resolve("atr")
     >>> r.name, r.form, dict(r.params)
     ('atr', 'mask', {'delta': 0.07})

@@ -19,6 +19,7 @@ def test_each_fault_is_found():
         "double backticks": "<p>the ``delta`` value</p>",
         "list inside a paragraph": "<p>Also worth knowing:\n* **At 3x** the rate</p>",
         "no MathJax": '<span class="arithmatex">\\(x\\)</span>',
+        "doctest as quotes": "<blockquote>\n<blockquote>\n<p>round(1.5)</p></blockquote></blockquote>",
     }
     for what, page in faults.items():
         assert page_findings("a.html", page), what

@@ -2,7 +2,7 @@
 
     python -m mkdocs build --strict --site-dir SITE && python -m tools.check_site SITE   # (make test runs both)
 
-Fails (exit 1, one line per finding) on: a raw Sphinx role (``:func:`` and kin) or an escaped pipe (``\\|``) shown
+Fails (exit 1, one line per finding) on: a doctest shown as nested quotes, a raw Sphinx role (``:func:`` and kin) or an escaped pipe (``\\|``) shown
 as text; Markdown left unrendered in a paragraph (a list item or a heading that lost its blank line); RST double
 backticks shown as text; a page that writes TeX without the site's own MathJax (``javascripts/mathjax/tex-svg.js``);
 a PNG under ``docs/`` that no page shows; an API page without ATRGRPOConfig's fields.
@@ -37,6 +37,8 @@ def page_findings(name: str, page: str) -> list[str]:
         found.append(f"{name}: an escaped pipe '\\|' is shown")
     if "``" in text:
         found.append(f"{name}: RST double backticks are shown")
+    if re.search(r"<blockquote>\s*<blockquote>", body):
+        found.append(f"{name}: nested quotes (a >>> example outside an Examples section)")
     if UNRENDERED_LIST.search(body):
         found.append(f"{name}: a list was left inside a paragraph (no blank line before it)")
     if 'class="arithmatex"' in page and "javascripts/mathjax/tex-svg.js" not in page:
