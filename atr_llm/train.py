@@ -240,11 +240,8 @@ def main(argv=None) -> dict:
         from .unsloth_backend import require_unsloth
 
         require_unsloth()
-    from trl import get_peft_config
-
-    from .data import load_source, to_grpo_dataset
-    from .rewards import CorrectnessReward
-    from .trainer import ATRGRPOTrainer
+    from .run_lock import output_dir_lock
+    from .trainer import ATRGRPOTrainer  # noqa: F401  (TRL's trainer imported after Unsloth's check, as Unsloth needs)
 
     script_args, training_args, model_args = parse(argv)
     loaded = check_before_loading(script_args, training_args, model_args)
@@ -255,6 +252,18 @@ def main(argv=None) -> dict:
         warnings.warn(note, stacklevel=1)
     out = Path(training_args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    with output_dir_lock(out):  # one run per folder: a second one is refused here, before any model loads
+        return _train(script_args, training_args, model_args, loaded, out)
+
+
+def _train(script_args, training_args, model_args, loaded, out: Path) -> dict:
+    """The run itself, from the data to the final model and the summary, inside the folder's lock."""
+    from trl import get_peft_config
+
+    from .data import load_source, to_grpo_dataset
+    from .rewards import CorrectnessReward
+    from .trainer import ATRGRPOTrainer
+
     train_ds = loaded.get("--dataset_path") or load_source(  # a local file was read by the checks already
         script_args.dataset_name, script_args.dataset_path, script_args.dataset_limit, seed=training_args.seed
     )
