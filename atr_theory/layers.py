@@ -44,6 +44,12 @@ _REDUCTIONS = ("mean", "sum", "max", "token")
 _WHICH = ("negative", "all")
 
 
+def _check_choice(owner: str, name: str, value, choices: tuple[str, ...]) -> None:
+    """ValueError naming ``owner``'s field ``name`` when ``value`` is not one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{owner} {name} must be one of {choices}, got {value!r}")
+
+
 def sequence_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     r"""(B, T): each position holds its sequence's ``(1/|y|) sum_t log w_t`` over valid tokens, with gradient
     through the mean (TRL ``importance_sampling_level="sequence"``; Zheng et al. 2025, GSPO's ``s_i``).
@@ -76,12 +82,9 @@ class SequenceMask:
     lower: float = -math.inf
 
     def __post_init__(self):
-        if self.estimator not in _ESTIMATORS:
-            raise ValueError(f"SequenceMask estimator must be one of {sorted(_ESTIMATORS)}, got {self.estimator!r}")
-        if self.reduction not in _REDUCTIONS:
-            raise ValueError(f"SequenceMask reduction must be one of {_REDUCTIONS}, got {self.reduction!r}")
-        if self.advantages not in _WHICH:
-            raise ValueError(f"SequenceMask advantages must be one of {_WHICH}, got {self.advantages!r}")
+        _check_choice("SequenceMask", "estimator", self.estimator, tuple(sorted(_ESTIMATORS)))
+        _check_choice("SequenceMask", "reduction", self.reduction, _REDUCTIONS)
+        _check_choice("SequenceMask", "advantages", self.advantages, _WHICH)
         for name in ("threshold", "lower"):
             t = getattr(self, name)
             if isinstance(t, bool) or not isinstance(t, (int, float)) or t != t:
@@ -159,10 +162,8 @@ class RolloutCorrection:
     batch_normalize: bool = False
 
     def __post_init__(self):
-        if self.level not in _IS_LEVELS:
-            raise ValueError(f"RolloutCorrection level must be one of {_IS_LEVELS}, got {self.level!r}")
-        if self.mode not in _IS_MODES:
-            raise ValueError(f"RolloutCorrection mode must be one of {_IS_MODES}, got {self.mode!r}")
+        _check_choice("RolloutCorrection", "level", self.level, _IS_LEVELS)
+        _check_choice("RolloutCorrection", "mode", self.mode, _IS_MODES)
         for name in ("upper", "lower"):
             v = getattr(self, name)
             if v is None and name == "lower":
