@@ -9,6 +9,7 @@ differs from what the files under ``figures/bench/`` give.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -103,7 +104,7 @@ def gpu_step_tables() -> str:
                 rows.append(f"| {c['kind']} | {c['backend']} | {c.get('steps', '-')} | (did not finish) | | | | |")
                 continue
             if c.get("error"):  # stopped early: the steps it did are measured, what it did not record is "-"
-                stopped.append(f"{c['kind']} / {c['backend']}: {c['error']}")
+                stopped.append(f"{c['kind']} / {c['backend']}: {re.sub(r' *[(][^)]*[)]', '', c['error'])}")
             rows.append(
                 f"| {c['kind']} | {c['backend']} | {c['steps']} | {c['forward_backward_s_per_step']:.2f} | "
                 f"{_number(c.get('generation_s_per_call_after_first'), '.1f')} | "
