@@ -135,6 +135,40 @@ def parse(argv=None):
         raise
 
 
+def check_training_values(args) -> None:
+    """The values TRL, transformers or torch would refuse only once training starts (after the SFT stage has run and
+    saved a model), refused here by their flag: a learning rate or weight decay below 0, a completion length, batch
+    size, accumulation, iteration or step count below 1, a seed outside [0, 2^32 - 1], a sampling temperature,
+    top-p or repetition penalty outside its domain, a negative KL coefficient, a run of no steps."""
+    from .cli import finite_number, positive_int, refuse
+
+    finite_number("--learning_rate", args.learning_rate, low=0)
+    finite_number("--weight_decay", args.weight_decay, low=0)
+    finite_number("--beta", args.beta, low=0)
+    for flag in (
+        "max_completion_length",
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "num_iterations",
+    ):
+        positive_int(f"--{flag}", getattr(args, flag))
+    if getattr(args, "steps_per_generation", None) is not None:
+        positive_int("--steps_per_generation", args.steps_per_generation)
+    seed = positive_int("--seed", args.seed, minimum=0)
+    if seed > 2**32 - 1:
+        raise refuse("--seed", seed, "expected an integer in [0, 2^32 - 1]")
+    finite_number("--temperature", args.temperature, low=0, open_low=True)
+    finite_number("--top_p", args.top_p, low=0, high=1, open_low=True)
+    if getattr(args, "repetition_penalty", None) is not None:
+        finite_number("--repetition_penalty", args.repetition_penalty, low=0, open_low=True)
+    if getattr(args, "top_k", None) is not None:
+        positive_int("--top_k", args.top_k, minimum=0)
+    if args.max_steps == 0 or (args.max_steps < 0 and not args.num_train_epochs > 0):
+        raise refuse("--max_steps", args.max_steps, "expected an integer >= 1 (or -1 with --num_train_epochs > 0)")
+    if str(getattr(args.save_strategy, "value", args.save_strategy)) == "steps":
+        finite_number("--save_steps", args.save_steps, low=0, open_low=True)
+
+
 def check_before_loading(script_args, training_args, model_args=None) -> dict:
     """Everything that can be checked without a model and that the configs do not check themselves: numbers, data
     files (read and their rows checked), the checkpoint to resume from, the output folder, the backend. (The method,
@@ -147,6 +181,7 @@ def check_before_loading(script_args, training_args, model_args=None) -> dict:
     from .sft import check_sft_implementation
 
     loaded = {}
+    check_training_values(training_args)
     positive_int("--sft_steps", script_args.sft_steps, minimum=0)
     positive_int("--sft_batch_size", script_args.sft_batch_size)
     finite_number("--sft_learning_rate", script_args.sft_learning_rate, low=0, open_low=True)

@@ -76,6 +76,19 @@ TRAIN_CASES = [
     (["--method", "atr", "--divergence_delta", "inf"], "delta must be a finite number > 0"),
     (["--method", "nope"], "unknown method 'nope'"),
     (["--no_such_option", "1"], "not used by the HfArgumentParser|no_such_option"),
+    # what TRL / transformers / torch would refuse only after the SFT stage: refused before it, by flag
+    (["--learning_rate=-1e-4"], "--learning_rate -0.0001: expected a finite number >= 0"),
+    (["--max_completion_length", "0"], "--max_completion_length 0: expected an integer >= 1"),
+    (["--seed", "-5"], "--seed -5: expected an integer >= 0"),
+    (["--seed", "4294967296"], r"--seed 4294967296: expected an integer in \[0, 2\^32 - 1\]"),
+    (["--per_device_train_batch_size", "0"], "--per_device_train_batch_size 0: expected an integer >= 1"),
+    (["--gradient_accumulation_steps", "0"], "--gradient_accumulation_steps 0"),
+    (["--num_iterations", "0"], "--num_iterations 0"),
+    (["--temperature", "0"], "--temperature 0.0: expected a finite number > 0"),
+    (["--top_p", "1.5"], "--top_p 1.5: expected a finite number > 0 and <= 1"),
+    (["--weight_decay=-0.1"], "--weight_decay -0.1"),
+    (["--beta=-0.1"], "--beta -0.1"),
+    (["--max_steps", "0"], "--max_steps 0"),
 ]
 
 
