@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -114,6 +115,21 @@ def config_file_contents(argv: list[str] | None) -> dict | None:
     return None
 
 
+NEGATIVE_NUMBER = re.compile(r"-(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|-inf(?:inity)?|-nan", re.IGNORECASE)
+
+
+def negative_values_attached(argv: list[str]) -> list[str]:
+    """``--flag -1e-4`` as ``--flag=-1e-4``: argparse reads a token that starts with ``-`` and is not a plain
+    negative integer or decimal (``-1e-4``, ``-inf``) as an option, so ``--x -1e-4`` and ``--x=-1e-4`` would differ."""
+    out: list[str] = []
+    for token in argv:
+        if out and NEGATIVE_NUMBER.fullmatch(token) and out[-1].startswith("--") and "=" not in out[-1]:
+            out[-1] = f"{out[-1]}={token}"
+        else:
+            out.append(token)
+    return out
+
+
 def parse(argv=None):
     """Parse TRL-style arguments (``--config FILE.yaml`` and ``--field value``); configuration errors,
     including a bf16 (GPU) preset on a machine without CUDA, come back as one ValueError naming the fix."""
@@ -121,8 +137,13 @@ def parse(argv=None):
 
     from .trainer import ATRGRPOConfig
 
+    class OneLineTrlParser(TrlParser):
+        def error(self, message: str):  # argparse's hook: one ValueError (one line, exit 2), not the usage block
+            raise ValueError(message)
+
+    argv = negative_values_attached(sys.argv[1:] if argv is None else list(argv))
     config_file_contents(argv)
-    parser = TrlParser((ScriptArguments, ATRGRPOConfig, ModelConfig))
+    parser = OneLineTrlParser((ScriptArguments, ATRGRPOConfig, ModelConfig))
     try:
         return parser.parse_args_and_config(args=argv)
     except ValueError as e:
@@ -278,8 +299,12 @@ def main(argv=None) -> dict:
     from .run_lock import output_dir_lock
     from .trainer import ATRGRPOTrainer  # noqa: F401  (TRL's trainer imported after Unsloth's check, as Unsloth needs)
 
-    script_args, training_args, model_args = parse(argv)
-    loaded = check_before_loading(script_args, training_args, model_args)
+    with warnings.catch_warnings(record=True) as deferred:  # a refusal is one line: the libraries' warnings wait
+        warnings.simplefilter("always")
+        script_args, training_args, model_args = parse(argv)
+        loaded = check_before_loading(script_args, training_args, model_args)
+    for w in deferred:  # the checks passed: show what the libraries said while the configs were built
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     from .evaluate import _vllm_available
 
     note = choose_generation(script_args, training_args, vllm_usable=_vllm_available())
