@@ -77,25 +77,54 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
 
 
 def _parse_local(items: list[str]) -> dict[str, str]:
+    from .cli import refuse
+
     out = {}
     for item in items:
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
-            raise SystemExit(f"--local takes NAME=PATH pairs, got {item!r}")
+            raise refuse("--local", item, "expected NAME=PATH")
+        if not Path(path).is_file():
+            raise refuse("--local", item, "no such file" if not Path(path).exists() else "not a file")
         out[name] = path
     return out
 
 
+def check_arguments(args) -> dict[str, str]:
+    """Every refusal before any file is read or written: the sources' names, the local files, the output folder."""
+    from .cli import refuse
+
+    known = sorted(data.SOURCES)
+    for flag, names in (("--train", [args.train]), ("--tests", args.tests)):
+        for name in names:
+            if name not in data.SOURCES:
+                raise refuse(flag, name, f"unknown source; known: {', '.join(known)}")
+    local = _parse_local(args.local)
+    unknown = set(local) - {args.train, *args.tests}
+    if unknown:
+        raise refuse("--local", ",".join(sorted(unknown)), f"not exported here ({args.train}, {', '.join(args.tests)})")
+    out = Path(args.out)
+    for parent in (out, *out.parents):
+        if parent.exists() and not parent.is_dir():
+            raise refuse("--out", args.out, f"{parent} is a file, not a folder")
+    return local
+
+
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from .cli import Parser
+
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="data/verl", help="output directory")
     ap.add_argument("--local", nargs="*", default=[], metavar="NAME=PATH", help="read a source from a local file")
     ap.add_argument("--train", default=TRAIN_SOURCE)
     ap.add_argument("--tests", nargs="*", default=list(TEST_SOURCES))
     args = ap.parse_args(argv)
-    for path in export(Path(args.out), _parse_local(args.local), args.train, tuple(args.tests)):
+    local = check_arguments(args)
+    for path in export(Path(args.out), local, args.train, tuple(args.tests)):
         print(f"wrote {path}")
 
 
 if __name__ == "__main__":
-    main()
+    from .cli import run_command
+
+    run_command(main)

@@ -40,6 +40,8 @@ def parse_args(doc: str, argv: Sequence[str] | None = None, extra=None, check=No
         extra(ap)
     args = ap.parse_args(argv)
     positive_int("--seed", args.seed, minimum=0)
+    if args.seed > 2**32 - 1:  # numpy's and torch's generators take seeds below 2^32 (numpy) / 2^64 (torch)
+        raise refuse("--seed", args.seed, "expected an integer in [0, 2^32 - 1]")
     if check:
         check(args)  # the script's own arguments, refused before the output folder is made
     args.out = Path(args.out)

@@ -60,3 +60,30 @@ def test_verl_reward_grades_like_our_grader(solution, gold, score):
         data_source="atr_grpo/aime24", solution_str=solution, ground_truth=gold, extra_info={"index": 0}
     )
     assert got == score
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--local", "aime24"], "--local aime24: expected NAME=PATH"),
+        (["--local", "aime24=/nonexistent.jsonl"], "--local aime24=/nonexistent.jsonl: no such file"),
+        (["--train", "nope"], "--train nope: unknown source"),
+        (["--tests", "aime2x"], "--tests aime2x: unknown source"),
+    ],
+)
+def test_bad_arguments_are_refused_before_anything_is_written(tmp_path, argv, message):
+    from atr_llm import verl_data
+
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=message):
+        verl_data.main(["--out", str(out), *argv])
+    assert not out.exists()
+
+
+def test_a_local_file_for_a_source_not_exported_is_refused(tmp_path):
+    from atr_llm import verl_data
+
+    f = tmp_path / "x.jsonl"
+    f.write_text("{}\n")
+    with pytest.raises(ValueError, match="--local nope: not exported here"):
+        verl_data.main(["--out", str(tmp_path / "out"), "--local", f"nope={f}"])
