@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import difflib
 import json
 import math
 from collections import defaultdict
@@ -485,6 +486,16 @@ def check_args(args) -> None:
             raise refuse("--benchmark_path", spec, "expected NAME=FILE")
         if name not in names:
             raise refuse("--benchmark_path", spec, f"benchmark {name!r} is not in --benchmarks {args.benchmarks}")
+    given = {spec.partition("=")[0] for spec in args.benchmark_path}
+    known = (*PAPER_BENCHMARKS, "amc23-40")
+    for name in names:  # a name that is neither a published set nor given a file: a typo, most likely
+        if name not in known and name not in given:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise refuse(
+                "--benchmarks", name, f"unknown benchmark; {hint}known: {', '.join(known)}, or any name given a "
+                f"file with --benchmark_path {name}=FILE (columns question, answer)"
+            )
 
 
 def main(argv=None) -> dict:

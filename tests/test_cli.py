@@ -162,6 +162,14 @@ EVALUATE_CASES = [
     (["--tiny-model", "{model}", "--checkpoints", "{tmp}"], "holds no complete checkpoint"),
     (["--tiny-model", "{model}", "--adapter", "{tmp}"], "not a LoRA adapter folder"),
     (["--model", "x", "--n", "two"], "argument --n: invalid int value"),
+    (
+        ["--tiny-model", "{model}", "--benchmarks", "aime42"],
+        "--benchmarks aime42: unknown benchmark; did you mean 'aime25'",
+    ),
+    (
+        ["--tiny-model", "{model}", "--benchmarks", "arith"],
+        "--benchmarks arith: unknown benchmark; known: .*benchmark_path",
+    ),
 ]
 
 

@@ -96,6 +96,8 @@ def test_offline_run_writes_jsonl_table_figure_and_resumes_without_regenerating(
             str(model_dir),
             "--benchmarks",
             "arith",
+            "--benchmark_path",
+            f"arith={BENCH}",
             "--n",
             "4",
             "--max_tokens",
