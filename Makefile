@@ -4,9 +4,9 @@ PIP = $(PY) -m pip
 PINS_VENV ?= .venv-pins
 VERL_VENV ?= .venv-verl
 # verl's loss code runs on CPU; its package needs only these (ray is stubbed in the test, never called)
-VERL_PKGS = verl==0.9.1 omegaconf antlr4-python3-runtime==4.9.3 tensordict==0.10.0 codetiming orjson cloudpickle pyvers
+VERL_PKGS = verl==0.9.1 omegaconf hydra-core==1.3.8 antlr4-python3-runtime==4.9.3 tensordict==0.10.0 codetiming orjson cloudpickle pyvers
 
-.PHONY: install demo test docs docs-shots test-pins test-verl lint figures bench mutation mutation-sample
+.PHONY: install demo test docs docs-shots test-pins test-verl test-verl-e2e lint figures bench mutation mutation-sample
 
 install:
 	$(PIP) install --quiet torch==2.13.0
@@ -49,6 +49,23 @@ test-verl:
 		> "$$($(VERL_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/parent-environment.pth"
 	$(VERL_VENV)/bin/python -m pip install --quiet --no-deps $(VERL_PKGS)
 	$(VERL_VENV)/bin/python -m pytest tests/test_verl_oracle.py -q -p no:cacheprovider
+
+# verl itself on a CPU: python -m verl.trainer.main_ppo with Ray, legacy and v1 trainers (tests/test_verl_e2e.py, ~6 min)
+# Its own virtualenv over this interpreter's packages (as test-verl): verl 0.9.1 and what its trainer imports, with
+# TRL at the version verl pins (its FSDP engine imports trl.AutoModelForCausalLMWithValueHead, gone in TRL 1.x) and
+# verl's transformers pin overridden by this interpreter's transformers
+VERL_E2E_VENV ?= .venv-verl-e2e
+VERL_E2E_NODEPS = verl==0.9.1 tensordict==0.10.0 pyvers torchdata==0.11.0 trl==0.27.0
+VERL_E2E_PKGS = ray==2.52.0 transferqueue==0.1.11 hydra-core==1.3.8 omegaconf antlr4-python3-runtime==4.9.3 codetiming orjson \
+	cloudpickle cachetools fastapi uvicorn dill pylatexenc msgspec pyzmq
+test-verl-e2e:
+	$(PY) -m venv $(VERL_E2E_VENV)
+	$(PY) -c "import site; print('import site; ' + '; '.join(f'site.addsitedir({d!r})' for d in site.getsitepackages()))" \
+		> "$$($(VERL_E2E_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/parent-environment.pth"
+	$(VERL_E2E_VENV)/bin/python -m pip install --quiet --no-deps $(VERL_E2E_NODEPS)
+	$(VERL_E2E_VENV)/bin/python -m pip install --quiet $(VERL_E2E_PKGS)  # pip reports verl's transformers pin unmet; exit 0
+	$(VERL_E2E_VENV)/bin/python -c "import verl, ray, trl, transformers; print('verl', verl.__version__, 'ray', ray.__version__, 'trl', trl.__version__, 'transformers', transformers.__version__)"
+	$(VERL_E2E_VENV)/bin/python -m pytest tests/test_verl_e2e.py -q -p no:cacheprovider
 
 figures: install
 	for s in verify_theorems clip_ranges trust_regions entropy_diff bandit_training delta_sweep; do $(PY) -m sims.$$s || exit 1; done

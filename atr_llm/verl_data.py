@@ -2,9 +2,11 @@
 
     python -m atr_llm.verl_data --out data/verl                       # from the hub (needs network)
     python -m atr_llm.verl_data --out data/verl --local dapo-math-17k=dapo.parquet aime24=aime24.jsonl ...
+    python -m atr_llm.verl_data --out data/verl-arith --train arithmetic --tests arithmetic   # offline
 
 writes ``train.parquet`` (DAPO-Math-17k, deduplicated) and one ``<benchmark>.parquet`` per test set (AIME 2024,
-AIME 2025, AMC 2023 by default), each row as verl's RL datasets expect (verl ``examples/data_preprocess``)::
+AIME 2025, AMC 2023 by default; an offline task of ``atr_llm.data.OFFLINE_TASKS`` is generated, 1,024 training
+and 200 held-out test rows), each row as verl's RL datasets expect (verl ``examples/data_preprocess``)::
 
     data_source   "atr_grpo/<source>"
     prompt        [{"role": "system", ...}, {"role": "user", "content": problem}]  (our prompt, answer in \\boxed{})
@@ -21,6 +23,7 @@ grader the TRL trainer and the evaluation use.
 from __future__ import annotations
 
 import argparse
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +59,22 @@ def write_parquet(rows: list[dict[str, Any]], path: Path) -> Path:
     return path
 
 
+OFFLINE_ROWS = {"train": 1024, "test": 200}
+"""Rows an offline task (``atr_llm.data.OFFLINE_TASKS``) is exported with, per split."""
+
+
+def source_rows(source: str, split: str, path: str | None = None) -> list[dict[str, str]]:
+    """``{problem, answer}`` rows of ``source``: a hub or local source (``atr_llm.data.SOURCES``), or an offline
+    task (``atr_llm.data.OFFLINE_TASKS``) generated on its ``split`` side of ``atr_llm.data.is_held_out``, so that
+    ``--train arithmetic --tests arithmetic`` gives disjoint training and test problems."""
+    if source in data.OFFLINE_TASKS:
+        kwargs = {**data.OFFLINE_TASKS[source], "split": split}
+        ds = data.arithmetic_dataset(OFFLINE_ROWS[split], **kwargs)
+    else:
+        ds = data.load_source(source, path=path)
+    return [{"problem": r["problem"], "answer": r["answer"]} for r in ds]
+
+
 def export(out: Path, local: dict[str, str] | None = None, train: str = TRAIN_SOURCE, tests=TEST_SOURCES) -> list[Path]:
     """Write ``train.parquet`` and ``<test>.parquet`` under ``out``; ``local`` maps a source name to a local file."""
     local = local or {}
@@ -64,16 +83,24 @@ def export(out: Path, local: dict[str, str] | None = None, train: str = TRAIN_SO
         raise ValueError(f"--local names {sorted(unknown)}, which are not exported here ({train}, {', '.join(tests)})")
     written = []
     for source, split, name in [(train, "train", "train"), *((t, "test", t) for t in tests)]:
-        ds = data.load_source(source, path=local.get(source))
-        rows = [{"problem": r["problem"], "answer": r["answer"]} for r in ds]
+        rows = source_rows(source, split, local.get(source))
         written.append(write_parquet(verl_rows(rows, source, split), out / f"{name}.parquet"))
     return written
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None, **kwargs) -> float:
     """verl's custom reward function: 1.0 when ``solution_str``'s final answer equals ``ground_truth``
-    (math-verify, ``atr_llm.rewards.grade``), else 0.0."""
-    return 1.0 if rewards.grade(rewards.completion_text(solution_str), str(ground_truth)) == "correct" else 0.0
+    (math-verify, ``atr_llm.rewards.grade``), else 0.0.
+
+    verl 0.9.1's reward loop calls it from a thread pool, where math-verify's timeouts (``signal.alarm``) cannot
+    run: there a completion that the plain ``\boxed{integer}`` check does not settle is graded in a worker process
+    (``atr_llm.rewards.grade_many``, killed if it hangs), as on the main thread it is graded in place."""
+    text, gold = rewards.completion_text(solution_str), str(ground_truth)
+    if threading.current_thread() is threading.main_thread():
+        status = rewards.grade(text, gold)
+    else:
+        status = rewards.grade_many([(text, gold)], workers=1)[0][0]
+    return 1.0 if status == "correct" else 0.0
 
 
 def _parse_local(items: list[str]) -> dict[str, str]:
@@ -94,12 +121,15 @@ def check_arguments(args) -> dict[str, str]:
     """Every refusal before any file is read or written: the sources' names, the local files, the output folder."""
     from .cli import refuse
 
-    known = sorted(data.SOURCES)
+    known = [*data.OFFLINE_TASKS, *sorted(data.SOURCES)]
     for flag, names in (("--train", [args.train]), ("--tests", args.tests)):
         for name in names:
-            if name not in data.SOURCES:
+            if name not in known:
                 raise refuse(flag, name, f"unknown source; known: {', '.join(known)}")
     local = _parse_local(args.local)
+    offline = sorted(set(local) & set(data.OFFLINE_TASKS))
+    if offline:
+        raise refuse("--local", offline[0], "an offline task is generated here and reads no file")
     unknown = set(local) - {args.train, *args.tests}
     if unknown:
         raise refuse("--local", ",".join(sorted(unknown)), f"not exported here ({args.train}, {', '.join(args.tests)})")

@@ -15,13 +15,18 @@ Parameters: verl's fields map onto ours where they mean the same thing (``VERL_F
 symmetric range: then the two must be equal; GMPO's log-space bounds too), ``clip_ratio_c`` -> ``dual_clip_c``, DPPO's
 ``clip_ratio_low`` / ``clip_ratio_high`` / ``clip_ratio_c`` -> ``delta_low`` / ``delta_high`` / ``is_cap``, ``clip_cov_*`` / ``kl_cov_ratio``
 / ``ppo_kl_coef`` -> Clip-Cov / KL-Cov's, ``tau_pos`` / ``tau_neg`` -> SAPO's. Parameters verl has no field for
-(``delta``, ``alpha``, ...) come from the environment variable ``ATR_GRPO_PARAMS``, a JSON object, e.g.
-``ATR_GRPO_PARAMS='{"delta": 0.05}'`` (pass it to the workers through Ray's ``runtime_env``); a name the method
-does not take, or a value outside its domain, raises at the first loss call (malformed JSON already at import).
-The same variable configures the loss layers (``layers_from_params``): ``{"rollout_correction": {...},
-"sequence_mask": {...}}`` gives any method verl's rollout correction and rejection, e.g. ATR in verl's bypass mode.
+(``delta``, ``alpha``, ...) go in verl's own config, so that verl's config dump records them: the policy-loss
+config class ``atr_llm.verl_config.PolicyLossConfig`` (verl's, plus one field ``atr_params``) is selected by
+``_target_``, e.g. ``actor_rollout_ref.actor.policy_loss._target_=atr_llm.verl_config.PolicyLossConfig
+'+actor_rollout_ref.actor.policy_loss.atr_params={delta:0.05}'``. The environment variable ``ATR_GRPO_PARAMS``
+(a JSON object, ``ATR_GRPO_PARAMS='{"delta": 0.05}'``, passed to the workers through Ray's ``runtime_env``) is the
+fallback when the config has none; both set and different is refused. A name the method does not take, or a value
+outside its domain, raises at the first loss call (malformed JSON already at import). The same object configures
+the loss layers (``layers_from_params``): ``{"rollout_correction": {...}, "sequence_mask": {...}}`` gives any
+method verl's rollout correction and rejection, e.g. ATR in verl's bypass mode.
 Metrics: verl's names (``actor/pg_clipfrac`` = fraction of valid tokens whose gradient was removed, ``actor/pg_clipfrac_lower`` = those
-clipped because w was too low, ``actor/ppo_kl`` = mean ``-log w``) plus ours under ``actor/atr_*``.
+clipped because w was too low, ``actor/ppo_kl`` = mean ``-log w``) plus ours under ``actor/atr_*``, and each numeric
+parameter the loss ran with as ``actor/atr_param_<name>`` (so a run's metrics show which delta it used).
 """
 
 from __future__ import annotations
@@ -71,16 +76,61 @@ def env_params() -> dict[str, Any]:
     return value
 
 
+CONFIG_PARAMS_FIELD = "atr_params"
+"""The field of ``atr_llm.verl_config.PolicyLossConfig`` (``actor.policy_loss.atr_params``) holding our parameters."""
+
+
+def config_params(config: Any) -> dict[str, Any]:
+    """``actor.policy_loss.atr_params`` of verl's actor ``config`` as a plain dict ({} when absent or empty)."""
+    holder = None if config is None else getattr(config, "policy_loss", None)
+    value = None if holder is None else getattr(holder, CONFIG_PARAMS_FIELD, None)
+    if value is None:
+        return {}
+    try:
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(value):
+            value = OmegaConf.to_container(value, resolve=True)
+    except ImportError:  # verl without omegaconf cannot happen; plain dicts need nothing
+        pass
+    if not isinstance(value, Mapping):
+        raise ValueError(
+            f"actor.policy_loss.{CONFIG_PARAMS_FIELD} must be a mapping such as {{delta: 0.05}}, got {value!r}"
+        )
+    return _plain(value)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def params_for(config: Any) -> dict[str, Any]:
+    """Our parameters for one loss call: ``actor.policy_loss.atr_params`` from verl's config, else
+    ``$ATR_GRPO_PARAMS``; both set and different is refused (one of them would be silently ignored)."""
+    from_config, from_env = config_params(config), env_params()
+    if from_config and from_env and from_config != from_env:
+        raise ValueError(
+            f"actor.policy_loss.{CONFIG_PARAMS_FIELD}={from_config} and {PARAMS_ENV}={from_env} disagree; set one of "
+            f"them (the config is recorded in verl's config dump; {PARAMS_ENV} is the fallback)"
+        )
+    return from_config or from_env
+
+
 def _field(config: Any, where: str, name: str) -> Any:
     holder = config if where == "actor" else getattr(config, "policy_loss", None)
     return None if holder is None else getattr(holder, name, None)
 
 
 def method_params(method: str, config: Any, extra: Mapping[str, Any] | None = None) -> at.ResolvedMethod:
-    """Our parameters of ``method`` from verl's ``config`` (an ``ActorConfig``) and ``extra`` (``$ATR_GRPO_PARAMS``),
-    validated by ``atr_theory.resolve``."""
+    """Our parameters of ``method`` from verl's ``config`` (an ``ActorConfig``) and ``extra`` (default
+    ``params_for(config)``: ``actor.policy_loss.atr_params``, else ``$ATR_GRPO_PARAMS``), validated by
+    ``atr_theory.resolve``."""
     spec = at.get_method(method)
-    extra = {k: v for k, v in (env_params() if extra is None else extra).items() if k not in LAYER_KEYS}
+    extra = {k: v for k, v in (params_for(config) if extra is None else extra).items() if k not in LAYER_KEYS}
     params: dict[str, Any] = {}
     for name in spec.params:
         if name in extra:
@@ -107,7 +157,8 @@ def method_params(method: str, config: Any, extra: Mapping[str, Any] | None = No
                 params[name] = value
     if extra:
         raise ValueError(
-            f"{PARAMS_ENV} sets {sorted(extra)}, which method {spec.name!r} does not take "
+            f"{PARAMS_ENV} / actor.policy_loss.{CONFIG_PARAMS_FIELD} sets {sorted(extra)}, which method {spec.name!r} "
+            "does not take "
             f"(its parameters: {sorted(spec.params) or 'none'})"
         )
     return at.resolve(spec.name, **params)
@@ -140,12 +191,17 @@ def layers_from_params(extra: Mapping[str, Any]) -> dict[str, Any]:
 _LAYERS: dict[str, dict[str, Any]] = {}
 
 
-def layers_once() -> dict[str, Any]:
-    """``layers_from_params`` of ``$ATR_GRPO_PARAMS``, parsed once per distinct value of the variable."""
-    raw = os.environ.get(PARAMS_ENV, "").strip()
-    if raw not in _LAYERS:
-        _LAYERS[raw] = layers_from_params(env_params())
-    return _LAYERS[raw]
+def _params_key(config: Any) -> str:
+    return json.dumps([config_params(config), os.environ.get(PARAMS_ENV, "").strip()], sort_keys=True, default=str)
+
+
+def layers_once(config: Any = None) -> dict[str, Any]:
+    """``layers_from_params`` of ``params_for(config)``, built once per distinct value of the config's
+    ``atr_params`` and ``$ATR_GRPO_PARAMS``."""
+    key = _params_key(config)
+    if key not in _LAYERS:
+        _LAYERS[key] = layers_from_params(params_for(config))
+    return _LAYERS[key]
 
 
 CONFIG_FIELDS_READ = (
@@ -161,11 +217,11 @@ _RESOLVED: dict[tuple, at.ResolvedMethod] = {}
 
 
 def resolved_once(method: str, config: Any) -> at.ResolvedMethod:
-    """``method_params`` of ``method``, computed once per worker for each distinct ``$ATR_GRPO_PARAMS`` text and
+    """``method_params`` of ``method``, computed once per worker for each distinct ``atr_params`` / ``$ATR_GRPO_PARAMS`` and
     value of the config fields it reads (``CONFIG_FIELDS_READ``): the JSON is parsed and the choice validated on
     the first loss call, not on every one."""
     try:
-        key = (method, os.environ.get(PARAMS_ENV, "").strip(), tuple(_field(config, *f) for f in CONFIG_FIELDS_READ))
+        key = (method, _params_key(config), tuple(_field(config, *f) for f in CONFIG_FIELDS_READ))
         hash(key)
     except TypeError:  # a config value that cannot be a key (a list): resolve every call
         return method_params(method, config)
@@ -196,7 +252,7 @@ def make_verl_policy_loss(method: str):
         if config is None:
             raise ValueError(f"verl policy loss {PREFIX}{method!r} needs the actor config")
         choice = resolved_once(method, config)
-        layers = layers_once()
+        layers = layers_once(config)
         if rollout_is_weights is not None and "rollout_correction" in layers:
             raise ValueError(
                 f"verl passed rollout_is_weights (its rollout_is is set) and {PARAMS_ENV} sets rollout_correction: the "
@@ -225,6 +281,9 @@ def make_verl_policy_loss(method: str):
             "actor/ppo_kl": float((-out.log_ratio * mask).sum()) / n,
         }
         metrics.update({f"actor/atr_{k}": v for k, v in m.items()})
+        metrics.update(
+            {f"actor/atr_param_{k}": float(v) for k, v in choice.params.items() if isinstance(v, (int, float))}
+        )
         return pg_loss, metrics
 
     loss_fn.__name__ = f"atr_grpo_{method}_policy_loss"

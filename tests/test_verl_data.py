@@ -63,12 +63,32 @@ def test_verl_reward_grades_like_our_grader(solution, gold, score):
 
 
 @pytest.mark.parametrize(
+    "solution, gold, score",
+    [
+        ("\\boxed{ is\\boxed{4}", "4", 1.0),  # a rollout of verl's CPU test, scored 0 from a thread before
+        ("\\boxed{\\frac{1}{2}}", "0.5", 1.0),
+        ("\\boxed{\\frac{1}{3}}", "0.5", 0.0),
+    ],
+)
+def test_verl_reward_grades_the_same_from_verls_reward_threads(solution, gold, score):
+    """verl's reward loop calls compute_score in a thread pool, where math-verify's signal-based timeout cannot
+    run; the grade there equals the main thread's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    main = verl_data.compute_score("atr_grpo/arithmetic", solution, gold)
+    with ThreadPoolExecutor(2) as pool:
+        threaded = pool.submit(verl_data.compute_score, "atr_grpo/arithmetic", solution, gold).result()
+    assert main == threaded == score
+
+
+@pytest.mark.parametrize(
     "argv, message",
     [
         (["--local", "aime24"], "--local aime24: expected NAME=PATH"),
         (["--local", "aime24=/nonexistent.jsonl"], "--local aime24=/nonexistent.jsonl: no such file"),
         (["--train", "nope"], "--train nope: unknown source"),
         (["--tests", "aime2x"], "--tests aime2x: unknown source"),
+        (["--train", "arithmetic", "--local", "arithmetic=README.md"], "--local arithmetic: an offline task"),
     ],
 )
 def test_bad_arguments_are_refused_before_anything_is_written(tmp_path, argv, message):

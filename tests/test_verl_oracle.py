@@ -751,3 +751,35 @@ def test_verls_k3_cancels_near_a_small_bound_ours_is_exact():
     assert ours[0].tolist() == exact
     wrong = sum(bool(t) != e for t, e in zip(theirs[0].tolist(), exact))
     assert wrong > 0, "verl's k3 now agrees with exact arithmetic here: update the docs"
+
+
+def test_parameters_in_verls_config_reach_the_loss_and_show_in_its_metrics(monkeypatch):
+    """``policy_loss._target_=atr_llm.verl_config.PolicyLossConfig`` with ``atr_params``: verl builds the config
+    from its Hydra dict (``omega_conf_to_dataclass``), the loss runs with the parameters (equal to
+    ``atr_theory.policy_loss`` with them), and reports each as ``actor/atr_param_<name>``."""
+    from omegaconf import OmegaConf
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from atr_llm.verl_config import PolicyLossConfig
+
+    monkeypatch.delenv("ATR_GRPO_PARAMS", raising=False)
+    built = omega_conf_to_dataclass(
+        OmegaConf.create(
+            {
+                "_target_": "atr_llm.verl_config.PolicyLossConfig",
+                "loss_mode": "atr_grpo_atr",
+                "atr_params": {"delta": 0.03},
+            }
+        )
+    )
+    assert isinstance(built, PolicyLossConfig) and dict(built.atr_params) == {"delta": 0.03}
+    config = ActorConfig(strategy="fsdp", rollout_n=4, ppo_micro_batch_size_per_gpu=1, policy_loss=built)
+    g = torch.Generator().manual_seed(3)
+    old = -torch.rand(3, 6, generator=g, dtype=torch.float64) - 0.1
+    logp = old + 0.4 * torch.randn(3, 6, generator=g, dtype=torch.float64)
+    adv, mask = torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64), torch.ones(3, 6, dtype=torch.bool)
+    loss, metrics = core_algos.get_policy_loss_fn("atr_grpo_atr")(old, logp, adv, mask.double(), "token-mean", config)
+    assert metrics["actor/atr_param_delta"] == 0.03
+    want = at.policy_loss(logp, old, adv, mask, method="atr", delta=0.03).loss
+    other = at.policy_loss(logp, old, adv, mask, method="atr", delta=0.07).loss
+    assert torch.allclose(loss, want, rtol=1e-12) and not torch.allclose(want, other)
