@@ -902,3 +902,65 @@ def test_keep_freed_memory_changes_nothing_without_mallopt(monkeypatch):
 
     monkeypatch.setattr(ctypes, "CDLL", no_libc)
     assert cpu_table.keep_freed_memory() is False
+
+
+def test_off_policy_knobs_reach_the_trainer_and_make_a_protocol_of_their_own(tmp_path):
+    """--num-iterations / --steps-per-generation: the trainer runs with them (its saved TrainingArguments say so),
+    the run records them and how much its rule acted over its logged rows, and a runs directory of another value is
+    refused, never mixed in."""
+    runs, fig = tmp_path / "runs", tmp_path / "fig"
+    quick = ["--quick", "--runs", "clip", "--runs-dir", str(runs), "--out", str(fig)]
+    summary = cpu_table.main([*quick, "--num-iterations", "4", "--steps-per-generation", "2"])
+    assert (summary["settings"]["num_iterations"], summary["settings"]["steps_per_generation"]) == (4, 2)
+    trained = torch.load(runs / "clip-s0" / "checkpoint-4" / "training_args.bin", weights_only=False)
+    assert (trained.num_iterations, trained.steps_per_generation) == (4, 2)
+    result = json.loads((runs / "clip-s0" / "result.json").read_text())
+    assert (result["num_iterations"], result["steps_per_generation"]) == (4, 2)
+    history = json.loads((runs / "clip-s0" / "log_history.json").read_text())
+    assert result["acted"]["logged_steps"] == sum("clip/frac_masked" in h for h in history) >= 1
+    assert 0 <= result["acted"]["clip/frac_masked"] <= 1
+    with pytest.raises(ValueError, match="trained with num_iterations = 4, this invocation asks for None"):
+        cpu_table.main(quick)
+    # cpu-table.yaml's own values are the default protocol (None), so older tables keep their rows
+    assert cpu_table.off_policy_knob("num_iterations", 2) is None
+    assert cpu_table.off_policy_knob("steps_per_generation", 1) is None
+    assert cpu_table.off_policy_knob("num_iterations", 8) == 8
+    with pytest.raises(ValueError, match="--num-iterations must be an integer >= 1, got 0"):
+        cpu_table.off_policy_knob("num_iterations", 0)
+    argv = cpu_table.train_argv({"run": "atr", "seed": 0, "sft_dir": "m", "num_iterations": 8}, "out", 10, 5)
+    assert argv[argv.index("--num_iterations") + 1] == "8" and "--steps_per_generation" not in argv
+
+
+def test_acted_summary_averages_every_logged_step_and_the_entropys_first_and_last_fifth():
+    history = [
+        {"step": s, "clip/frac_masked": 0.1 * (s % 2), "entropy": float(s), **({"reward": 0.5} if s % 4 == 1 else {})}
+        for s in range(1, 11)
+    ] + [{"step": 10, "train_runtime": 1.0}]
+    got = cpu_table.acted_summary(history)
+    assert got["logged_steps"] == 10 and got["clip/frac_masked"] == pytest.approx(0.05)
+    assert got["entropy_first_fifth"] == pytest.approx(1.5) and got["entropy_last_fifth"] == pytest.approx(9.5)
+    assert got["clip/frac_clipped_low"] is None  # not logged: not invented
+
+
+def test_reinforce_tis_is_bypass_reinforce_with_token_tis_at_cap_2():
+    """The study's no-trust-region control: cispo with no lower bound and the cap 2 has the gradient of REINFORCE
+    with a token-level truncated IS weight sg[min(w, 2)] (atr_theory's RolloutCorrection in verl's bypass mode), by
+    autograd on batches with ratios on both sides of the cap."""
+    import atr_theory as at
+
+    spec = cpu_table.CPU_RUNS["reinforce-tis"]
+    params = {k: v for k, v in spec.items() if k != "method"}
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        old = -torch.rand(4, 7, generator=g, dtype=torch.float64) * 2 - 0.05
+        logp = (old + torch.randn(4, 7, generator=g, dtype=torch.float64)).clamp(max=-1e-3)
+        adv = torch.randn(4, generator=g, dtype=torch.float64)
+        mask = torch.rand(4, 7, generator=g) < 0.85
+        mask[:, 0] = True
+        grads = []
+        for method, kw in ((spec["method"], params), ("reinforce", {"rollout_correction": at.RolloutCorrection()})):
+            lp = logp.clone().requires_grad_(True)
+            (grad,) = torch.autograd.grad(at.policy_loss(lp, old, adv, mask, method=method, **kw).loss, lp)
+            grads.append(grad)
+        assert torch.allclose(grads[0], grads[1], rtol=1e-12, atol=1e-15)
+    assert (torch.exp(logp - old)[mask] > 2).any()  # the cap acted in these batches

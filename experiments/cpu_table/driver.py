@@ -32,14 +32,17 @@ from .protocol import (
     EVAL_SAMPLING,
     FULL,
     MACHINE_FILE,
+    OFF_POLICY_KNOBS,
     QUICK,
     TASK,
     _result_of,
     _started_from,
+    acted_summary,
     base_config_value,
     evaluation_problems,
     grpo_learning_rate,
     machine_kind,
+    off_policy_knob,
     refuse_other_protocol,
     result_at_step,
     run_directory,
@@ -144,6 +147,7 @@ def train_and_evaluate(job: dict) -> dict:
     result.update({key: job.get(key) for key in _RUN_PROTOCOL_KEYS})
     result["evals"] = {str(k): v for k, v in evals.items()}
     result["curves"] = [{k: h.get(k) for k in CURVE_KEYS} for h in history if "reward" in h and "step" in h]
+    result["acted"] = acted_summary(history)
     atomic_write_text(done, json.dumps(result))
     return result
 
@@ -271,6 +275,17 @@ def main(argv=None) -> dict:
         type=float,
         help="GRPO's learning rate when not cpu-table.yaml's (a protocol of its own: its rows never join another's)",
     )
+    ap.add_argument(
+        "--num-iterations",
+        type=int,
+        help="updates per generated batch (TRL num_iterations) when not cpu-table.yaml's 2 (a protocol of its own)",
+    )
+    ap.add_argument(
+        "--steps-per-generation",
+        type=int,
+        help="optimizer steps each generated batch is split over (TRL steps_per_generation) when not 1 (a protocol "
+        "of its own)",
+    )
     ap.add_argument("--workers", type=int, default=2, help="parallel training processes (one thread each)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where SFT, GRPO and evaluation run")
     ap.add_argument("--runs-dir", default="runs/cpu_table_steps")
@@ -317,6 +332,11 @@ def main(argv=None) -> dict:
     if args.learning_rate is not None:
         finite_number("--learning-rate", args.learning_rate, low=0, open_low=True)
     settings["learning_rate"] = grpo_learning_rate(args.learning_rate)
+    for knob in OFF_POLICY_KNOBS:
+        value = getattr(args, knob)
+        if value is not None:
+            positive_int(f"--{knob.replace('_', '-')}", value)
+        settings[knob] = off_policy_knob(knob, value)
     positive_int("--workers", args.workers)
     if args.at_step is not None and not (
         0 < args.at_step <= settings["max_steps"] and args.at_step % settings["save_steps"] == 0
@@ -370,6 +390,7 @@ def main(argv=None) -> dict:
                 "max_steps": settings["max_steps"],
                 "save_steps": settings["save_steps"],
                 "learning_rate": settings["learning_rate"],
+                **{knob: settings[knob] for knob in OFF_POLICY_KNOBS},
             }
             for run in settings["runs"]  # run-major: the first runs of the list get every seed first
             for s in settings["seeds"]

@@ -59,6 +59,14 @@ FORM_CONTROL = ["clip-mask", "atr-min"]
 makes the clipped objective the smaller one)."""
 
 
+TRUST_REGION_RULES = ["atr-seq", "dppo-kl", "cispo", "reinforce-tis"]
+"""The rules the trust-region study (docs/experiments/trust-region.md) adds to clip, clip-higher, atr and atr-min:
+ATR at the sequence level, DPPO's binary-KL mask, CISPO (verl's defaults: the IS weight clamped to [0.8, 1.2]) and
+REINFORCE with truncated IS and no trust region (``cispo`` with no lower bound and the cap 2, i.e.
+sg[min(w, 2)] A grad log pi: verl's bypass-mode REINFORCE with token TIS at its default cap;
+``tests/test_cpu_table.py`` checks the identity)."""
+
+
 _NOT_PRESETS: dict[str, dict] = {
     # ATR's ratio range at delta = 0.07 is [0.671, 1.422]: clip-higher with exactly that range is the matched control
     "clip-higher-0.329-0.422": {"method": "clip_higher", "epsilon_low": 0.329, "epsilon_high": 0.422},
@@ -66,12 +74,16 @@ _NOT_PRESETS: dict[str, dict] = {
     "atr-delta0.15": {"method": "atr", "delta": 0.15},
     "clip-mask": {"method": "clip", "form": "mask"},
     "atr-min": {"method": "atr", "form": "min"},
+    "atr-seq": {"method": "atr_seq"},
+    "dppo-kl": {"method": "dppo_kl"},
+    "cispo": {"method": "cispo"},
+    "reinforce-tis": {"method": "cispo", "epsilon_low": 1.0, "epsilon_high": 1.0},
 }
 
 
 CPU_RUNS: dict[str, dict] = {
     run: RUNS[run] if run in RUNS else _NOT_PRESETS[run]
-    for run in TABLE2 + TABLE3 + PAPER_CLIP_HIGHER + DELTA_ABLATION + FORM_CONTROL
+    for run in TABLE2 + TABLE3 + PAPER_CLIP_HIGHER + DELTA_ABLATION + FORM_CONTROL + TRUST_REGION_RULES
 }
 """Run name -> method and parameters (the paper's presets where it has one: ``atr_llm.presets.RUNS``), in the
 table's order: Table 2, Table 3, the paper's other clip-higher rows, the ablation, the form controls."""
@@ -192,6 +204,9 @@ def train_argv(job: dict, output_dir: Path | str, max_steps: int, save_steps: in
     argv += run_args(job["run"])
     if job.get("learning_rate") is not None:  # a protocol other than cpu-table.yaml's rate (``--learning-rate``)
         argv += ["--learning_rate", repr(float(job["learning_rate"]))]
+    for knob in OFF_POLICY_KNOBS:  # how far off-policy (``--num-iterations``, ``--steps-per-generation``)
+        if job.get(knob) is not None:
+            argv += [f"--{knob}", str(int(job[knob]))]
     if job.get("device", "cpu") != "cpu":
         argv += ["--use_cpu", "false"]
     return argv
@@ -247,6 +262,8 @@ def refuse_other_protocol(result: dict, job: dict, path: Path) -> None:
     evaluation's, with a checkpoint at its first evaluation's step; those values are filled into ``result``."""
     evaluated = sorted(int(step) for step in result["evals"])
     result.setdefault("learning_rate", None)
+    for knob in OFF_POLICY_KNOBS:  # results written before the knobs existed ran at cpu-table.yaml's values
+        result.setdefault(knob, None)
     result.setdefault("max_steps", evaluated[-1])
     result.setdefault("save_steps", evaluated[0])
     for key in _RUN_PROTOCOL_KEYS:
@@ -257,7 +274,57 @@ def refuse_other_protocol(result: dict, job: dict, path: Path) -> None:
             )
 
 
-_RUN_PROTOCOL_KEYS = ("learning_rate", "max_steps", "save_steps")
+OFF_POLICY_KNOBS = ("num_iterations", "steps_per_generation")
+"""TRL fields that set how far off-policy a run trains (None: cpu-table.yaml's); each value is a protocol of its own."""
+
+
+def off_policy_knob(name: str, requested: int | None) -> int | None:
+    """The setting of an ``OFF_POLICY_KNOBS`` field: ``None`` for cpu-table.yaml's own value (so tables written
+    before the option existed keep their rows), else the requested integer (>= 1)."""
+    if requested is None:
+        return None
+    if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
+        raise ValueError(f"--{name.replace('_', '-')} must be an integer >= 1, got {requested!r}")
+    import yaml
+
+    base = yaml.safe_load(BASE_CONFIG.read_text())
+    own = base.get(name)
+    if name == "steps_per_generation" and own is None:  # TRL's default: gradient_accumulation_steps
+        own = base.get("gradient_accumulation_steps", 1)
+    return None if requested == own else requested
+
+
+ACTED_KEYS = (
+    "clip/frac_masked",
+    "clip/frac_clipped_low",
+    "clip/frac_clipped_high",
+    "clip/frac_ratio_moved",
+    "clip/ratio_p05",
+    "clip/ratio_p95",
+    "entropy",
+)
+
+
+def acted_summary(history: list[dict]) -> dict:
+    """How much a run's rule acted: the mean over its logged rows (also those of steps that reuse a batch and log no
+    reward; TRL averages each row over the optimizer steps since the previous one) of each ``ACTED_KEYS`` entry,
+    and the mean entropy in the first and the last fifth of the rows. ``clip/frac_masked``: tokens whose gradient the rule removed; ``clip/frac_clipped_*``: tokens whose
+    ratio or weight a bound acted on (a soft rule truncates without masking)."""
+    import statistics
+
+    rows = [h for h in history if "clip/frac_masked" in h and "step" in h]
+    out: dict = {"logged_steps": len(rows)}
+    for key in ACTED_KEYS:
+        values = [h[key] for h in rows if h.get(key) is not None]
+        out[key] = statistics.fmean(values) if values else None
+    entropy = [h["entropy"] for h in rows if h.get("entropy") is not None]
+    fifth = max(1, len(entropy) // 5)
+    out["entropy_first_fifth"] = statistics.fmean(entropy[:fifth]) if entropy else None
+    out["entropy_last_fifth"] = statistics.fmean(entropy[-fifth:]) if entropy else None
+    return out
+
+
+_RUN_PROTOCOL_KEYS = ("learning_rate", "max_steps", "save_steps", *OFF_POLICY_KNOBS)
 """What a finished GRPO run records of how it was trained and saved, beyond its method, seed and SFT model."""
 
 
@@ -268,6 +335,10 @@ CURVE_KEYS = (
     "completions/mean_length",
     "completions/clipped_ratio",
     "clip/frac_masked",
+    "clip/frac_clipped_low",
+    "clip/frac_clipped_high",
+    "clip/ratio_p05",
+    "clip/ratio_p95",
     "clip/ratio_max",
 )
 
@@ -282,6 +353,7 @@ _PROTOCOL_KEYS = (
     "base_config",
     "benchmarks",
     "learning_rate",
+    *OFF_POLICY_KNOBS,
 )
 """Settings that must agree for two invocations' rows to share one table (everything but runs, seeds, device)."""
 
