@@ -189,6 +189,19 @@ def _check_chunk_size_constant() -> None:
         raise AssertionError(f"trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE is {value!r}, not a positive int")
 
 
+def _check_generation_cycle() -> None:
+    trainer = _grpo_trainer()
+    init, prepare = inspect.getsource(trainer.__init__), inspect.getsource(trainer._prepare_inputs)
+    for name in ("self._step", "self._buffered_inputs"):
+        if name not in init or name not in prepare:
+            raise AssertionError(f"GRPOTrainer no longer keeps its generation cycle in {name}")
+    for hook in ("_save_checkpoint", "_load_optimizer_and_scheduler", "_get_output_dir"):
+        if not callable(getattr(trainer, hook, None)):
+            raise AssertionError(f"GRPOTrainer / transformers' Trainer has no {hook}")
+    _has_parameters(trainer._save_checkpoint, ("model", "trial"), "Trainer._save_checkpoint")
+    _has_parameters(trainer._load_optimizer_and_scheduler, ("checkpoint",), "Trainer._load_optimizer_and_scheduler")
+
+
 def _check_unsloth_scorer() -> None:
     try:
         from unsloth_zoo.rl_replacements import chunked_hidden_states_selective_log_softmax_recompute as scorer
@@ -238,6 +251,12 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "GRPOTrainer._generate_single_turn",
         "wrapped: fast_generation='merged_lora' merges the LoRA around it",
         _check_generate_single_turn,
+    ),
+    PrivateName(
+        "GRPOTrainer._step, _buffered_inputs / Trainer._save_checkpoint, _load_optimizer_and_scheduler",
+        "exact resume inside a generation cycle: the micro-step counter and the buffered batch saved in each "
+        "checkpoint and restored in transformers' resume hook",
+        _check_generation_cycle,
     ),
     PrivateName(
         "unsloth_zoo.rl_replacements.chunked_hidden_states_selective_log_softmax_recompute",

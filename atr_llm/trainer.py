@@ -25,6 +25,7 @@ import logging
 import math
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from trl import GRPOConfig, GRPOTrainer
@@ -557,6 +558,37 @@ def default_output_dir(model) -> str:
     return f"{name.split('/')[-1]}-GRPO"
 
 
+CYCLE_FILE = "atr_grpo_cycle_rank{rank}.pt"
+"""Per process, in each checkpoint: TRL's micro-step counter and its buffered generation batch (``save_cycle_state``)."""
+
+
+def save_cycle_state(folder: Path, rank: int, step: int, buffered_inputs) -> Path:
+    """Write where a run is inside TRL's generation cycle: its micro-step counter ``_step`` (which decides when the
+    next batch is generated: every ``steps_per_generation * num_iterations``) and the buffered generation batch the
+    next steps train on (completions, advantages, old log-probs), tensors on the CPU."""
+
+    def to_cpu(value):
+        if isinstance(value, torch.Tensor):
+            return value.detach().to("cpu")
+        if isinstance(value, dict):
+            return {k: to_cpu(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(to_cpu(v) for v in value)
+        return value
+
+    path = Path(folder) / CYCLE_FILE.format(rank=rank)
+    torch.save({"step": int(step), "buffered_inputs": to_cpu(buffered_inputs)}, path)
+    return path
+
+
+def load_cycle_state(folder: Path, rank: int, device) -> dict | None:
+    """``save_cycle_state``'s record of ``folder`` for process ``rank``, tensors on ``device``; None if absent."""
+    path = Path(folder) / CYCLE_FILE.format(rank=rank)
+    if not path.is_file():
+        return None
+    return torch.load(path, map_location=device, weights_only=False)
+
+
 def completed_epochs(checkpoint) -> int:
     """Whole epochs a saved checkpoint had finished: ``floor`` of the ``epoch`` in its ``trainer_state.json``."""
     import json
@@ -577,6 +609,33 @@ class ExactResumeMixin:
     weights bit for bit, at and off an epoch boundary)."""
 
     _epochs_before_resume = 0
+
+    def _save_checkpoint(self, model, trial):
+        """The checkpoint, with where the run is inside TRL's generation cycle (``CYCLE_FILE``, one per process):
+        written first, so a checkpoint complete by ``trainer_state.json`` always has it."""
+        folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
+        folder.mkdir(parents=True, exist_ok=True)
+        save_cycle_state(folder, self.accelerator.process_index, self._step, self._buffered_inputs)
+        super()._save_checkpoint(model, trial)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        """transformers' resume hook (TRL restores its entropy controller here too): also the generation cycle, so
+        that a run resumed between two generations trains on the batch the uninterrupted run had buffered."""
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None:
+            return
+        state = load_cycle_state(Path(checkpoint), self.accelerator.process_index, self.accelerator.device)
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        if state is not None:
+            self._step, self._buffered_inputs = state["step"], state["buffered_inputs"]
+        elif self.state.global_step * self.args.gradient_accumulation_steps % generate_every:
+            warnings.warn(
+                f"{checkpoint} holds no generation-cycle state ({CYCLE_FILE}: written by atr-grpo since the generation "
+                f"cycle is saved) and lies between two generations (every {generate_every} micro-steps): the resumed "
+                "run generates a new batch where the uninterrupted run reused its buffered one, so it will not end "
+                "with the same weights",
+                stacklevel=2,
+            )
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         checkpoint = resume_from_checkpoint

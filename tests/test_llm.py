@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import shutil
 import threading
 import warnings
 from pathlib import Path
@@ -450,6 +451,42 @@ def test_a_resumed_run_equals_the_uninterrupted_run_and_transformers_own_resume_
     monkeypatch.setattr(trainer, "completed_epochs", lambda checkpoint: 0)  # transformers' and TRL's resume alone
     resumed("plain", 4)
     assert weights("plain", 10) != weights("whole", 10)
+
+
+@pytest.mark.parametrize("cycle", [["--num_iterations", "2"], ["--num_iterations", "2", "--steps_per_generation", "2"]])
+def test_a_run_resumed_between_two_generations_ends_as_the_uninterrupted_run(tmp_path, cycle):
+    """Oracle: the same run without interruption. A checkpoint every step; with num_iterations 2 (a batch generated
+    every 2 micro-steps) or with steps_per_generation 2 as well (every 4), every checkpoint but those at a
+    generation lies inside a cycle, where TRL's own resume generates a new batch instead of reusing the buffered
+    one. Each resume must end with the uninterrupted run's weights and losses; without the saved cycle it does
+    not, and says so."""
+    from experiments.cpu_table import weights_id
+
+    base = ["--config", str(CONFIGS / "cpu-tiny.yaml"), "--sft_steps", "60", "--dataset_limit", "16", *cycle]
+    base += ["--save_steps", "1", "--logging_steps", "1", "--save_total_limit", "20", "--max_steps", "8"]
+
+    def losses(name):
+        state = json.loads((tmp_path / name / "checkpoint-8" / "trainer_state.json").read_text())
+        return [(h["step"], h["loss"]) for h in state["log_history"] if "loss" in h]
+
+    train.main(base + ["--output_dir", str(tmp_path / "whole")])
+    whole = weights_id(tmp_path / "whole" / "checkpoint-8")
+    assert len({weights_id(tmp_path / "whole" / f"checkpoint-{s}") for s in range(1, 9)}) == 8  # the policy moves
+    for resume_at in (1, 3, 6):  # inside a cycle for both settings
+        run = tmp_path / f"at{resume_at}"
+        later = [f"checkpoint-{s}" for s in range(resume_at + 1, 9)]
+        shutil.copytree(tmp_path / "whole", run, ignore=shutil.ignore_patterns(*later))
+        train.main(base + ["--output_dir", str(run), "--resume_from_checkpoint", str(run / f"checkpoint-{resume_at}")])
+        assert weights_id(run / "checkpoint-8") == whole, f"resumed at step {resume_at}"
+        assert losses(f"at{resume_at}") == losses("whole")
+    # a checkpoint without the cycle (written before it was saved): warned, and indeed not exact
+    run = tmp_path / "old"
+    shutil.copytree(tmp_path / "whole", run, ignore=shutil.ignore_patterns(*[f"checkpoint-{s}" for s in range(4, 9)]))
+    for path in (run / "checkpoint-3").glob("atr_grpo_cycle_rank*.pt"):
+        path.unlink()
+    with pytest.warns(UserWarning, match="holds no generation-cycle state"):
+        train.main(base + ["--output_dir", str(run), "--resume_from_checkpoint", str(run / "checkpoint-3")])
+    assert weights_id(run / "checkpoint-8") != whole
 
 
 def test_plain_sft_loss_scores_only_completions_and_equals_transformers_labels_loss():
