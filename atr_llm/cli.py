@@ -104,6 +104,38 @@ def existing_directory(argument: str, path: str | Path, *, holding: str | None =
     return p
 
 
+def output_file(argument: str, path: str | Path) -> Path:
+    """``path`` if a file can be written there: not a directory, and no part of its folder is a file; else
+    refused. Nothing is created."""
+    p = Path(path)
+    if p.is_dir():
+        raise refuse(argument, str(path), "a directory, not a file to write")
+    for parent in p.parents:
+        if parent.exists() and not parent.is_dir():
+            raise refuse(argument, str(path), f"{parent} is a file, not a folder")
+    if len(p.name.encode()) > 255:
+        raise refuse(argument, str(path)[:60] + "...", "a file name longer than 255 bytes")
+    return p
+
+
+def torch_device(argument: str, value: str) -> str:
+    """``value`` if torch can compute there ("cpu", "cuda" or "cuda:N" with that GPU present), else refused."""
+    import re
+
+    if value == "cpu":
+        return value
+    m = re.fullmatch(r"cuda(?::(\d+))?", value)
+    if m is None:
+        raise refuse(argument, value, "expected cpu, cuda or cuda:N")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise refuse(argument, value, "no CUDA device is available here")
+    if m.group(1) is not None and int(m.group(1)) >= torch.cuda.device_count():
+        raise refuse(argument, value, f"this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return value
+
+
 def jsonl_rows(argument: str, path: str | Path) -> list[tuple[int, dict]]:
     """The rows of a JSON Lines file as ``(line number, object)``, blank lines skipped; the first line that is not a
     JSON object is refused with its number."""

@@ -106,12 +106,17 @@ def loop_gradient(theta, theta_old, adv):
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None):
+    from atr_llm.cli import Parser, output_file, torch_device
+
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", help="default: figures/bench/<machine>/bandit_throughput.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    torch_device("--device", args.device)
+    if args.out:
+        output_file("--out", args.out)
     dev = args.device
     cuda = torch.device(dev).type == "cuda"
     torch.set_default_dtype(torch.float64)
@@ -203,4 +208,6 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    from atr_llm.cli import run_command
+
+    run_command(main)

@@ -522,8 +522,38 @@ def environment() -> dict:
     return env
 
 
+def check_arguments(args) -> None:
+    """Every refusal before a model loads: counts, the kinds and backends, the timeout, the output path, the GPU."""
+    import atr_theory as at
+    from atr_llm.cli import UsageError, finite_number, output_file, positive_int, refuse
+    from atr_llm.fast_generation import MODES
+
+    positive_int("--steps", args.steps)
+    positive_int("--max-completion-length", args.max_completion_length)
+    for backend in args.backends.split(","):
+        if backend not in ("trl", "unsloth"):
+            raise refuse("--backends", args.backends, f"{backend!r} is not a backend; expected a comma list of trl, unsloth")
+    for kind in args.kinds.split(","):
+        method, _, mode = kind.partition("+")
+        if kind != "stock" and (method not in at.METHODS or (mode and mode not in MODES)):
+            raise refuse(
+                "--kinds", args.kinds, f"{kind!r} is not 'stock', a method or method+MODE (MODE in {', '.join(MODES)})"
+            )
+    if args.case_timeout is not None:
+        finite_number("--case-timeout", args.case_timeout, low=0, open_low=True)
+    if args.out is not None:
+        output_file("--out", args.out)
+    if not args.tiny:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("no CUDA GPU here, which gpu_step needs; --tiny runs the same code on CPU with a tiny model")
+
+
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from atr_llm.cli import Parser
+
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=20, help="optimizer steps per case (default 20)")
     ap.add_argument("--max-completion-length", type=int, default=1536, help="Table 4: 1536")
     ap.add_argument(
@@ -546,6 +576,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--case-timeout", type=float, default=None, help="seconds before a case is stopped")
     ap.add_argument("--case", help=argparse.SUPPRESS)  # internal: kind,backend,grad_path in this process
     args = ap.parse_args(argv)
+    if not args.case:
+        check_arguments(args)
     if args.out is None and not args.case:
         from benchmarks._machine import default_output
 
@@ -565,10 +597,6 @@ def main(argv=None) -> dict:
         print("CASE-RESULT " + json.dumps(row))
         return row
 
-    import torch
-
-    if not args.tiny and not torch.cuda.is_available():
-        sys.exit("gpu_step.py needs a CUDA GPU (none found); --tiny runs the same code on CPU with a tiny model")
     tmp = Path(tempfile.mkdtemp())
     rows, grads = [], []
     for backend in args.backends.split(","):
@@ -639,4 +667,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from atr_llm.cli import run_command
+
+    run_command(main)

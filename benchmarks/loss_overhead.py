@@ -132,7 +132,9 @@ def resolve_methods(names) -> list[str]:
         return list(PER_TOKEN)
     unknown = [n for n in names if n not in PER_TOKEN]
     if unknown:
-        raise SystemExit(f"--methods: {unknown} are not per-token methods; expected some of {PER_TOKEN}")
+        from atr_llm.cli import refuse
+
+        raise refuse("--methods", " ".join(unknown), f"not per-token methods; expected some of {', '.join(PER_TOKEN)}")
     return list(dict.fromkeys(names))
 
 
@@ -302,8 +304,10 @@ def part1_result(r1: dict, sizes, repeats: int, device: str) -> dict:
     }
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None):
+    from atr_llm.cli import Parser, output_file, positive_int, torch_device
+
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     ap.add_argument(
         "--out", help="default: figures/bench/<machine>/loss_overhead.json (loss_overhead_time.json with --time-only)"
@@ -330,8 +334,14 @@ def main():
         default=None,
         help="with --time-only: the modes of part 1 (default eager and nosync, plus compiled with --compiled)",
     )
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     methods = resolve_methods(args.methods)
+    torch_device("--device", args.device)
+    for flag, value in (("--threads", args.threads), ("--repeats", args.repeats)):
+        if value is not None:
+            positive_int(flag, value)
+    if args.out:
+        output_file("--out", args.out)
     if args.threads:
         torch.set_num_threads(args.threads)
     name = "loss_overhead_time.json" if args.time_only else "loss_overhead.json"
@@ -378,4 +388,6 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    from atr_llm.cli import run_command
+
+    run_command(main)

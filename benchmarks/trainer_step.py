@@ -88,14 +88,16 @@ def loss_step_time(trainer, inputs, opt):
     return time.perf_counter() - t0
 
 
-def main():
+def main(argv: list[str] | None = None):
+    from atr_llm.cli import Parser, output_file
     from atr_llm.runtime import enable_huge_pages_for_large_cpu_tensors
 
-    enable_huge_pages_for_large_cpu_tensors()  # as the trainer's entry points allocate
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default="figures/bench/cpu/trainer_step.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    output_file("--out", args.out)
+    enable_huge_pages_for_large_cpu_tensors()  # as the trainer's entry points allocate
     reps = 5 if args.quick else 30
     tok = tiny.build_tiny_tokenizer()
     tmp = tempfile.mkdtemp()
@@ -163,4 +165,6 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    from atr_llm.cli import run_command
+
+    run_command(main)

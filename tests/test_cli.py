@@ -15,6 +15,12 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "atr_llm" / "configs"
 
 
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def _snapshot(folder: Path) -> dict:
     return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*")} if folder.exists() else {}
 
@@ -299,6 +305,19 @@ def test_the_sims_scripts_refuse_bad_input(tmp_path, module, argv, match):
         ["-m", "atr_llm.verl_data", "--out", "{out}", "--local", "aime24=/nonexistent.jsonl"],
         ["-m", "sims.entropy_diff", "--quick", "--seed", "99999999999999999999", "--out", "{out}"],
         ["sims/clip_ranges.py", "--delta", "-1", "--out", "{out}"],
+        ["-m", "benchmarks.loss_overhead", "--device", "gpu", "--out", "{out}/b.json"],
+        ["-m", "benchmarks.loss_overhead", "--methods", "nope", "--out", "{out}/b.json"],
+        ["-m", "benchmarks.bandit_throughput", "--out", "{out}/b.json", "--device", "cuda:7"],
+        ["-m", "benchmarks.trainer_step", "--out", "README.md/b.json"],
+        ["-m", "benchmarks.gpu_step", "--tiny", "--steps", "0", "--out", "{out}/g.json"],
+        ["-m", "benchmarks.gpu_step", "--tiny", "--kinds", "atr,foo", "--out", "{out}/g.json"],
+        pytest.param(
+            ["-m", "benchmarks.gpu_step", "--out", "{out}/g.json"],
+            marks=pytest.mark.skipif(_has_cuda(), reason="with a GPU this would run the benchmark"),
+        ),
+        ["-m", "tools.docs_shots", "{out}/no-site", "{out}/shots"],
+        ["-m", "tools.mutation_fresh_process", "--timeout", "0", "--out", "{out}/m.txt"],
+        ["-m", "tools.check_site", "{out}/no-site"],
     ],
 )
 def test_a_refusal_is_one_line_exit_2_and_no_traceback(tmp_path, command):

@@ -68,8 +68,12 @@ def site_findings(site: Path, docs: Path = Path("docs")) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or not Path(args[0]).is_dir():
-        print("usage: python -m tools.check_site SITE_DIR (a built site)", file=sys.stderr)
+    if len(args) != 1:
+        print(f"error: expected one argument, SITE_DIR (a built site), got {len(args)}", file=sys.stderr)
+        return 2
+    if not (Path(args[0]) / "index.html").is_file():
+        why = "no such directory" if not Path(args[0]).exists() else "not a built site: it has no index.html"
+        print(f"error: SITE_DIR {args[0]}: {why}", file=sys.stderr)
         return 2
     found = site_findings(Path(args[0]))
     for line in found:

@@ -22,14 +22,20 @@ def browser() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from atr_llm.cli import Parser, existing_directory, positive_int, refuse
+
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("site", type=Path)
     ap.add_argument("out", type=Path)
     ap.add_argument("--width", type=int, default=1500)
     ap.add_argument("--height", type=int, default=2400)
     args = ap.parse_args(argv)
-    if not (args.site / "index.html").is_file():
-        raise SystemExit(f"{args.site} holds no built site (run make docs first)")
+    existing_directory("site", args.site, holding="index.html", what="a built site (run make docs first)")
+    positive_int("--width", args.width, minimum=100)
+    positive_int("--height", args.height, minimum=100)
+    for parent in (args.out, *args.out.parents):
+        if parent.exists() and not parent.is_dir():
+            raise refuse("out", str(args.out), f"{parent} is a file, not a folder")
     exe = browser()
     args.out.mkdir(parents=True, exist_ok=True)
     pages = sorted(args.site.rglob("index.html"))
@@ -44,4 +50,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from atr_llm.cli import run_command
+
+    run_command(main)

@@ -137,7 +137,9 @@ def check_setup(mutants_dir: Path, tests: list[str], pytest_args: list[str]) -> 
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from atr_llm.cli import Parser, UsageError, existing_directory, finite_number, output_file, positive_int
+
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", type=Path, default=Path("."))
     ap.add_argument("--functions", nargs="+", default=IMPORT_TIME, help="judge every mutant of these functions")
     ap.add_argument("--names", nargs="+", help="judge these mutants instead (module.function__mutmut_N)")
@@ -147,12 +149,17 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, default=Path("figures/tools/mutation/mutation_fresh_process.txt"))
     ap.add_argument("--generate", action="store_true", help="write mutants/ first (mutmut's generator, no tests)")
     args = ap.parse_args(argv)
+    existing_directory("--root", args.root, holding="pyproject.toml", what="the project's root")
+    if args.sample is not None:
+        positive_int("--sample", args.sample)
+    finite_number("--timeout", args.timeout, low=0, open_low=True)
+    output_file("--out", args.out)
     if args.generate:
         generate(args.root)
     conf = tomllib.loads((args.root / "pyproject.toml").read_text())["tool"]["mutmut"]
     mutants_dir = args.root / "mutants"
     if not (mutants_dir / "atr_theory").exists():
-        raise SystemExit(f"{mutants_dir} holds no mutated atr_theory: run `make mutation` (mutmut 3.8.1) first")
+        raise UsageError(f"{mutants_dir} holds no mutated atr_theory: run `make mutation` (mutmut 3.8.1) first")
     pytest_args = [a for a in conf["pytest_add_cli_args"] if a != "--hypothesis-profile=mutation"]
     pytest_args += ["--hypothesis-profile=mutation"]
     population = all_mutant_names(mutants_dir)
@@ -194,4 +201,6 @@ def _write(path: Path, done: dict[str, str], header: str) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from atr_llm.cli import run_command
+
+    run_command(main)
