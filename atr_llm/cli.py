@@ -118,6 +118,26 @@ def output_file(argument: str, path: str | Path) -> Path:
     return p
 
 
+def output_directory(argument: str, path: str | Path) -> Path:
+    """``path`` if a folder can be made or written there: not a file, no part of it a file, no name longer than
+    255 bytes, and its nearest existing folder writable; else refused. Nothing is created."""
+    import os
+
+    p = Path(path)
+    for part in p.parts:
+        if len(part.encode()) > 255:
+            raise refuse(argument, str(path)[:60] + "...", "a folder name longer than 255 bytes")
+    if p.exists() and not p.is_dir():
+        raise refuse(argument, str(path), "a file, not a folder")
+    for parent in p.parents:
+        if parent.exists() and not parent.is_dir():
+            raise refuse(argument, str(path), f"{parent} is a file, not a folder")
+    existing = next((q for q in (p, *p.parents) if q.exists()), Path("."))
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise refuse(argument, str(path), f"{existing} is not writable")
+    return p
+
+
 def torch_device(argument: str, value: str) -> str:
     """``value`` if torch can compute there ("cpu", "cuda" or "cuda:N" with that GPU present), else refused."""
     import re

@@ -9,7 +9,6 @@ at eos. ``python -m atr_llm.tiny --out DIR`` writes both to DIR (loadable with `
 
 from __future__ import annotations
 
-import argparse
 import random
 from pathlib import Path
 
@@ -118,13 +117,20 @@ def save_tiny(out: str | Path, seed: int = 0, vocab: str = "toy") -> Path:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    from .cli import Parser, output_directory, positive_int, refuse
+
+    ap = Parser(description=__doc__)
     ap.add_argument("--out", default="runs/tiny-qwen3")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vocab", choices=("toy", "qwen3"), default="toy", help="qwen3: Qwen3's real tokenizer")
     args = ap.parse_args(argv)
+    output_directory("--out", args.out)
+    if positive_int("--seed", args.seed, minimum=0) > 2**32 - 1:
+        raise refuse("--seed", args.seed, "expected an integer in [0, 2^32 - 1]")
     print("wrote", save_tiny(args.out, args.seed, args.vocab))
 
 
 if __name__ == "__main__":
-    main()
+    from .cli import run_command
+
+    run_command(main)

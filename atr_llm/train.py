@@ -23,7 +23,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .cli import atomic_write_text, directory_written_whole, refuse
+from .cli import atomic_write_text, directory_written_whole, output_directory, refuse
 
 
 @dataclass
@@ -86,6 +86,16 @@ python -m atr_llm.train needs a config or arguments. To start:
 Presets for every method of the paper's Tables 2-3: atr_llm/configs/qwen3-{1.7b,8b}-<run>.yaml."""
 
 
+def config_path(argv: list[str]) -> str | None:
+    """The FILE of ``--config FILE`` / ``--config=FILE`` in ``argv``, None without one."""
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--config="):
+            return arg.split("=", 1)[1]
+    return None
+
+
 def config_file_contents(argv: list[str] | None) -> dict | None:
     """The mapping in ``--config FILE`` (or ``--config=FILE``), None without one; a file that is missing, a folder,
     unreadable, not YAML or not a mapping is refused in one line (TRL's parser would raise FileNotFoundError /
@@ -142,11 +152,23 @@ def parse(argv=None):
             raise ValueError(message)
 
     argv = negative_values_attached(sys.argv[1:] if argv is None else list(argv))
-    config_file_contents(argv)
+    # TRL's parser finds the config file only as "--config FILE": "--config=FILE" would be dropped silently
+    argv = [part for a in argv for part in (["--config", a.split("=", 1)[1]] if a.startswith("--config=") else [a])]
+    content = config_file_contents(argv) or {}
     parser = OneLineTrlParser((ScriptArguments, ATRGRPOConfig, ModelConfig))
     try:
         return parser.parse_args_and_config(args=argv)
     except ValueError as e:
+        config = config_path(argv)
+        unknown = re.match(r"Unknown arguments from config file: \[(.*)\]", str(e))
+        if unknown and config:  # TRL's message, reworded: the file and its keys
+            keys = [k.strip(" '\"").removeprefix("--") for k in unknown.group(1).split(",")]
+            keys = [k for k in keys if k in content]
+            raise refuse("--config", config, f"unknown key(s) {', '.join(keys)}: not an option of atr_llm.train") from None
+        bad = re.match(r"argument (--[\w-]+)(?:/--[\w-]+)?: (.*)", str(e))
+        if bad and config and bad.group(1).removeprefix("--").replace("-", "_") in content and bad.group(1) not in argv:
+            key = bad.group(1).removeprefix("--").replace("-", "_")
+            raise refuse("--config", config, f"key {key}: {bad.group(2)}") from None
         if "bf16" in str(e) and "use_cpu" in str(e):  # transformers' check, reworded for this package
             raise ValueError(
                 "this configuration asks for bf16 on a GPU, and no CUDA device is available here: run it on a "
@@ -224,7 +246,7 @@ def check_before_loading(script_args, training_args, model_args=None) -> dict:
     if script_args.backend not in ("trl", "unsloth"):
         raise refuse("--backend", script_args.backend, "expected 'trl' or 'unsloth'")
 
-    out = Path(training_args.output_dir)
+    out = output_directory("--output_dir", training_args.output_dir)
     resume = training_args.resume_from_checkpoint
     if resume is not None:
         if str(resume) in LATEST:

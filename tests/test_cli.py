@@ -123,12 +123,17 @@ def test_train_refuses_bad_input_before_any_model_or_file(tmp_path, monkeypatch,
         ("{tmp}", "--config .*: expected a YAML file, got a folder"),
         ("{tmp}/broken.yaml", "--config .*broken.yaml: not a readable YAML file"),
         ("{tmp}/list.yaml", "--config .*list.yaml: expected a YAML mapping of option: value, got a list"),
+        ("{tmp}/unknown.yaml", "--config .*unknown.yaml: unknown key\\(s\\) max_stepz: not an option"),
+        ("{tmp}/wrong_type.yaml", "--config .*wrong_type.yaml: key logging_steps: invalid float value: 'often'"),
     ],
 )
 @pytest.mark.parametrize("spelling", ["--config FILE", "--config=FILE"])
 def test_train_refuses_a_bad_config_file_in_one_line(tmp_path, config, match, spelling):
     (tmp_path / "broken.yaml").write_text("method: [atr\n")
     (tmp_path / "list.yaml").write_text("- method\n- atr\n")
+    tiny = (CONFIGS / "cpu-tiny.yaml").read_text()
+    (tmp_path / "unknown.yaml").write_text(tiny + "max_stepz: 3\n")
+    (tmp_path / "wrong_type.yaml").write_text(tiny + "logging_steps: often\n")
     path = config.format(tmp=tmp_path)
     argv = ["--config", path] if spelling == "--config FILE" else [f"--config={path}"]
     with pytest.raises(UsageError, match=match):
@@ -318,6 +323,11 @@ def test_the_sims_scripts_refuse_bad_input(tmp_path, module, argv, match):
         ["-m", "tools.docs_shots", "{out}/no-site", "{out}/shots"],
         ["-m", "tools.mutation_fresh_process", "--timeout", "0", "--out", "{out}/m.txt"],
         ["-m", "tools.check_site", "{out}/no-site"],
+        ["-m", "atr_llm.tiny", "--out", "README.md/tiny"],
+        ["-m", "atr_llm.tiny", "--vocab", "qwen4", "--out", "{out}"],
+        ["-m", "atr_llm.train", "--config", "atr_llm/configs/cpu-tiny.yaml", "--output_dir", "README.md"],
+        ["-m", "atr_llm.train", "--config", "atr_llm/configs/cpu-tiny.yaml", "--output_dir", "README.md/run"],
+        ["-m", "atr_llm.train", "--config", "atr_llm/configs/cpu-tiny.yaml", "--output_dir", "{out}/" + "x" * 300],
     ],
 )
 def test_a_refusal_is_one_line_exit_2_and_no_traceback(tmp_path, command):
@@ -343,3 +353,14 @@ def test_every_sims_script_runs_as_a_file_from_anywhere(tmp_path, script):
         timeout=120,
     )
     assert res.returncode == 0 and res.stdout.startswith("usage:"), res.stderr[-2000:]
+
+
+@pytest.mark.parametrize("spelling", [["--config", "{c}"], ["--config={c}"]])
+def test_both_spellings_of_config_apply_the_file(spelling):
+    """TRL's parser reads only ``--config FILE``; ``--config=FILE`` used to leave the file unread, silently."""
+    import yaml
+
+    path = CONFIGS / "cpu-tiny.yaml"
+    content = yaml.safe_load(path.read_text())
+    _, training_args, _ = train.parse([a.format(c=path) for a in spelling])
+    assert training_args.max_steps == content["max_steps"] and training_args.use_cpu is True
