@@ -964,3 +964,17 @@ def test_reinforce_tis_is_bypass_reinforce_with_token_tis_at_cap_2():
             grads.append(grad)
         assert torch.allclose(grads[0], grads[1], rtol=1e-12, atol=1e-15)
     assert (torch.exp(logp - old)[mask] > 2).any()  # the cap acted in these batches
+
+
+def test_sft_steps_option_trains_its_own_start_and_never_reuses_another_lengths(tmp_path):
+    """--sft-steps: the seed's SFT model is trained for that many steps and records them; the same runs directory
+    asked for another length is refused instead of silently handing over the other model."""
+    runs, fig = tmp_path / "runs", tmp_path / "fig"
+    quick = ["--quick", "--runs", "clip", "--runs-dir", str(runs), "--out", str(fig)]
+    summary = cpu_table.main([*quick, "--sft-steps", "7"])
+    assert summary["settings"]["sft_steps"] == 7
+    assert json.loads((runs / "sft-s0" / cpu_table.MACHINE_FILE).read_text())["sft_steps"] == 7
+    trained = torch.load(runs / "sft-s0" / "training_args.bin", weights_only=False)
+    assert trained.max_steps == 7
+    with pytest.raises(ValueError, match="an SFT model of 7 steps, this invocation asks for 20"):
+        cpu_table.main(quick)  # QUICK's own 20 steps

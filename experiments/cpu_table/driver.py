@@ -65,13 +65,19 @@ def train_sft(seed: int, sft_steps: int, runs_dir: Path) -> Path:
 
     out = run_directory(runs_dir, "sft", seed)
     if (out / "config.json").exists():
+        recorded = json.loads((out / MACHINE_FILE).read_text()).get("sft_steps") if (out / MACHINE_FILE).exists() else None
+        if recorded is not None and recorded != sft_steps:
+            raise ValueError(
+                f"{out} is an SFT model of {recorded} steps, this invocation asks for {sft_steps}: "
+                "use another --runs-dir for another SFT length"
+            )
         return out
     # trained into a partial folder and renamed into place whole: a kill leaves no folder that looks finished
     with directory_written_whole(out) as partial:
         tok, model = build_tokenizer_and_model("toy", seed=seed)
         ds = load_source(TASK, None, 4000, seed=seed + 1)
         run_sft(model, tok, ds, partial, max_steps=sft_steps, learning_rate=3e-3, batch_size=32, seed=seed)
-        (partial / MACHINE_FILE).write_text(json.dumps({"machine": machine_kind()}))
+        (partial / MACHINE_FILE).write_text(json.dumps({"machine": machine_kind(), "sft_steps": sft_steps}))
     return out
 
 
@@ -276,6 +282,12 @@ def main(argv=None) -> dict:
         help="GRPO's learning rate when not cpu-table.yaml's (a protocol of its own: its rows never join another's)",
     )
     ap.add_argument(
+        "--sft-steps",
+        type=int,
+        help="SFT steps of each seed's start model (default 600; another count is a protocol of its own, and its "
+        "SFT models live in their own --runs-dir)",
+    )
+    ap.add_argument(
         "--num-iterations",
         type=int,
         help="updates per generated batch (TRL num_iterations) when not cpu-table.yaml's 2 (a protocol of its own)",
@@ -329,6 +341,8 @@ def main(argv=None) -> dict:
         settings["max_steps"] = positive_int("--max-steps", args.max_steps)
     if args.save_steps is not None:
         settings["save_steps"] = positive_int("--save-steps", args.save_steps)
+    if args.sft_steps is not None:
+        settings["sft_steps"] = positive_int("--sft-steps", args.sft_steps)
     if args.learning_rate is not None:
         finite_number("--learning-rate", args.learning_rate, low=0, open_low=True)
     settings["learning_rate"] = grpo_learning_rate(args.learning_rate)
