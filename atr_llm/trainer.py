@@ -25,14 +25,19 @@ import logging
 import math
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
 import atr_theory as at
 
-from .checkpoints import LATEST, latest_complete_checkpoint
+from .checkpoints import (  # noqa: F401  (completed_epochs, the cycle helpers: part of this module's API)
+    CYCLE_FILE,
+    ExactResumeMixin,
+    completed_epochs,
+    load_cycle_state,
+    save_cycle_state,
+)
 from .compat import check_supported_versions, logprob_tile_fitted_to_vocabulary, trl_logps_kernel_available  # noqa: F401
 from .fast_generation import MODES as FAST_GENERATION_MODES
 from .fast_generation import generation_context, resolve_mode
@@ -556,103 +561,6 @@ def default_output_dir(model) -> str:
     """TRL's default output folder for a trainer built without ``args``: ``"<model name>-GRPO"``."""
     name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "")
     return f"{name.split('/')[-1]}-GRPO"
-
-
-CYCLE_FILE = "atr_grpo_cycle_rank{rank}.pt"
-"""Per process, in each checkpoint: TRL's micro-step counter and its buffered generation batch (``save_cycle_state``)."""
-
-
-def save_cycle_state(folder: Path, rank: int, step: int, buffered_inputs) -> Path:
-    """Write where a run is inside TRL's generation cycle: its micro-step counter ``_step`` (which decides when the
-    next batch is generated: every ``steps_per_generation * num_iterations``) and the buffered generation batch the
-    next steps train on (completions, advantages, old log-probs), tensors on the CPU."""
-
-    def to_cpu(value):
-        if isinstance(value, torch.Tensor):
-            return value.detach().to("cpu")
-        if isinstance(value, dict):
-            return {k: to_cpu(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return type(value)(to_cpu(v) for v in value)
-        return value
-
-    path = Path(folder) / CYCLE_FILE.format(rank=rank)
-    torch.save({"step": int(step), "buffered_inputs": to_cpu(buffered_inputs)}, path)
-    return path
-
-
-def load_cycle_state(folder: Path, rank: int, device) -> dict | None:
-    """``save_cycle_state``'s record of ``folder`` for process ``rank``, tensors on ``device``; None if absent."""
-    path = Path(folder) / CYCLE_FILE.format(rank=rank)
-    if not path.is_file():
-        return None
-    return torch.load(path, map_location=device, weights_only=False)
-
-
-def completed_epochs(checkpoint) -> int:
-    """Whole epochs a saved checkpoint had finished: ``floor`` of the ``epoch`` in its ``trainer_state.json``."""
-    import json
-    from pathlib import Path
-
-    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
-    return math.floor(state["epoch"] + 1e-6)  # 250 steps of 250 per epoch may be stored as 0.9999999
-
-
-class ExactResumeMixin:
-    """A run resumed from a checkpoint sees the prompts in the uninterrupted run's order.
-
-    TRL's ``RepeatSampler`` draws one permutation per epoch from a generator seeded once and has no ``set_epoch``;
-    on resume transformers builds a fresh sampler and skips batches of the current epoch only, so after k finished
-    epochs the resumed run replayed permutation 1 where the uninterrupted run draws permutation k + 1 (measured: a
-    clip run resumed at an epoch boundary differed in the weights of every later checkpoint). Here the fresh
-    sampler's generator first draws the k permutations the uninterrupted run had drawn (test: resumed = uninterrupted,
-    weights bit for bit, at and off an epoch boundary)."""
-
-    _epochs_before_resume = 0
-
-    def _save_checkpoint(self, model, trial):
-        """The checkpoint, with where the run is inside TRL's generation cycle (``CYCLE_FILE``, one per process):
-        written first, so a checkpoint complete by ``trainer_state.json`` always has it."""
-        folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
-        folder.mkdir(parents=True, exist_ok=True)
-        save_cycle_state(folder, self.accelerator.process_index, self._step, self._buffered_inputs)
-        super()._save_checkpoint(model, trial)
-
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        """transformers' resume hook (TRL restores its entropy controller here too): also the generation cycle, so
-        that a run resumed between two generations trains on the batch the uninterrupted run had buffered."""
-        super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None:
-            return
-        state = load_cycle_state(Path(checkpoint), self.accelerator.process_index, self.accelerator.device)
-        generate_every = self.args.steps_per_generation * self.num_iterations
-        if state is not None:
-            self._step, self._buffered_inputs = state["step"], state["buffered_inputs"]
-        elif self.state.global_step * self.args.gradient_accumulation_steps % generate_every:
-            warnings.warn(
-                f"{checkpoint} holds no generation-cycle state ({CYCLE_FILE}: written by atr-grpo since the generation "
-                f"cycle is saved) and lies between two generations (every {generate_every} micro-steps): the resumed "
-                "run generates a new batch where the uninterrupted run reused its buffered one, so it will not end "
-                "with the same weights",
-                stacklevel=2,
-            )
-
-    def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        checkpoint = resume_from_checkpoint
-        if checkpoint is True or checkpoint in LATEST:  # the newest *complete* checkpoint (atr_llm.checkpoints)
-            checkpoint = latest_complete_checkpoint(self.args.output_dir)
-            if checkpoint is None:
-                raise ValueError(f"--resume_from_checkpoint latest: no complete checkpoint in {self.args.output_dir}")
-            checkpoint = str(checkpoint)
-        self._epochs_before_resume = completed_epochs(checkpoint) if checkpoint else 0
-        return super().train(checkpoint, *args, **kwargs)
-
-    def _get_train_sampler(self, *args, **kwargs):
-        sampler = super()._get_train_sampler(*args, **kwargs)
-        if getattr(sampler, "shuffle", False):
-            for _ in range(self._epochs_before_resume):  # the permutations of the epochs already trained
-                torch.randperm(sampler.num_samples, generator=sampler.generator)
-        return sampler
 
 
 def old_logps_from_first_use(args, *, beta: float, use_vllm: bool, needs_full_distributions: bool) -> bool:

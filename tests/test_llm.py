@@ -427,7 +427,7 @@ def test_a_resumed_run_equals_the_uninterrupted_run_and_transformers_own_resume_
     """Oracle: the same run trained without interruption. 8 prompts, 4 per generation batch, num_iterations 2: an
     epoch is 4 steps, so resuming at step 4 starts the second epoch (where TRL's sampler replayed the first epoch's
     order) and at step 6 lands inside it."""
-    from atr_llm import trainer
+    from atr_llm import checkpoints
     from experiments.cpu_table import weights_id
 
     base = ["--config", str(CONFIGS / "cpu-tiny.yaml"), "--sft_steps", "60", "--dataset_limit", "8"]
@@ -448,7 +448,7 @@ def test_a_resumed_run_equals_the_uninterrupted_run_and_transformers_own_resume_
     for resume_step in (4, 6):
         resumed(f"at{resume_step}", resume_step)
         assert [weights(f"at{resume_step}", s) for s in (8, 10)] == [weights("whole", s) for s in (8, 10)]
-    monkeypatch.setattr(trainer, "completed_epochs", lambda checkpoint: 0)  # transformers' and TRL's resume alone
+    monkeypatch.setattr(checkpoints, "completed_epochs", lambda checkpoint: 0)  # transformers' and TRL's resume alone
     resumed("plain", 4)
     assert weights("plain", 10) != weights("whole", 10)
 
