@@ -918,6 +918,9 @@ def test_off_policy_knobs_reach_the_trainer_and_make_a_protocol_of_their_own(tmp
     assert (result["num_iterations"], result["steps_per_generation"]) == (4, 2)
     history = json.loads((runs / "clip-s0" / "log_history.json").read_text())
     assert result["acted"]["logged_steps"] == sum("clip/frac_masked" in h for h in history) >= 1
+    with (fig / "cpu_llm_table.csv").open() as f:  # the table carries it: its data, not only the runs folder
+        row = next(r for r in csv.DictReader(f) if r["method"] == "clip")
+    assert float(row["acted_frac_masked"]) == pytest.approx(result["acted"]["clip/frac_masked"])
     assert 0 <= result["acted"]["clip/frac_masked"] <= 1
     with pytest.raises(ValueError, match="trained with num_iterations = 4, this invocation asks for None"):
         cpu_table.main(quick)

@@ -51,3 +51,18 @@ def test_the_preregistered_setting_is_the_pilots_choice_and_the_driver_knows_its
     for line in commands:
         runs = re.search(r"--runs (.*?) --seeds", line).group(1).split()
         assert set(runs) <= set(cpu_table.CPU_RUNS), runs
+
+
+def test_the_landed_parts_on_the_page_are_the_table():
+    import csv
+
+    table = ROOT / "figures" / "experiments" / "trust_region" / "table" / "cpu_llm_table.csv"
+    with table.open() as f:
+        rows = [r for r in csv.DictReader(f) if r["benchmark"] == "steps-test-T1"]
+    clip = sorted((int(r["seed"]), float(r["acted_frac_masked"])) for r in rows if r["method"] == "clip")
+    flat = " ".join(PAGE.read_text().split())
+    shown = " and ".join(f"{100 * frac:.1f}%" for _, frac in clip)
+    assert f"removed the gradient of {shown} of tokens" in flat
+    assert all(frac >= 0.01 for _, frac in clip)  # the pre-registered regime check, per run so far
+    seeds = " and ".join(str(seed) for seed, _ in clip)
+    assert f"on seeds {seeds}" in flat

@@ -43,6 +43,19 @@ def _table_row(r: dict, benchmark: str, evals: dict[int, dict], last: dict, k: i
         "entropy_last": last.get("entropy"),
         "length_last": last.get("completions/mean_length"),
         "frac_masked_mean": mean_of_present([c.get("clip/frac_masked") for c in r["curves"]]),
+        **acted_columns(r.get("acted")),
+    }
+
+
+def acted_columns(acted: dict | None) -> dict:
+    """A run's ``acted`` summary (``protocol.acted_summary``: over every logged row, also those that log no reward)
+    as table columns ``acted_<name>``; {} for runs written before it was recorded."""
+    if not acted:
+        return {}
+    return {
+        "acted_" + key.removeprefix("clip/").replace("/", "_"): value
+        for key, value in acted.items()
+        if key != "logged_steps"
     }
 
 
