@@ -295,8 +295,11 @@ class TransformersServer:
                     if name.removeprefix("model.") in params
                     else None
                 )
-                if key is None:
-                    continue
+                if key is None:  # e.g. a LoRA adapter's tensors: refused, not skipped (the rollout would go stale)
+                    raise ValueError(
+                        f"the transformers rollout has no weight {name!r} to update (LoRA adapters are not wired in: "
+                        "set actor_rollout_ref.model.lora.merge=True to sync merged weights)"
+                    )
                 params[key].copy_(tensor.to(params[key].dtype))
                 loaded += 1
         self.weight_updates += 1
