@@ -273,6 +273,7 @@ class TransformersServer:
         eos = generation.eos_token_id if generation is not None else None
         self.eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
         self.replica_rank = replica_rank
+        torch.manual_seed(int(getattr(self.config, "seed", 0) or 0) + replica_rank)  # reproducible sampling
         self.global_steps = None
         self.weight_updates = 0
         self.requests = 0

@@ -5,7 +5,7 @@ elsewhere. What verl lacks on a CPU (a platform, a rollout server) comes from ``
 registries; verl itself is not edited. Each run: Ray started locally by verl, the tiny Qwen3 of ``atr_llm.tiny``
 after 400 SFT steps on the arithmetic task (so that some completions are right and GRPO's advantages are not all
 0), data written by ``python -m atr_llm.verl_data --train arithmetic --tests arithmetic``, the project's reward
-(``reward.custom_reward_function.path=pkg://atr_llm.verl_data``), 2 GRPO steps of 2 prompts x 2 completions with
+(``reward.custom_reward_function.path=pkg://atr_llm.verl_data``), 2 GRPO steps of 2 prompts x 4 completions with
 2 updates per generated batch (``ppo_epochs=2``, so the ratio moves and the trust region can act).
 
 A run fails here if verl's trainer does not finish, if our loss is not what verl called (its ``actor/atr_*``
@@ -81,7 +81,7 @@ def _overrides(root: Path, run: str, method: str, v1: bool) -> list[str]:
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.actor.ppo_epochs=2",
         "actor_rollout_ref.actor.optim.lr=1e-4",
-        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.rollout.n=4",  # 16 scored rollouts: all-equal scores have probability ~3e-4
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
         "reward.custom_reward_function.path=pkg://atr_llm.verl_data",
@@ -173,7 +173,7 @@ def test_verl_trains_with_the_plugin_loss_on_cpu(workdir, case):
 
     # the reward is the project's: every dumped score is compute_score of the completion, and it varies
     rollouts = result["rollouts"]
-    assert len(rollouts) == 2 * 2 * 2, len(rollouts)  # steps x prompts x completions
+    assert len(rollouts) == 2 * 2 * 4, len(rollouts)  # steps x prompts x completions
     for row in rollouts:
         assert row["score"] == compute_score(SOURCE, row["output"], row["gts"]), row
     assert {row["score"] for row in rollouts} == {0.0, 1.0}
