@@ -156,7 +156,8 @@ def test_masked_fraction_is_a_dash_only_for_runs_that_mask_nothing_by_constructi
         if line.startswith("|")  # the table's lines, not its legend
     }
     assert cells == {"sft": "-", "sapo": "-", "clip": "0.11%", "atr": "0.00%"}  # atr masked none here: a measured 0
-    assert [r for r in cpu_table.CPU_RUNS if not cpu_table.masks_tokens(r)] == ["sapo"]
+    # soft rules weight tokens instead of masking them (cispo, and reinforce-tis = cispo with no lower bound)
+    assert [r for r in cpu_table.CPU_RUNS if not cpu_table.masks_tokens(r)] == ["sapo", "cispo", "reinforce-tis"]
 
 
 def test_quick_table_runs_end_to_end_and_writes_every_output(tmp_path):
@@ -234,9 +235,10 @@ def test_a_checkpoint_holds_the_shorter_runs_weights_and_at_step_writes_that_run
 
     def evaluations(rows):  # the rows without the invocation and the values of the last logged training step
         curve_fields = {"invocation", "train_reward_last", "entropy_last", "length_last", "frac_masked_mean"}
-        return [{k: v for k, v in r.items() if k not in curve_fields} for r in rows]
+        return [{k: v for k, v in r.items() if k not in curve_fields and not k.startswith("acted_")} for r in rows]
 
     assert at["settings"]["max_steps"] == 2 and evaluations(at["rows"]) == evaluations(short["rows"])
+    assert not any(k.startswith("acted_") for r in at["rows"] for k in r)  # the longer run's summary is not S steps
     # the curves agree but for one point: a run logs its last step even off the logging interval (10 steps in
     # cpu-table.yaml), which the longer run never logged at step 2 (at the table's steps, multiples of 10, none)
     with (tmp_path / "s" / "cpu_llm_curves.csv").open() as f:

@@ -227,11 +227,13 @@ def result_at_step(result: dict, step: int) -> dict:
             f"{result['run']} seed {result['seed']} has no evaluated checkpoint at step {step} (it has {steps}): "
             "--at-step must be a step at which the runs saved a checkpoint (a multiple of save_steps, <= max_steps)"
         )
-    return {
+    shorter = {
         **result,
         "evals": {s: v for s, v in result["evals"].items() if int(s) <= step},
         "curves": [c for c in result["curves"] if c["step"] <= step],
     }
+    shorter.pop("acted", None)  # a summary of the whole run, not of its first ``step`` steps
+    return shorter
 
 
 def _result_of(run: str, job: dict) -> dict:
@@ -335,10 +337,6 @@ CURVE_KEYS = (
     "completions/mean_length",
     "completions/clipped_ratio",
     "clip/frac_masked",
-    "clip/frac_clipped_low",
-    "clip/frac_clipped_high",
-    "clip/ratio_p05",
-    "clip/ratio_p95",
     "clip/ratio_max",
 )
 
