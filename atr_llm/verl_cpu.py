@@ -284,8 +284,8 @@ class TransformersServer:
 
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
         """Copy the trained weights in by name; returns how many tensors were loaded."""
-        params = dict(self.model.named_parameters())
-        params.update(dict(self.model.named_buffers()))
+        params = dict(self.model.named_parameters(remove_duplicate=False))  # tied weights under both names
+        params.update(dict(self.model.named_buffers(remove_duplicate=False)))
         loaded = 0
         with torch.no_grad():
             for name, tensor in named_tensors:
