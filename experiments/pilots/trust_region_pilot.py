@@ -27,6 +27,8 @@ import statistics
 import time
 from pathlib import Path
 
+from experiments.pilots.grpo_stock_pilot import trend  # least-squares slope and its standard error
+
 ARMS: dict[str, dict[str, int]] = {
     "iter2": {"num_iterations": 2, "steps_per_generation": 1},  # the CPU table's setting
     "iter4": {"num_iterations": 4, "steps_per_generation": 1},
@@ -57,14 +59,6 @@ model)."""
 
 OUT = Path("figures/experiments/pilots/trust_region_pilot")
 BAND = (5.0, 20.0)  # percent of tokens acted on: the regime the study asks for
-
-
-def trend(steps: list[float], values: list[float]) -> tuple[float, float]:
-    """Least-squares slope of ``values`` on ``steps`` and its standard error (scipy.stats.linregress)."""
-    from scipy.stats import linregress
-
-    fit = linregress(steps, values)
-    return float(fit.slope), float(fit.stderr)
 
 
 def run_arm(job: dict) -> dict:
