@@ -66,3 +66,83 @@ def test_the_landed_parts_on_the_page_are_the_table():
     assert low >= 0.01  # the pre-registered regime check, per run so far
     seeds = [seed for seed, _ in clip]
     assert seeds == list(range(200, max(seeds) + 1)) and f"on seeds 200-{max(seeds)}" in flat
+
+
+ANALYSIS = ROOT / "figures" / "experiments" / "trust_region" / "analysis.json"
+TABLE = ROOT / "figures" / "experiments" / "trust_region" / "table" / "cpu_llm_table.csv"
+
+
+def test_the_committed_analysis_is_what_the_table_gives_now():
+    from experiments import trust_region_analysis as tra
+
+    again = tra.analyse(tra.read_table(TABLE), TABLE.with_name("cpu_llm_curves.csv"))
+    assert json.loads(json.dumps(again)) == json.loads(ANALYSIS.read_text())  # same code, same table: same floats
+
+
+def test_the_primary_test_is_scipys_paired_t_and_statsmodels_holm_on_the_raw_table():
+    """An oracle we did not write: scipy's ttest_rel on the table's Mean@8 of atr and clip per seed, statsmodels'
+    Holm over the two temperatures."""
+    import csv
+
+    from scipy import stats
+    from statsmodels.stats.multitest import multipletests
+
+    with TABLE.open() as f:
+        rows = list(csv.DictReader(f))
+    result = json.loads(ANALYSIS.read_text())["primary"]
+    ps = []
+    for t, bench in (("T0.3", "steps-test-T0.3"), ("T1", "steps-test-T1")):
+        by = {(r["method"], int(r["seed"])): float(r["mean_at_8"]) for r in rows if r["benchmark"] == bench}
+        seeds = [s for s in range(200, 210) if ("atr", s) in by and ("clip", s) in by]
+        atr, clip = [by[("atr", s)] for s in seeds], [by[("clip", s)] for s in seeds]
+        test = stats.ttest_rel(atr, clip)
+        ci = test.confidence_interval(0.95)
+        assert result[t]["n"] == len(seeds) == 10
+        assert result[t]["p"] == pytest.approx(test.pvalue, rel=1e-9)
+        assert (result[t]["low"], result[t]["high"]) == pytest.approx((ci.low, ci.high), rel=1e-9)
+        ps.append(test.pvalue)
+    holm = multipletests(ps, method="holm")[1]
+    assert [result["T0.3"]["p_holm"], result["T1"]["p_holm"]] == pytest.approx(list(holm), rel=1e-9)
+
+
+def test_the_answer_rule_is_the_preregistered_one():
+    from experiments.trust_region_analysis import verdict
+
+    d = {"mean": -1.0, "low": -2.5, "high": 0.5, "n": 10}
+    assert verdict(d, 0.2, 10) == "no difference as large as 3 points"
+    assert verdict({**d, "low": -3.5}, 0.2, 10) == "inconclusive at this n"
+    assert verdict({**d, "mean": -5.0, "low": -8.0, "high": -2.0}, 0.01, 10) == "atr worse than clip"
+    assert verdict({**d, "mean": 5.0, "low": 2.0, "high": 8.0}, 0.049, 10) == "atr better than clip"
+    assert verdict({**d, "mean": 5.0, "low": 2.0, "high": 8.0}, 0.051, 10) == "inconclusive at this n"
+    assert verdict({**d, "n": 9}, 0.01, 10).startswith("pending: 9 of 10")
+    assert verdict(None, None, 10).startswith("pending: 0 of 10")
+
+
+def test_the_page_states_the_analysis_numbers():
+    a = json.loads(ANALYSIS.read_text())
+    flat = " ".join(PAGE.read_text().split())
+    first_screen = flat[: flat.index("## The pilot's lesson")]
+    for t, label in (("T0.3", "T = 0.3"), ("T1", "T = 1")):
+        d = a["primary"][t]
+        assert d["answer"] == "atr worse than clip"
+        assert f"{d['mean']:.1f}" in first_screen and f"{d['low']:.1f}, {d['high']:.1f}]" in first_screen, label
+    p_holm = [a["primary"][t]["p_holm"] for t in ("T0.3", "T1")]
+    assert f"p = {p_holm[0]:.1e} and {p_holm[1]:.1e}".replace("e-09", "e-9") in first_screen
+    described = a["described"]
+    for rule in ("atr", "clip", "sft"):
+        pair = f"{described[rule]['mean_at_8_T0.3']['mean']:.1f} / {described[rule]['mean_at_8_T1']['mean']:.1f}"
+        assert pair in first_screen, rule
+    reg = a["regime"]
+    assert reg["passes"] and f"{100 * reg['mean']:.2f}% of tokens on average ({100 * reg['min']:.2f}-{100 * reg['max']:.2f}%" in first_screen
+    atr = described["atr"]["acted_frac_masked"]
+    assert f"ATR acted on {100 * atr['mean']:.1f}% ({100 * atr['min']:.1f}-{100 * atr['max']:.1f}%)" in first_screen
+    curves = a["reward_curves"]
+    assert f"from {curves['atr']['10']:.3f} at step 10 to {curves['atr']['40']:.3f} by step 40" in first_screen
+    assert f"({curves['atr']['390']:.3f} at step 390)" in first_screen
+    assert f"clip's rose from {curves['clip']['10']:.3f} to {curves['clip']['390']:.3f}" in first_screen
+    p05 = described["atr"]["acted_ratio_p05"]["mean"], described["clip"]["acted_ratio_p05"]["mean"]
+    assert f"{p05[0]:.2f}, against clip's {p05[1]:.2f}" in first_screen
+    e = a["entropy"]
+    assert f"+{e['mean']:.2f} nats [{e['low']:.2f}, {e['high']:.2f}]" in first_screen and f"p = {e['p']:.1e}".replace("e-04", "e-4") in first_screen
+    ent = described["atr"]["acted_entropy_last_fifth"]["mean"], described["clip"]["acted_entropy_last_fifth"]["mean"]
+    assert f"{ent[0]:.2f} against {ent[1]:.2f}" in first_screen

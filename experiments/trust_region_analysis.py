@@ -1,0 +1,282 @@
+"""The trust-region study's pre-registered tests (docs/experiments/trust-region-preregistration.md), computed from
+the study's committed table: nothing here trains or evaluates, and nothing is chosen after seeing the data.
+
+- **Primary**: ``atr - clip`` in held-out Mean@8 at step 400, paired over seeds 200-209, at T = 0.3 and T = 1;
+  two-sided paired t, Holm over the two, 95% t-intervals. The answer rule: a Holm-adjusted p < 0.05 at a
+  temperature answers "better / worse" by its interval; else an interval inside [-3, +3] points answers "no
+  difference as large as 3 points"; else inconclusive at this n.
+- **Secondary**: each of ``clip-higher, atr-min, atr-seq, dppo-kl, cispo, reinforce-tis`` minus ``clip``, paired
+  over seeds 200-204, at both temperatures; Holm over the twelve (computed only once all twelve exist: until then
+  the unadjusted p is reported and the family is marked incomplete).
+- **Entropy**: ``atr - clip`` in the mean token entropy over the last fifth of the logged steps
+  (``acted_entropy_last_fifth``), paired over seeds 200-209; one test at alpha 0.05.
+- **Regime check**: the mean over the clip runs of the fraction of tokens whose gradient clip removed
+  (``acted_frac_masked``) must be at least 1%.
+- **Described, not tested**: every rule's fraction acted on, ratio quantiles and entropy, and its training reward
+  by step.
+
+The paired statistics are the CPU table's own (``experiments.cpu_table.statistics``: ``paired_difference``,
+``holm_adjusted``, both checked against scipy / statsmodels in ``tests/test_cpu_table.py``).
+
+    python -m experiments.trust_region_analysis [--table figures/experiments/trust_region/table/cpu_llm_table.csv]
+
+writes ``figures/experiments/trust_region/analysis.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+from pathlib import Path
+
+from experiments.cpu_table.statistics import holm_adjusted, paired_difference
+
+ROOT = Path(__file__).resolve().parents[1]
+TABLE = ROOT / "figures" / "experiments" / "trust_region" / "table" / "cpu_llm_table.csv"
+OUT = ROOT / "figures" / "experiments" / "trust_region"
+TEMPERATURES = {"T0.3": "steps-test-T0.3", "T1": "steps-test-T1"}
+PRIMARY_SEEDS = tuple(range(200, 210))
+SECONDARY_SEEDS = tuple(range(200, 205))
+SECONDARY_RULES = ("clip-higher", "atr-min", "atr-seq", "dppo-kl", "cispo", "reinforce-tis")
+MARGIN = 3.0  # points: an interval inside [-MARGIN, +MARGIN] answers "no difference as large as 3 points"
+REGIME_FLOOR = 0.01  # the pre-registered regime check: clip acts on >= 1% of tokens on average
+DESCRIBED = (
+    "acted_frac_masked",
+    "acted_frac_clipped_low",
+    "acted_frac_clipped_high",
+    "acted_ratio_p05",
+    "acted_ratio_p95",
+    "acted_entropy_first_fifth",
+    "acted_entropy_last_fifth",
+)
+
+
+def read_table(path: Path) -> list[dict]:
+    """The study table's rows, numbers as floats (empty cells None)."""
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    for row in rows:
+        for key, value in row.items():
+            if key in ("method", "benchmark", "sft_model", "sft_machine", "invocation"):
+                continue
+            row[key] = None if value in ("", None) else float(value)
+        row["seed"] = int(row["seed"])
+    return rows
+
+
+def rows_of(rows: list[dict], benchmark: str, seeds: tuple[int, ...]) -> list[dict]:
+    return [r for r in rows if r["benchmark"] == benchmark and r["seed"] in seeds]
+
+
+def verdict(difference: dict | None, p_holm: float | None, n_needed: int) -> str:
+    """The pre-registered answer rule for one primary temperature (``difference``: ``paired_difference``)."""
+    if difference is None or difference["n"] < n_needed:
+        have = 0 if difference is None else difference["n"]
+        return f"pending: {have} of {n_needed} paired seeds"
+    if p_holm is not None and p_holm < 0.05:
+        return "atr better than clip" if difference["mean"] > 0 else "atr worse than clip"
+    if -MARGIN < difference["low"] and difference["high"] < MARGIN:
+        return f"no difference as large as {MARGIN:g} points"
+    return "inconclusive at this n"
+
+
+def primary(rows: list[dict]) -> dict:
+    """atr - clip at both temperatures, Holm over the two (once both have all ten seeds)."""
+    out = {
+        t: paired_difference(rows_of(rows, b, PRIMARY_SEEDS), "atr", "clip", "mean_at_8")
+        for t, b in TEMPERATURES.items()
+    }
+    complete = all(d is not None and d["n"] == len(PRIMARY_SEEDS) for d in out.values())
+    adjusted = holm_adjusted([d["p"] for d in out.values()]) if complete else [None] * len(out)
+    for (t, d), p_holm in zip(list(out.items()), adjusted):
+        out[t] = {**(d or {}), "p_holm": p_holm, "answer": verdict(d, p_holm, len(PRIMARY_SEEDS))}
+    return out
+
+
+def secondary(rows: list[dict]) -> dict:
+    """Each secondary rule - clip at both temperatures; Holm over the twelve once every one has five pairs."""
+    tests = {
+        (rule, t): paired_difference(rows_of(rows, b, SECONDARY_SEEDS), rule, "clip", "mean_at_8")
+        for rule in SECONDARY_RULES
+        for t, b in TEMPERATURES.items()
+    }
+    complete = all(d is not None and d["n"] == len(SECONDARY_SEEDS) for d in tests.values())
+    adjusted = holm_adjusted([d["p"] for d in tests.values()]) if complete else [None] * len(tests)
+    out: dict[str, dict] = {}
+    for ((rule, t), d), p_holm in zip(tests.items(), adjusted):
+        entry = {**(d or {}), "p_holm": p_holm}
+        if d is not None and p_holm is not None:
+            entry["significant_holm"] = p_holm < 0.05
+        out.setdefault(rule, {})[t] = entry
+    return {"complete": complete, "family_size": len(tests), "tests": out}
+
+
+def entropy(rows: list[dict]) -> dict | None:
+    """atr - clip in the last fifth's mean token entropy (one value per run: the T = 1 rows carry it)."""
+    return paired_difference(rows_of(rows, TEMPERATURES["T1"], PRIMARY_SEEDS), "atr", "clip", "acted_entropy_last_fifth")
+
+
+def regime(rows: list[dict]) -> dict:
+    """The clip runs' fraction of tokens acted on: mean, range, and whether it passes the pre-registered 1%."""
+    fractions = [
+        r["acted_frac_masked"]
+        for r in rows_of(rows, TEMPERATURES["T1"], PRIMARY_SEEDS)
+        if r["method"] == "clip" and r.get("acted_frac_masked") is not None
+    ]
+    if not fractions:
+        return {"runs": 0}
+    mean = statistics.fmean(fractions)
+    return {"runs": len(fractions), "mean": mean, "min": min(fractions), "max": max(fractions), "passes": mean >= REGIME_FLOOR}
+
+
+def described(rows: list[dict]) -> dict[str, dict]:
+    """Per rule, over its runs: mean and range of every ``DESCRIBED`` column, the seeds, and Mean@8 per temperature."""
+    out: dict[str, dict] = {}
+    for rule in sorted({r["method"] for r in rows}):
+        runs = [r for r in rows if r["method"] == rule and r["benchmark"] == TEMPERATURES["T1"]]
+        entry: dict = {"seeds": sorted(r["seed"] for r in runs)}
+        for key in DESCRIBED:
+            xs = [r[key] for r in runs if r.get(key) is not None]
+            if xs:
+                entry[key] = {"mean": statistics.fmean(xs), "min": min(xs), "max": max(xs)}
+        for t, b in TEMPERATURES.items():
+            xs = [r["mean_at_8"] for r in rows if r["method"] == rule and r["benchmark"] == b]
+            if xs:
+                entry[f"mean_at_8_{t}"] = {"mean": statistics.fmean(xs), "min": min(xs), "max": max(xs)}
+        out[rule] = entry
+    return out
+
+
+def reward_curves(path: Path) -> dict[str, dict[str, float]]:
+    """Per rule, the training reward at each logged step averaged over the rule's runs (the table's
+    ``cpu_llm_curves.csv``; steps that log no reward are left out). Described, not tested."""
+    by: dict[tuple[str, int], list[float]] = {}
+    with path.open() as f:
+        for row in csv.DictReader(f):
+            if row.get("reward"):
+                by.setdefault((row["method"], int(row["step"])), []).append(float(row["reward"]))
+    out: dict[str, dict[str, float]] = {}
+    for (rule, step), xs in sorted(by.items()):
+        out.setdefault(rule, {})[str(step)] = statistics.fmean(xs)
+    return out
+
+
+def analyse(rows: list[dict], curves: Path | None = None) -> dict:
+    return {
+        "preregistration": "docs/experiments/trust-region-preregistration.md",
+        "primary": primary(rows),
+        "secondary": secondary(rows),
+        "entropy": entropy(rows),
+        "regime": regime(rows),
+        "described": described(rows),
+        "reward_curves": reward_curves(curves) if curves is not None and curves.is_file() else {},
+    }
+
+
+def _interval(d: dict | None) -> str:
+    if not d or d.get("mean") is None:
+        return "-"
+    return f"{d['mean']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}] (n = {d['n']})"
+
+
+def _p(x) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def markdown(result: dict) -> str:
+    """The analysis as the tables the study page quotes."""
+    lines = [
+        "# Trust-region study: the pre-registered tests",
+        "",
+        "Written by `python -m experiments.trust_region_analysis` from the study's table.",
+        "",
+        "## Primary: atr - clip, held-out Mean@8 at step 400 (points)",
+        "",
+        "| temperature | difference [95% CI] | p | p (Holm, 2) | answer |",
+        "|---|---|---|---|---|",
+    ]
+    for t, d in result["primary"].items():
+        lines.append(f"| {t} | {_interval(d)} | {_p(d.get('p'))} | {_p(d.get('p_holm'))} | {d['answer']} |")
+    sec = result["secondary"]
+    lines += [
+        "",
+        f"## Secondary: rule - clip, seeds 200-204 (Holm over {sec['family_size']}"
+        + ("" if sec["complete"] else "; family incomplete: unadjusted p only")
+        + ")",
+        "",
+        "| rule | T = 0.3 [95% CI] | p | p (Holm) | T = 1 [95% CI] | p | p (Holm) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for rule, by_t in sec["tests"].items():
+        a, b = by_t["T0.3"], by_t["T1"]
+        lines.append(
+            f"| {rule} | {_interval(a)} | {_p(a.get('p'))} | {_p(a.get('p_holm'))} | "
+            f"{_interval(b)} | {_p(b.get('p'))} | {_p(b.get('p_holm'))} |"
+        )
+    e, reg = result["entropy"], result["regime"]
+    lines += ["", "## Entropy: atr - clip, mean token entropy over the last fifth of training (nats)", ""]
+    lines.append(f"{_interval(e)}, p = {_p(e and e.get('p'))}" if e else "pending")
+    lines += ["", "## Regime check (clip's fraction of tokens acted on; pre-registered floor 1%)", ""]
+    if reg.get("runs"):
+        lines.append(
+            f"{reg['runs']} clip runs: mean {100 * reg['mean']:.2f}%, range {100 * reg['min']:.2f}-"
+            f"{100 * reg['max']:.2f}%; {'passes' if reg['passes'] else 'fails'}"
+        )
+    lines += [
+        "",
+        "## Every rule, described (runs at T = 1 rows; acted fractions and entropy over all logged steps)",
+        "",
+        "| rule | seeds | acted % | clipped low % | clipped high % | ratio p05 | ratio p95 | entropy first / last fifth | Mean@8 T = 0.3 | Mean@8 T = 1 |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def m(entry, key, scale=1.0, spec=".2f"):
+        return "-" if key not in entry else format(scale * entry[key]["mean"], spec)
+
+    for rule, entry in result["described"].items():
+        seeds = entry["seeds"]
+        lines.append(
+            f"| {rule} | {seeds[0]}-{seeds[-1]} ({len(seeds)}) | {m(entry, 'acted_frac_masked', 100)} | "
+            f"{m(entry, 'acted_frac_clipped_low', 100)} | {m(entry, 'acted_frac_clipped_high', 100)} | "
+            f"{m(entry, 'acted_ratio_p05', 1, '.3f')} | {m(entry, 'acted_ratio_p95', 1, '.3f')} | "
+            f"{m(entry, 'acted_entropy_first_fifth', 1, '.3f')} / {m(entry, 'acted_entropy_last_fifth', 1, '.3f')} | "
+            f"{m(entry, 'mean_at_8_T0.3', 1, '.1f')} | {m(entry, 'mean_at_8_T1', 1, '.1f')} |"
+        )
+    curves = result.get("reward_curves") or {}
+    if curves:
+        steps = sorted({int(s) for c in curves.values() for s in c})
+        lines += ["", "## Training reward by step (mean over each rule's runs)", ""]
+        lines.append("| rule | " + " | ".join(str(s) for s in steps) + " |")
+        lines.append("|---|" + "---|" * len(steps))
+        for rule, c in curves.items():
+            lines.append(f"| {rule} | " + " | ".join(f"{c[str(s)]:.3f}" if str(s) in c else "-" for s in steps) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from atr_llm.cli import Parser, output_directory
+
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--table", default=str(TABLE), help="the study's cpu_llm_table.csv")
+    ap.add_argument("--out", default=str(OUT), help="folder for analysis.json and analysis.md")
+    args = ap.parse_args(argv)
+    table = Path(args.table)
+    if not table.is_file():
+        ap.error(f"--table {args.table}: no such file (expected the study's cpu_llm_table.csv)")
+    out = output_directory("--out", args.out)
+    result = analyse(read_table(table), table.with_name("cpu_llm_curves.csv"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "analysis.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "analysis.md").write_text(markdown(result))
+    print(markdown(result))
+    return result
+
+
+if __name__ == "__main__":
+    from atr_llm.cli import run_command
+
+    run_command(main)
