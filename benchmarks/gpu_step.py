@@ -304,26 +304,51 @@ def split_steps(kind: str, steps: int) -> tuple[str, int]:
     return name, int(n)
 
 
-def compiled_check(trainer, prompts_ids: list[list[int]], new_tokens: int = 8) -> dict:
-    """Does the compiled decode step compute the policy's current logits? Greedy generation of ``prompts_ids``
-    through ``fast_generation='compiled'`` (static cache, compiled decode step, CUDA graphs on a GPU) against TRL's
-    eager generation, in TRL's own generation context; compared: the logits of the first *decoded* token (the
-    prefill is eager in both). Then 0.01 is added to every lora_B in place (as an optimizer step changes it, only
-    larger) and the comparison repeated: a compiled step that kept the weights it was captured with matches the old eager
-    logits, not the new ones. Reported: max |compiled - eager| before and after, and the max change of the eager
-    logits the edit made (the size a stale step's error would have)."""
-    import copy
-
+def _prompt_tensors(trainer, prompts_ids: list[list[int]]):
+    """Left-padded ids and attention mask of ``prompts_ids`` on the trainer's device (TRL's layout)."""
     import torch
-    from trl.models.utils import unwrap_model_for_generation
-
-    from atr_llm.fast_generation import generation_context
 
     device = trainer.accelerator.device
     pad = trainer.processing_class.pad_token_id
     width = max(len(p) for p in prompts_ids)
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts_ids], device=device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts_ids], device=device)
+    return ids, mask
+
+
+def _generate_like_trl(trainer, ids, mask, config, mode: str, **kwargs):
+    """``generate`` inside TRL's own generation context (unwrapped model, checkpointing off, no grad) and the
+    trainer's ``fast_generation`` context ``mode``."""
+    import torch
+    from trl.models.utils import unwrap_model_for_generation
+
+    from atr_llm.fast_generation import generation_context
+
+    with (
+        unwrap_model_for_generation(
+            trainer.model_wrapped,
+            trainer.accelerator,
+            gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
+        ) as model,
+        torch.no_grad(),
+        generation_context(mode, trainer.model),
+    ):
+        return model.generate(input_ids=ids, attention_mask=mask, generation_config=config, **kwargs)
+
+
+def compiled_check(trainer, prompts_ids: list[list[int]], new_tokens: int = 8) -> dict:
+    """Does the compiled decode step compute the policy's current logits? Greedy generation of ``prompts_ids``
+    through ``fast_generation='compiled'`` (static cache, compiled decode step, CUDA graphs on a GPU) against TRL's
+    eager generation, in TRL's own generation context; compared: the logits of the first *decoded* token (the
+    prefill is eager in both). Then 0.01 is added to every lora_B in place (as an optimizer step changes it, only
+    larger) and the comparison repeated: a compiled step that kept the weights it was captured with matches the old
+    eager logits, not the new ones. Reported: max |compiled - eager| before and after, and the max change of the
+    eager logits the edit made (the size a stale step's error would have)."""
+    import copy
+
+    import torch
+
+    ids, mask = _prompt_tensors(trainer, prompts_ids)
     compiled = copy.deepcopy(trainer.generation_config)
     compiled.do_sample, compiled.max_new_tokens = False, new_tokens
     compiled.max_cache_len = trainer.generation_config.max_cache_len  # the cache (and graph) of training
@@ -331,19 +356,9 @@ def compiled_check(trainer, prompts_ids: list[list[int]], new_tokens: int = 8) -
     eager.cache_implementation, eager.max_cache_len, eager.disable_compile, eager.compile_config = None, None, True, None
 
     def first_decoded_logits(config, mode):
-        with (
-            unwrap_model_for_generation(
-                trainer.model_wrapped,
-                trainer.accelerator,
-                gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
-            ) as model,
-            torch.no_grad(),
-            generation_context(mode, trainer.model),
-        ):
-            out = model.generate(
-                input_ids=ids, attention_mask=mask, generation_config=config, output_scores=True,
-                return_dict_in_generate=True,
-            )
+        out = _generate_like_trl(
+            trainer, ids, mask, config, mode, output_scores=True, return_dict_in_generate=True
+        )
         return out.scores[1].float()
 
     before = (first_decoded_logits(compiled, "compiled") - first_decoded_logits(eager, "merged_lora")).abs().max()
@@ -359,6 +374,70 @@ def compiled_check(trainer, prompts_ids: list[list[int]], new_tokens: int = 8) -
         "max_abs_logit_diff_compiled_vs_eager": float(before),
         "max_abs_logit_diff_after_weight_edit": float(after),
         "max_abs_logit_change_of_the_edit": float((eager_after - eager_before).abs().max()),
+    }
+
+
+def decode_profile(trainer, prompts_ids: list[list[int]], steps: int, top: int = 12) -> dict:
+    """Where a decode step's time goes, with the trainer's own generation (its sampling, its ``fast_generation``
+    mode and, for ``compiled``, its cache and graph). After a warm-up generation, 8 and 8 + ``steps`` new tokens are
+    each timed three times; the difference of the fastest of each over ``steps`` is the wall time of one decode step
+    (prefill and fixed costs cancel). Then one generation of 8 + ``steps`` tokens under ``torch.profiler``: the device
+    time of its kernels per step (on a CPU: the CPU time of its ops), the share of the wall time that is, the ``top``
+    kernels by time per step and the ``top`` CPU ops by their own CPU time per step (Python-side cost shows there).
+    EOS is no stop here (``min_new_tokens``), so every call decodes its full length."""
+    import copy
+
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    ids, mask = _prompt_tensors(trainer, prompts_ids)
+    cuda = ids.device.type == "cuda"
+    mode = getattr(trainer, "fast_generation_mode", "off")
+
+    def config(n):
+        c = copy.deepcopy(trainer.generation_config)
+        c.max_new_tokens = c.min_new_tokens = n
+        return c
+
+    def fastest(n, repeats=3):
+        times = []
+        for _ in range(repeats):
+            _sync()
+            t = time.perf_counter()
+            _generate_like_trl(trainer, ids, mask, config(n), mode)
+            _sync()
+            times.append(time.perf_counter() - t)
+        return min(times)
+
+    fastest(8, repeats=1)  # warm-up (compiled: the graph of this cache exists already, so nothing compiles here)
+    wall_ms = (fastest(8 + steps) - fastest(8)) / steps * 1e3
+    n = 8 + steps  # forward passes in the profiled call (its prefill is one of them)
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        _generate_like_trl(trainer, ids, mask, config(n), mode)
+        _sync()
+    averages = prof.key_averages()
+    kernels = [e for e in averages if e.device_type == DeviceType.CUDA] if cuda else []
+    kernel_us = sum(float(e.self_device_time_total) for e in kernels)
+    cpu_ops = [e for e in averages if e.device_type == DeviceType.CPU]
+    cpu_us = sum(float(e.self_cpu_time_total) for e in cpu_ops)
+    busy_ms = (kernel_us if cuda else cpu_us) / n / 1e3
+
+    def ranked(events, key):
+        return [
+            {"name": e.key[:120], "ms_per_step": getattr(e, key) / n / 1e3, "calls_per_step": e.count / n}
+            for e in sorted(events, key=lambda e: getattr(e, key), reverse=True)[:top]
+        ]
+
+    return {
+        "mode": mode,
+        "batch": len(prompts_ids),
+        "decode_steps_timed": steps,
+        "wall_ms_per_decode_step": wall_ms,
+        "busy_ms_per_step": busy_ms,  # kernels on a GPU, CPU ops on a CPU
+        "busy_share": busy_ms / wall_ms if wall_ms > 0 else None,
+        "cpu_op_ms_per_step": cpu_us / n / 1e3,
+        "top_kernels": ranked(kernels, "self_device_time_total"),
+        "top_cpu_ops": ranked(cpu_ops, "self_cpu_time_total"),
     }
 
 
@@ -443,6 +522,13 @@ def one_case(kind: str, backend: str, args, grad_path: Path) -> dict:
         texts = [tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in prompts]
         check = {"compiled_check": compiled_check(trainer, [tok(t)["input_ids"] for t in texts[:batch]])}
         print("CASE-CHECK " + json.dumps(check), flush=True)
+    if args.profile_decode and kind != "stock" and not getattr(trainer, "use_transformers_continuous_batching", False):
+        batch = trainer.args.per_device_train_batch_size * trainer.args.steps_per_generation
+        texts = [tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in prompts]
+        check["decode_profile"] = decode_profile(
+            trainer, [tok(t)["input_ids"] for t in texts[:batch]], args.profile_decode
+        )
+        print("CASE-PROFILE " + json.dumps(check["decode_profile"]), flush=True)
     n_trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     model_bytes = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
     logged = [{k: v for k, v in r.items() if isinstance(v, (int, float))} for r in trainer.state.log_history]
@@ -621,6 +707,8 @@ def check_arguments(args) -> None:
 
     positive_int("--steps", args.steps)
     positive_int("--max-completion-length", args.max_completion_length)
+    if args.profile_decode < 0:
+        raise refuse("--profile-decode", str(args.profile_decode), "a number of decode steps >= 0")
     for backend in args.backends.split(","):
         if backend not in ("trl", "unsloth"):
             raise refuse("--backends", args.backends, f"{backend!r} is not a backend; expected a comma list of trl, unsloth")
@@ -678,6 +766,14 @@ def main(argv=None) -> dict:
         help="no fixed-batch probe before training (to check whether it changes what the case samples)",
     )
     ap.add_argument("--case-timeout", type=float, default=None, help="seconds before a case is stopped")
+    ap.add_argument(
+        "--profile-decode",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after training, time N decode steps of each method case's generation and profile them "
+        "(where a decode step's time goes: decode_profile in the case's row; 0: not done)",
+    )
     ap.add_argument("--case", help=argparse.SUPPRESS)  # internal: kind,backend,grad_path in this process
     args = ap.parse_args(argv)
     if not args.case:

@@ -691,3 +691,25 @@ def test_a_gradient_step_shares_its_generation_with_the_other_iterations():
     case = {"generation_s_per_call_after_first": 30.93, "forward_backward_s_per_step": 2.94, "optimizer_s_per_step": 0.003}
     assert gradient_step_s(case, 2) == pytest.approx(18.408)
     assert gradient_step_s({**case, "generation_s_per_call_after_first": None}, 2) is None
+
+
+@pytest.mark.slow
+def test_gpu_step_checks_the_compiled_step_and_profiles_decoding_on_a_tiny_cpu_model(tmp_path):
+    """``atr+compiled``: the compiled step's logits equal eager generation's before and after an in-place edit of the
+    adapter that moves them; ``--profile-decode`` times decode steps and ranks the ops that take their time."""
+    out = tmp_path / "gpu_step.json"
+    cmd = [*_script("gpu_step"), "--tiny", "--kinds", "atr+compiled:2,atr+merged_lora:1", "--skip-probe"]
+    cmd += ["--max-completion-length", "8", "--profile-decode", "4", "--out", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
+    compiled, merged = json.loads(out.read_text())["cases"]
+    assert compiled["fast_generation"] == "compiled" and compiled["steps"] == 2 and merged["steps"] == 1
+    check = compiled["compiled_check"]
+    assert check["max_abs_logit_change_of_the_edit"] > 1e-3  # the edit moves the logits ...
+    assert check["max_abs_logit_diff_compiled_vs_eager"] < 1e-4  # ... and the compiled step follows it (float32)
+    assert check["max_abs_logit_diff_after_weight_edit"] < 1e-4
+    for case in (compiled, merged):
+        prof = case["decode_profile"]
+        assert prof["mode"] == case["fast_generation"] and prof["decode_steps_timed"] == 4
+        assert prof["busy_ms_per_step"] > 0 and prof["top_cpu_ops"] and prof["top_kernels"] == []  # no GPU here
+        assert any(op["name"] == "aten::mm" for op in prof["top_cpu_ops"])
+    assert "compiled_check" not in merged
