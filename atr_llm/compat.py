@@ -173,6 +173,20 @@ def _check_generate_single_turn() -> None:
         raise AssertionError("GRPOTrainer has no _generate_single_turn (generation with transformers)")
 
 
+def _check_compiled_generation() -> None:
+    import torch
+    from transformers import CompileConfig, GenerationConfig
+
+    if "disable_compile=True" not in inspect.getsource(_grpo_trainer().__init__):
+        raise AssertionError("GRPOTrainer.__init__ no longer builds generation_config with disable_compile=True")
+    if GenerationConfig(max_new_tokens=2, cache_implementation="static", max_cache_len=7).max_cache_len != 7:
+        raise AssertionError("GenerationConfig no longer keeps max_cache_len (the static cache's fixed length)")
+    if not hasattr(CompileConfig(), "_compile_all_devices"):
+        raise AssertionError("CompileConfig has no _compile_all_devices (compiled generation on a CPU)")
+    if not isinstance(getattr(torch.nn.Module(), "_forward_hooks", None), dict):
+        raise AssertionError("torch.nn.Module has no _forward_hooks dict (the embedding's hooks set aside)")
+
+
 def _check_metrics() -> None:
     if "self._metrics" not in inspect.getsource(_grpo_trainer().__init__):
         raise AssertionError("GRPOTrainer.__init__ no longer sets self._metrics")
@@ -251,6 +265,13 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "GRPOTrainer._generate_single_turn",
         "wrapped: fast_generation='merged_lora' merges the LoRA around it",
         _check_generate_single_turn,
+    ),
+    PrivateName(
+        "GRPOTrainer.generation_config (disable_compile=True) / GenerationConfig.max_cache_len / "
+        "CompileConfig._compile_all_devices / torch.nn.Module._forward_hooks",
+        "fast_generation='compiled': TRL's generation config copied with a static cache of one length and the "
+        "automatic compile turned back on; the input embedding's forward hooks set aside while it generates",
+        _check_compiled_generation,
     ),
     PrivateName(
         "GRPOTrainer._step, _buffered_inputs / Trainer._save_checkpoint, _load_optimizer_and_scheduler",
