@@ -713,3 +713,42 @@ def test_gpu_step_checks_the_compiled_step_and_profiles_decoding_on_a_tiny_cpu_m
         assert prof["busy_ms_per_step"] > 0 and prof["top_cpu_ops"] and prof["top_kernels"] == []  # no GPU here
         assert any(op["name"] == "aten::mm" for op in prof["top_cpu_ops"])
     assert "compiled_check" not in merged
+
+
+def test_the_h100_paper_geometry_numbers_on_the_pages_are_the_file():
+    """performance.md, trainer.md and the README quote figures/bench/h100/gpu_step.json (1,536-token run)."""
+    from tools.docs_tables import gradient_step_s
+
+    data = json.loads((ROOT / "figures" / "bench" / "h100" / "gpu_step.json").read_text())
+    assert data["geometry"]["max_completion_length"] == 1536 and data["geometry"]["num_iterations"] == 2
+    cases = {c["kind"]: c for c in data["cases"]}
+    step = {k: f"{gradient_step_s(c, 2):.1f} s" for k, c in cases.items()}
+    gen = {k: f"{c['generation_s_per_call_after_first']:.1f} s" for k, c in cases.items()}
+    compiled = cases["atr+compiled"]
+    check = compiled["compiled_check"]
+    flat = {name: " ".join(path.read_text().split()) for name, path in
+            (("performance", ROOT / "docs" / "performance.md"), ("trainer", ROOT / "docs" / "trainer.md"),
+             ("readme", ROOT / "README.md"))}
+    perf = flat["performance"]
+    assert f"**{step['atr+compiled']}**, from {step['atr']} with TRL's own generation and {step['atr+merged_lora']}" in perf
+    assert f"generation per call {gen['atr+compiled'][:-2]} s against {gen['atr'][:-2]} s and {gen['atr+merged_lora']}" in perf
+    ratio = (cases["atr"]["generation_s_per_call_after_first"] / compiled["generation_s_per_call_after_first"],
+             cases["atr+merged_lora"]["generation_s_per_call_after_first"] / compiled["generation_s_per_call_after_first"])
+    assert f"({ratio[0]:.1f}x and {ratio[1]:.1f}x faster)" in perf
+    assert f"its decode step, {compiled['decode_ms_per_step']:.1f} ms, is {compiled['decode_ms_over_floor']:.0f}x" in perf
+    assert f"({compiled['decode_floor_ms']:.2f} ms at the {compiled['copy_bandwidth_GBps'] / 1000:.2f} TB/s" in perf
+    assert f"|difference| {check['max_abs_logit_diff_compiled_vs_eager']:.3f}" in perf
+    assert f"0.01 was added to every `lora_B` in place, {check['max_abs_logit_diff_after_weight_edit']:.3f}" in perf
+    assert f"moved the eager logits by up to {check['max_abs_logit_change_of_the_edit']:.2f}" in perf
+    assert f"(its first, {compiled['per_step'][0]['generation_s']:.1f} s, includes the compilation)" in perf
+    # the static cache: 32 sequences x (1,536 + 512) positions x 28 layers x (keys, values) x 8 heads x 128 x bf16
+    kv_gb = 32 * 2048 * 28 * 2 * 8 * 128 * 2 / 1e9
+    assert f"{kv_gb:.1f} GB of keys and values" in perf and f"weights' {compiled['model_bytes'] / 1e9:.2f} GB" in perf
+    moved = kv_gb + compiled["model_bytes"] / 1e9
+    floor_ms = moved / (compiled["copy_bandwidth_GBps"] / 1000)
+    assert f"move {moved:.1f} GB, {floor_ms:.2f} ms" in perf
+    assert f"{compiled['decode_ms_per_step']:.1f} ms is {compiled['decode_ms_per_step'] / floor_ms:.1f}x that" in perf
+    assert f"cuts a gradient step from {step['atr']} to {step['atr+compiled']}**" in flat["trainer"]
+    assert f"{gen['atr+merged_lora'][:-2]} s per generation against {gen['atr']}" in flat["trainer"]
+    assert f"takes {step['atr+compiled']} with `fast_generation: compiled`" in flat["readme"]
+    assert f"{step['atr']} with TRL's own generation" in flat["readme"]

@@ -146,3 +146,12 @@ def test_the_page_states_the_analysis_numbers():
     assert f"+{e['mean']:.2f} nats [{e['low']:.2f}, {e['high']:.2f}]" in first_screen and f"p = {e['p']:.1e}".replace("e-04", "e-4") in first_screen
     ent = described["atr"]["acted_entropy_last_fifth"]["mean"], described["clip"]["acted_entropy_last_fifth"]["mean"]
     assert f"{ent[0]:.2f} against {ent[1]:.2f}" in first_screen
+
+
+def test_the_readme_quotes_the_primary_result_and_the_regime():
+    a = json.loads(ANALYSIS.read_text())
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    t03, t1 = a["primary"]["T0.3"], a["primary"]["T1"]
+    assert f"{t03['mean']:.1f} points [{t03['low']:.1f}, {t03['high']:.1f}] at T = 0.3" in readme
+    assert f"{t1['mean']:.1f} [{t1['low']:.1f}, {t1['high']:.1f}] at T = 1 over ten paired seeds" in readme
+    assert f"clip acting on {100 * a['regime']['mean']:.1f}% of tokens" in readme
