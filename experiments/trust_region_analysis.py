@@ -165,6 +165,21 @@ def reward_curves(path: Path) -> dict[str, dict[str, float]]:
     return out
 
 
+def on_secondary_seeds(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """Per rule, the mean Mean@8 over seeds 200-204 at each temperature: every rule on the same five starts (the
+    primary rules ran ten; described, not tested). Rules without all five seeds are left out."""
+    out: dict[str, dict[str, float]] = {}
+    for rule in sorted({r["method"] for r in rows}):
+        entry = {}
+        for t, b in TEMPERATURES.items():
+            xs = {r["seed"]: r["mean_at_8"] for r in rows_of(rows, b, SECONDARY_SEEDS) if r["method"] == rule}
+            if len(xs) == len(SECONDARY_SEEDS):
+                entry[t] = statistics.fmean(xs.values())
+        if entry:
+            out[rule] = entry
+    return out
+
+
 def analyse(rows: list[dict], curves: Path | None = None) -> dict:
     return {
         "preregistration": "docs/experiments/trust-region-preregistration.md",
@@ -173,6 +188,7 @@ def analyse(rows: list[dict], curves: Path | None = None) -> dict:
         "entropy": entropy(rows),
         "regime": regime(rows),
         "described": described(rows),
+        "mean_at_8_on_seeds_200_204": on_secondary_seeds(rows),
         "reward_curves": reward_curves(curves) if curves is not None and curves.is_file() else {},
     }
 
@@ -246,6 +262,12 @@ def markdown(result: dict) -> str:
             f"{m(entry, 'acted_entropy_first_fifth', 1, '.3f')} / {m(entry, 'acted_entropy_last_fifth', 1, '.3f')} | "
             f"{m(entry, 'mean_at_8_T0.3', 1, '.1f')} | {m(entry, 'mean_at_8_T1', 1, '.1f')} |"
         )
+    common = result.get("mean_at_8_on_seeds_200_204") or {}
+    if common:
+        lines += ["", "## Mean@8 of every rule on the same five starts (seeds 200-204)", ""]
+        lines += ["| rule | T = 0.3 | T = 1 |", "|---|---|---|"]
+        for rule, by_t in common.items():
+            lines.append(f"| {rule} | {by_t.get('T0.3', float('nan')):.1f} | {by_t.get('T1', float('nan')):.1f} |")
     curves = result.get("reward_curves") or {}
     if curves:
         logged = sorted({int(s) for c in curves.values() for s in c})

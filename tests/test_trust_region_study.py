@@ -155,3 +155,19 @@ def test_the_readme_quotes_the_primary_result_and_the_regime():
     assert f"{t03['mean']:.1f} points [{t03['low']:.1f}, {t03['high']:.1f}] at T = 0.3" in readme
     assert f"{t1['mean']:.1f} [{t1['low']:.1f}, {t1['high']:.1f}] at T = 1 over ten paired seeds" in readme
     assert f"clip acting on {100 * a['regime']['mean']:.1f}% of tokens" in readme
+
+
+def test_the_page_states_the_landed_secondary_numbers():
+    a = json.loads(ANALYSIS.read_text())
+    flat = " ".join(PAGE.read_text().split())
+    first_screen = flat[: flat.index("## The pilot's lesson")]
+    common = a["mean_at_8_on_seeds_200_204"]
+    for rule in ("atr-min", "atr", "clip"):
+        assert f"{common[rule]['T0.3']:.1f} / {common[rule]['T1']:.1f}" in first_screen, rule
+    tests = a["secondary"]["tests"]
+    for rule, label in (("atr-min", "`atr-min - clip` is "), ("clip-higher", "")):
+        t03, t1 = tests[rule]["T0.3"], tests[rule]["T1"]
+        assert f"{label}{t03['mean']:.1f} [{t03['low']:.1f}, {t03['high']:+.1f}]" in first_screen, rule
+        assert f"{t1['mean']:.1f} [{t1['low']:.1f}, {t1['high']:+.1f}]" in first_screen, rule
+    assert not a["secondary"]["complete"] or "family of twelve is incomplete" not in first_screen
+    assert f"p = {tests['atr-min']['T0.3']['p']:.2f}" in first_screen and tests["atr-min"]["T1"]["p"] < 0.115
