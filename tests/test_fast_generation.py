@@ -191,13 +191,23 @@ def test_the_input_embedding_hooks_are_set_aside_and_come_back_in_order(tok):
     assert list(emb._forward_hooks.items()) == before
 
 
-def test_compiled_generation_gives_the_eager_greedy_tokens_for_any_prompt_length_without_recompiling(tok, monkeypatch):
+@pytest.fixture
+def recompiles_fail():
+    """A second compile of a function raises (torch's own config patch: pytest >= 9.2's monkeypatch deletes a torch
+    config entry on undo, which broke every later test that reads it)."""
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        yield
+    torch._dynamo.reset()
+
+
+def test_compiled_generation_gives_the_eager_greedy_tokens_for_any_prompt_length_without_recompiling(
+    tok, recompiles_fail
+):
     from transformers import GenerationConfig
 
     from atr_llm.fast_generation import compiled_generation_config, generation_context
 
-    torch._dynamo.reset()
-    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)  # a second compile fails the test
     model = _lora_model(tok, scale=0.5)
     eager = GenerationConfig(max_new_tokens=10, do_sample=False, pad_token_id=tok.pad_token_id, disable_compile=True)
     compiled = compiled_generation_config(eager, device="cpu")
@@ -222,7 +232,7 @@ def test_compiled_is_refused_with_another_generation_path(tmp_path, extra, name)
 
 @pytest.mark.slow
 def test_training_with_compiled_generation_ends_with_the_weights_of_plain_generation_and_compiles_once(
-    tmp_path, tok, monkeypatch
+    tmp_path, tok, recompiles_fail
 ):
     """Four GRPO steps (two generations) of a LoRA policy with gradient checkpointing: with ``compiled`` the same
     completions, losses and weights bit for bit as with plain generation, and the decode step compiled once. Without
@@ -242,8 +252,7 @@ def test_training_with_compiled_generation_ends_with_the_weights_of_plain_genera
 
     results = {}
     for mode in ("off", "compiled"):
-        torch._dynamo.reset()
-        monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
+        torch._dynamo.reset()  # each mode compiles (or not) from scratch
         cfg = ATRGRPOConfig(
             method="atr", fast_generation=mode, output_dir=str(tmp_path / mode), per_device_train_batch_size=8,
             num_generations=4, max_completion_length=8, use_cpu=True, report_to="none", loss_type="dr_grpo",
