@@ -162,12 +162,16 @@ def test_the_page_states_the_landed_secondary_numbers():
     flat = " ".join(PAGE.read_text().split())
     first_screen = flat[: flat.index("## The pilot's lesson")]
     common = a["mean_at_8_on_seeds_200_204"]
-    for rule in ("atr-min", "atr", "clip"):
+    for rule in ("atr-min", "atr", "clip", "atr-seq"):
         assert f"{common[rule]['T0.3']:.1f} / {common[rule]['T1']:.1f}" in first_screen, rule
     tests = a["secondary"]["tests"]
-    for rule, label in (("atr-min", "`atr-min - clip` is "), ("clip-higher", "")):
+    for rule, label in (("atr-min", "`atr-min - clip` is "), ("clip-higher", ""), ("atr-seq", "`atr-seq - clip` "),
+                        ("dppo-kl", "(`dppo-kl`, min form) ")):
         t03, t1 = tests[rule]["T0.3"], tests[rule]["T1"]
         assert f"{label}{t03['mean']:.1f} [{t03['low']:.1f}, {t03['high']:+.1f}]" in first_screen, rule
         assert f"{t1['mean']:.1f} [{t1['low']:.1f}, {t1['high']:+.1f}]" in first_screen, rule
     assert not a["secondary"]["complete"] or "family of twelve is incomplete" not in first_screen
     assert f"p = {tests['atr-min']['T0.3']['p']:.2f}" in first_screen and tests["atr-min"]["T1"]["p"] < 0.115
+    dppo, clip = a["described"]["dppo-kl"], a["described"]["clip"]
+    assert f"as many tokens as clip ({100 * dppo['acted_frac_masked']['mean']:.2f}%)" in first_screen
+    assert f"(5th percentile {dppo['acted_ratio_p05']['mean']:.2f} against {clip['acted_ratio_p05']['mean']:.2f})" in first_screen
