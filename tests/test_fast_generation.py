@@ -106,15 +106,38 @@ def test_a_bad_fast_generation_value_is_refused_when_the_config_is_built(tmp_pat
         ATRGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", fast_generation="turbo")
 
 
-@pytest.mark.slow
-def test_training_with_merged_generation_ends_with_the_weights_of_plain_generation(tmp_path, tok, monkeypatch):
-    """Three GRPO steps with a LoRA policy: the same completions, the same old log-probs and losses, so the same
-    adapter and base weights bit for bit, with and without the merged generation."""
+def _train_lora_grpo(tok, tmp_path, mode: str, *, max_steps: int, callbacks=(), **config) -> ATRGRPOTrainer:
+    """A few GRPO steps of a tiny LoRA policy (seed 0, a length reward) with ``fast_generation=mode``; the trainer."""
     from peft import LoraConfig
 
     def length_reward(completions, **kw):
         return [float(len(str(c)) % 3) for c in completions]
 
+    cfg = ATRGRPOConfig(
+        method="atr", fast_generation=mode, output_dir=str(tmp_path / mode), per_device_train_batch_size=8,
+        num_generations=4, max_completion_length=8, use_cpu=True, report_to="none", loss_type="dr_grpo",
+        beta=0.0, num_iterations=2, max_steps=max_steps, logging_steps=1, save_strategy="no", learning_rate=1e-2,
+        seed=0, **config,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = ATRGRPOTrainer(
+            model=tiny.build_tiny_model(tok, seed=0),
+            reward_funcs=[length_reward],
+            args=cfg,
+            train_dataset=data.to_grpo_dataset(data.arithmetic_dataset(32)),
+            processing_class=tok,
+            peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"]),
+            callbacks=list(callbacks),
+        )
+        trainer.train()
+    return trainer
+
+
+@pytest.mark.slow
+def test_training_with_merged_generation_ends_with_the_weights_of_plain_generation(tmp_path, tok, monkeypatch):
+    """Three GRPO steps with a LoRA policy: the same completions, the same old log-probs and losses, so the same
+    adapter and base weights bit for bit, with and without the merged generation."""
     from atr_llm import fast_generation
 
     merges = []
@@ -122,22 +145,7 @@ def test_training_with_merged_generation_ends_with_the_weights_of_plain_generati
     monkeypatch.setattr(fast_generation, "lora_merged_for_generation", lambda m: merges.append(1) or real(m))
     results = {}
     for mode in ("off", "merged_lora"):
-        cfg = ATRGRPOConfig(
-            method="atr", fast_generation=mode, output_dir=str(tmp_path / mode), per_device_train_batch_size=8,
-            num_generations=4, max_completion_length=8, use_cpu=True, report_to="none", loss_type="dr_grpo",
-            beta=0.0, num_iterations=2, max_steps=3, logging_steps=1, save_strategy="no", learning_rate=1e-2, seed=0,
-        )
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            trainer = ATRGRPOTrainer(
-                model=tiny.build_tiny_model(tok, seed=0),
-                reward_funcs=[length_reward],
-                args=cfg,
-                train_dataset=data.to_grpo_dataset(data.arithmetic_dataset(32)),
-                processing_class=tok,
-                peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"]),
-            )
-            trainer.train()
+        trainer = _train_lora_grpo(tok, tmp_path, mode, max_steps=3)
         assert trainer.fast_generation_mode == mode
         results[mode] = (
             {n: p.detach().clone() for n, p in trainer.model.named_parameters()},
@@ -238,11 +246,7 @@ def test_training_with_compiled_generation_ends_with_the_weights_of_plain_genera
     completions, losses and weights bit for bit as with plain generation, and the decode step compiled once. Without
     setting the embedding's hooks aside the second generation compiles again (TRL's checkpointing toggle leaves two
     more hooks per generation: counted here too), which ``error_on_recompile`` turns into a failure."""
-    from peft import LoraConfig
     from transformers import TrainerCallback
-
-    def length_reward(completions, **kw):
-        return [float(len(str(c)) % 3) for c in completions]
 
     hooks = []
 
@@ -253,25 +257,10 @@ def test_training_with_compiled_generation_ends_with_the_weights_of_plain_genera
     results = {}
     for mode in ("off", "compiled"):
         torch._dynamo.reset()  # each mode compiles (or not) from scratch
-        cfg = ATRGRPOConfig(
-            method="atr", fast_generation=mode, output_dir=str(tmp_path / mode), per_device_train_batch_size=8,
-            num_generations=4, max_completion_length=8, use_cpu=True, report_to="none", loss_type="dr_grpo",
-            beta=0.0, num_iterations=2, max_steps=4, logging_steps=1, save_strategy="no", learning_rate=1e-2, seed=0,
-            gradient_checkpointing=True,
-        )
         hooks.clear()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            trainer = ATRGRPOTrainer(
-                model=tiny.build_tiny_model(tok, seed=0),
-                reward_funcs=[length_reward],
-                args=cfg,
-                train_dataset=data.to_grpo_dataset(data.arithmetic_dataset(32)),
-                processing_class=tok,
-                peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"]),
-                callbacks=[CountHooks()],
-            )
-            trainer.train()
+        trainer = _train_lora_grpo(
+            tok, tmp_path, mode, max_steps=4, callbacks=[CountHooks()], gradient_checkpointing=True
+        )
         assert trainer.fast_generation_mode == mode
         assert hooks[2] > hooks[0]  # the hooks grow with every generation (steps 1 and 3 generate)
         results[mode] = (
