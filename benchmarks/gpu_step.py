@@ -517,17 +517,14 @@ def one_case(kind: str, backend: str, args, grad_path: Path) -> dict:
     t0 = time.perf_counter()
     trainer.train()
     check = {}
+    batch = trainer.args.per_device_train_batch_size * trainer.args.steps_per_generation  # training's cache shape
+    texts = [tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in prompts]
+    batch_ids = [tok(t)["input_ids"] for t in texts[:batch]]
     if getattr(trainer, "fast_generation_mode", "off") == "compiled":
-        batch = trainer.args.per_device_train_batch_size * trainer.args.steps_per_generation  # training's cache shape
-        texts = [tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in prompts]
-        check = {"compiled_check": compiled_check(trainer, [tok(t)["input_ids"] for t in texts[:batch]])}
+        check = {"compiled_check": compiled_check(trainer, batch_ids)}
         print("CASE-CHECK " + json.dumps(check), flush=True)
     if args.profile_decode and kind != "stock" and not getattr(trainer, "use_transformers_continuous_batching", False):
-        batch = trainer.args.per_device_train_batch_size * trainer.args.steps_per_generation
-        texts = [tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in prompts]
-        check["decode_profile"] = decode_profile(
-            trainer, [tok(t)["input_ids"] for t in texts[:batch]], args.profile_decode
-        )
+        check["decode_profile"] = decode_profile(trainer, batch_ids, args.profile_decode)
         print("CASE-PROFILE " + json.dumps(check["decode_profile"]), flush=True)
     n_trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     model_bytes = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
