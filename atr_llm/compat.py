@@ -187,6 +187,26 @@ def _check_compiled_generation() -> None:
         raise AssertionError("torch.nn.Module has no _forward_hooks dict (the embedding's hooks set aside)")
 
 
+def _check_packed_gqa_attention() -> None:
+    from transformers import AttentionInterface, PretrainedConfig
+    from transformers.integrations import sdpa_attention
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask  # noqa: F401
+    from transformers.models.qwen3 import modeling_qwen3
+
+    params = list(inspect.signature(sdpa_attention.sdpa_attention_forward).parameters)
+    if params[:8] != ["module", "query", "key", "value", "attention_mask", "dropout", "scaling", "is_causal"]:
+        raise AssertionError(f"transformers' sdpa_attention_forward takes {params}, not the arguments passed on")
+    for interface in (AttentionInterface, AttentionMaskInterface):
+        if not callable(getattr(interface, "register", None)) or not isinstance(interface._global_mapping, dict):
+            raise AssertionError(f"{interface.__name__} has no register / _global_mapping")
+    config = PretrainedConfig()
+    config._attn_implementation = "sdpa"
+    if config._attn_implementation != "sdpa":
+        raise AssertionError("PretrainedConfig._attn_implementation can no longer be set")
+    if "self.num_key_value_groups" not in inspect.getsource(modeling_qwen3.Qwen3Attention.__init__):
+        raise AssertionError("Qwen3Attention no longer sets num_key_value_groups (query heads per key/value head)")
+
+
 def _check_metrics() -> None:
     if "self._metrics" not in inspect.getsource(_grpo_trainer().__init__):
         raise AssertionError("GRPOTrainer.__init__ no longer sets self._metrics")
@@ -272,6 +292,13 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "fast_generation='compiled': TRL's generation config copied with a static cache of one length and the "
         "automatic compile turned back on; the input embedding's forward hooks set aside while it generates",
         _check_compiled_generation,
+    ),
+    PrivateName(
+        "AttentionInterface / AttentionMaskInterface.register, sdpa_attention_forward, PretrainedConfig."
+        "_attn_implementation, <Attention>.num_key_value_groups",
+        "fast_generation_attention='packed_gqa': an attention function registered with transformers and named in "
+        "the model's config while TRL generates; every call but a decode step's goes to transformers' SDPA",
+        _check_packed_gqa_attention,
     ),
     PrivateName(
         "GRPOTrainer._step, _buffered_inputs / Trainer._save_checkpoint, _load_optimizer_and_scheduler",

@@ -39,8 +39,15 @@ from .checkpoints import (  # noqa: F401  (completed_epochs, the cycle helpers: 
     save_cycle_state,
 )
 from .compat import check_supported_versions, logprob_tile_fitted_to_vocabulary, trl_logps_kernel_available  # noqa: F401
+from .fast_generation import ATTENTIONS as FAST_GENERATION_ATTENTIONS
 from .fast_generation import MODES as FAST_GENERATION_MODES
-from .fast_generation import compiled_generation_config, generation_context, resolve_mode
+from .fast_generation import (
+    PROMPT_ALLOWANCE,
+    check_packed_gqa_model,
+    compiled_generation_config,
+    generation_context,
+    resolve_mode,
+)
 from .model_parts import base_model, last_hidden_states, output_head
 from .trl_options import (  # noqa: F401  (trl_rule: part of this module's API)
     TRL_LOSS_TYPES,
@@ -162,6 +169,22 @@ class ATRGRPOConfig(GRPOConfig):
             "without vLLM)"
         },
     )
+    fast_generation_attention: str = field(
+        default="sdpa",
+        metadata={
+            "help": "how a decode step attends while TRL generates with transformers: 'sdpa' (transformers' own) or "
+            "'packed_gqa' (grouped-query attention on the cached key/value heads, without transformers' repeat_kv "
+            "copy of the cache; atr_llm.fast_generation.packed_gqa_attention). Needs a model loaded with "
+            "attn_implementation='sdpa'"
+        },
+    )
+    fast_generation_prompt_tokens: int = field(
+        default=PROMPT_ALLOWANCE,
+        metadata={
+            "help": "fast_generation='compiled': prompt tokens its static KV cache holds beside max_completion_length "
+            "(a longer prompt makes a larger cache, compiled once more)"
+        },
+    )
     allow_untested_versions: bool = field(
         default=False,
         metadata={"help": "run with a TRL / transformers release outside the tested range (atr_llm.compat.SUPPORTED)"},
@@ -174,6 +197,14 @@ class ATRGRPOConfig(GRPOConfig):
         check_method_config(self)
         if self.fast_generation not in FAST_GENERATION_MODES:
             raise ValueError(f"fast_generation must be one of {FAST_GENERATION_MODES}, got {self.fast_generation!r}")
+        if self.fast_generation_attention not in FAST_GENERATION_ATTENTIONS:
+            raise ValueError(
+                f"fast_generation_attention must be one of {FAST_GENERATION_ATTENTIONS}, "
+                f"got {self.fast_generation_attention!r}"
+            )
+        prompt_tokens = self.fast_generation_prompt_tokens
+        if isinstance(prompt_tokens, bool) or not isinstance(prompt_tokens, int) or prompt_tokens < 1:
+            raise ValueError(f"fast_generation_prompt_tokens must be a whole number >= 1, got {prompt_tokens!r}")
         if self.fast_generation == "compiled":
             for name in ("use_vllm", "use_transformers_continuous_batching"):
                 if getattr(self, name, False):
@@ -609,7 +640,14 @@ class ATRGRPOTrainer(ExactResumeMixin, ATRLossMixin, GRPOTrainer):
         )
         logging.getLogger(__name__).info("fast_generation: %s", self.fast_generation_mode)
         if self.fast_generation_mode == "compiled":
-            self.generation_config = compiled_generation_config(self.generation_config, device=self.args.device)
+            self.generation_config = compiled_generation_config(
+                self.generation_config,
+                device=self.args.device,
+                prompt_allowance=getattr(self.args, "fast_generation_prompt_tokens", PROMPT_ALLOWANCE),
+            )
+        self.fast_generation_attention = getattr(self.args, "fast_generation_attention", "sdpa")
+        if self.fast_generation_attention == "packed_gqa":
+            check_packed_gqa_model(self.model)
         self._old_logps_at_first_use = old_logps_from_first_use(
             self.args,
             beta=self.beta,
@@ -619,8 +657,9 @@ class ATRGRPOTrainer(ExactResumeMixin, ATRLossMixin, GRPOTrainer):
         self._generating = False
 
     def _generate_single_turn(self, *args, **kwargs):
-        """TRL's generation, with the LoRA merged into the base weights in ``merged_lora`` mode (restored after)."""
-        with generation_context(self.fast_generation_mode, self.model):
+        """TRL's generation in the ``fast_generation`` context: the LoRA merged into the base weights in
+        ``merged_lora`` and ``compiled`` modes (restored after), the decode step's attention as configured."""
+        with generation_context(self.fast_generation_mode, self.model, self.fast_generation_attention):
             return super()._generate_single_turn(*args, **kwargs)
 
     def _generate_and_score_completions(self, inputs):

@@ -280,18 +280,31 @@ def fixed_batch_probe(trainer, seed: int, path: Path) -> float:
     return float(loss.detach().float())
 
 
-def parse_kind(kind: str) -> tuple[str, str, bool]:
-    """``method[+MODE][+cb]`` -> (method, fast_generation mode, continuous batching): ``atr+compiled`` is ATR with
-    ``fast_generation='compiled'``; ``+cb`` turns on TRL's ``use_transformers_continuous_batching`` (transformers'
-    paged ``generate_batch``). Raises ValueError naming the part that is neither."""
+def parse_kind(kind: str) -> tuple[str, dict]:
+    """``method[+MODE][+cb][+packed][+pN]`` -> (method, the ATRGRPOConfig fields it sets): ``atr+compiled`` is ATR
+    with ``fast_generation='compiled'``; ``+cb`` turns on TRL's ``use_transformers_continuous_batching``
+    (transformers' paged ``generate_batch``); ``+packed`` sets ``fast_generation_attention='packed_gqa'``; ``+p128``
+    sets ``fast_generation_prompt_tokens=128`` (the static cache's prompt allowance). Raises ValueError naming the
+    part that is none of these."""
     from atr_llm.fast_generation import MODES
 
     method, *flags = kind.split("+")
     modes = [f for f in flags if f in MODES]
-    unknown = [f for f in flags if f not in MODES and f != "cb"]
-    if unknown or len(modes) > 1 or flags.count("cb") > 1:
-        raise ValueError(f"{kind!r}: expected method[+MODE][+cb] with MODE in {', '.join(MODES)}")
-    return method, (modes[0] if modes else "off"), "cb" in flags
+    allowances = [f for f in flags if len(f) > 1 and f[0] == "p" and f[1:].isdigit() and int(f[1:]) >= 1]
+    unknown = [f for f in flags if f not in MODES and f not in ("cb", "packed") and f not in allowances]
+    repeated = len(modes) > 1 or len(allowances) > 1 or flags.count("cb") > 1 or flags.count("packed") > 1
+    if unknown or repeated:
+        raise ValueError(
+            f"{kind!r}: expected method[+MODE][+cb][+packed][+pN] with MODE in {', '.join(MODES)} and N >= 1"
+        )
+    fields = {"fast_generation": modes[0] if modes else "off"}
+    if "cb" in flags:
+        fields["use_transformers_continuous_batching"] = True
+    if "packed" in flags:
+        fields["fast_generation_attention"] = "packed_gqa"
+    if allowances:
+        fields["fast_generation_prompt_tokens"] = int(allowances[0][1:])
+    return method, fields
 
 
 def split_steps(kind: str, steps: int) -> tuple[str, int]:
@@ -316,9 +329,9 @@ def _prompt_tensors(trainer, prompts_ids: list[list[int]]):
     return ids, mask
 
 
-def _generate_like_trl(trainer, ids, mask, config, mode: str, **kwargs):
+def _generate_like_trl(trainer, ids, mask, config, mode: str, attention: str | None = None, **kwargs):
     """``generate`` inside TRL's own generation context (unwrapped model, checkpointing off, no grad) and the
-    trainer's ``fast_generation`` context ``mode``."""
+    trainer's ``fast_generation`` context ``mode`` with ``attention`` (default: the trainer's)."""
     import torch
     from trl.models.utils import unwrap_model_for_generation
 
@@ -331,7 +344,7 @@ def _generate_like_trl(trainer, ids, mask, config, mode: str, **kwargs):
             gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
         ) as model,
         torch.no_grad(),
-        generation_context(mode, trainer.model),
+        generation_context(mode, trainer.model, attention or getattr(trainer, "fast_generation_attention", "sdpa")),
     ):
         return model.generate(input_ids=ids, attention_mask=mask, generation_config=config, **kwargs)
 
@@ -355,9 +368,10 @@ def compiled_check(trainer, prompts_ids: list[list[int]], new_tokens: int = 8) -
     eager = copy.deepcopy(compiled)
     eager.cache_implementation, eager.max_cache_len, eager.disable_compile, eager.compile_config = None, None, True, None
 
-    def first_decoded_logits(config, mode):
+    def first_decoded_logits(config, mode):  # eager: transformers' own SDPA, whatever the trainer's attention
+        attention = None if mode == "compiled" else "sdpa"
         out = _generate_like_trl(
-            trainer, ids, mask, config, mode, output_scores=True, return_dict_in_generate=True
+            trainer, ids, mask, config, mode, attention, output_scores=True, return_dict_in_generate=True
         )
         return out.scores[1].float()
 
@@ -483,9 +497,8 @@ def one_case(kind: str, backend: str, args, grad_path: Path) -> dict:
             cfg = trl.GRPOConfig(**common)
             cls = trl.GRPOTrainer
         else:
-            method, fast, cb = parse_kind(kind)  # "atr+merged_lora": ATR with atr_llm.fast_generation's mode
-            extra = {"use_transformers_continuous_batching": True} if cb else {}
-            cfg = ATRGRPOConfig(method=method, fast_generation=fast, **common, **extra)
+            method, fields = parse_kind(kind)  # "atr+merged_lora": ATR with atr_llm.fast_generation's mode
+            cfg = ATRGRPOConfig(method=method, **fields, **common)
             if backend == "unsloth":
                 from atr_llm.unsloth_backend import unsloth_trainer_class
 
@@ -534,6 +547,8 @@ def one_case(kind: str, backend: str, args, grad_path: Path) -> dict:
         "trainable_parameters": n_trainable,
         "model_bytes": model_bytes,
         "fast_generation": getattr(trainer, "fast_generation_mode", "off"),
+        "fast_generation_attention": getattr(trainer, "fast_generation_attention", "sdpa"),
+        "static_cache_len": getattr(trainer.generation_config, "max_cache_len", None),
         "continuous_batching": bool(getattr(trainer, "use_transformers_continuous_batching", False)),
         "logged": logged,
         **probe,
@@ -717,15 +732,16 @@ def check_arguments(args) -> None:
         if name == "stock":
             continue
         try:
-            method, _, _ = parse_kind(name)
+            method, _ = parse_kind(name)
         except ValueError:
             method = None
         if method not in at.METHODS:
             raise refuse(
                 "--kinds",
                 args.kinds,
-                f"{kind!r} is not 'stock', a method or method+MODE[+cb] (MODE in {', '.join(MODES)}; "
-                "cb: continuous batching)",
+                f"{kind!r} is not 'stock', a method or method+MODE[+cb][+packed][+pN] (MODE in "
+                f"{', '.join(MODES)}; cb: continuous batching; packed: packed_gqa attention; pN: N prompt tokens "
+                "in compiled's static cache)",
             )
     if args.case_timeout is not None:
         finite_number("--case-timeout", args.case_timeout, low=0, open_low=True)
@@ -749,7 +765,8 @@ def main(argv=None) -> dict:
         default="stock,atr,atr+merged_lora",
         help="comma list: 'stock' (trl.GRPOTrainer), methods, and method+MODE for a fast_generation mode "
         "(atr+merged_lora: LoRA merged while generating; atr+compiled: merged, static KV cache, compiled decode "
-        "step), each with an optional +cb (TRL's use_transformers_continuous_batching) and :N (its own --steps)",
+        "step), each with an optional +cb (TRL's use_transformers_continuous_batching), +packed "
+        "(fast_generation_attention='packed_gqa'), +pN (fast_generation_prompt_tokens=N) and :N (its own --steps)",
     )
     ap.add_argument("--backends", default="trl", help="comma list of 'trl' and 'unsloth'")
     ap.add_argument("--seed", type=int, default=0)

@@ -668,13 +668,20 @@ def test_grading_fast_path_check_counts_a_wrong_stored_verdict(tmp_path):
     assert ["correct", rows[1]["extracted_answer"]] in res["mismatch_examples"][0]["stored"]
 
 
-def test_gpu_step_reads_a_kind_as_method_mode_continuous_batching_and_steps():
+def test_gpu_step_reads_a_kind_as_method_mode_continuous_batching_attention_allowance_and_steps():
     gs = _benchmark_module("gpu_step")
-    assert gs.parse_kind("atr") == ("atr", "off", False)
-    assert gs.parse_kind("atr+compiled") == ("atr", "compiled", False)
-    assert gs.parse_kind("clip+merged_lora+cb") == ("clip", "merged_lora", True)
-    assert gs.parse_kind("atr+cb") == ("atr", "off", True)
-    for bad in ("atr+turbo", "atr+compiled+merged_lora", "atr+cb+cb"):
+    assert gs.parse_kind("atr") == ("atr", {"fast_generation": "off"})
+    assert gs.parse_kind("atr+compiled") == ("atr", {"fast_generation": "compiled"})
+    assert gs.parse_kind("clip+merged_lora+cb") == (
+        "clip", {"fast_generation": "merged_lora", "use_transformers_continuous_batching": True}
+    )
+    assert gs.parse_kind("atr+cb") == ("atr", {"fast_generation": "off", "use_transformers_continuous_batching": True})
+    assert gs.parse_kind("atr+compiled+packed+p128") == (
+        "atr", {"fast_generation": "compiled", "fast_generation_attention": "packed_gqa",
+                "fast_generation_prompt_tokens": 128},
+    )
+    for bad in ("atr+turbo", "atr+compiled+merged_lora", "atr+cb+cb", "atr+p0", "atr+p", "atr+p64+p128",
+                "atr+packed+packed"):
         with pytest.raises(ValueError, match="expected method"):
             gs.parse_kind(bad)
     assert gs.split_steps("atr+compiled:4", 1) == ("atr+compiled", 4)
@@ -695,14 +702,17 @@ def test_a_gradient_step_shares_its_generation_with_the_other_iterations():
 
 @pytest.mark.slow
 def test_gpu_step_checks_the_compiled_step_and_profiles_decoding_on_a_tiny_cpu_model(tmp_path):
-    """``atr+compiled``: the compiled step's logits equal eager generation's before and after an in-place edit of the
-    adapter that moves them; ``--profile-decode`` times decode steps and ranks the ops that take their time."""
+    """``atr+compiled+packed+p64``: the compiled step (packed_gqa attention, a cache of 64 prompt tokens + the
+    completion) gives eager generation's logits (transformers' SDPA) before and after an in-place edit of the adapter
+    that moves them; ``--profile-decode`` times decode steps and ranks the ops that take their time."""
     out = tmp_path / "gpu_step.json"
-    cmd = [*_script("gpu_step"), "--tiny", "--kinds", "atr+compiled:2,atr+merged_lora:1", "--skip-probe"]
+    cmd = [*_script("gpu_step"), "--tiny", "--kinds", "atr+compiled+packed+p64:2,atr+merged_lora:1", "--skip-probe"]
     cmd += ["--max-completion-length", "8", "--profile-decode", "4", "--out", str(out)]
     subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
     compiled, merged = json.loads(out.read_text())["cases"]
     assert compiled["fast_generation"] == "compiled" and compiled["steps"] == 2 and merged["steps"] == 1
+    assert compiled["fast_generation_attention"] == "packed_gqa" and compiled["static_cache_len"] == 8 + 64
+    assert merged["fast_generation_attention"] == "sdpa" and merged["static_cache_len"] is None
     check = compiled["compiled_check"]
     assert check["max_abs_logit_change_of_the_edit"] > 1e-3  # the edit moves the logits ...
     assert check["max_abs_logit_diff_compiled_vs_eager"] < 1e-4  # ... and the compiled step follows it (float32)

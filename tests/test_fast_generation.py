@@ -1,5 +1,8 @@
-"""fast_generation='merged_lora': the same tokens as the plain path, from the *current* LoRA weights, with every base
-weight restored bit for bit, and training that ends with the same weights as without it (CPU, float32)."""
+"""fast_generation: 'merged_lora' gives the plain path's tokens from the *current* LoRA weights, with every base weight
+restored bit for bit, and training that ends with the same weights as without it; 'compiled' does the same through a
+static cache and a compiled decode step; fast_generation_attention='packed_gqa' is attention over the repeated
+key/value heads (against a float64 computation by hand) without copying them (CPU, float32). These tests also run
+under the pinned transformers 5.17 (make test-pins), the release a GPU run uses."""
 
 import warnings
 
@@ -242,8 +245,9 @@ def test_compiled_is_refused_with_another_generation_path(tmp_path, extra, name)
 def test_training_with_compiled_generation_ends_with_the_weights_of_plain_generation_and_compiles_once(
     tmp_path, tok, recompiles_fail
 ):
-    """Four GRPO steps (two generations) of a LoRA policy with gradient checkpointing: with ``compiled`` the same
-    completions, losses and weights bit for bit as with plain generation, and the decode step compiled once. Without
+    """Four GRPO steps (two generations) of a LoRA policy with gradient checkpointing: with ``compiled`` (with
+    transformers' SDPA and with ``packed_gqa``) the same completions, losses and weights bit for bit as with plain
+    generation, and the decode step compiled once. Without
     setting the embedding's hooks aside the second generation compiles again (TRL's checkpointing toggle leaves two
     more hooks per generation: counted here too), which ``error_on_recompile`` turns into a failure."""
     from transformers import TrainerCallback
@@ -255,20 +259,196 @@ def test_training_with_compiled_generation_ends_with_the_weights_of_plain_genera
             hooks.append(len(model.get_input_embeddings()._forward_hooks))
 
     results = {}
-    for mode in ("off", "compiled"):
+    for mode, attention in (("off", "sdpa"), ("compiled", "sdpa"), ("compiled", "packed_gqa")):
         torch._dynamo.reset()  # each mode compiles (or not) from scratch
         hooks.clear()
         trainer = _train_lora_grpo(
-            tok, tmp_path, mode, max_steps=4, callbacks=[CountHooks()], gradient_checkpointing=True
+            tok, tmp_path / attention, mode, max_steps=4, callbacks=[CountHooks()], gradient_checkpointing=True,
+            fast_generation_attention=attention, fast_generation_prompt_tokens=32,
         )
         assert trainer.fast_generation_mode == mode
         assert hooks[2] > hooks[0]  # the hooks grow with every generation (steps 1 and 3 generate)
-        results[mode] = (
+        results[mode, attention] = (
             {n: p.detach().clone() for n, p in trainer.model.named_parameters()},
             [h.get("loss") for h in trainer.state.log_history if "loss" in h],
         )
+        assert trainer.model.config._attn_implementation == "sdpa"  # packed_gqa only while generating
     assert trainer.generation_config.cache_implementation == "static"
-    (w_off, loss_off), (w_fast, loss_fast) = results["off"], results["compiled"]
-    assert loss_fast == loss_off
-    assert w_off.keys() == w_fast.keys() and all(torch.equal(w_off[n], w_fast[n]) for n in w_off)
+    assert trainer.generation_config.max_cache_len == 8 + 32  # max_completion_length + the prompt allowance
+    w_off, loss_off = results["off", "sdpa"]
+    for key in (("compiled", "sdpa"), ("compiled", "packed_gqa")):
+        w_fast, loss_fast = results[key]
+        assert loss_fast == loss_off, key
+        assert w_off.keys() == w_fast.keys() and all(torch.equal(w_off[n], w_fast[n]) for n in w_off), key
     assert any("lora_B" in n and w_off[n].abs().sum() > 0 for n in w_off)
+
+
+# --- fast_generation_attention="packed_gqa": a decode step without transformers' repeat_kv copy ------------------
+
+
+class _GroupedAttention(torch.nn.Module):
+    """What packed_gqa_attention reads of an attention module: its query heads per key/value head."""
+
+    def __init__(self, n_rep):
+        super().__init__()
+        self.num_key_value_groups = n_rep
+        self.is_causal = True
+
+
+def _attention_by_hand(query, key, value, mask, scale):
+    """softmax(scale q k^T + mask) v per query head h on key/value head h // n_rep: the key/value heads repeated with
+    repeat_interleave, scores by matmul, in float64 (no SDPA, no transformers)."""
+    n_rep = query.shape[1] // key.shape[1]
+    k = key.double().repeat_interleave(n_rep, dim=1)
+    v = value.double().repeat_interleave(n_rep, dim=1)
+    scores = scale * query.double() @ k.transpose(-1, -2)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.double()
+    return (scores.softmax(-1) @ v).transpose(1, 2)  # (B, q_len, H, D): transformers' layout
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    batch=st.integers(1, 3), groups=st.integers(1, 3), n_rep=st.integers(1, 4), length=st.integers(1, 9),
+    head_dim=st.sampled_from([4, 8]), mask_kind=st.sampled_from(["none", "shared", "per_head", "float_per_head"]),
+    seed=st.integers(0, 2**16),
+)
+def test_packed_gqa_attention_is_attention_over_the_repeated_heads(batch, groups, n_rep, length, head_dim, mask_kind, seed):
+    from atr_llm.fast_generation import packed_gqa_attention
+
+    g = torch.Generator().manual_seed(seed)
+    heads = groups * n_rep
+    query = torch.randn(batch, heads, 1, head_dim, generator=g, dtype=torch.float64)
+    key, value = (torch.randn(batch, groups, length, head_dim, generator=g, dtype=torch.float64) for _ in range(2))
+    mask = None
+    if mask_kind != "none":
+        rows = 1 if mask_kind == "shared" else heads
+        mask = torch.rand(batch, rows, 1, length, generator=g) < 0.6
+        mask[..., 0] = True  # every query sees a key
+        if mask_kind == "float_per_head":
+            mask = torch.where(mask, torch.randn(mask.shape, generator=g, dtype=torch.float64), float("-inf"))
+    out, weights = packed_gqa_attention(_GroupedAttention(n_rep), query, key, value, mask, scaling=0.3)
+    assert weights is None and out.shape == (batch, 1, heads, head_dim)
+    torch.testing.assert_close(out, _attention_by_hand(query, key, value, mask, 0.3), rtol=1e-10, atol=1e-10)
+
+
+def test_packed_gqa_attention_leaves_several_query_tokens_to_transformers_sdpa():
+    """Prefill and the training forwards (q_len > 1) are transformers' own SDPA, bit for bit."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from atr_llm.fast_generation import packed_gqa_attention
+
+    g = torch.Generator().manual_seed(0)
+    query = torch.randn(2, 4, 5, 8, generator=g)
+    key, value = torch.randn(2, 2, 5, 8, generator=g), torch.randn(2, 2, 5, 8, generator=g)
+    module = _GroupedAttention(2)
+    ours, _ = packed_gqa_attention(module, query, key, value, None, scaling=0.25)
+    theirs, _ = sdpa_attention_forward(module, query, key, value, None, scaling=0.25)
+    assert torch.equal(ours, theirs)
+    with pytest.raises(ValueError, match="4 query heads in groups of 2 need 2 key/value heads, got 3"):
+        packed_gqa_attention(module, query[:, :, :1], key.repeat(1, 2, 1, 1)[:, :3], value[:, :, :1], None)
+
+
+def test_packed_gqa_is_used_while_generating_only_and_refuses_a_model_without_sdpa(tok):
+    from atr_llm.fast_generation import PACKED_GQA_NAME, attention_for_generation, check_packed_gqa_model
+
+    model = _lora_model(tok)
+    configs = {id(m.config): m.config for m in model.modules() if hasattr(m, "config")}.values()
+    with attention_for_generation(model, "packed_gqa") as name:
+        assert name == PACKED_GQA_NAME and {c._attn_implementation for c in configs} == {PACKED_GQA_NAME}
+    assert {c._attn_implementation for c in configs} == {"sdpa"}
+    with pytest.raises(RuntimeError, match="boom"), attention_for_generation(model, "packed_gqa"):
+        raise RuntimeError("boom")
+    assert {c._attn_implementation for c in configs} == {"sdpa"}
+    eager = tiny.build_tiny_model(tok)
+    eager.config._attn_implementation = "eager"
+    with pytest.raises(ValueError, match=r"attends with \['eager'\]: load it with attn_implementation='sdpa'"):
+        check_packed_gqa_model(eager)
+    with pytest.raises(ValueError, match="fast_generation_attention must be one of"):
+        with attention_for_generation(model, "flash"):
+            pass
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [("fast_generation_attention", "flash", "fast_generation_attention must be one of .* got 'flash'"),
+     ("fast_generation_prompt_tokens", 0, "fast_generation_prompt_tokens must be a whole number >= 1, got 0"),
+     ("fast_generation_prompt_tokens", 1.5, "fast_generation_prompt_tokens must be a whole number >= 1, got 1.5")],
+)
+def test_a_bad_generation_attention_or_prompt_allowance_is_refused_when_the_config_is_built(
+    tmp_path, field, value, message
+):
+    with pytest.raises(ValueError, match=message):
+        ATRGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **{field: value})
+
+
+def test_compiled_packed_gqa_generation_gives_the_eager_tokens_and_logits_without_recompiling(tok, recompiles_fail):
+    """Greedy decoding through a compiled decode step that attends with packed_gqa_attention gives the tokens and, to
+    float rounding, the logits of transformers' eager SDPA generation, at two prompt lengths with one compile. The
+    cache is the prompt allowance (here 16 tokens) + the completion."""
+    from transformers import GenerationConfig
+
+    from atr_llm import fast_generation
+
+    model = _lora_model(tok, scale=0.5)
+    eager = GenerationConfig(max_new_tokens=10, do_sample=False, pad_token_id=tok.pad_token_id, disable_compile=True)
+    compiled = fast_generation.compiled_generation_config(eager, device="cpu", prompt_allowance=16)
+    assert compiled.max_cache_len == 10 + 16
+    for prompts in (["1 + 2 = ", "7 - 3 = ", "4 + 4 - 1 = "], ["12 + 2 = ", "7 = ", "3 + 3 + 3 + 3 + 3 = "]):
+        batch = tok(prompts, return_tensors="pt", padding=True, padding_side="left")
+        kw = {"output_scores": True, "return_dict_in_generate": True}
+        plain = model.generate(**batch, generation_config=eager, **kw)
+        with fast_generation.generation_context("compiled", model, "packed_gqa"):
+            fast = model.generate(**batch, generation_config=compiled, **kw)
+        assert torch.equal(fast.sequences, plain.sequences)
+        torch.testing.assert_close(torch.stack(fast.scores), torch.stack(plain.scores), rtol=0, atol=1e-4)
+    assert getattr(model.get_base_model(), "_compiled_call", None) is not None
+
+
+def test_the_compiled_decode_step_is_traced_through_packed_gqa_attention(tok, monkeypatch):
+    """The test above would pass with transformers' SDPA as well: here the attention function is counted while the
+    compiled step traces (a counter is a guard dynamo recompiles on, so this runs apart from the test above)."""
+    from transformers import GenerationConfig
+
+    from atr_llm import fast_generation
+
+    calls = []
+    real = fast_generation.packed_gqa_attention
+
+    def counted(module, query, *args, **kwargs):
+        calls.append((query.shape[2], torch.compiler.is_compiling()))
+        return real(module, query, *args, **kwargs)
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(fast_generation, "packed_gqa_attention", counted)
+    model = _lora_model(tok, scale=0.5)
+    eager = GenerationConfig(max_new_tokens=4, do_sample=False, pad_token_id=tok.pad_token_id, disable_compile=True)
+    compiled = fast_generation.compiled_generation_config(eager, device="cpu", prompt_allowance=16)
+    batch = tok(["1 + 2 = ", "7 - 3 = "], return_tensors="pt", padding=True, padding_side="left")
+    try:
+        with fast_generation.generation_context("compiled", model, "packed_gqa"):
+            model.generate(**batch, generation_config=compiled)
+    finally:
+        monkeypatch.undo()
+        fast_generation.register_packed_gqa()  # transformers' registry holds the real function again
+        torch._dynamo.reset()
+    assert (1, True) in calls  # a compiled decode step (one query token) went through it
+    assert any(q > 1 and not compiling for q, compiling in calls)  # and the eager prefill
+
+
+def test_the_trainer_refuses_packed_gqa_for_a_model_that_does_not_attend_with_sdpa(tok, tmp_path):
+    model = tiny.build_tiny_model(tok)
+    model.config._attn_implementation = "eager"
+    cfg = ATRGRPOConfig(
+        output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=4, num_generations=4,
+        max_completion_length=4, fast_generation_attention="packed_gqa",
+    )
+    with pytest.raises(ValueError, match=r"fast_generation_attention='packed_gqa' .* attends with \['eager'\]"):
+        ATRGRPOTrainer(
+            model=model, reward_funcs=[lambda completions, **kw: [0.0] * len(completions)], args=cfg,
+            train_dataset=data.to_grpo_dataset(data.arithmetic_dataset(8)), processing_class=tok,
+        )
