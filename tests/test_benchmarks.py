@@ -21,6 +21,7 @@ SCRIPT_PACKAGES = {
     "mutant_equivalence": "tools",
     "mutation_fresh_process": "tools",
     "gpu_wheels": "tools",
+    "decode_attention": "benchmarks",
     "pack_runs": "tools",
     "replication": "experiments.cpu_table",
     "parted_runs": "experiments.cpu_table",
@@ -762,3 +763,62 @@ def test_the_h100_paper_geometry_numbers_on_the_pages_are_the_file():
     assert f"{gen['atr+merged_lora'][:-2]} s per generation against {gen['atr']}" in flat["trainer"]
     assert f"takes {step['atr+compiled']} with `fast_generation: compiled`" in flat["readme"]
     assert f"{step['atr']} with TRL's own generation" in flat["readme"]
+
+
+def test_decode_attention_counts_transformers_cache_copy_and_ours_has_none(tmp_path):
+    """A quick run: transformers' compiled SDPA calls repeat_kv (the copy the page describes), packed_gqa never does,
+    and both give transformers' eager output to bf16 rounding. A bad geometry is refused in one line."""
+    out = tmp_path / "decode_attention.json"
+    subprocess.run([*_script("decode_attention"), "--quick", "--out", str(out)], check=True, capture_output=True, cwd=ROOT)
+    rows = {(r["attention"], r["how"]): r for r in json.loads(out.read_text())["rows"]}
+    assert rows["sdpa", "compiled"]["repeat_kv_calls"] > 0
+    assert rows["packed_gqa", "compiled"]["repeat_kv_calls"] == rows["packed_gqa", "eager"]["repeat_kv_calls"] == 0
+    assert all(r["max_abs_diff_vs_sdpa_eager"] < 1e-2 for r in rows.values())
+    bad = subprocess.run([*_script("decode_attention"), "--heads", "10", "--kv-heads", "4"], capture_output=True,
+                         text=True, cwd=ROOT)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "error: --heads 10 is not a multiple of --kv-heads 4"
+    ]
+
+
+def test_the_decode_attention_numbers_on_the_pages_are_the_files():
+    """performance.md, trainer.md and the README quote figures/bench/cpu/decode_attention*.json."""
+    def rows(name):
+        data = json.loads((ROOT / "figures" / "bench" / "cpu" / name).read_text())
+        return data, {(r["cache_len"], r["attention"], r["how"]): r for r in data["rows"]}
+
+    new, by_new = rows("decode_attention.json")
+    old, by_old = rows("decode_attention_transformers517.json")
+    assert (new["environment"]["transformers"], old["environment"]["transformers"]) == ("5.24.0", "5.17.0")
+    sdpa, packed = by_new[2048, "sdpa", "compiled"], by_new[2048, "packed_gqa", "compiled"]
+    assert sdpa["repeat_kv_calls"] > 0 and by_old[2048, "sdpa", "eager"]["repeat_kv_calls"] > 0
+    assert by_new[2048, "sdpa", "eager"]["repeat_kv_calls"] == 0  # 5.24 packs an eager step itself
+    ratio = f"{packed['sdpa_ms_over_this']:.1f}x"
+    flat = {name: " ".join((ROOT / path).read_text().split()) for name, path in
+            (("performance", "docs/performance.md"), ("trainer", "docs/trainer.md"), ("readme", "README.md"))}
+    assert (f"attends {ratio} faster with `packed_gqa` than with transformers' SDPA ({packed['ms_per_layer']:.1f} ms "
+            f"against {sdpa['ms_per_layer']:.1f} ms per layer at a cache of 2,048 positions)") in flat["performance"]
+    assert f"`packed_gqa` is {by_old[2048, 'packed_gqa', 'eager']['sdpa_ms_over_this']:.1f}x faster there too" in flat["performance"]
+    assert f"itself in an eager step ({by_new[2048, 'packed_gqa', 'eager']['sdpa_ms_over_this']:.1f}x)" in flat["performance"]
+    assert f"paper's geometry is {ratio} faster per layer" in flat["trainer"]
+    assert f"({ratio} faster attention per layer on CPU" in flat["readme"]
+
+
+def test_the_h100_byte_count_of_a_decode_step_is_the_files():
+    """The page's arithmetic: the KV cache of 32 x 2,048 positions over Qwen3-1.7B's 28 layers, copied twice by
+    repeat_kv (16 query heads on 8 key/value heads), with the weights and bandwidth of the H100 run."""
+    data = json.loads((ROOT / "figures" / "bench" / "h100" / "gpu_step.json").read_text())
+    case = {c["kind"]: c for c in data["cases"]}["atr+compiled"]
+    from transformers import Qwen3Config
+
+    q = Qwen3Config.from_dict({"num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
+                               "head_dim": 128})
+    n_rep = q.num_attention_heads // q.num_key_value_heads
+    kv = 2 * 32 * q.num_key_value_heads * 2048 * q.head_dim * 2 * q.num_hidden_layers  # K and V, bf16
+    weights, bandwidth = case["model_bytes"], case["copy_bandwidth_GBps"] * 1e9
+    moved = weights + kv + 2 * n_rep * kv
+    perf = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    assert (f"{weights / 1e9:.2f} + {kv / 1e9:.1f} + {n_rep * kv / 1e9:.1f} written + {n_rep * kv / 1e9:.1f} read = "
+            f"{moved / 1e9:.1f} GB, {moved / bandwidth * 1e3:.1f} ms at the measured bandwidth: "
+            f"{100 * moved / bandwidth * 1e3 / case['decode_ms_per_step']:.0f}% of the {case['decode_ms_per_step']:.1f} ms") in perf
+    assert f"Without the copy, {(weights + kv) / 1e9:.1f} GB, {(weights + kv) / bandwidth * 1e3:.2f} ms" in perf

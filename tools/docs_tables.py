@@ -131,11 +131,40 @@ def gpu_step_tables() -> str:
     return "\n\n".join(blocks)
 
 
+def decode_attention_tables() -> str:
+    """One decode step's attention at the paper's geometry: transformers' SDPA against packed_gqa, per layer."""
+    blocks = []
+    for path in sorted(BENCH.glob("*/decode_attention*.json")):
+        data = json.loads(path.read_text())
+        env, g = data["environment"], data["geometry"]
+        rows = [
+            "| cache length | step | transformers' SDPA ms / layer (repeat_kv calls) | packed_gqa ms / layer "
+            "| SDPA / packed_gqa |",
+            "|---|---|---|---|---|",
+        ]
+        by = {(r["cache_len"], r["how"], r["attention"]): r for r in data["rows"]}
+        for length, how in dict.fromkeys((r["cache_len"], r["how"]) for r in data["rows"]):
+            sdpa, packed = by[length, how, "sdpa"], by[length, how, "packed_gqa"]
+            rows.append(
+                f"| {length:,} | {how} | {sdpa['ms_per_layer']:.1f} ({sdpa['repeat_kv_calls']}) | "
+                f"{packed['ms_per_layer']:.1f} | {packed['sdpa_ms_over_this']:.1f}x |"
+            )
+        where = path.relative_to(ROOT)
+        head = (
+            f"**{path.parent.name}**, transformers {env['transformers']} (`{env['device']}`, torch {env['torch']}, "
+            f"{env['threads']} threads; [`{where}`]({where})): batch {g['batch']}, {g['heads']} query heads on "
+            f"{g['kv_heads']} key/value heads of {g['head_dim']}, {data['dtype']}"
+        )
+        blocks.append(head + f"\n\n`{data['command']}`\n\n" + "\n".join(rows))
+    return "\n\n".join(blocks)
+
+
 GENERATORS = {
     "loss_overhead": loss_overhead_tables,
     "bandit_throughput": bandit_tables,
     "trainer_step": trainer_step_tables,
     "gpu_step": gpu_step_tables,
+    "decode_attention": decode_attention_tables,
 }
 
 

@@ -1,0 +1,208 @@
+"""One decode step's attention at the paper's geometry: transformers' SDPA against ``packed_gqa_attention``.
+
+A decode step of Qwen3-1.7B (28 layers, 16 query heads on 8 key/value heads of 128 dims) over a static KV cache of
+``max_completion_length`` + the prompt allowance reads every cached key and value once per layer. transformers' SDPA
+path, when the step is compiled (transformers 5.24 packs the heads itself only when not compiling; 5.17 never does),
+first copies them ``n_rep`` times (``repeat_kv``): per layer a write and a read of ``n_rep`` times the cache, on top
+of the read attention needs. ``atr_llm.fast_generation.packed_gqa_attention`` attends on the cached heads as they
+are. This times one layer's attention of one decode step, both functions side by side (interleaved, median of
+repeats), eager and ``torch.compile``-d, at each cache length, and records whether ``repeat_kv`` ran, the bytes each
+path moves by that count, and each output's largest difference from transformers' eager output.
+
+    python -m benchmarks.decode_attention                     # CPU: figures/bench/cpu/decode_attention.json
+    python -m benchmarks.decode_attention --device cuda       # figures/bench/<card>/decode_attention.json
+    python -m benchmarks.decode_attention --quick             # a small batch (smoke test)
+
+``per_decode_step_ms`` is one layer's time x ``--layers``: the attention share of a decode step, without the
+weights' matrix products.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks._machine import default_output
+
+IMPLEMENTATIONS = ("sdpa", "packed_gqa")
+
+
+class _Attention(torch.nn.Module):
+    """The attributes of a transformers attention module that the two attention functions read."""
+
+    def __init__(self, n_rep: int):
+        super().__init__()
+        self.num_key_value_groups = n_rep
+        self.is_causal = True
+
+
+def _function(name: str):
+    from transformers.integrations import sdpa_attention
+
+    from atr_llm.fast_generation import packed_gqa_attention
+
+    return sdpa_attention.sdpa_attention_forward if name == "sdpa" else packed_gqa_attention
+
+
+def decode_inputs(batch, heads, kv_heads, head_dim, cache_len, valid, dtype, device, seed=0):
+    """One decode step's query ``(B, H, 1, D)``, a static cache's keys and values ``(B, H_kv, L, D)`` and its mask
+    ``(B, 1, 1, L)``: the first ``valid`` positions True (the prompt and the tokens decoded so far)."""
+    g = torch.Generator().manual_seed(seed)
+    query = torch.randn(batch, heads, 1, head_dim, generator=g).to(device, dtype)
+    key, value = (torch.randn(batch, kv_heads, cache_len, head_dim, generator=g).to(device, dtype) for _ in range(2))
+    mask = torch.zeros(batch, 1, 1, cache_len, dtype=torch.bool, device=device)
+    mask[..., :valid] = True
+    return query, key, value, mask
+
+
+def repeat_kv_calls(fn, *args) -> int:
+    """How many times ``fn(*args)`` calls transformers' ``repeat_kv`` (counted in a fresh trace when ``fn`` is
+    compiled: the copy is then part of the compiled step)."""
+    from transformers.integrations import sdpa_attention
+
+    calls = []
+    real = sdpa_attention.repeat_kv
+
+    def counted(hidden_states, n_rep):
+        calls.append(n_rep)
+        return real(hidden_states, n_rep)
+
+    sdpa_attention.repeat_kv = counted
+    try:
+        fn(*args)
+    finally:
+        sdpa_attention.repeat_kv = real
+    return len(calls)
+
+
+def measure(args, cache_len: int) -> list[dict]:
+    """Every implementation x (eager, compiled) at one cache length, timed interleaved."""
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype)
+    n_rep = args.heads // args.kv_heads
+    valid = min(cache_len, args.prompt_tokens + args.completion // 2)  # mid-generation
+    q, k, v, mask = decode_inputs(args.batch, args.heads, args.kv_heads, args.head_dim, cache_len, valid, dtype, device)
+    module = _Attention(n_rep)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    cases = {}
+    for name in IMPLEMENTATIONS:
+        fn = _function(name)
+
+        def call(q, k, v, mask, fn=fn):
+            return fn(module, q, k, v, mask, scaling=args.head_dim**-0.5)[0]
+
+        torch._dynamo.reset()
+        compiled = torch.compile(call, dynamic=False, fullgraph=True)
+        cases[name, "eager"] = (call, repeat_kv_calls(call, q, k, v, mask))
+        cases[name, "compiled"] = (compiled, repeat_kv_calls(compiled, q, k, v, mask))
+    reference = cases["sdpa", "eager"][0](q, k, v, mask).float()
+    times = {key: [] for key in cases}
+    for fn, _ in cases.values():  # warm-up (the compiled functions have traced already)
+        fn(q, k, v, mask)
+    sync()
+    for _ in range(args.repeats):
+        for key, (fn, _) in cases.items():
+            sync()
+            t0 = time.perf_counter()
+            fn(q, k, v, mask)
+            sync()
+            times[key].append(time.perf_counter() - t0)
+    element = torch.finfo(dtype).bits // 8
+    kv_read = 2 * args.batch * args.kv_heads * cache_len * args.head_dim * element
+    rows = []
+    for (name, how), (fn, copies) in cases.items():
+        ms = statistics.median(times[name, how]) * 1e3
+        moved = kv_read * (1 + 2 * n_rep) if copies else kv_read  # a copy: n_rep x the cache written, then read
+        rows.append(
+            {
+                "attention": name,
+                "how": how,
+                "cache_len": cache_len,
+                "valid_positions": valid,
+                "repeat_kv_calls": copies,
+                "ms_per_layer": ms,
+                "per_decode_step_ms": ms * args.layers,
+                "kv_read_GB": kv_read / 1e9,
+                "bytes_moved_GB": moved / 1e9,
+                "GBps_at_that_count": moved / 1e9 / (ms / 1e3),
+                "max_abs_diff_vs_sdpa_eager": float((fn(q, k, v, mask).float() - reference).abs().max()),
+            }
+        )
+    for row in rows:
+        same = next(r for r in rows if r["attention"] == "sdpa" and r["how"] == row["how"])
+        row["sdpa_ms_over_this"] = same["ms_per_layer"] / row["ms_per_layer"]
+    return rows
+
+
+def environment(device: str) -> dict:
+    import transformers
+
+    env = {"torch": torch.__version__, "transformers": transformers.__version__, "threads": torch.get_num_threads()}
+    env["device"] = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
+    return env
+
+
+def main(argv=None) -> dict:
+    from atr_llm.cli import Parser, UsageError, output_file, positive_int
+
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--batch", type=int, default=32, help="completions decoded together (Table 4: 32)")
+    ap.add_argument("--heads", type=int, default=16, help="query heads (Qwen3-1.7B: 16)")
+    ap.add_argument("--kv-heads", type=int, default=8, help="key/value heads (Qwen3-1.7B: 8)")
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=28, help="layers of a decode step (Qwen3-1.7B: 28)")
+    ap.add_argument("--completion", type=int, default=1536, help="max_completion_length (Table 4: 1536)")
+    ap.add_argument("--allowances", default="512,128", help="prompt allowances of the static cache, comma list")
+    ap.add_argument("--prompt-tokens", type=int, default=64, help="the prompt's length in the mask")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="batch 2, one allowance: a smoke test")
+    ap.add_argument("--out", help="default: figures/bench/<machine>/decode_attention.json")
+    args = ap.parse_args(argv)
+    for name in ("batch", "heads", "kv_heads", "head_dim", "layers", "completion", "prompt_tokens", "repeats"):
+        positive_int("--" + name.replace("_", "-"), getattr(args, name))
+    if args.heads % args.kv_heads:
+        raise UsageError(f"--heads {args.heads} is not a multiple of --kv-heads {args.kv_heads}")
+    try:
+        allowances = [int(a) for a in args.allowances.split(",")]
+    except ValueError:
+        allowances = []
+    if not allowances or min(allowances) < 1:
+        raise UsageError(f"--allowances {args.allowances!r}: expected a comma list of whole numbers >= 1")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA GPU here")
+    if args.quick:
+        args.batch, allowances = 2, allowances[:1]
+    out = Path(args.out) if args.out else default_output("decode_attention.json", args.device)
+    output_file("--out", str(out))
+    result = {
+        "command": " ".join(["python -m benchmarks.decode_attention", *(sys.argv[1:] if argv is None else argv)]),
+        "environment": environment(args.device),
+        "geometry": {k: getattr(args, k) for k in ("batch", "heads", "kv_heads", "head_dim", "layers", "completion")},
+        "dtype": args.dtype,
+        "rows": [],
+    }
+    for allowance in allowances:
+        result["rows"] += measure(args, args.completion + allowance)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+    for r in result["rows"]:
+        print(
+            f"L={r['cache_len']:5d} {r['attention']:10s} {r['how']:8s} repeat_kv={r['repeat_kv_calls']} "
+            f"{r['ms_per_layer']:8.2f} ms/layer  x{r['sdpa_ms_over_this']:.2f}  diff {r['max_abs_diff_vs_sdpa_eager']:.1e}"
+        )
+    print(f"wrote {out}")
+    return result
+
+
+if __name__ == "__main__":
+    from atr_llm.cli import run_command
+
+    run_command(main)
