@@ -12,6 +12,7 @@ path moves by that count, and each output's largest difference from transformers
     python -m benchmarks.decode_attention                     # CPU: figures/bench/cpu/decode_attention.json
     python -m benchmarks.decode_attention --device cuda       # figures/bench/<card>/decode_attention.json
     python -m benchmarks.decode_attention --quick             # a small batch (smoke test)
+    python -m benchmarks.decode_attention --generate-layers 2 # + whole decode steps of compiled generate
 
 ``per_decode_step_ms`` is one layer's time x ``--layers``: the attention share of a decode step, without the
 weights' matrix products.
@@ -20,6 +21,7 @@ weights' matrix products.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -140,6 +142,61 @@ def measure(args, cache_len: int) -> list[dict]:
     return rows
 
 
+def generate_decode_ms(args, allowance: int) -> list[dict]:
+    """A whole decode step through transformers' compiled ``generate`` (the trainer's ``compiled`` mode: static
+    cache of ``--completion`` + ``allowance``, ``atr_llm.fast_generation``'s generation config and context) of a
+    model with Qwen3-1.7B's attention and MLP shapes but ``--generate-layers`` layers and a 1,024-token vocabulary
+    (the LM head's cost is not the question), for each attention. A decode step's time is the difference of the
+    fastest of three generations of 8 + N and of 8 tokens over N (prefill and fixed costs cancel), the two
+    attentions' generations interleaved."""
+    from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3Config
+
+    from atr_llm.fast_generation import compiled_generation_config, generation_context
+
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    config = Qwen3Config(
+        vocab_size=1024, hidden_size=args.heads * args.head_dim, intermediate_size=6144,
+        num_hidden_layers=args.generate_layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+        head_dim=args.head_dim, max_position_embeddings=args.completion + allowance,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype).to(device).eval()
+    ids = torch.randint(3, 1024, (args.batch, args.prompt_tokens), device=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    base = GenerationConfig(max_new_tokens=args.completion, do_sample=False, pad_token_id=0, eos_token_id=None)
+    base = compiled_generation_config(base, device=device, prompt_allowance=allowance)  # the trainer's cache
+
+    def seconds(attention, n):
+        config = copy.deepcopy(base)
+        config.max_new_tokens = config.min_new_tokens = n
+        sync()
+        t0 = time.perf_counter()
+        with torch.no_grad(), generation_context("compiled", model, attention):
+            model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+        sync()
+        return time.perf_counter() - t0
+
+    torch._dynamo.reset()
+    first = {attention: seconds(attention, 8) for attention in IMPLEMENTATIONS}  # each compiles its decode step
+    short, long = ({a: [] for a in IMPLEMENTATIONS} for _ in range(2))
+    for _ in range(3):  # interleaved: both compiled steps stay cached (dynamo guards on the attention's name)
+        for attention in IMPLEMENTATIONS:
+            short[attention].append(seconds(attention, 8))
+            long[attention].append(seconds(attention, 8 + args.generate_steps))
+    rows = [
+        {
+            "attention": attention,
+            "cache_len": args.completion + allowance,
+            "layers": args.generate_layers,
+            "decode_ms_per_step": (min(long[attention]) - min(short[attention])) / args.generate_steps * 1e3,
+            "first_generation_s": first[attention],
+        }
+        for attention in IMPLEMENTATIONS
+    ]
+    rows[1]["sdpa_ms_over_this"] = rows[0]["decode_ms_per_step"] / rows[1]["decode_ms_per_step"]
+    return rows
+
+
 def environment(device: str) -> dict:
     import transformers
 
@@ -163,10 +220,18 @@ def main(argv=None) -> dict:
     ap.add_argument("--prompt-tokens", type=int, default=64, help="the prompt's length in the mask")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument(
+        "--generate-layers", type=int, default=0, metavar="N",
+        help="also time whole decode steps of compiled generate with a model of N such layers (0: not done)",
+    )
+    ap.add_argument("--generate-steps", type=int, default=8, help="decode steps timed per generation (default 8)")
     ap.add_argument("--quick", action="store_true", help="batch 2, one allowance: a smoke test")
     ap.add_argument("--out", help="default: figures/bench/<machine>/decode_attention.json")
     args = ap.parse_args(argv)
-    for name in ("batch", "heads", "kv_heads", "head_dim", "layers", "completion", "prompt_tokens", "repeats"):
+    if args.generate_layers < 0:
+        raise UsageError(f"--generate-layers {args.generate_layers}: expected a number of layers >= 0")
+    for name in ("batch", "heads", "kv_heads", "head_dim", "layers", "completion", "prompt_tokens", "repeats",
+                 "generate_steps"):
         positive_int("--" + name.replace("_", "-"), getattr(args, name))
     if args.heads % args.kv_heads:
         raise UsageError(f"--heads {args.heads} is not a multiple of --kv-heads {args.kv_heads}")
@@ -193,11 +258,18 @@ def main(argv=None) -> dict:
         result["rows"] += measure(args, args.completion + allowance)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1) + "\n")
+    if args.generate_layers:
+        result["generate"] = []
+        for allowance in allowances:
+            result["generate"] += generate_decode_ms(args, allowance)
+            out.write_text(json.dumps(result, indent=1) + "\n")
     for r in result["rows"]:
         print(
             f"L={r['cache_len']:5d} {r['attention']:10s} {r['how']:8s} repeat_kv={r['repeat_kv_calls']} "
             f"{r['ms_per_layer']:8.2f} ms/layer  x{r['sdpa_ms_over_this']:.2f}  diff {r['max_abs_diff_vs_sdpa_eager']:.1e}"
         )
+    for r in result.get("generate", []):
+        print(f"generate L={r['cache_len']:5d} {r['layers']} layers {r['attention']:10s} {r['decode_ms_per_step']:8.1f} ms/step")
     print(f"wrote {out}")
     return result
 

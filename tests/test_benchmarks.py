@@ -769,8 +769,12 @@ def test_decode_attention_counts_transformers_cache_copy_and_ours_has_none(tmp_p
     """A quick run: transformers' compiled SDPA calls repeat_kv (the copy the page describes), packed_gqa never does,
     and both give transformers' eager output to bf16 rounding. A bad geometry is refused in one line."""
     out = tmp_path / "decode_attention.json"
-    subprocess.run([*_script("decode_attention"), "--quick", "--out", str(out)], check=True, capture_output=True, cwd=ROOT)
-    rows = {(r["attention"], r["how"]): r for r in json.loads(out.read_text())["rows"]}
+    cmd = [*_script("decode_attention"), "--quick", "--generate-layers", "1", "--generate-steps", "2", "--out", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
+    data = json.loads(out.read_text())
+    rows = {(r["attention"], r["how"]): r for r in data["rows"]}
+    assert [r["attention"] for r in data["generate"]] == ["sdpa", "packed_gqa"]
+    assert all(r["decode_ms_per_step"] > 0 and r["cache_len"] == 1536 + 512 for r in data["generate"])
     assert rows["sdpa", "compiled"]["repeat_kv_calls"] > 0
     assert rows["packed_gqa", "compiled"]["repeat_kv_calls"] == rows["packed_gqa", "eager"]["repeat_kv_calls"] == 0
     assert all(r["max_abs_diff_vs_sdpa_eager"] < 1e-2 for r in rows.values())
@@ -794,14 +798,22 @@ def test_the_decode_attention_numbers_on_the_pages_are_the_files():
     assert sdpa["repeat_kv_calls"] > 0 and by_old[2048, "sdpa", "eager"]["repeat_kv_calls"] > 0
     assert by_new[2048, "sdpa", "eager"]["repeat_kv_calls"] == 0  # 5.24 packs an eager step itself
     ratio = f"{packed['sdpa_ms_over_this']:.1f}x"
+    steps = {r["attention"]: r for r in new["generate"] if r["cache_len"] == 2048}
+    step_ratio = f"{steps['packed_gqa']['sdpa_ms_over_this']:.1f}x"
+    assert steps["sdpa"]["decode_ms_per_step"] / steps["packed_gqa"]["decode_ms_per_step"] == pytest.approx(
+        steps["packed_gqa"]["sdpa_ms_over_this"]
+    )
     flat = {name: " ".join((ROOT / path).read_text().split()) for name, path in
             (("performance", "docs/performance.md"), ("trainer", "docs/trainer.md"), ("readme", "README.md"))}
     assert (f"attends {ratio} faster with `packed_gqa` than with transformers' SDPA ({packed['ms_per_layer']:.1f} ms "
             f"against {sdpa['ms_per_layer']:.1f} ms per layer at a cache of 2,048 positions)") in flat["performance"]
+    assert (f"a whole decode step of compiled `generate` with two such layers is {step_ratio} faster "
+            f"({steps['packed_gqa']['decode_ms_per_step']:.1f} ms against {steps['sdpa']['decode_ms_per_step']:.1f} ms)"
+            ) in flat["performance"]
     assert f"`packed_gqa` is {by_old[2048, 'packed_gqa', 'eager']['sdpa_ms_over_this']:.1f}x faster there too" in flat["performance"]
     assert f"itself in an eager step ({by_new[2048, 'packed_gqa', 'eager']['sdpa_ms_over_this']:.1f}x)" in flat["performance"]
-    assert f"paper's geometry is {ratio} faster per layer" in flat["trainer"]
-    assert f"({ratio} faster attention per layer on CPU" in flat["readme"]
+    assert f"step at the paper's geometry is {step_ratio} faster (two layers)" in flat["trainer"]
+    assert f"({step_ratio} faster decode steps on CPU" in flat["readme"]
 
 
 def test_the_h100_byte_count_of_a_decode_step_is_the_files():

@@ -149,6 +149,22 @@ def decode_attention_tables() -> str:
                 f"| {length:,} | {how} | {sdpa['ms_per_layer']:.1f} ({sdpa['repeat_kv_calls']}) | "
                 f"{packed['ms_per_layer']:.1f} | {packed['sdpa_ms_over_this']:.1f}x |"
             )
+        generated = {(r["cache_len"], r["attention"]): r for r in data.get("generate", [])}
+        if generated:
+            layers = data["generate"][0]["layers"]
+            rows += [
+                "",
+                f"Whole decode steps of compiled `generate` ({layers} such layers, the trainer's static cache):",
+                "",
+                "| cache length | transformers' SDPA ms / step | packed_gqa ms / step | SDPA / packed_gqa |",
+                "|---|---|---|---|",
+            ]
+            for length in dict.fromkeys(length for length, _ in generated):
+                sdpa, packed = generated[length, "sdpa"], generated[length, "packed_gqa"]
+                rows.append(
+                    f"| {length:,} | {sdpa['decode_ms_per_step']:.1f} | {packed['decode_ms_per_step']:.1f} | "
+                    f"{packed['sdpa_ms_over_this']:.1f}x |"
+                )
         where = path.relative_to(ROOT)
         head = (
             f"**{path.parent.name}**, transformers {env['transformers']} (`{env['device']}`, torch {env['torch']}, "
