@@ -245,6 +245,8 @@ def check_before_loading(script_args, training_args, model_args=None) -> dict:
     check_sft_implementation(script_args.sft_implementation, use_peft=bool(getattr(model_args, "use_peft", False)))
     if script_args.backend not in ("trl", "unsloth"):
         raise refuse("--backend", script_args.backend, "expected 'trl' or 'unsloth'")
+    if model_args is not None:
+        check_model_options(model_args, training_args, backend=script_args.backend)
 
     out = output_directory("--output_dir", training_args.output_dir)
     resume = training_args.resume_from_checkpoint
@@ -267,6 +269,60 @@ def check_before_loading(script_args, training_args, model_args=None) -> dict:
     return loaded
 
 
+UNSLOTH_MODEL_OPTIONS = ("model_name_or_path", "use_peft", "lora_r", "lora_alpha", "lora_target_modules")
+"""The trl.ModelConfig options --backend unsloth builds its model and LoRA from (``load_unsloth_model``)."""
+
+
+def _changed_model_options(model_args) -> list[str]:
+    """The trl.ModelConfig fields of ``model_args`` whose values differ from ModelConfig's defaults."""
+    import dataclasses
+
+    changed = []
+    for f in dataclasses.fields(type(model_args)):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if default is not dataclasses.MISSING and getattr(model_args, f.name) != default:
+            changed.append(f.name)
+    return changed
+
+
+def check_model_options(model_args, training_args, *, backend: str = "trl") -> None:
+    """trl.ModelConfig's loading options, each honoured or refused by name before a model loads:
+    ``--attn_implementation`` is passed to transformers (a name its attention registry knows, or a hub kernel
+    ``org/repo``; ``sdpa`` or unset with ``--fast_generation_attention packed_gqa``, which replaces SDPA's decode
+    step); ``--load_in_4bit`` / ``--load_in_8bit`` (bitsandbytes quantisation) are refused: quantised loading is not
+    tested here; with ``--backend unsloth`` every option beyond ``UNSLOTH_MODEL_OPTIONS`` is refused (Unsloth's
+    loader takes only those)."""
+    from transformers import AttentionInterface
+
+    from .cli import refuse
+
+    for flag in ("load_in_4bit", "load_in_8bit"):
+        if getattr(model_args, flag, False):
+            raise refuse(
+                f"--{flag}", "true", "not supported: atr_llm.train loads models unquantised (bitsandbytes loading is "
+                "untested here); leave it false"
+            )
+    if backend == "unsloth":
+        dropped = [name for name in _changed_model_options(model_args) if name not in UNSLOTH_MODEL_OPTIONS]
+        if dropped:
+            name = dropped[0]
+            raise refuse(
+                f"--{name}", getattr(model_args, name), "not honoured by --backend unsloth, whose loader takes only "
+                + ", ".join(f"--{o}" for o in UNSLOTH_MODEL_OPTIONS) + "; leave it at its default or use --backend trl"
+            )
+    attention = getattr(model_args, "attn_implementation", None)
+    if attention is None:
+        return
+    known = {"eager", *AttentionInterface._global_mapping}
+    if attention not in known and "/" not in attention:
+        raise refuse("--attn_implementation", attention, f"one of {', '.join(sorted(known))} or a hub kernel org/repo")
+    if getattr(training_args, "fast_generation_attention", "sdpa") == "packed_gqa" and attention != "sdpa":
+        raise refuse(
+            "--attn_implementation", attention, "'sdpa' or unset with --fast_generation_attention packed_gqa, which "
+            "replaces SDPA's decode step"
+        )
+
+
 def finished_run(output_dir: Path) -> bool:
     """Whether ``output_dir`` holds a finished run: its ``final/`` model (renamed into place whole, so complete)."""
     return (Path(output_dir) / "final" / "config.json").exists() or (
@@ -277,8 +333,11 @@ def finished_run(output_dir: Path) -> bool:
 def load_model_and_tokenizer(script_args, model_args, training_args):
     from .tiny import build_tokenizer_and_model
 
+    attention = getattr(model_args, "attn_implementation", None)  # checked by check_model_options
     if script_args.tiny:
         tok, model = build_tokenizer_and_model(script_args.tiny_vocab, seed=training_args.seed)
+        if attention is not None:
+            model.set_attn_implementation(attention)
         return model, tok
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -294,7 +353,8 @@ def load_model_and_tokenizer(script_args, model_args, training_args):
     if tok.pad_token is None or tok.pad_token_id == tok.eos_token_id:
         tok.pad_token = "<|endoftext|>" if "<|endoftext|>" in tok.get_vocab() else tok.eos_token
     dtype = model_args.dtype if getattr(model_args, "dtype", None) not in (None, "auto") else "auto"
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **hub)
+    extra = {"attn_implementation": attention} if attention is not None else {}
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **hub, **extra)
     return model, tok
 
 

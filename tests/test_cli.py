@@ -95,6 +95,12 @@ TRAIN_CASES = [
     (["--weight_decay=-0.1"], "--weight_decay -0.1"),
     (["--beta=-0.1"], "--beta -0.1"),
     (["--max_steps", "0"], "--max_steps 0"),
+    # trl.ModelConfig's loading options: honoured (tests below) or refused by name
+    (["--load_in_4bit", "true"], "--load_in_4bit true: not supported: atr_llm.train loads models unquantised"),
+    (["--load_in_8bit", "true"], "--load_in_8bit true: not supported"),
+    (["--attn_implementation", "flashy"], "--attn_implementation flashy: one of eager, .*sdpa or a hub kernel"),
+    (["--fast_generation_attention", "packed_gqa", "--attn_implementation", "eager"],
+     "--attn_implementation eager: 'sdpa' or unset with --fast_generation_attention packed_gqa"),
 ]
 
 
@@ -366,3 +372,35 @@ def test_both_spellings_of_config_apply_the_file(spelling):
     content = yaml.safe_load(path.read_text())
     _, training_args, _ = train.parse([a.format(c=path) for a in spelling])
     assert training_args.max_steps == content["max_steps"] and training_args.use_cpu is True
+
+
+def test_train_honours_attn_implementation_for_a_local_model_and_the_tiny_one(tmp_path):
+    """--attn_implementation reaches transformers: a model saved to a folder and loaded by path, and the tiny model,
+    attend with what was asked (TRL's ModelConfig option; dropped silently before)."""
+    from types import SimpleNamespace
+
+    from trl import ModelConfig
+
+    from atr_llm import tiny
+
+    tok, model = tiny.build_tokenizer_and_model("toy", seed=0)
+    model.save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    for attention in ("eager", "sdpa"):
+        args = ModelConfig(model_name_or_path=str(tmp_path / "m"), attn_implementation=attention)
+        script = SimpleNamespace(tiny=False, tiny_vocab="toy")
+        loaded, _ = train.load_model_and_tokenizer(script, args, SimpleNamespace(seed=0))
+        assert loaded.config._attn_implementation == attention
+        small, _ = train.load_model_and_tokenizer(SimpleNamespace(tiny=True, tiny_vocab="toy"), args, SimpleNamespace(seed=0))
+        assert small.config._attn_implementation == attention
+
+
+def test_the_unsloth_backend_refuses_a_model_option_its_loader_does_not_take():
+    from trl import ModelConfig
+
+    train.check_model_options(ModelConfig(model_name_or_path="m", lora_r=8, use_peft=True), None, backend="unsloth")
+    with pytest.raises(ValueError, match="--use_dora True: not honoured by --backend unsloth"):
+        train.check_model_options(ModelConfig(model_name_or_path="m", use_dora=True), None, backend="unsloth")
+    with pytest.raises(ValueError, match="--lora_dropout 0.1: not honoured by --backend unsloth"):
+        train.check_model_options(ModelConfig(lora_dropout=0.1), None, backend="unsloth")
+    train.check_model_options(ModelConfig(use_dora=True, lora_dropout=0.1), None, backend="trl")  # TRL takes them
