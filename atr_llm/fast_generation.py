@@ -41,6 +41,20 @@ PACKED_GQA_NAME = "atr_packed_gqa"  # the name packed_gqa_attention is registere
 logger = logging.getLogger(__name__)
 
 
+def check_prompt_allowance(value) -> int:
+    """``value`` if it is a whole number >= 1 (``fast_generation_prompt_tokens``), else ``ValueError`` naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"fast_generation_prompt_tokens must be a whole number >= 1, got {value!r}")
+    return value
+
+
+def check_attention(value) -> str:
+    """``value`` if it is one of ``ATTENTIONS`` (``fast_generation_attention``), else ``ValueError`` naming it."""
+    if value not in ATTENTIONS:
+        raise ValueError(f"fast_generation_attention must be one of {ATTENTIONS}, got {value!r}")
+    return value
+
+
 def lora_layers(model) -> list:
     """The PEFT tuner layers of ``model`` that can merge (LoRA linear layers), unmerged now."""
     try:
@@ -192,9 +206,7 @@ def attention_for_generation(model, attention: str) -> Iterator[str]:
     """Within the block ``model`` attends with ``attention`` (one of ``ATTENTIONS``): nothing changes for
     ``"sdpa"``; for ``"packed_gqa"`` every config of the model names ``packed_gqa_attention`` (registered), and
     after the block (also on an error) ``"sdpa"`` again. Yields the implementation's name."""
-    if attention not in ATTENTIONS:
-        raise ValueError(f"fast_generation_attention must be one of {ATTENTIONS}, got {attention!r}")
-    if attention == "sdpa":
+    if check_attention(attention) == "sdpa":
         yield "sdpa"
         return
     check_packed_gqa_model(model)
@@ -240,8 +252,7 @@ def compiled_generation_config(
 
     from transformers import CompileConfig
 
-    if isinstance(prompt_allowance, bool) or not isinstance(prompt_allowance, int) or prompt_allowance < 1:
-        raise ValueError(f"fast_generation_prompt_tokens must be a whole number >= 1, got {prompt_allowance!r}")
+    check_prompt_allowance(prompt_allowance)
     if not generation_config.max_new_tokens:
         raise ValueError(f"fast_generation='compiled' needs max_new_tokens, got {generation_config.max_new_tokens!r}")
     if generation_config.cache_implementation not in (None, "static"):

@@ -39,11 +39,12 @@ from .checkpoints import (  # noqa: F401  (completed_epochs, the cycle helpers: 
     save_cycle_state,
 )
 from .compat import check_supported_versions, logprob_tile_fitted_to_vocabulary, trl_logps_kernel_available  # noqa: F401
-from .fast_generation import ATTENTIONS as FAST_GENERATION_ATTENTIONS
 from .fast_generation import MODES as FAST_GENERATION_MODES
 from .fast_generation import (
     PROMPT_ALLOWANCE,
+    check_attention,
     check_packed_gqa_model,
+    check_prompt_allowance,
     compiled_generation_config,
     generation_context,
     resolve_mode,
@@ -197,14 +198,8 @@ class ATRGRPOConfig(GRPOConfig):
         check_method_config(self)
         if self.fast_generation not in FAST_GENERATION_MODES:
             raise ValueError(f"fast_generation must be one of {FAST_GENERATION_MODES}, got {self.fast_generation!r}")
-        if self.fast_generation_attention not in FAST_GENERATION_ATTENTIONS:
-            raise ValueError(
-                f"fast_generation_attention must be one of {FAST_GENERATION_ATTENTIONS}, "
-                f"got {self.fast_generation_attention!r}"
-            )
-        prompt_tokens = self.fast_generation_prompt_tokens
-        if isinstance(prompt_tokens, bool) or not isinstance(prompt_tokens, int) or prompt_tokens < 1:
-            raise ValueError(f"fast_generation_prompt_tokens must be a whole number >= 1, got {prompt_tokens!r}")
+        check_attention(self.fast_generation_attention)
+        check_prompt_allowance(self.fast_generation_prompt_tokens)
         if self.fast_generation == "compiled":
             for name in ("use_vllm", "use_transformers_continuous_batching"):
                 if getattr(self, name, False):
