@@ -142,7 +142,9 @@ def load_unsloth_model(model_args, training_args):
     """``unsloth_lora_model`` with the paper's LoRA (rank/alpha/targets from ModelConfig)."""
     model, tok = unsloth_lora_model(
         model_args.model_name_or_path,
-        max_seq_length=(training_args.max_prompt_length or 512) + (training_args.max_completion_length or 1024),
+        # TRL 1.15 / 1.16's GRPOConfig has no max_prompt_length (older ones and Unsloth's patched config may)
+        max_seq_length=(getattr(training_args, "max_prompt_length", None) or 512)
+        + (training_args.max_completion_length or 1024),
         r=model_args.lora_r,
         lora_alpha=model_args.lora_alpha,
         target_modules=model_args.lora_target_modules

@@ -404,3 +404,21 @@ def test_the_unsloth_backend_refuses_a_model_option_its_loader_does_not_take():
     with pytest.raises(ValueError, match="--lora_dropout 0.1: not honoured by --backend unsloth"):
         train.check_model_options(ModelConfig(lora_dropout=0.1), None, backend="unsloth")
     train.check_model_options(ModelConfig(use_dora=True, lora_dropout=0.1), None, backend="trl")  # TRL takes them
+
+
+def test_the_unsloth_loader_sizes_its_sequences_from_a_config_without_max_prompt_length(tmp_path, monkeypatch):
+    """TRL 1.15 / 1.16's GRPOConfig has no max_prompt_length: the loader reads 512 prompt tokens + the completion
+    (it raised AttributeError before), and passes the ModelConfig's LoRA on."""
+    from trl import ModelConfig
+
+    from atr_llm import unsloth_backend
+    from atr_llm.trainer import ATRGRPOConfig
+
+    seen = {}
+    monkeypatch.setattr(unsloth_backend, "unsloth_lora_model", lambda path, **kw: seen.update(kw, path=path) or (1, 2))
+    cfg = ATRGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", max_completion_length=300)
+    assert not hasattr(cfg, "max_prompt_length")
+    args = ModelConfig(model_name_or_path="m", lora_r=8, lora_alpha=16, use_peft=True)
+    assert unsloth_backend.load_unsloth_model(args, cfg) == (1, 2)
+    assert (seen["path"], seen["max_seq_length"], seen["r"], seen["lora_alpha"]) == ("m", 512 + 300, 8, 16)
+    assert args.use_peft is False  # the adapter is attached by Unsloth already
