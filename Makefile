@@ -74,6 +74,7 @@ bench: install
 	$(PY) -m benchmarks.loss_overhead
 	$(PY) -m benchmarks.bandit_throughput
 	$(PY) -m benchmarks.trainer_step
+	$(PY) -m benchmarks.decode_attention --generate-layers 2
 
 # mutation testing of methods / registry / loss / ranges / divergence ([tool.mutmut] in pyproject.toml); hours on 2 cores
 mutation:
