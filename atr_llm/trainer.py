@@ -20,6 +20,7 @@ plus a snapshot of the LM head if the head itself trains), and the loss computes
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -48,6 +49,7 @@ from .fast_generation import (
     compiled_generation_config,
     generation_context,
     resolve_mode,
+    tensors_kept,
 )
 from .model_parts import base_model, last_hidden_states, output_head
 from .trl_options import (  # noqa: F401  (trl_rule: part of this module's API)
@@ -653,8 +655,12 @@ class ATRGRPOTrainer(ExactResumeMixin, ATRLossMixin, GRPOTrainer):
 
     def _generate_single_turn(self, *args, **kwargs):
         """TRL's generation in the ``fast_generation`` context: the LoRA merged into the base weights in
-        ``merged_lora`` and ``compiled`` modes (restored after), the decode step's attention as configured."""
-        with generation_context(self.fast_generation_mode, self.model, self.fast_generation_attention):
+        ``merged_lora`` and ``compiled`` modes (restored after), the decode step's attention as configured. With
+        TRL's continuous batching, which casts the policy to bf16 / fp16 for it and leaves it so, every parameter,
+        gradient and buffer is afterwards the tensor it was before (``fast_generation.tensors_kept``): training
+        goes on in the dtypes it was configured with."""
+        kept = tensors_kept(self.model) if self.use_transformers_continuous_batching else contextlib.nullcontext()
+        with generation_context(self.fast_generation_mode, self.model, self.fast_generation_attention), kept:
             return super()._generate_single_turn(*args, **kwargs)
 
     def _generate_and_score_completions(self, inputs):
