@@ -755,10 +755,7 @@ def test_the_h100_paper_geometry_numbers_on_the_pages_are_the_file():
     # the static cache: 32 sequences x (1,536 + 512) positions x 28 layers x (keys, values) x 8 heads x 128 x bf16
     kv_gb = 32 * 2048 * 28 * 2 * 8 * 128 * 2 / 1e9
     assert f"{kv_gb:.1f} GB of keys and values" in perf and f"weights' {compiled['model_bytes'] / 1e9:.2f} GB" in perf
-    moved = kv_gb + compiled["model_bytes"] / 1e9
-    floor_ms = moved / (compiled["copy_bandwidth_GBps"] / 1000)
-    assert f"move {moved:.1f} GB, {floor_ms:.2f} ms" in perf
-    assert f"{compiled['decode_ms_per_step']:.1f} ms is {compiled['decode_ms_per_step'] / floor_ms:.1f}x that" in perf
+    # the step's bytes with and without transformers' repeat_kv copy: test_the_h100_byte_count_of_a_decode_step_is_the_files
     assert f"cuts a gradient step from {step['atr']} to {step['atr+compiled']}**" in flat["trainer"]
     assert f"{gen['atr+merged_lora'][:-2]} s per generation against {gen['atr']}" in flat["trainer"]
     assert f"takes {step['atr+compiled']} with `fast_generation: compiled`" in flat["readme"]
@@ -834,4 +831,5 @@ def test_the_h100_byte_count_of_a_decode_step_is_the_files():
     assert (f"{weights / 1e9:.2f} + {kv / 1e9:.1f} + {n_rep * kv / 1e9:.1f} written + {n_rep * kv / 1e9:.1f} read = "
             f"{moved / 1e9:.1f} GB, {moved / bandwidth * 1e3:.1f} ms at the measured bandwidth: "
             f"{100 * moved / bandwidth * 1e3 / case['decode_ms_per_step']:.0f}% of the {case['decode_ms_per_step']:.1f} ms") in perf
-    assert f"Without the copy, {(weights + kv) / 1e9:.1f} GB, {(weights + kv) / bandwidth * 1e3:.2f} ms" in perf
+    assert (f"Without the copy, {(weights + kv) / 1e9:.1f} GB, {(weights + kv) / bandwidth * 1e3:.2f} ms "
+            f"({(weights + kv) / weights:.1f}x the weight floor)") in perf
