@@ -659,7 +659,8 @@ class ATRGRPOTrainer(ExactResumeMixin, ATRLossMixin, GRPOTrainer):
         TRL's continuous batching, which casts the policy to bf16 / fp16 for it and leaves it so, every parameter,
         gradient and buffer is afterwards the tensor it was before (``fast_generation.tensors_kept``): training
         goes on in the dtypes it was configured with."""
-        kept = tensors_kept(self.model) if self.use_transformers_continuous_batching else contextlib.nullcontext()
+        cb = getattr(self, "use_transformers_continuous_batching", False)  # set by TRL 1.15 and 1.16
+        kept = tensors_kept(self.model) if cb else contextlib.nullcontext()
         with generation_context(self.fast_generation_mode, self.model, self.fast_generation_attention), kept:
             return super()._generate_single_turn(*args, **kwargs)
 
