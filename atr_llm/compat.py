@@ -118,6 +118,14 @@ class PrivateName:
     check: Callable[[], None]
 
 
+def attention_implementations() -> set[str]:
+    """The attention implementations transformers knows by name: ``eager`` and those of its ``AttentionInterface``
+    registry (read from its private ``_global_mapping``, checked by ``PRIVATE_NAMES``)."""
+    from transformers import AttentionInterface
+
+    return {"eager", *AttentionInterface._global_mapping}
+
+
 def _grpo_trainer():
     from trl import GRPOTrainer
 
@@ -294,10 +302,11 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         _check_compiled_generation,
     ),
     PrivateName(
-        "AttentionInterface / AttentionMaskInterface.register, sdpa_attention_forward, PretrainedConfig."
-        "_attn_implementation, <Attention>.num_key_value_groups",
+        "AttentionInterface / AttentionMaskInterface.register, ._global_mapping, sdpa_attention_forward, "
+        "PretrainedConfig._attn_implementation, <Attention>.num_key_value_groups",
         "fast_generation_attention='packed_gqa': an attention function registered with transformers and named in "
-        "the model's config while TRL generates; every call but a decode step's goes to transformers' SDPA",
+        "the model's config while TRL generates (every call but a decode step's goes to transformers' SDPA); "
+        "--attn_implementation checked against the registry's names",
         _check_packed_gqa_attention,
     ),
     PrivateName(

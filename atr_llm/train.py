@@ -292,9 +292,8 @@ def check_model_options(model_args, training_args, *, backend: str = "trl") -> N
     step); ``--load_in_4bit`` / ``--load_in_8bit`` (bitsandbytes quantisation) are refused: quantised loading is not
     tested here; with ``--backend unsloth`` every option beyond ``UNSLOTH_MODEL_OPTIONS`` is refused (Unsloth's
     loader takes only those)."""
-    from transformers import AttentionInterface
-
     from .cli import refuse
+    from .compat import attention_implementations
 
     for flag in ("load_in_4bit", "load_in_8bit"):
         if getattr(model_args, flag, False):
@@ -313,7 +312,7 @@ def check_model_options(model_args, training_args, *, backend: str = "trl") -> N
     attention = getattr(model_args, "attn_implementation", None)
     if attention is None:
         return
-    known = {"eager", *AttentionInterface._global_mapping}
+    known = attention_implementations()
     if attention not in known and "/" not in attention:
         raise refuse("--attn_implementation", attention, f"one of {', '.join(sorted(known))} or a hub kernel org/repo")
     if getattr(training_args, "fast_generation_attention", "sdpa") == "packed_gqa" and attention != "sdpa":
