@@ -8,9 +8,15 @@ import time
 import torch
 
 
+def synchronizer(device="cpu"):
+    """A no-argument function that waits for ``device``'s queued work: ``torch.cuda.synchronize`` on CUDA, else a
+    no-op (a CPU op has finished when it returns)."""
+    return torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+
+
 def timeit(fn, *args, repeats=5, device="cpu", reduce=statistics.median):
     """Median (or ``reduce``) of the seconds of ``fn(*args)`` after one warm-up call (synchronised on CUDA)."""
-    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    sync = synchronizer(device)
     fn(*args)
     sync()
     ts = []

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from benchmarks._machine import default_output
+from benchmarks._timing import synchronizer
 
 IMPLEMENTATIONS = ("sdpa", "packed_gqa")
 
@@ -91,7 +92,7 @@ def measure(args, cache_len: int) -> list[dict]:
     valid = min(cache_len, args.prompt_tokens + args.completion // 2)  # mid-generation
     q, k, v, mask = decode_inputs(args.batch, args.heads, args.kv_heads, args.head_dim, cache_len, valid, dtype, device)
     module = _Attention(n_rep)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = synchronizer(device)
     cases = {}
     for name in IMPLEMENTATIONS:
         fn = _function(name)
@@ -162,7 +163,7 @@ def generate_decode_ms(args, allowance: int) -> list[dict]:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype).to(device).eval()
     ids = torch.randint(3, 1024, (args.batch, args.prompt_tokens), device=device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = synchronizer(device)
     base = GenerationConfig(max_new_tokens=args.completion, do_sample=False, pad_token_id=0, eos_token_id=None)
     base = compiled_generation_config(base, device=device, prompt_allowance=allowance)  # the trainer's cache
 

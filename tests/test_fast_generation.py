@@ -8,6 +8,8 @@ import warnings
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from atr_llm import data, tiny
 from atr_llm.fast_generation import lora_merged_for_generation, resolve_mode
@@ -305,10 +307,6 @@ def _attention_by_hand(query, key, value, mask, scale):
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.double()
     return (scores.softmax(-1) @ v).transpose(1, 2)  # (B, q_len, H, D): transformers' layout
-
-
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 
 @settings(max_examples=60, deadline=None)
