@@ -8,6 +8,9 @@ the newest complete one, and an incomplete one named explicitly is refused.
 A resumed run continues as the uninterrupted one would (``ExactResumeMixin``, a part of ``ATRGRPOTrainer``): the
 sampler's order across epochs, and TRL's generation cycle (the micro-step counter and the buffered batch,
 ``save_cycle_state``) saved in every checkpoint.
+
+Every checkpoint and the final model also record the rule they trained (``METHOD_FILE``: name, form, parameters), so
+that a resume cannot switch forms silently (``check_resume_keeps_the_form``) and an evaluation names the form.
 """
 
 from __future__ import annotations
@@ -29,6 +32,71 @@ def checkpoint_step(path: Path) -> int | None:
     """N of a ``checkpoint-N`` folder name, else None."""
     m = re.fullmatch(r"checkpoint-(\d+)", Path(path).name)
     return int(m.group(1)) if m else None
+
+
+METHOD_FILE = "atr_method.json"
+"""Written into every checkpoint and into ``final/``: ``{"method", "form", "params"}`` of the rule the run trains."""
+
+FORM_DEFAULT_CHANGED = "2026-11-27"
+MASK_DEFAULT_BEFORE = ("atr", "kl1", "kl2", "is_kl3", "tr_ppo")
+"""Rules whose default form was the mask form (the Section 4 pure-clip objective) until ``FORM_DEFAULT_CHANGED``;
+since then PPO's min (the Section 2 surrogate). A run of one of them that recorded no form trained the mask form."""
+
+
+def write_method_record(folder: Path | str, resolved) -> Path:
+    """``folder/METHOD_FILE`` for ``resolved`` (an ``atr_theory.ResolvedMethod``)."""
+    path = Path(folder) / METHOD_FILE
+    path.write_text(json.dumps({"method": resolved.name, "form": resolved.form, "params": dict(resolved.params)}))
+    return path
+
+
+def recorded_method(folder: Path | str) -> dict | None:
+    """The rule a checkpoint (or final model) folder trained: its ``METHOD_FILE``; for a folder written before that
+    file existed, its ``training_args.bin`` (TRL's config, unpickled), where a rule of ``MASK_DEFAULT_BEFORE`` with
+    no form trained the mask form (``"recorded": "legacy default"``). None when neither says."""
+    folder = Path(folder)
+    if (folder / METHOD_FILE).is_file():
+        return {**json.loads((folder / METHOD_FILE).read_text()), "recorded": METHOD_FILE}
+    args_file = folder / "training_args.bin"
+    if not args_file.is_file():
+        return None
+    try:
+        args = torch.load(args_file, weights_only=False, map_location="cpu")
+    except Exception:  # another package's config, or a file this torch cannot read: nothing is known
+        return None
+    method, form = getattr(args, "method", None), getattr(args, "form", None)
+    if method is None:
+        return None
+    import atr_theory as at
+
+    name = at.get_method(method).name if method in at.METHODS else method
+    if form is None and name in MASK_DEFAULT_BEFORE:
+        return {"method": name, "form": "mask", "recorded": "legacy default"}
+    return {"method": name, "form": form, "recorded": "training_args.bin"}
+
+
+def describe_recorded_method(record: dict | None) -> str | None:
+    """``"atr, mask form"`` (and why, for a legacy default), or None."""
+    if record is None:
+        return None
+    text = f"{record['method']}, {record['form']} form" if record.get("form") else record["method"]
+    if record.get("recorded") == "legacy default":
+        text += f" (recorded without a form before {FORM_DEFAULT_CHANGED}, when that was {record['method']}'s default)"
+    return text
+
+
+def check_resume_keeps_the_form(checkpoint: Path | str, resolved) -> None:
+    """Refuse to resume ``checkpoint`` with ``resolved`` (``atr_theory.ResolvedMethod``) when the checkpoint trained
+    the same rule in another form: a resume would switch forms mid-run. Naming ``--form`` keeps its meaning."""
+    record = recorded_method(checkpoint)
+    if record is None or record.get("form") is None or record["method"] != resolved.name:
+        return
+    if record["form"] != resolved.form:
+        raise ValueError(
+            f"{checkpoint} trained {describe_recorded_method(record)}; this "
+            f"configuration trains {resolved.name} in the {resolved.form} form. Pass --form {record['form']} to "
+            "continue it as it was trained, or start a new run in another --output_dir"
+        )
 
 
 def is_complete_checkpoint(path: str | Path) -> bool:
@@ -113,6 +181,8 @@ class ExactResumeMixin:
         folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
         folder.mkdir(parents=True, exist_ok=True)
         save_cycle_state(folder, self.accelerator.process_index, self._step, self._buffered_inputs)
+        if self.accelerator.is_main_process:
+            write_method_record(folder, self.args.resolved_method)
         super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):

@@ -493,9 +493,27 @@ def check_args(args) -> None:
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise refuse(
-                "--benchmarks", name, f"unknown benchmark; {hint}known: {', '.join(known)}, or any name given a "
-                f"file with --benchmark_path {name}=FILE (columns question, answer)"
+                "--benchmarks",
+                name,
+                f"unknown benchmark; {hint}known: {', '.join(known)}, or any name given a "
+                f"file with --benchmark_path {name}=FILE (columns question, answer)",
             )
+
+
+def trained_rule(checkpoints: str | None, runs: list[tuple[int, Path | None]]) -> str | None:
+    """The rule and form the evaluated run trained, as its last checkpoint (or its ``final/``) recorded it
+    (``atr_llm.checkpoints.recorded_method``; a run from before forms were recorded is named by the form it trained),
+    or None when nothing says."""
+    from .checkpoints import describe_recorded_method, recorded_method
+
+    if not checkpoints:
+        return None
+    folders = [ckpt for _, ckpt in runs if ckpt is not None][::-1] + [Path(checkpoints) / "final"]
+    for folder in folders:
+        record = recorded_method(folder)
+        if record is not None:
+            return describe_recorded_method(record)
+    return None
 
 
 def main(argv=None) -> dict:
@@ -522,6 +540,9 @@ def main(argv=None) -> dict:
         results_by_step[step] = summarise_samples(rows, ks)
         (sub / "summary.json").write_text(json.dumps(results_by_step[step], indent=1))
     label = args.label or Path(args.checkpoints or args.adapter or args.tiny_model or args.model).name
+    trained = trained_rule(args.checkpoints, runs)
+    if trained is not None and not args.label:
+        label = f"{label} ({trained})"
     written = write_reports(results_by_step, out, k, label, ks)
     print((out / "table2.md").read_text())
     print("wrote", *written)

@@ -164,7 +164,9 @@ def parse(argv=None):
         if unknown and config:  # TRL's message, reworded: the file and its keys
             keys = [k.strip(" '\"").removeprefix("--") for k in unknown.group(1).split(",")]
             keys = [k for k in keys if k in content]
-            raise refuse("--config", config, f"unknown key(s) {', '.join(keys)}: not an option of atr_llm.train") from None
+            raise refuse(
+                "--config", config, f"unknown key(s) {', '.join(keys)}: not an option of atr_llm.train"
+            ) from None
         bad = re.match(r"argument (--[\w-]+)(?:/--[\w-]+)?: (.*)", str(e))
         if bad and config and bad.group(1).removeprefix("--").replace("-", "_") in content and bad.group(1) not in argv:
             key = bad.group(1).removeprefix("--").replace("-", "_")
@@ -217,7 +219,7 @@ def check_before_loading(script_args, training_args, model_args=None) -> dict:
     files (read and their rows checked), the checkpoint to resume from, the output folder, the backend. (The method,
     its form and parameters were validated when ATRGRPOConfig was built.) A refusal names the argument. Returns the
     local datasets it read, by flag (``--dataset_path``, ``--sft_dataset_path``), for the run to use as they are."""
-    from .checkpoints import LATEST, is_complete_checkpoint, latest_complete_checkpoint
+    from .checkpoints import LATEST, check_resume_keeps_the_form, is_complete_checkpoint, latest_complete_checkpoint
     from .cli import finite_number, positive_int, refuse
     from .data import OFFLINE_TASKS, SOURCES, load_source
     from .rewards import check_truncated_reward
@@ -260,6 +262,12 @@ def check_before_loading(script_args, training_args, model_args=None) -> dict:
             raise refuse(
                 "--resume_from_checkpoint", resume, "not a complete checkpoint (no readable trainer_state.json)"
             )
+        checkpoint = latest_complete_checkpoint(out) if str(resume) in LATEST else Path(resume)
+        if hasattr(training_args, "resolved_method"):  # a resume never switches the rule's form silently
+            try:
+                check_resume_keeps_the_form(checkpoint, training_args.resolved_method)
+            except ValueError as e:
+                raise refuse("--resume_from_checkpoint", resume, str(e)) from None
     elif finished_run(out) and not script_args.overwrite:
         raise refuse("--output_dir", str(out), "holds a finished run (final/); pass --overwrite true to replace it")
     if script_args.backend == "unsloth":
@@ -298,16 +306,21 @@ def check_model_options(model_args, training_args, *, backend: str = "trl") -> N
     for flag in ("load_in_4bit", "load_in_8bit"):
         if getattr(model_args, flag, False):
             raise refuse(
-                f"--{flag}", "true", "not supported: atr_llm.train loads models unquantised (bitsandbytes loading is "
-                "untested here); leave it false"
+                f"--{flag}",
+                "true",
+                "not supported: atr_llm.train loads models unquantised (bitsandbytes loading is "
+                "untested here); leave it false",
             )
     if backend == "unsloth":
         dropped = [name for name in _changed_model_options(model_args) if name not in UNSLOTH_MODEL_OPTIONS]
         if dropped:
             name = dropped[0]
             raise refuse(
-                f"--{name}", getattr(model_args, name), "not honoured by --backend unsloth, whose loader takes only "
-                + ", ".join(f"--{o}" for o in UNSLOTH_MODEL_OPTIONS) + "; leave it at its default or use --backend trl"
+                f"--{name}",
+                getattr(model_args, name),
+                "not honoured by --backend unsloth, whose loader takes only "
+                + ", ".join(f"--{o}" for o in UNSLOTH_MODEL_OPTIONS)
+                + "; leave it at its default or use --backend trl",
             )
     attention = getattr(model_args, "attn_implementation", None)
     if attention is None:
@@ -317,8 +330,9 @@ def check_model_options(model_args, training_args, *, backend: str = "trl") -> N
         raise refuse("--attn_implementation", attention, f"one of {', '.join(sorted(known))} or a hub kernel org/repo")
     if getattr(training_args, "fast_generation_attention", "sdpa") == "packed_gqa" and attention != "sdpa":
         raise refuse(
-            "--attn_implementation", attention, "'sdpa' or unset with --fast_generation_attention packed_gqa, which "
-            "replaces SDPA's decode step"
+            "--attn_implementation",
+            attention,
+            "'sdpa' or unset with --fast_generation_attention packed_gqa, which replaces SDPA's decode step",
         )
 
 
@@ -469,8 +483,12 @@ def _train(script_args, training_args, model_args, loaded, out: Path) -> dict:
 def save_final_model(trainer, out: Path) -> Path:
     """``out/final``, written whole or not at all: saved into ``final.partial`` and renamed into place (a run killed
     while saving leaves no ``final/`` that looks finished; an earlier ``final/``, with ``--overwrite``, is replaced)."""
+    from .checkpoints import write_method_record
+
     with directory_written_whole(out / "final") as partial:
         trainer.save_model(str(partial))
+        if hasattr(trainer.args, "resolved_method"):
+            write_method_record(partial, trainer.args.resolved_method)
     return out / "final"
 
 

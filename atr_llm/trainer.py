@@ -53,11 +53,13 @@ from .fast_generation import (
 )
 from .model_parts import base_model, last_hidden_states, output_head
 from .trl_options import (  # noqa: F401  (trl_rule: part of this module's API)
+    TRL_DELTA_RANGES,
     TRL_LOSS_TYPES,
     TRL_METHOD,
     TRL_RULE_FIELDS,
     EntropyBonus,
     default_method,
+    range_rule_with_trl_delta,
     trl_metrics,
     trl_option_layers,
     trl_rule,
@@ -120,8 +122,11 @@ class ATRGRPOConfig(GRPOConfig):
 
     Every parameter of every registered method is a field here (written from ``atr_theory.METHODS`` by
     ``python -m atr_llm.config_fields``; None = the method's default). ``divergence_delta`` is the paper's delta;
-    TRL's own ``delta`` (INTELLECT-2's two-sided clipping) is honoured with ``method="trl"`` (``dual_clip_higher``)
-    and refused with any other method; ``epsilon`` / ``epsilon_high`` keep their TRL meaning for clip-type methods.
+    TRL's own ``delta`` (INTELLECT-2's two-sided clipping) is honoured with ``method="trl"`` and with the min form of
+    ``atr``, ``kl2`` and ``is_kl3`` (TRL's two-sided clip on the rule's range: ``dual_clip_higher``), and refused
+    with any other method; ``epsilon`` / ``epsilon_high`` keep their TRL meaning for clip-type methods.
+    ``form`` unset trains the method's default form: PPO's min (the paper's Section 2 surrogate) for every rule
+    with a ratio range, ``atr`` included; ``form="mask"`` trains the Section 4 pure-clip objective.
     The whole choice is validated when the config is built (``resolved_method``), before any model is loaded; a
     parameter set for a method that does not use it is refused, naming it.
     """
@@ -135,7 +140,11 @@ class ATRGRPOConfig(GRPOConfig):
         },
     )
     form: str | None = field(
-        default=None, metadata={"help": "'min' (PPO) or 'mask' (paper Eq. 5); default: the method's"}
+        default=None,
+        metadata={
+            "help": "'min' (the rule's clip inside PPO's min: the paper's Section 2 surrogate) or 'mask' (pure clip: "
+            "its Section 4 objective); default: the method's ('min' for every rule with a ratio range, atr included)"
+        },
     )
     kl_chunk_size: int = field(default=64, metadata={"help": "positions per chunk for full-distribution KLs"})
     method_seed: int = field(default=0, metadata={"help": "seed of the generator of stochastic methods (clip_cov)"})
@@ -251,19 +260,39 @@ def _is_set(args, name: str) -> bool:
     return value is not None and value != _unset_value(name)
 
 
+def _given_params(args) -> dict[str, float]:
+    """The parameters of ``args.method`` (a registry rule) that the config sets."""
+    spec = at.get_method(args.method)
+    return {p: getattr(args, config_field(p)) for p in spec.params if _is_set(args, config_field(p))}
+
+
+def _trl_delta_composes(args) -> bool:
+    """TRL's ``delta`` is set on a rule whose min form is a ratio range, trained in that form."""
+    if args.method == TRL_METHOD or getattr(args, "delta", None) is None:
+        return False
+    spec = at.get_method(args.method)
+    return spec.name in TRL_DELTA_RANGES and (args.form or spec.default_form) == "min"
+
+
 def rule_name(args) -> str:
-    """The registry rule ``args`` trains with: ``args.method``, or for ``method='trl'`` the one ``trl_rule``
-    maps TRL's configuration to."""
-    return trl_rule(args)[0] if args.method == TRL_METHOD else at.get_method(args.method).name
+    """The registry rule ``args`` trains with: ``args.method``; for ``method='trl'`` the one ``trl_rule`` maps TRL's
+    configuration to; with TRL's ``delta`` on a range rule's min form, TRL's two-sided clip on its range
+    (``range_rule_with_trl_delta``: ``dual_clip_higher``)."""
+    if args.method == TRL_METHOD:
+        return trl_rule(args)[0]
+    if _trl_delta_composes(args):
+        return range_rule_with_trl_delta(args.method, _given_params(args), args.delta)[0]
+    return at.get_method(args.method).name
 
 
 def method_params(args) -> dict[str, float]:
-    """The parameters of ``args.method`` that the config sets (the others take the method's default); for
+    """The parameters of ``rule_name(args)`` that the config sets (the others take the method's default); for
     ``method='trl'`` those ``trl_rule`` reads from TRL's fields."""
     if args.method == TRL_METHOD:
         return trl_rule(args)[1]
-    spec = at.get_method(args.method)
-    return {p: getattr(args, config_field(p)) for p in spec.params if _is_set(args, config_field(p))}
+    if _trl_delta_composes(args):
+        return range_rule_with_trl_delta(args.method, _given_params(args), args.delta)[1]
+    return _given_params(args)
 
 
 def check_method_config(args) -> at.ResolvedMethod:
@@ -284,17 +313,29 @@ def check_method_config(args) -> at.ResolvedMethod:
         own = set(TRL_RULE_FIELDS)
     else:
         spec = at.get_method(args.method)
-        name, given = spec.name, method_params(args)
+        name, given = spec.name, _given_params(args)
         for param, value in given.items():  # each value first, under the name the user typed
             spec.params[param].check(config_field(param), value, spec.name)
         own = {config_field(p) for p in spec.params}
         if getattr(args, "delta", None) is not None:
-            raise ValueError(
-                f"delta={args.delta!r} is set: TRL's two-sided clip acts on TRL's own PPO clip; use method='trl' (which "
-                f"maps it to dual_clip_higher), or method='dual_clip_higher' with dual_clip_c, not method={args.method!r} "
-                "(the paper's divergence threshold is --divergence_delta)"
-            )
+            if not _trl_delta_composes(args):
+                form = args.form or spec.default_form
+                raise ValueError(
+                    f"delta={args.delta!r} is set: TRL's two-sided clip acts on PPO's min with a ratio range; method="
+                    f"{args.method!r} in form {form!r} has none. Use method='trl' (TRL's own clip), one of "
+                    f"{sorted(TRL_DELTA_RANGES)} in form 'min', or method='dual_clip_higher' with dual_clip_c (the "
+                    "paper's divergence threshold is --divergence_delta)"
+                )
+            at.resolve(name, args.form, **given)  # the rule itself first, then TRL's delta on its range
+            name, given = rule_name(args), method_params(args)
+            return _finish_check(args, at.resolve(name, "min", **given), own)
     resolved = at.resolve(name, args.form, **given)
+    return _finish_check(args, resolved, own)
+
+
+def _finish_check(args, resolved: at.ResolvedMethod, own: set[str]) -> at.ResolvedMethod:
+    """The checks after the rule is resolved: stray parameters (``own``: the config fields the method reads) and
+    option combinations the trainer cannot honour."""
     stray = [n for n in method_config_fields() if n not in own and _is_set(args, n)]
     if stray:
         shown = ", ".join(f"{n}={getattr(args, n)!r}" for n in stray)

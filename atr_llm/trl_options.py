@@ -69,14 +69,43 @@ def trl_rule(args) -> tuple[str, dict[str, float]]:
     delta = getattr(args, "delta", None)
     if delta is None:
         return "clip_higher", {"epsilon_low": eps_low, "epsilon_high": eps_high}
+    return two_sided_clip(eps_low, eps_high, delta)
+
+
+def two_sided_clip(epsilon_low: float, epsilon_high: float, delta: float) -> tuple[str, dict[str, float]]:
+    """TRL's ``delta`` (INTELLECT-2's two-sided clipping) on PPO's min with the range ``[1 - epsilon_low, 1 +
+    epsilon_high]``: ``min(min(w, delta) A, clip(w) A)``, which is ``dual_clip_higher`` with ``c = delta`` when
+    ``delta >= 1 + epsilon_high``, and with the upper bound ``delta`` and ``c = 1 + epsilon_high`` below it."""
     if delta <= 1.0:
         raise ValueError(
             f"delta={delta!r}: TRL's two-sided clip caps every ratio at delta, so delta <= 1 caps each token's ratio at or "
             "below 1 (no trust region around w = 1); expected delta > 1 (INTELLECT-2 uses delta > 1 + epsilon_high)"
         )
-    if delta >= 1.0 + eps_high:
-        return "dual_clip_higher", {"epsilon_low": eps_low, "epsilon_high": eps_high, "dual_clip_c": delta}
-    return "dual_clip_higher", {"epsilon_low": eps_low, "epsilon_high": delta - 1.0, "dual_clip_c": 1.0 + eps_high}
+    if delta >= 1.0 + epsilon_high:
+        return "dual_clip_higher", {"epsilon_low": epsilon_low, "epsilon_high": epsilon_high, "dual_clip_c": delta}
+    return "dual_clip_higher", {
+        "epsilon_low": epsilon_low,
+        "epsilon_high": delta - 1.0,
+        "dual_clip_c": 1.0 + epsilon_high,
+    }
+
+
+TRL_DELTA_RANGES = {
+    "atr": at.ranges.kl3_clip_range,
+    "kl2": at.ranges.kl2_clip_range,
+    "is_kl3": at.ranges.is_kl3_clip_range,
+}
+"""Rules whose min form is PPO's min with a finite ratio range ``[l, u]`` (a function of ``delta``): TRL's ``delta``
+composes with them as it does with TRL's own clip (``range_rule_with_trl_delta``)."""
+
+
+def range_rule_with_trl_delta(rule: str, params: dict[str, float], delta: float) -> tuple[str, dict[str, float]]:
+    """``rule`` (of ``TRL_DELTA_RANGES``, in its min form, with ``params``) under TRL's ``delta``: TRL's two-sided clip
+    on the rule's range, ``two_sided_clip(1 - l, u - 1, delta)``."""
+    spec = at.get_method(rule)
+    divergence = params.get("delta", spec.params["delta"].default)
+    lower, upper = TRL_DELTA_RANGES[spec.name](divergence)
+    return two_sided_clip(1.0 - lower, upper - 1.0, delta)
 
 
 # the TRL fields that method='trl' reads (they are not stray parameters of the rule it maps to)

@@ -128,9 +128,11 @@ def _field(config: Any, where: str, name: str) -> Any:
 def method_params(method: str, config: Any, extra: Mapping[str, Any] | None = None) -> at.ResolvedMethod:
     """Our parameters of ``method`` from verl's ``config`` (an ``ActorConfig``) and ``extra`` (default
     ``params_for(config)``: ``actor.policy_loss.atr_params``, else ``$ATR_GRPO_PARAMS``), validated by
-    ``atr_theory.resolve``."""
+    ``atr_theory.resolve``; ``extra``'s ``"form"`` picks the form (``{"form": "mask"}``: the Section 4 pure-clip
+    objective), else the method's default (PPO's min for every rule with a ratio range)."""
     spec = at.get_method(method)
     extra = {k: v for k, v in (params_for(config) if extra is None else extra).items() if k not in LAYER_KEYS}
+    form = extra.pop("form", None)  # "min" (every range rule's default, atr included) or "mask"
     params: dict[str, Any] = {}
     for name in spec.params:
         if name in extra:
@@ -161,7 +163,7 @@ def method_params(method: str, config: Any, extra: Mapping[str, Any] | None = No
             "does not take "
             f"(its parameters: {sorted(spec.params) or 'none'})"
         )
-    return at.resolve(spec.name, **params)
+    return at.resolve(spec.name, form, **params)
 
 
 LAYER_KEYS = ("rollout_correction", "sequence_mask")

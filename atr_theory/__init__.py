@@ -24,6 +24,7 @@ from .layers import RolloutCorrection, SequenceMask
 from .loss import AGGREGATIONS, LossOutput, aggregate, check_aggregation, policy_loss
 from .methods import (
     FORMS,
+    READINGS,
     METHODS,
     MethodResult,
     MethodSpec,
@@ -55,6 +56,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AGGREGATIONS",
     "FORMS",
+    "READINGS",
     "METHODS",
     "LossOutput",
     "MethodResult",

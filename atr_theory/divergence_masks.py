@@ -12,7 +12,7 @@ Both rules keep verl's form: the gradient ``sg[min(w, c)] A grad log pi`` on the
 REINFORCE-style truncated IS weight, ``c`` = ``is_cap``, verl's ``clip_ratio_c``), value ``sg[min(w, c)] A log pi``
 there and 0 elsewhere. ``form="min"`` (verl's) masks only the side the advantage pushes towards: for ``A > 0`` a
 token is dropped only when its probability rose past the bound, for ``A <= 0`` only when it fell past it.
-``form="mask"`` drops a token outside the bound on either side (the paper's Eq. 5 with this divergence).
+``form="mask"`` drops a token outside the bound on either side (Eq. 5's operator alone with this divergence).
 """
 
 from __future__ import annotations

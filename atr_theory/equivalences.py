@@ -131,10 +131,10 @@ def _zero_rule(sequence_mask: SequenceMask) -> Route:
 EQUIVALENCES: tuple[Equivalence, ...] = (
     Equivalence(
         "atr=bypass_token_k3",
-        f"ATR (mask form, delta = {DELTA}) has the gradient of REINFORCE with token-truncated IS at cap 2 and token "
+        f"ATR in its mask form (the Section 4 pure-clip objective; delta = {DELTA}) has the gradient of REINFORCE with token-truncated IS at cap 2 and token "
         f"k3 rejection at delta (verl bypass mode, rollout_rs='token_k3'): the cap lies above ATR's upper bound "
         f"{_atr_upper(DELTA):.3f}",
-        _loss("atr", delta=DELTA),
+        _loss("atr", form="mask", delta=DELTA),
         _reinforce_with(SequenceMask("k3", "token", DELTA, "all"), 2.0),
         True,
         per_token_advantages=True,
@@ -143,7 +143,7 @@ EQUIVALENCES: tuple[Equivalence, ...] = (
         "atr!=bypass_token_k3_low_cap",
         "... but not when the IS cap (1.2) lies below ATR's upper bound: kept tokens with w in (1.2, 1.422] are "
         "truncated",
-        _loss("atr", delta=DELTA),
+        _loss("atr", form="mask", delta=DELTA),
         _reinforce_with(SequenceMask("k3", "token", DELTA, "all"), 1.2),
         False,
         per_token_advantages=True,

@@ -265,7 +265,8 @@ def policy_loss(
         once by ``atr_theory.resolve`` (then ``form`` and ``**params`` stay empty): a training loop validates its
         choice once instead of every step.
     form : str, optional
-        ``"min"`` (PPO's pessimistic min) or ``"mask"`` (paper Eq. 5); None: the method's default.
+        ``"min"`` (the rule's clip inside PPO's min: the paper's Section 2 surrogate) or ``"mask"`` (pure clip: its
+        Section 4 objective); None: the method's default (``"min"`` for every rule with a ratio range).
     aggregation : str
         ``dr_grpo`` (sum / (B max_length)), ``token_mean``, ``seq_mean_token_mean``, ``seq_mean_token_sum`` or
         ``token_sum``.

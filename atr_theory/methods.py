@@ -4,10 +4,11 @@ Every method receives a ``TokenBatch`` (log-ratios, advantages, mask, ... as tor
 and its own parameters, and returns a ``MethodResult``: the per-token objective to *maximise*
 and boolean tensors saying which tokens kept their gradient and which were clipped low / high.
 
-The paper's unified framework (Eq. 5) is ``ratio_objective`` with ``form="mask"``: keep
-``w A`` where the constraint holds, else the constant ``w_old A = A``. ``form="min"`` is PPO's
-pessimistic ``min(w A, clip(w, l, u) A)``. A method with a ratio range supports both forms; its
-constraint in the mask form is the divergence itself (``k3 <= delta`` for atr), decided for kl1, kl2, kl3 and
+The paper can be read two ways (``registry.READINGS``, ``docs/theory.md``), and every rule with a ratio range has
+both: ``form="min"``, the Section 2 surrogate (the general clip inside PPO's min, ``min(w A, clip(w, l, u) A)``, the
+default of every such rule: what its source trains, and what the paper's TRL experiments ran), and ``form="mask"``,
+the Section 4 pure-clip objective (keep ``w A`` where the constraint holds, else the constant ``w_old A = A``).
+The constraint in the mask form is the divergence itself (``k3 <= delta`` for atr), decided for kl1, kl2, kl3 and
 is_kl3 as the interval of ``log w`` where it holds in exact arithmetic (``within_divergence_bound``: bounds
 found from the Lambert-W / closed-form roots and corrected against the definition in mpmath, once per delta and
 dtype). Tests check those decisions against mpmath's divergence at the bounds, and Thm 3.2's equivalence of the
@@ -29,6 +30,7 @@ from .divergence import full_kl
 from .registry import (  # noqa: F401  (re-exported: the registry is part of this module's API)
     FORMS,
     METHODS,
+    READINGS,
     MethodResult,
     MethodSpec,
     Param,
@@ -46,6 +48,7 @@ from .registry import (  # noqa: F401  (re-exported: the registry is part of thi
 __all__ = [
     "FORMS",
     "METHODS",
+    "READINGS",
     "MethodResult",
     "MethodSpec",
     "Param",
@@ -171,8 +174,9 @@ def ratio_objective(
       passes the gradient at its ends as PPO's clip does), in one clamp instead of a clamp, two products and a
       minimum (~0.6x the time on CPU). ``negative_cap = c`` is the dual clip (Ye et al. 2020; verl
       ``clip_ratio_c``): for ``A < 0`` the objective is at least ``c A``; needs ``c >= l``.
-    * ``"mask"`` (paper Eq. 5): ``w A`` where ``constraint`` holds (default ``l <= w <= u``), else the
-      constant ``w_old A = A``: zero gradient, finite value. (``negative_cap`` is not read: see ``_dual_clip``.)
+    * ``"mask"`` (the Section 4 pure-clip objective: Eq. 5's operator alone): ``w A`` where ``constraint`` holds
+      (default ``l <= w <= u``), else the constant ``w_old A = A``: zero gradient, finite value. (``negative_cap`` is
+      not read: see ``_dual_clip``.)
 
     ``lower``/``upper`` are floats or (B, T) tensors (per-token ranges: DCPO, TRGPPO); since a token's sign picks
     one of them, a per-token bound computed only for that sign (``atr_theory.ranges.dcpo_bound_by_sign``) can be
@@ -384,19 +388,22 @@ def trgppo(batch: TokenBatch, delta: float, epsilon: float) -> MethodResult:
 @register(
     "atr",
     params={"delta": DELTA},
-    default_form="mask",
-    forms=("mask", "min"),
-    reference="this paper: ATR-GRPO, Eq. 5 with C = KL3 <= delta; Thm 3.2",
+    default_form="min",
+    forms=("min", "mask"),
+    reference="this paper: ATR-GRPO, Eq. 5 with C = KL3 <= delta inside PPO's min (Sec. 2; form='mask': Sec. 4's "
+    "pure clip); Thm 3.2",
     aliases=("kl3",),
     ratio_mask_gradient=True,
 )
 def atr(batch: TokenBatch, delta: float) -> MethodResult:
-    r"""ATR-based clipping: keep ``w A`` while ``k3 = w - 1 - log w <= delta``.
+    r"""ATR-based clipping: the general clip operator (paper Eq. 5) with ``C = k3 = w - 1 - log w <= delta``.
 
-    Mask form: ``k3(y) <= delta`` with ``y = log w``; ``k3(y) = e^y - 1 - y`` falls on ``y < 0`` and rises on ``y > 0``,
+    Min form (the default; the Section 2 surrogate, what the paper's TRL experiments ran): the operator inside PPO's
+    min, whose gradient is PPO's with the equivalent range ``[l, u] = kl3_clip_range(delta)`` (Thm 3.1 under the
+    min-vs-min pairing, Thm 3.2): ``clip_higher`` with ``(1 - l, u - 1)``, the same loss and gradient.
+    Mask form (the Section 4 pure-clip objective): ``k3(y) <= delta`` with ``y = log w``; ``k3(y) = e^y - 1 - y`` falls on ``y < 0`` and rises on ``y > 0``,
     so the constraint holds exactly between its two roots (the ``log`` of the Lambert-W range of Thm 3.2): decided
-    by ``within_divergence_bound``, exactly for every representable ``y``. Min form: PPO's min objective with
-    the equivalent range ``[l, u] = kl3_clip_range(delta)`` (= clip_higher with ``(1 - l, u - 1)``).
+    by ``within_divergence_bound``, exactly for every representable ``y``: ``w A`` there, else the constant ``A``.
     """
     return _divergence_rule(batch, "kl3", delta)
 
@@ -404,13 +411,13 @@ def atr(batch: TokenBatch, delta: float) -> MethodResult:
 @register(
     "kl1",
     params={"delta": DELTA},
-    default_form="mask",
-    forms=("mask", "min"),
+    default_form="min",
+    forms=("min", "mask"),
     reference="Schulman 2020, 'Approximating KL Divergence' (k1); paper Table 3",
     ratio_mask_gradient=True,
 )
 def kl1(batch: TokenBatch, delta: float) -> MethodResult:
-    r"""Keep ``w A`` while ``k1 = -log w <= delta``.
+    r"""Constraint ``k1 = -log w <= delta``: its ratio range inside PPO's min (default), or ``w A`` where it holds.
 
     Our reading of the paper's loosely defined "KL1": the signed estimator, so the constraint is
     **one-sided** (``w >= e^{-delta}``, no upper limit). A symmetric ``|log w| <= delta`` variant is
@@ -422,26 +429,28 @@ def kl1(batch: TokenBatch, delta: float) -> MethodResult:
 @register(
     "kl2",
     params={"delta": DELTA},
-    default_form="mask",
-    forms=("mask", "min"),
+    default_form="min",
+    forms=("min", "mask"),
     reference="Schulman 2020, 'Approximating KL Divergence' (k2); paper Table 3",
     ratio_mask_gradient=True,
 )
 def kl2(batch: TokenBatch, delta: float) -> MethodResult:
-    r"""Keep ``w A`` while ``k2 = (log w)^2 / 2 <= delta`` (symmetric in ``log w``)."""
+    r"""Constraint ``k2 = (log w)^2 / 2 <= delta`` (symmetric in ``log w``): its ratio range inside PPO's min
+    (default), or ``w A`` where it holds."""
     return _divergence_rule(batch, "kl2", delta)
 
 
 @register(
     "is_kl3",
     params={"delta": DELTA},
-    default_form="mask",
-    forms=("mask", "min"),
+    default_form="min",
+    forms=("min", "mask"),
     reference="paper Table 3 'IS-weighted KL3'; derivation in atr_theory.ranges.is_kl3_clip_range",
     ratio_mask_gradient=True,
 )
 def is_kl3(batch: TokenBatch, delta: float) -> MethodResult:
-    r"""Keep ``w A`` while ``w k3(1/w) = 1 - w + w log w <= delta``.
+    r"""Constraint ``w k3(1/w) = 1 - w + w log w <= delta``: its ratio range inside PPO's min (default), or ``w A``
+    where it holds.
 
     Our reading: importance-weighting k3 of the *reverse* ratio gives an unbiased, non-negative
     estimate of ``KL(pi || pi_old)`` from ``pi_old`` samples (``E_old[w log w - w + 1] = KL(pi||pi_old)``).
@@ -556,19 +565,20 @@ def _position_kl(batch: TokenBatch, name: str) -> torch.Tensor:
 @register(
     "tr_ppo",
     params={"delta": DELTA},
-    default_form="mask",
-    forms=("mask", "min"),
+    default_form="min",
+    forms=("min", "mask"),
     reference="Wang et al. 2020 (Truly PPO, TR-PPO); paper Eq. 3 (KL-based clipping)",
     needs_full_distributions=True,
     ratio_mask_gradient=True,
 )
 def tr_ppo(batch: TokenBatch, delta: float) -> MethodResult:
-    r"""Mask form (the paper's Eq. 3 in Eq. 5): keep ``w A`` while the full ``KL(pi_old(.|s_t) || pi(.|s_t)) <= delta``
-    at the token's position, else the constant ``A``.
+    r"""Min form (the default; the original TR-PPO, Wang et al. 2020, Eq. 8, and the paper's Eq. 3 operator inside
+    its Section 2 surrogate): ``min(w A, F A)`` with ``F = 1`` (``w_old``) where ``KL >= delta`` and ``F = w`` below:
+    a token outside the trust region loses its gradient only when ``w A > A`` (its ratio moved in the direction its
+    advantage favours); moving back stays possible.
 
-    Min form (the original TR-PPO, Wang et al. 2020, Eq. 8): ``min(w A, F A)`` with ``F = 1`` (``w_old``) where
-    ``KL >= delta`` and ``F = w`` below: a token outside the trust region loses its gradient only when ``w A > A``
-    (its ratio moved in the direction its advantage favours); moving back stays possible.
+    Mask form (the Section 4 pure-clip reading): keep ``w A`` while the full ``KL(pi_old(.|s_t) || pi(.|s_t)) <=
+    delta`` at the token's position, else the constant ``A``.
 
     Note: the paper's Eq. 3 writes the reverse direction ``KL(pi || pi_old)``; we follow Truly PPO and
     METHODS.md (``KL(pi_old || pi)``, the direction TRPO constrains). The KL only gates, so it is

@@ -55,7 +55,8 @@ def ppo_min(w, adv, lower, upper):
 
 
 def eq5_mask(w, adv, keep):
-    """The paper's Eq. 5: ``w A`` where the constraint holds, else the constant ``A`` (no gradient)."""
+    """The mask form (Eq. 5's operator alone, the Section 4 pure-clip reading): ``w A`` where the constraint holds,
+    else the constant ``A`` (no gradient)."""
     return torch.where(keep, w * adv, adv.detach())
 
 

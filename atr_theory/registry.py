@@ -20,6 +20,7 @@ import torch
 
 __all__ = [
     "FORMS",
+    "READINGS",
     "METHODS",
     "MethodResult",
     "MethodSpec",
@@ -35,7 +36,24 @@ __all__ = [
 ]
 
 FORMS = ("min", "mask", "soft", "none")
-"""``min``: PPO's pessimistic min; ``mask``: the paper's Eq. 5; ``soft``: a smooth gate; ``none``: no clipping."""
+"""``min``: a rule's clip inside PPO's pessimistic min; ``mask``: pure clip (keep ``w A`` where the rule's constraint
+holds, else the constant ``A``); ``soft``: a smooth gate; ``none``: no clipping. See ``READINGS``."""
+
+READINGS = {
+    "min": "the Section 2 surrogate (the general clip inside PPO's min)",
+    "mask": "the Section 4 pure-clip objective (the mask form)",
+}
+"""The two readings of the paper, named for what they are (``docs/theory.md#two-readings-of-the-paper``):
+
+* ``min``: Sec. 2 (tex lines 234-244) defines one surrogate, ``E[min(w A, clip(w, .) A)]``, and names objectives by
+  the clip operator plugged into it (270-272); the general operator (Eq. 5, 278-285) is that operator and ATR-GRPO
+  sets its constraint to ``KL3 <= delta`` (364-365); the experiments ran in TRL and Unsloth "varying only the
+  clipping mechanism" (503-507, 1030), and TRL's loss is this min. A range rule in this form has PPO's gradient with
+  its range (Thm 3.1 under the min-vs-min pairing).
+* ``mask``: Sec. 4's proofs (773-781) write both objectives without the min: ``E[clip(w, l, u) A]``, whose gradient is
+  the general operator's alone (keep ``w A`` where the constraint holds, else the constant ``A``).
+
+Neither reading is the paper's alone; every rule with a ratio range defaults to ``min`` (what its source trains)."""
 
 
 @dataclass
@@ -283,7 +301,7 @@ def resolve(method: str, form: str | None = None, **params: Any) -> ResolvedMeth
     --------
     >>> r = resolve("atr")
     >>> r.name, r.form, dict(r.params)
-    ('atr', 'mask', {'delta': 0.07})
+    ('atr', 'min', {'delta': 0.07})
     >>> resolve("clip", epsilon=1.5)
     Traceback (most recent call last):
     ...

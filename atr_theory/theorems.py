@@ -11,11 +11,20 @@ Setting of Sec. 4: softmax policy per state, exact (full-batch) policy gradient,
 ``d(s) = 1/S``, one gradient-ascent step of size ``eta`` from the same ``theta^k`` for both methods:
 ``theta^{m,k+1} = theta^k + eta * grad J^m(theta^k)``.
 
-Two objectives are considered for a ratio range [l, u]:
+The paper can be read two ways (``atr_theory.registry.READINGS``; ``docs/theory.md``), and a theorem that compares
+two objectives is checked under each *pairing* of readings (``PAIRINGS``):
 
-* ``"clip"``: the paper's appendix objective ``J = E_old[clip(w, l, u) A]`` (identical in gradient to
-  the mask form of Eq. 5, by Thm 3.1);
-* ``"min"``: PPO's ``J = E_old[min(w A, clip(w, l, u) A)]``, which PPO/GRPO/TRL/verl implement.
+* ``min-vs-min``: both objectives are the Section 2 surrogate, the clip operator inside PPO's min
+  ``E[min(w A, clip(w, .) A)]`` (what the paper's TRL experiments ran);
+* ``pure-vs-pure``: both are the Section 4 pure-clip objective ``E[clip(w, .) A]`` (the mask form; its proofs);
+* ``mixed``: the ratio-based objective in PPO's min, the general / ATR one in the mask form. It mixes the readings,
+  and is reported because it is what a package that trains ``clip`` in its min form and ``atr`` in its mask form
+  compares.
+
+Inline objectives (written here, sharing nothing with ``atr_theory.methods``), for a range [l, u] or a constraint C:
+``"clip"`` ``clip(w, l, u) A``; ``"min"`` ``min(w A, clip(w, l, u) A)``; the general operator (Eq. 5)
+``g(w) = w if C else w_old = 1`` alone (``"mask"``: ``g(w) A``) or inside PPO's min (``"general_min"``:
+``min(w A, g(w) A)``).
 """
 
 from __future__ import annotations
@@ -33,8 +42,12 @@ from .bandit import entropy, exact_surrogate
 from .ranges import kl3_clip_range
 
 __all__ = [
+    "PAIRINGS",
+    "Pairing",
     "THEOREMS",
     "Theorem",
+    "general_objective",
+    "pairing",
     "evaluate",
     "Check",
     "ratio",
@@ -110,16 +123,21 @@ def softmax_pg_direction(theta: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
 def kept_indicator(w: torch.Tensor, adv: torch.Tensor, lower: float, upper: float, objective: str) -> torch.Tensor:
     r"""Which actions carry gradient ``A dw`` under the objective with range [lower, upper]:
 
-    * ``"clip"``: ``lower <= w <= upper`` (the constraint of Eq. 5);
-    * ``"min"``: ``(A > 0 and w <= upper) or (A < 0 and w >= lower) or A = 0`` -- PPO's min only stops
-      the gradient on the side where the surrogate would be optimistic.
+    * ``"clip"`` / ``"mask"``: ``lower <= w <= upper`` (the constraint of Eq. 5);
+    * ``"min"`` / ``"general_min"``: ``(A > 0 and w <= upper) or (A < 0 and w >= lower) or A = 0`` -- PPO's min only
+      stops the gradient on the side where the surrogate would be optimistic.
     """
     inside = (w >= lower) & (w <= upper)
-    if objective == "clip":
+    if objective in ("clip", "mask"):
         return inside
-    if objective == "min":
+    if objective in ("min", "general_min"):
         return ((adv > 0) & (w <= upper)) | ((adv < 0) & (w >= lower)) | (adv == 0)
-    raise ValueError(f"objective must be 'clip' or 'min', got {objective!r}")
+    raise ValueError(f"objective must be 'clip', 'mask', 'min' or 'general_min', got {objective!r}")
+
+
+def _expectation(theta_old, f):
+    """``sum_n sum_s (1/S) sum_a pi_old(a|s) f(a|s)``."""
+    return (torch.softmax(theta_old.detach(), -1) * f).sum(-1).mean(-1).sum()
 
 
 def inline_objective(theta, theta_old, adv, lower, upper, objective):
@@ -127,43 +145,117 @@ def inline_objective(theta, theta_old, adv, lower, upper, objective):
     lo = torch.log_softmax(theta_old.detach(), -1)
     w = torch.exp(torch.log_softmax(theta, -1) - lo)
     clipped = torch.clamp(w, lower, upper) * adv
+    if objective not in ("clip", "min"):
+        raise ValueError(f"objective must be 'clip' or 'min', got {objective!r}")
     f = clipped if objective == "clip" else torch.minimum(w * adv, clipped)
     return (lo.exp() * f).sum(-1).mean(-1).sum()
 
 
+def general_objective(theta, theta_old, adv, constraint: Callable[[torch.Tensor], torch.Tensor], form: str):
+    r"""The general clip operator (paper Eq. 5), ``g(w) = w`` where ``constraint(w)`` holds, else ``w_old = 1`` (no
+    gradient), in the objective of ``form``: ``"mask"`` ``E_old[g(w) A]`` (the Section 4 pure-clip reading) or
+    ``"general_min"`` ``E_old[min(w A, g(w) A)]`` (the Section 2 surrogate). ``constraint`` maps the ratio to a bool
+    tensor and is evaluated without gradient."""
+    w = ratio(theta, theta_old.detach())
+    with torch.no_grad():
+        keep = constraint(w)
+    g = torch.where(keep, w, torch.ones_like(w))
+    if form == "mask":
+        return _expectation(theta_old, g * adv)
+    if form == "general_min":
+        return _expectation(theta_old, torch.minimum(w * adv, g * adv))
+    raise ValueError(f"form must be 'mask' or 'general_min', got {form!r}")
+
+
 def one_step(theta, theta_old, adv, lower: float, upper: float, objective: str, eta: float) -> torch.Tensor:
-    """``theta + eta * grad J(theta)``, the gradient by autograd of the inline objective."""
+    """``theta + eta * grad J(theta)``, the gradient by autograd of the inline objective: ``"clip"`` / ``"min"`` with
+    the range [lower, upper]; ``"mask"`` / ``"general_min"`` with the general operator for ``lower <= w <= upper``."""
     th = theta.detach().clone().requires_grad_(True)
-    (g,) = torch.autograd.grad(inline_objective(th, theta_old, adv, lower, upper, objective), th)
+    if objective in ("mask", "general_min"):
+        J = general_objective(th, theta_old, adv, lambda w: (w >= lower) & (w <= upper), objective)
+    else:
+        J = inline_objective(th, theta_old, adv, lower, upper, objective)
+    (g,) = torch.autograd.grad(J, th)
     return theta.detach() + eta * g
+
+
+def _one_step_kl3(theta, theta_old, adv, delta: float, form: str, eta: float) -> torch.Tensor:
+    """ATR's update from its definition, not its range: the general operator with ``C = w - 1 - log w <= delta``."""
+    th = theta.detach().clone().requires_grad_(True)
+    (g,) = torch.autograd.grad(general_objective(th, theta_old, adv, lambda w: w - 1 - torch.log(w) <= delta, form), th)
+    return theta.detach() + eta * g
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """A pairing of the two readings for a theorem that compares two objectives: ``first`` is the form of the
+    ratio-based objective (Thm 3.1) or of ATR (Thms 4.1, 4.2), ``second`` that of the general operator (Thm 3.1) or
+    of the ratio-based clip (Thms 4.1, 4.2); each ``"min"`` (Section 2 surrogate) or ``"pure"`` (Section 4 pure
+    clip / mask form)."""
+
+    id: str
+    label: str
+    first: str
+    second: str
+
+
+PAIRINGS: tuple[Pairing, ...] = (
+    Pairing("min-vs-min", "min vs min: both in the Section 2 surrogate, the clip inside PPO's min", "min", "min"),
+    Pairing("pure-vs-pure", "pure vs pure: both in the Section 4 pure-clip objective, the mask form", "pure", "pure"),
+    Pairing(
+        "mixed",
+        "mixed: the ratio-based objective in PPO's min, the general operator / ATR in the mask form",
+        "min",
+        "pure",
+    ),
+)
+_PAIRING = {p.id: p for p in PAIRINGS}
+
+
+def pairing(pairing_id: str) -> Pairing:
+    """The ``PAIRINGS`` entry named ``pairing_id``."""
+    if pairing_id not in _PAIRING:
+        raise ValueError(f"pairing must be one of {sorted(_PAIRING)}, got {pairing_id!r}")
+    return _PAIRING[pairing_id]
 
 
 # ----------------------------------------------------------------------------------------------
 # Thm 3.1 Gradient equivalence
 # ----------------------------------------------------------------------------------------------
-def check_gradient_equivalence(theta, theta_old, adv, lower: float, upper: float, objective: str = "clip") -> Check:
-    r"""Thm 3.1: ``grad L^ratio = grad L^ratio_general`` with ``C = {l <= w <= u}``.
+def check_gradient_equivalence(
+    theta, theta_old, adv, lower: float, upper: float, pairing_id: str = "pure-vs-pure"
+) -> Check:
+    r"""Thm 3.1: ``grad L^ratio = grad L^ratio_general`` with ``C = {l <= w <= u}``, under ``pairing_id``
+    (``PAIRINGS``; its ``first`` is the ratio-based objective's reading, ``second`` the general operator's).
 
-    predicted: the gradient of the general (mask) objective, in closed form
-    ``d(s) pi(a) [g(a) - E_pi g]`` with ``g = A 1[C]``; also computed through
-    ``atr_theory.policy_loss`` (``form="mask"``) and required to agree with it.
-    exact: autograd of the ratio-based objective written inline (``"clip"`` or PPO ``"min"``).
-    corrected (for ``"min"``): the same closed form with the min objective's kept set
-    (``kept_indicator``): ``C' = {A > 0, w <= u} u {A < 0, w >= l}``.
+    predicted: autograd of the general objective (``general_objective``: Eq. 5's operator alone, or inside PPO's
+    min); for the mask form it must also agree with the closed form ``d(s) pi(a) [g(a) - E_pi g]``, ``g = A 1[C]``,
+    and with ``atr_theory.policy_loss(form="mask")``.
+    exact: autograd of the ratio-based objective written inline (pure clip, or PPO's min).
+    corrected: the closed form with the ratio-based objective's own kept set (``kept_indicator``): for PPO's min
+    ``C' = {A > 0, w <= u} u {A < 0, w >= l}``.
     """
+    p = pairing(pairing_id)
+    ratio_objective = "min" if p.first == "min" else "clip"
+    general_form = "general_min" if p.second == "min" else "mask"
     S = theta.shape[1]
     w = ratio(theta, theta_old)
-    predicted = softmax_pg_direction(theta, adv * kept_indicator(w, adv, lower, upper, "clip")) / S
     th = theta.detach().clone().requires_grad_(True)
-    (exact,) = torch.autograd.grad(inline_objective(th, theta_old, adv, lower, upper, objective), th)
-    th2 = theta.detach().clone().requires_grad_(True)
-    loss, _ = exact_surrogate(
-        th2, theta_old, adv, "clip_higher", form="mask", epsilon_low=1 - lower, epsilon_high=upper - 1
-    )
-    (via_library,) = torch.autograd.grad(-loss, th2)
-    if not torch.allclose(via_library, predicted, rtol=1e-10, atol=1e-13):
-        raise AssertionError("policy_loss(form='mask') disagrees with the closed-form general gradient")
-    corrected = softmax_pg_direction(theta, adv * kept_indicator(w, adv, lower, upper, objective)) / S
+    (exact,) = torch.autograd.grad(inline_objective(th, theta_old, adv, lower, upper, ratio_objective), th)
+    th1 = theta.detach().clone().requires_grad_(True)
+    inside = lambda r: (r >= lower) & (r <= upper)
+    (predicted,) = torch.autograd.grad(general_objective(th1, theta_old, adv, inside, general_form), th1)
+    if general_form == "mask":
+        closed = softmax_pg_direction(theta, adv * kept_indicator(w, adv, lower, upper, "mask")) / S
+        th2 = theta.detach().clone().requires_grad_(True)
+        loss, _ = exact_surrogate(
+            th2, theta_old, adv, "clip_higher", form="mask", epsilon_low=1 - lower, epsilon_high=upper - 1
+        )
+        (via_library,) = torch.autograd.grad(-loss, th2)
+        for name, other in (("the closed form", closed), ("policy_loss(form='mask')", via_library)):
+            if not torch.allclose(predicted, other, rtol=1e-10, atol=1e-13):
+                raise AssertionError(f"the general operator's gradient by autograd disagrees with {name}")
+    corrected = softmax_pg_direction(theta, adv * kept_indicator(w, adv, lower, upper, ratio_objective)) / S
     return Check(predicted, exact, corrected)
 
 
@@ -254,38 +346,53 @@ def event_indicator(w: torch.Tensor, delta: float, event: str) -> torch.Tensor:
     return (w >= 1 + eps) & (w <= hi)
 
 
-def _updates(theta, theta_old, adv, delta, event, objective, eta):
-    lo, hi = kl3_clip_range(delta)
+def _forms(pairing_id: str) -> tuple[str, str]:
+    """(ATR's objective, the ratio-based clip's objective) under ``pairing_id`` (``PAIRINGS``): ATR is the general
+    operator with ``KL3 <= delta`` (``"general_min"`` / ``"mask"``), the ratio clip ``"min"`` / ``"clip"``."""
+    p = pairing(pairing_id)
+    return ("general_min" if p.first == "min" else "mask"), ("min" if p.second == "min" else "clip")
+
+
+def _updates(theta, theta_old, adv, delta, event, pairing_id, eta):
+    atr_form, ratio_form = _forms(pairing_id)
     eps = event_epsilon(delta, event)
-    th_atr = one_step(theta, theta_old, adv, lo, hi, objective, eta)
-    th_ratio = one_step(theta, theta_old, adv, 1 - eps, 1 + eps, objective, eta)
+    th_atr = _one_step_kl3(theta, theta_old, adv, delta, atr_form, eta)
+    th_ratio = one_step(theta, theta_old, adv, 1 - eps, 1 + eps, ratio_form, eta)
     return th_atr, th_ratio
 
 
-def _logit_difference_formulas(theta, theta_old, adv, delta, event, objective, eta):
-    """Paper's Thm 4.1 prediction and the corrected one (sign: - for X-, + for X+)."""
+def _logit_difference_formulas(theta, theta_old, adv, delta, event, pairing_id, eta):
+    """Paper's Thm 4.1 prediction (sign: - for X-, + for X+) and the corrected one: ``eta d(s) pi(a) [A D(a) -
+    E_pi[A D]]`` with ``D = K_ATR - K_ratio``, each method's kept set in its own form (``kept_indicator``). Under
+    ``pure-vs-pure`` ``D = -+1_X``, the paper's statement; under ``min-vs-min`` ``D = -1_X 1[A<0]`` (X-) / ``+1_X
+    1[A>0]`` (X+); under ``mixed`` ``D`` also holds the pessimistic side that PPO's min keeps and the mask freezes."""
     S = theta.shape[1]
     w = ratio(theta, theta_old)
     ind = event_indicator(w, delta, event).to(adv.dtype)
     sign = -1.0 if event == "X-" else 1.0
     paper = sign * eta / S * softmax_pg_direction(theta, adv * ind)
-    if objective == "min":  # the min objective keeps the gradient of the optimistic side anyway
-        ind = ind * ((adv < 0) if event == "X-" else (adv > 0)).to(adv.dtype)
-    corrected = sign * eta / S * softmax_pg_direction(theta, adv * ind)
+    atr_form, ratio_form = _forms(pairing_id)
+    lo, hi = kl3_clip_range(delta)
+    eps = event_epsilon(delta, event)
+    kept_atr = kept_indicator(w, adv, lo, hi, atr_form).to(adv.dtype)
+    kept_ratio = kept_indicator(w, adv, 1 - eps, 1 + eps, ratio_form).to(adv.dtype)
+    corrected = eta / S * softmax_pg_direction(theta, adv * (kept_atr - kept_ratio))
     return paper, corrected
 
 
 def check_logit_difference(
-    theta, theta_old, adv, delta: float, event: str, objective: str = "clip", eta: float = 0.1
+    theta, theta_old, adv, delta: float, event: str, pairing_id: str = "pure-vs-pure", eta: float = 0.1
 ) -> Check:
-    r"""Thm 4.1: ``Delta theta = theta^{ATR,k+1} - theta^{ratio,k+1}``.
+    r"""Thm 4.1: ``Delta theta = theta^{ATR,k+1} - theta^{ratio,k+1}`` under ``pairing_id`` (``PAIRINGS``: ATR's
+    reading first, the ratio clip's second).
 
     predicted: ``-+ eta d(s) pi(a) [A 1_X(a) - E_pi[A 1_X]]`` (paper). exact: the difference of the two
-    autograd updates. For ``"clip"`` the statement is exact (both sides are linear in eta).
-    corrected (``"min"``): ``1_X`` becomes ``1_X 1[A < 0]`` under X- and ``1_X 1[A > 0]`` under X+.
+    autograd updates (ATR from its KL3 constraint, ``_one_step_kl3``). Under ``pure-vs-pure`` the statement is
+    exact (both sides are linear in eta). corrected: ``_logit_difference_formulas`` (under ``min-vs-min`` ``1_X``
+    becomes ``1_X 1[A < 0]`` under X- and ``1_X 1[A > 0]`` under X+).
     """
-    th_atr, th_ratio = _updates(theta, theta_old, adv, delta, event, objective, eta)
-    paper, corrected = _logit_difference_formulas(theta, theta_old, adv, delta, event, objective, eta)
+    th_atr, th_ratio = _updates(theta, theta_old, adv, delta, event, pairing_id, eta)
+    paper, corrected = _logit_difference_formulas(theta, theta_old, adv, delta, event, pairing_id, eta)
     return Check(paper, th_atr - th_ratio, corrected)
 
 
@@ -297,7 +404,7 @@ def _centred_cov(pi: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Te
 
 
 def check_entropy_difference(
-    theta, theta_old, adv, delta: float, event: str, objective: str = "clip", eta: float = 1e-3
+    theta, theta_old, adv, delta: float, event: str, pairing_id: str = "pure-vs-pure", eta: float = 1e-3
 ) -> Check:
     r"""Thm 4.2: ``Delta H = H(theta^{ATR,k+1}|s) - H(theta^{ratio,k+1}|s)`` per state, shape (N, S).
 
@@ -307,10 +414,10 @@ def check_entropy_difference(
     ``Delta theta_a`` (Thm 4.1) that the last step of the proof drops:
     ``Delta H = -sum_a pi(a) Delta theta_a (log pi(a) + H) + O(eta^2)
     = +- eta d(s) Cov_pi(pi (A 1_X - E_pi[A 1_X]), log pi) + O(eta^2)``
-    (with the corrected indicator of Thm 4.1 for the ``"min"`` objective). Cf. Cui et al. 2025,
-    whose softmax-PG entropy lemma carries the same ``pi(a)`` factor.
+    (with the corrected indicator of Thm 4.1 for the pairing). Cf. Cui et al. 2025, whose softmax-PG entropy lemma
+    carries the same ``pi(a)`` factor.
     """
-    th_atr, th_ratio = _updates(theta, theta_old, adv, delta, event, objective, eta)
+    th_atr, th_ratio = _updates(theta, theta_old, adv, delta, event, pairing_id, eta)
     exact = entropy(th_atr) - entropy(th_ratio)
     S = theta.shape[1]
     pi = torch.softmax(theta, -1)
@@ -319,7 +426,7 @@ def check_entropy_difference(
     ind = event_indicator(w, delta, event).to(adv.dtype)
     sign = 1.0 if event == "X-" else -1.0
     paper = sign * eta / S * _centred_cov(pi, adv * ind, logpi)
-    _, dtheta = _logit_difference_formulas(theta, theta_old, adv, delta, event, objective, eta)
+    _, dtheta = _logit_difference_formulas(theta, theta_old, adv, delta, event, pairing_id, eta)
     corrected = -(pi * dtheta * (logpi + entropy(theta).unsqueeze(-1))).sum(-1)
     return Check(paper, exact, corrected)
 
@@ -345,7 +452,7 @@ class Theorem:
     corrected: str | None
     tolerance: float
     run: Callable[..., dict]
-    objective: str | None = None
+    pairing: str | None = None
     event: str | None = None
 
 
@@ -443,7 +550,7 @@ def _exact_statement_row(thm: Theorem, errs, cerrs) -> dict:
         "id": thm.id,
         "name": thm.name,
         "statement": thm.statement,
-        "objective": thm.objective,
+        "pairing": thm.pairing,
         "holds_as_stated": holds,
         **s,
         "sign_agreement": None,
@@ -459,22 +566,22 @@ def _exact_statement_row(thm: Theorem, errs, cerrs) -> dict:
 def _run_gradient_equivalence(thm: Theorem, n: int, gen: torch.Generator, seed: int) -> dict:
     def check(cfg, th, tho, A):
         lo, hi = kl3_clip_range(cfg[2])
-        return check_gradient_equivalence(th, tho, A, lo, hi, thm.objective)
+        return check_gradient_equivalence(th, tho, A, lo, hi, thm.pairing)
 
     def extra(cfg):
         lo, hi = kl3_clip_range(cfg[2])
-        return {"lower": lo, "upper": hi, "objective": thm.objective}
+        return {"lower": lo, "upper": hi, "pairing": thm.pairing}
 
     return _exact_statement_row(thm, *_error_rows(check, _instances(n, gen), extra))
 
 
 def _run_logit_difference(thm: Theorem, n: int, gen: torch.Generator, seed: int, eta: float = 0.1) -> dict:
     event = thm.event
-    check = lambda cfg, th, tho, A: check_logit_difference(th, tho, A, cfg[2], event, thm.objective, eta)
+    check = lambda cfg, th, tho, A: check_logit_difference(th, tho, A, cfg[2], event, thm.pairing, eta)
     extra = lambda cfg: {
         "epsilon": event_epsilon(cfg[2], event),
         "eta": eta,
-        "objective": thm.objective,
+        "pairing": thm.pairing,
         "event": event,
     }
     return _exact_statement_row(thm, *_error_rows(check, _instances(n, gen, event), extra))
@@ -517,12 +624,12 @@ def _run_equivalence_and_asymmetry(thm: Theorem, n: int, gen: torch.Generator, s
 def _run_entropy_difference(thm: Theorem, n: int, gen: torch.Generator, seed: int, eta: float = 1e-3) -> dict:
     """A first-order statement holds if its global relative error is below ``thm.tolerance`` and is O(eta^2):
     halving eta (same instances) divides the error by 3 to 5."""
-    event, objective = thm.event, thm.objective
+    event, pairing_id = thm.event, thm.pairing
     o = {"paper": [], "corrected": [], "paper_half": [], "corrected_half": [], "sign_paper": [], "sign_corr": []}
     for cfg, th, tho, A in _instances(n, gen, event):
-        extra = {"epsilon": event_epsilon(cfg[2], event), "eta": eta, "objective": objective, "event": event}
+        extra = {"epsilon": event_epsilon(cfg[2], event), "eta": eta, "pairing": pairing_id, "event": event}
         for suffix, e in (("", eta), ("_half", eta / 2)):
-            c = check_entropy_difference(th, tho, A, cfg[2], event, objective, e)
+            c = check_entropy_difference(th, tho, A, cfg[2], event, pairing_id, e)
             scale = c.exact.abs().reshape(th.shape[0], -1).amax(-1)
             o["paper" + suffix].append((c.abs_error(), scale, cfg, th, tho, A, {**extra, "eta": e}))
             o["corrected" + suffix].append((c.corrected_abs_error(), scale, cfg, th, tho, A, {**extra, "eta": e}))
@@ -544,7 +651,7 @@ def _run_entropy_difference(thm: Theorem, n: int, gen: torch.Generator, seed: in
         "id": thm.id,
         "name": thm.name,
         "statement": thm.statement,
-        "objective": objective,
+        "pairing": pairing_id,
         "holds_as_stated": holds,
         **s,
         "eta": eta,
@@ -561,78 +668,90 @@ def _run_entropy_difference(thm: Theorem, n: int, gen: torch.Generator, seed: in
     }
 
 
-_OBJECTIVE_LABEL = {"clip": "pure-clip", "min": "ppo-min"}
-_OBJECTIVE_CONDITION = {
-    "clip": "the paper's (appendix) pure-clip objective",
-    "min": "PPO's min objective E[min(w A, clip(w, l, u) A)] (PPO/GRPO/TRL/verl)",
-}
+def _conditions_31(p: Pairing) -> str:
+    ratio = "PPO's min E[min(w A, clip(w, l, u) A)]" if p.first == "min" else "pure clip E[clip(w, l, u) A]"
+    general = "inside PPO's min, E[min(w A, g(w) A)]" if p.second == "min" else "alone (mask form), E[g(w) A]"
+    return f"{p.label}: L^ratio = {ratio}; the general operator g (Eq. 5, C = l <= w <= u) {general}; any l < 1 < u"
 
 
-def _theorem_3_1(objective: str) -> Theorem:
+def _theorem_3_1(pairing_id: str) -> Theorem:
+    p = pairing(pairing_id)
     return Theorem(
-        id=f"thm3.1-gradient-equivalence-{_OBJECTIVE_LABEL[objective]}",
-        name="Thm 3.1 Gradient Equivalence ("
-        + (
-            "the appendix pure-clip objective"
-            if objective == "clip"
-            else "the PPO min objective used by PPO/GRPO/TRL/verl"
-        )
-        + ")",
+        id=f"thm3.1-gradient-equivalence-{p.id}",
+        name=f"Thm 3.1 Gradient Equivalence ({p.label})",
         statement="grad L^ratio(theta) = grad L^ratio_general(theta) with C = {l <= w <= u} (Gradient Equivalence)",
-        conditions="L^ratio = E[clip(w, l, u) A] (pure clip); any l < 1 < u"
-        if objective == "clip"
-        else "holds only if no token has (A > 0 and w < l) or (A < 0 and w > u)",
-        corrected="grad E[min(wA, clip(w,l,u)A)] = grad L_general with C' = {A > 0: w <= u} u {A < 0: w >= l}: "
-        "PPO's min freezes only the optimistic side",
+        conditions=_conditions_31(p),
+        corrected="grad E[min(wA, clip(w,l,u)A)] = grad of the mask form with C' = {A > 0: w <= u} u {A < 0: w >= l}: "
+        "PPO's min freezes only the optimistic side (or: put the general operator inside the same min)",
         tolerance=1e-8,
         run=_run_gradient_equivalence,
-        objective=objective,
+        pairing=p.id,
     )
 
 
-def _theorem_4_1(event: str, objective: str) -> Theorem:
-    sign, side = ("-", "A < 0") if event == "X-" else ("+", "A > 0")
+def _conditions_4(p: Pairing, event: str) -> str:
+    atr = "in PPO's min" if p.first == "min" else "in pure clip (mask form)"
+    ratio = "in PPO's min" if p.second == "min" else "in pure clip"
+    return (
+        "one exact gradient step of size eta from the same theta^k, softmax logits, d(s) = 1/S, "
+        f"{'1 + eps = u' if event == 'X-' else '1 - eps = l'}; {p.label}: ATR (the general operator with "
+        f"KL3 <= delta) {atr}, the ratio clip [1 - eps, 1 + eps] {ratio}"
+    )
+
+
+_CORRECTED_INDICATOR = {
+    "pure-vs-pure": "",
+    "min-vs-min": "with both in PPO's min replace 1_X(a) by 1_X(a) 1[A<0] under X- and 1_X(a) 1[A>0] under X+",
+    "mixed": "replace -+1_X(a) by D(a) = K_ATR(a) - K_ratio(a), each method's kept set in its own form (mask: "
+    "l <= w <= u; PPO's min: {A>0, w <= u} u {A<0, w >= l}): the mask also freezes the pessimistic side (A>0, w<l; "
+    "A<0, w>u) that PPO's min keeps",
+}
+
+
+def _theorem_4_1(event: str, pairing_id: str) -> Theorem:
+    p = pairing(pairing_id)
     return Theorem(
-        id=f"thm4.1-logit-difference-{event}-{_OBJECTIVE_LABEL[objective]}",
-        name=f"Thm 4.1 Policy Logits Difference under {event} ({_OBJECTIVE_LABEL[objective]} objective)",
-        statement=f"Under {event}: Delta theta_{{s,a}} = {sign}eta d(s) pi(a|s) [A 1_{{{event}}}(a) - "
-        f"E_{{a'~pi}}[A 1_{{{event}}}(a')]]",
-        conditions=(
-            "one exact gradient step of size eta from the same theta^k, softmax logits, d(s) = 1/S, "
-            f"{'1 + eps = u' if event == 'X-' else '1 - eps = l'}; {_OBJECTIVE_CONDITION[objective]}"
-        ),
-        corrected=f"with PPO's min objective replace 1_{{{event}}}(a) by 1_{{{event}}}(a) 1[{side}]",
+        id=f"thm4.1-logit-difference-{event}-{p.id}",
+        name=f"Thm 4.1 Policy Logits Difference under {event} ({p.label})",
+        statement=f"Under {event}: Delta theta_{{s,a}} = {'-' if event == 'X-' else '+'}eta d(s) pi(a|s) "
+        f"[A 1_{{{event}}}(a) - E_{{a'~pi}}[A 1_{{{event}}}(a')]]",
+        conditions=_conditions_4(p, event),
+        corrected=_CORRECTED_INDICATOR[p.id] or "exact as stated under this pairing",
         tolerance=1e-8,
         run=_run_logit_difference,
-        objective=objective,
+        pairing=p.id,
         event=event,
     )
 
 
-def _theorem_4_2(event: str, objective: str) -> Theorem:
+def _theorem_4_2(event: str, pairing_id: str) -> Theorem:
+    p = pairing(pairing_id)
     sign = "+" if event == "X-" else "-"
+    indicator = {
+        "pure-vs-pure": "",
+        "min-vs-min": " (with 1_X 1[A<0] / 1_X 1[A>0], as Thm 4.1 under this pairing)",
+        "mixed": " (with 1_X replaced by the D of Thm 4.1 under this pairing)",
+    }[p.id]
     return Theorem(
-        id=f"thm4.2-entropy-difference-{event}-{_OBJECTIVE_LABEL[objective]}",
-        name=f"Thm 4.2 Entropy Difference under {event} ({_OBJECTIVE_LABEL[objective]} objective)",
+        id=f"thm4.2-entropy-difference-{event}-{p.id}",
+        name=f"Thm 4.2 Entropy Difference under {event} ({p.label})",
         statement=f"Under {event}: Delta H = {sign}eta d(s) Cov_{{a~pi}}(A 1_{{{event}}}(a), log pi(a|s))",
-        conditions="first order in eta (checked at eta = 1e-3 and 5e-4); exact = entropies of the two "
-        "updated softmax policies in float64",
+        conditions=_conditions_4(p, event) + "; first order in eta (checked at eta = 1e-3 and 5e-4); exact = "
+        "entropies of the two updated softmax policies in float64",
         corrected=(
             f"Delta H = {sign}eta d(s) Cov_pi(pi(a) [A 1_X(a) - E_pi[A 1_X]], log pi(a)) "
             "+ O(eta^2): the factor pi(a) of Delta theta_a (Thm 4.1) is dropped in the last step of the "
-            "paper's proof"
-            + (" (with 1_X 1[A<0] / 1_X 1[A>0] for the PPO min objective)" if objective == "min" else "")
+            "paper's proof" + indicator
         ),
         tolerance=0.05,
         run=_run_entropy_difference,
-        objective=objective,
+        pairing=p.id,
         event=event,
     )
 
 
 THEOREMS: tuple[Theorem, ...] = (
-    _theorem_3_1("clip"),
-    _theorem_3_1("min"),
+    *(_theorem_3_1(p.id) for p in PAIRINGS),
     Theorem(
         id="thm3.2-equivalence-and-asymmetry",
         name="Thm 3.2 Equivalence and Asymmetry of the KL3 range",
@@ -643,8 +762,8 @@ THEOREMS: tuple[Theorem, ...] = (
         tolerance=1e-8,
         run=_run_equivalence_and_asymmetry,
     ),
-    *(_theorem_4_1(event, objective) for event in ("X-", "X+") for objective in ("clip", "min")),
-    *(_theorem_4_2(event, objective) for event in ("X-", "X+") for objective in ("clip", "min")),
+    *(_theorem_4_1(event, p.id) for event in ("X-", "X+") for p in PAIRINGS),
+    *(_theorem_4_2(event, p.id) for event in ("X-", "X+") for p in PAIRINGS),
 )
 """Every statement of the paper's Secs. 3-4, in the order the report lists them."""
 

@@ -117,7 +117,9 @@ def secondary(rows: list[dict]) -> dict:
 
 def entropy(rows: list[dict]) -> dict | None:
     """atr - clip in the last fifth's mean token entropy (one value per run: the T = 1 rows carry it)."""
-    return paired_difference(rows_of(rows, TEMPERATURES["T1"], PRIMARY_SEEDS), "atr", "clip", "acted_entropy_last_fifth")
+    return paired_difference(
+        rows_of(rows, TEMPERATURES["T1"], PRIMARY_SEEDS), "atr", "clip", "acted_entropy_last_fifth"
+    )
 
 
 def regime(rows: list[dict]) -> dict:
@@ -130,7 +132,13 @@ def regime(rows: list[dict]) -> dict:
     if not fractions:
         return {"runs": 0}
     mean = statistics.fmean(fractions)
-    return {"runs": len(fractions), "mean": mean, "min": min(fractions), "max": max(fractions), "passes": mean >= REGIME_FLOOR}
+    return {
+        "runs": len(fractions),
+        "mean": mean,
+        "min": min(fractions),
+        "max": max(fractions),
+        "passes": mean >= REGIME_FLOOR,
+    }
 
 
 def described(rows: list[dict]) -> dict[str, dict]:
@@ -203,14 +211,25 @@ def _p(x) -> str:
     return "-" if x is None else f"{x:.3g}"
 
 
+def labelled(rule: str) -> str:
+    """``rule`` with the form it trained where its name does not say it: ``"atr (mask)"``, ``"clip (min)"``."""
+    from experiments.cpu_table.protocol import run_form
+
+    form = run_form(rule)
+    return rule if form is None or rule.endswith(("-min", "-mask")) else f"{rule} ({form})"
+
+
 def markdown(result: dict) -> str:
-    """The analysis as the tables the study page quotes."""
+    """The analysis as the tables the study page quotes, every rule labelled by its form (``labelled``)."""
     lines = [
         "# Trust-region study: the pre-registered tests",
         "",
-        "Written by `python -m experiments.trust_region_analysis` from the study's table.",
+        "Written by `python -m experiments.trust_region_analysis` from the study's table. `atr` is ATR in the mask "
+        "form (the paper's Section 4 pure-clip objective; `atr`'s default when the study ran), `atr-min` ATR in the "
+        "min form (its Section 2 surrogate, the clip inside PPO's min). The primary contrast, atr (mask) - clip (min), "
+        "changes the range and the form at once; atr-min - clip changes the range only.",
         "",
-        "## Primary: atr - clip, held-out Mean@8 at step 400 (points)",
+        "## Primary: atr (mask) - clip (min), held-out Mean@8 at step 400 (points)",
         "",
         "| temperature | difference [95% CI] | p | p (Holm, 2) | answer |",
         "|---|---|---|---|---|",
@@ -230,11 +249,11 @@ def markdown(result: dict) -> str:
     for rule, by_t in sec["tests"].items():
         a, b = by_t["T0.3"], by_t["T1"]
         lines.append(
-            f"| {rule} | {_interval(a)} | {_p(a.get('p'))} | {_p(a.get('p_holm'))} | "
+            f"| {labelled(rule)} | {_interval(a)} | {_p(a.get('p'))} | {_p(a.get('p_holm'))} | "
             f"{_interval(b)} | {_p(b.get('p'))} | {_p(b.get('p_holm'))} |"
         )
     e, reg = result["entropy"], result["regime"]
-    lines += ["", "## Entropy: atr - clip, mean token entropy over the last fifth of training (nats)", ""]
+    lines += ["", "## Entropy: atr (mask) - clip (min), mean token entropy over the last fifth of training (nats)", ""]
     lines.append(f"{_interval(e)}, p = {_p(e and e.get('p'))}" if e else "pending")
     lines += ["", "## Regime check (clip's fraction of tokens acted on; pre-registered floor 1%)", ""]
     if reg.get("runs"):
@@ -256,7 +275,7 @@ def markdown(result: dict) -> str:
     for rule, entry in result["described"].items():
         seeds = entry["seeds"]
         lines.append(
-            f"| {rule} | {seeds[0]}-{seeds[-1]} ({len(seeds)}) | {m(entry, 'acted_frac_masked', 100)} | "
+            f"| {labelled(rule)} | {seeds[0]}-{seeds[-1]} ({len(seeds)}) | {m(entry, 'acted_frac_masked', 100)} | "
             f"{m(entry, 'acted_frac_clipped_low', 100)} | {m(entry, 'acted_frac_clipped_high', 100)} | "
             f"{m(entry, 'acted_ratio_p05', 1, '.3f')} | {m(entry, 'acted_ratio_p95', 1, '.3f')} | "
             f"{m(entry, 'acted_entropy_first_fifth', 1, '.3f')} / {m(entry, 'acted_entropy_last_fifth', 1, '.3f')} | "
@@ -267,7 +286,9 @@ def markdown(result: dict) -> str:
         lines += ["", "## Mean@8 of every rule on the same five starts (seeds 200-204)", ""]
         lines += ["| rule | T = 0.3 | T = 1 |", "|---|---|---|"]
         for rule, by_t in common.items():
-            lines.append(f"| {rule} | {by_t.get('T0.3', float('nan')):.1f} | {by_t.get('T1', float('nan')):.1f} |")
+            lines.append(
+                f"| {labelled(rule)} | {by_t.get('T0.3', float('nan')):.1f} | {by_t.get('T1', float('nan')):.1f} |"
+            )
     curves = result.get("reward_curves") or {}
     if curves:
         logged = sorted({int(s) for c in curves.values() for s in c})
@@ -276,7 +297,9 @@ def markdown(result: dict) -> str:
         lines.append("| rule | " + " | ".join(str(s) for s in steps) + " |")
         lines.append("|---|" + "---|" * len(steps))
         for rule, c in curves.items():
-            lines.append(f"| {rule} | " + " | ".join(f"{c[str(s)]:.3f}" if str(s) in c else "-" for s in steps) + " |")
+            lines.append(
+                f"| {labelled(rule)} | " + " | ".join(f"{c[str(s)]:.3f}" if str(s) in c else "-" for s in steps) + " |"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -121,11 +121,36 @@ def zipf_bandit_task(quick: bool, seed: int):
     return theta0, r, settings
 
 
+MASK_FORM_RULES = ("atr", "kl1", "kl2", "is_kl3", "tr_ppo")
+"""Rules these figures train in the mask form (the Section 4 pure-clip objective; ``atr_theory.READINGS``), where no
+form is asked for: their default form until 2026-11-27 (now PPO's min, the Section 2 surrogate), kept so that the
+committed figures keep their meaning; ``run_label`` names the form on every figure and in every table."""
+
+
+def figure_form(method: str) -> str:
+    """The form a figure trains ``method`` in when none is given: ``"mask"`` for ``MASK_FORM_RULES``, else the
+    rule's default."""
+    import atr_theory as at
+
+    return "mask" if method in MASK_FORM_RULES else at.get_method(method).default_form
+
+
+def run_label(method: str, form: str | None = None) -> str:
+    """``method`` labelled by its form where the rule has two: ``"atr (mask)"``, ``"clip (min)"``."""
+    import atr_theory as at
+
+    form = form or figure_form(method)
+    return f"{method} ({form})" if len(at.get_method(method).forms) > 1 else method
+
+
 def run_zipf_bandit(theta0, r, settings, method: str, seed: int, **params):
-    """Train one method on the Zipf task; the same sampling seed for every method (paired comparisons)."""
+    """Train one method on the Zipf task; the same sampling seed for every method (paired comparisons); the form is
+    ``figure_form(method)`` unless ``params`` names one."""
     import torch
 
     from atr_theory import bandit
+
+    params.setdefault("form", figure_form(method))
 
     keys = ("iterations", "inner_steps", "group_size", "lr", "advantage", "mode")
     return bandit.train(

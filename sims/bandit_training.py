@@ -21,10 +21,12 @@ from tqdm.auto import tqdm
 import atr_theory as at
 from atr_theory import bandit
 from sims._common import (
+    figure_form,
     mean_ci,
     method_color,
     parse_args,
     plt,
+    run_label,
     run_zipf_bandit,
     save_figure,
     write_csv,
@@ -48,7 +50,7 @@ def delta_sweep(args, ax_r, ax_h, theta0, r, setting):
     rows = []
     for d in tqdm(deltas, desc="delta sweep"):
         _, h = run_zipf_bandit(theta0, r, setting, "atr", args.seed, delta=d)
-        rows.append({"delta": d, **final_stats(h)})
+        rows.append({"delta": d, "form": figure_form("atr"), **final_stats(h)})
     x = [r_["delta"] for r_ in rows]
     for ax, k, label in ((ax_r, "return", "final expected return"), (ax_h, "entropy", "final entropy (nats)")):
         m = [r_[f"final_{k}_mean"] for r_ in rows]
@@ -63,14 +65,19 @@ def delta_sweep(args, ax_r, ax_h, theta0, r, setting):
             color="C3",
             capsize=3,
         )
-        ax.set(xscale="log", xlabel=r"$\delta$ (atr)", ylabel=label, title=f"(a) atr delta sweep: {label}")
+        ax.set(
+            xscale="log",
+            xlabel=r"$\delta$ (atr, mask form)",
+            ylabel=label,
+            title=f"(a) atr (mask) delta sweep: {label}",
+        )
     return rows
 
 
 def matched_control(args, ax, theta0, r, setting, delta=0.07):
     lo, hi = at.kl3_clip_range(delta)
     runs = {
-        f"atr mask (delta={delta})": ("atr", {"delta": delta}),
+        f"atr mask (delta={delta})": ("atr", {"delta": delta, "form": "mask"}),
         f"atr min = clip_higher({1 - lo:.3f}, {hi - 1:.3f})": ("atr", {"delta": delta, "form": "min"}),
         f"clip eps=1-l={1 - lo:.3f}": ("clip", {"epsilon": 1 - lo}),
         f"clip eps=u-1={hi - 1:.3f}": ("clip", {"epsilon": hi - 1}),
@@ -83,6 +90,7 @@ def matched_control(args, ax, theta0, r, setting, delta=0.07):
     rows, curves = [], {}
     for label, (m, params) in tqdm(runs.items(), desc="matched control"):
         _, h = run_zipf_bandit(theta0, r, setting, m, args.seed, **params)
+        params = {"form": figure_form(m), **params}
         rows.append({"run": label, "method": m, **{k: v for k, v in params.items()}, **final_stats(h)})
         curves[label] = h.as_tensors()["return"].numpy()
     for i, (label, c) in enumerate(curves.items()):
@@ -109,6 +117,7 @@ def episodic(args, ax_s, ax_h):
             theta0,
             target,
             m,
+            form=figure_form(m),
             iterations=iters,
             inner_steps=inner,
             lr=lr,
@@ -122,7 +131,7 @@ def episodic(args, ax_s, ax_h):
         style = dict(
             color=method_color(m),
             lw=2.0 if main else 0.9,
-            label=m,
+            label=run_label(m),
             ls="--" if m in ("clip_higher", "gspo") else "-",
         )
         ax_s.plot(np.arange(iters + 1), sm, **style)
@@ -132,6 +141,7 @@ def episodic(args, ax_s, ax_h):
         rows.append(
             {
                 "method": m,
+                "form": figure_form(m),
                 "final_success_mean": float(sm[-1]),
                 "final_success_lo": float(slo[-1]),
                 "final_success_hi": float(shi[-1]),

@@ -20,7 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from atr_theory import bandit
-from sims._common import mean_ci, parse_args, plt, save_figure, write_csv, write_json, zipf_bandit_task
+from sims._common import figure_form, mean_ci, parse_args, plt, save_figure, write_csv, write_json, zipf_bandit_task
 
 DELTAS = [0.005, 0.01, 0.02, 0.035, 0.05, 0.07, 0.1, 0.15, 0.25, 0.5]
 SETTINGS = [  # (Adam learning rate, inner steps per batch): from ratios that hardly move to ones well past u(delta)
@@ -47,6 +47,7 @@ def run(theta0, r, base, delta, lr, inner, seed):
         optimizer="adam",
         generator=torch.Generator().manual_seed(seed + 1),  # the same samples' seed for every delta
         delta=delta,
+        form=figure_form("atr"),
     )
     ret = h.as_tensors()["return"]
     q = np.array(h.ratio_quantiles)
@@ -89,7 +90,15 @@ def main(argv=None):
     for lr, inner in tqdm(settings, desc="settings"):
         here = []
         for d in tqdm(deltas, desc=f"lr={lr} inner={inner}", leave=False):
-            here.append({"lr": lr, "inner_steps": inner, "delta": d, **run(theta0, r, base, d, lr, inner, args.seed)})
+            here.append(
+                {
+                    "lr": lr,
+                    "inner_steps": inner,
+                    "delta": d,
+                    "form": figure_form("atr"),
+                    **run(theta0, r, base, d, lr, inner, args.seed),
+                }
+            )
         rows += here
         verdicts[f"lr={lr},inner={inner}"] = {
             "final": interior_optimum(here, "final_return"),
@@ -122,7 +131,10 @@ def main(argv=None):
         )
         axes[2].plot(xs, [x["ratio_p50"] for x in sel], color=line.get_color())
     axes[0].set(
-        xscale="log", xlabel="delta", ylabel="final expected return (95% CI, 16 seeds)", title="ATR delta sweep"
+        xscale="log",
+        xlabel="delta",
+        ylabel="final expected return (95% CI, 16 seeds)",
+        title=f"ATR ({figure_form('atr')} form) delta sweep",
     )
     axes[0].axvline(0.07, color="grey", lw=0.8, ls="--")
     axes[0].legend(fontsize=8)

@@ -1,6 +1,6 @@
 """Entropy: Thm 4.2 against the exact entropy difference, and entropy / return over training.
 
-(a) For random instances under X- and X+ (the paper's pure-clip objective, one exact gradient step of
+(a) For random instances under X- and X+ (both objectives in the Section 4 pure-clip reading, one exact gradient step of
     size eta from the same theta^k), the entropy difference H(ATR) - H(ratio) that Thm 4.2 predicts,
     and the corrected first-order term, against the exact one (scatter with the identity line).
 (b) Training on a many-armed bandit: Zipf (long-tailed) initial policy, reward 1 on a few random arms
@@ -20,10 +20,12 @@ from tqdm.auto import tqdm
 import atr_theory as at
 from atr_theory import theorems as T
 from sims._common import (
+    figure_form,
     mean_ci,
     method_color,
     parse_args,
     plt,
+    run_label,
     run_zipf_bandit,
     save_figure,
     write_csv,
@@ -49,7 +51,7 @@ def scatter_part(args, axes):
             th, tho, A = T.random_instances(n * 4, K, generator=gen)
             ind = T.event_indicator(T.ratio(th, tho), delta, event).any(-1)[:, 0]
             th, tho, A = th[ind][:n], tho[ind][:n], A[ind][:n]
-            c = T.check_entropy_difference(th, tho, A, delta, event, "clip", eta)
+            c = T.check_entropy_difference(th, tho, A, delta, event, "pure-vs-pure", eta)
             ex, pa, co = (x[:, 0].numpy() / eta for x in (c.exact, c.predicted, c.corrected))
             pts["paper"][0].extend(ex), pts["paper"][1].extend(pa)
             pts["corrected"][0].extend(ex), pts["corrected"][1].extend(co)
@@ -97,7 +99,7 @@ def training_part(args, ax_h, ax_r):
             color=method_color(m),
             lw=2.0 if main else 0.9,
             alpha=1.0 if main else 0.7,
-            label=m,
+            label=run_label(m),
             ls="--" if m == "clip_higher" else "-",
         )
         x = np.arange(iters + 1)
@@ -110,6 +112,7 @@ def training_part(args, ax_h, ax_r):
             rows.append(
                 {
                     "method": m,
+                    "form": figure_form(m),
                     "iteration": i,
                     "entropy_mean": he[i],
                     "entropy_lo": hl[i],

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 import atr_theory as at
-from sims._common import parse_args, plt, save_figure, write_csv
+from sims._common import figure_form, parse_args, plt, save_figure, write_csv
 
 RULES = ("clip", "clip_higher", "dual_clip", "atr", "kl1", "kl2", "is_kl3", "trgppo", "dcpo", "dppo_tv", "dppo_kl")
 W_RANGE = (0.2, 5.0)
@@ -32,7 +32,9 @@ def kept_grid(rule: str, sign: float, p_old: np.ndarray, w: np.ndarray) -> np.nd
     feasible = (old + log_w) <= 0
     logp = torch.where(feasible, old + log_w, old)  # an infeasible cell is scored at w = 1, then discarded
     adv = torch.full((len(p_old),), sign, dtype=torch.float64)
-    out = at.policy_loss(logp, old.contiguous(), adv, torch.ones_like(old, dtype=torch.bool), method=rule)
+    out = at.policy_loss(
+        logp, old.contiguous(), adv, torch.ones_like(old, dtype=torch.bool), method=rule, form=figure_form(rule)
+    )
     return (out.result.kept & feasible).numpy()
 
 
@@ -48,7 +50,7 @@ def region_rows(rules, p_old: np.ndarray, w: np.ndarray) -> list[dict]:
                 rows.append(
                     {
                         "rule": rule,
-                        "form": at.get_method(rule).default_form,
+                        "form": figure_form(rule),
                         "advantage": "positive" if sign > 0 else "negative",
                         "p_old": float(p),
                         "w_low": float(w[idx[0]]) if idx.size else math.nan,
@@ -81,7 +83,7 @@ def main(argv=None):
         ax.axhline(1.0, color="k", lw=0.5)
         spec = at.get_method(rule)
         params = ", ".join(f"{k}={v:g}" for k, v in spec.defaults.items() if k != "is_cap")
-        ax.set_title(f"{rule} ({spec.default_form} form)\n{params}", fontsize=8)
+        ax.set_title(f"{rule} ({figure_form(rule)} form)\n{params}", fontsize=8)
         ax.set(xscale="log", yscale="log", ylim=W_RANGE)
     axes.flat[-1].axis("off")
     handles, labels = axes.flat[0].get_legend_handles_labels()

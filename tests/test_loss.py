@@ -198,7 +198,7 @@ def test_tr_ppo_masks_positions_whose_full_kl_exceeds_delta():
     lp, olp = nfl.gather(-1, tok[..., None])[..., 0], ofl.gather(-1, tok[..., None])[..., 0]
     adv = torch.randn(B, generator=g)
     mask = torch.ones(B, T, dtype=torch.bool)
-    out = at.policy_loss(lp, olp, adv, mask, method="tr_ppo", delta=0.1, old_full_logp=ofl, full_logp=nfl)
+    out = at.policy_loss(lp, olp, adv, mask, method="tr_ppo", form="mask", delta=0.1, old_full_logp=ofl, full_logp=nfl)
     po = np.exp(ofl.detach().numpy())
     kl = (po * (np.log(po) - nfl.detach().numpy())).sum(-1)
     np.testing.assert_array_equal(out.result.kept.numpy(), kl <= 0.1)
@@ -438,7 +438,7 @@ def test_padding_garbage_is_ignored():
 
 def test_metrics_report_fractions_and_quantiles():
     logp, old, adv, mask = _batch(9, B=8, T=32, scale=0.5)
-    out = at.policy_loss(logp, old, adv, mask, method="atr")
+    out = at.policy_loss(logp, old, adv, mask, method="atr", form="mask")  # the mask form: kept = k3 <= delta
     m = out.metrics
     w = torch.exp(logp - old).detach()
     k3 = w - 1 - torch.log(w)
@@ -465,10 +465,13 @@ def test_every_method_of_methods_md_is_registered_with_its_defaults():
     assert at.METHODS["sapo"].defaults == {"tau_pos": 1.0, "tau_neg": 1.05}
     for name in ("atr", "kl1", "kl2", "is_kl3", "trgppo"):
         assert at.METHODS[name].defaults["delta"] == 0.07
-    for name in ("atr", "kl1", "kl2", "is_kl3", "tr_ppo", "atr_seq"):
-        assert at.METHODS[name].default_form == "mask"
+    # every rule the paper lists with a range defaults to the form its source trains, PPO's min (METHODS.md's
+    # "default form" column): PPO, DAPO, dual clip, DCPO, TRGPPO; ATR, KL1, KL2, IS-KL3 and TR-PPO (Table 3, Eq. 3)
     for name in ("clip", "clip_higher", "dual_clip", "dcpo", "clip_cov", "trgppo", "gspo"):
         assert at.METHODS[name].default_form == "min"
+    for name in ("atr", "kl1", "kl2", "is_kl3", "tr_ppo"):
+        assert at.METHODS[name].default_form == "min" and "mask" in at.METHODS[name].forms
+    assert at.METHODS["atr_seq"].default_form == "mask"
     for spec in at.METHODS.values():
         assert spec.fn.__doc__ and spec.reference
 

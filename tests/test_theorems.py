@@ -34,15 +34,33 @@ def _with_event(seed, delta, event, n=400, K=6, S=1):
 
 # ---------------------------------------------------------------- Thm 3.1
 @settings(max_examples=30, deadline=None)
-@given(st.integers(0, 10**6), st.integers(2, 40), st.floats(0.01, 0.5))
-def test_thm31_gradient_equivalence_holds_for_the_pure_clip_objective(seed, K, delta):
+@given(st.integers(0, 10**6), st.integers(2, 40), st.floats(0.01, 0.5), st.sampled_from(["pure-vs-pure", "min-vs-min"]))
+def test_thm31_gradient_equivalence_holds_when_both_objectives_are_read_the_same_way(seed, K, delta, pairing):
+    # pure clip against the mask form, and PPO's min against the general operator inside the same min
     lo, hi = at.kl3_clip_range(delta)
     th, tho, A = _inst(seed, K=K)
-    c = T.check_gradient_equivalence(th, tho, A, lo, hi, "clip")
+    c = T.check_gradient_equivalence(th, tho, A, lo, hi, pairing)
     assert float(c.abs_error().max()) < 1e-13
+    assert float(c.exact.abs().max()) > 1e-3  # not 0 = 0
 
 
-def test_thm31_gradient_equivalence_fails_for_the_ppo_min_objective_and_the_corrected_constraint_holds():
+def test_thm31_under_min_vs_min_is_the_packages_min_form_of_atr():
+    # the general operator inside PPO's min (autograd of an inline objective) against policy_loss(method="atr"),
+    # whose default is that form: the same gradient, on instances where tokens lie outside the range on both sides
+    lo, hi = at.kl3_clip_range(0.07)
+    th, tho, A = _inst(8, n=128, K=7, spread=0.8)
+    w = T.ratio(th, tho)
+    assert bool((w < lo).any()) and bool((w > hi).any())
+    thg = th.clone().requires_grad_(True)
+    inside = lambda r: (r >= lo) & (r <= hi)
+    (g_general,) = torch.autograd.grad(T.general_objective(thg, tho, A, inside, "general_min"), thg)
+    thl = th.clone().requires_grad_(True)
+    loss, _ = at.bandit.exact_surrogate(thl, tho, A, "atr", delta=0.07)
+    (g_lib,) = torch.autograd.grad(-loss, thl)
+    np.testing.assert_allclose(g_lib.numpy(), g_general.numpy(), rtol=1e-10, atol=1e-13)
+
+
+def test_thm31_fails_only_for_the_mixed_pairing_and_the_corrected_constraint_holds():
     # a 2-action counterexample: A > 0 on an action whose ratio fell below l
     lo, hi = at.kl3_clip_range(0.07)
     tho = torch.tensor([[[0.0, 0.0]]])
@@ -50,12 +68,13 @@ def test_thm31_gradient_equivalence_fails_for_the_ppo_min_objective_and_the_corr
     A = torch.tensor([[[1.0, -0.5]]])
     w = T.ratio(th, tho)
     assert w[0, 0, 0] < lo
-    c = T.check_gradient_equivalence(th, tho, A, lo, hi, "min")
-    assert float(c.abs_error().max()) > 0.05  # the paper's claim misses by O(1)
+    c = T.check_gradient_equivalence(th, tho, A, lo, hi, "mixed")
+    assert float(c.abs_error().max()) > 0.05  # PPO's min against the mask form misses by O(1)
+    assert float(T.check_gradient_equivalence(th, tho, A, lo, hi, "min-vs-min").abs_error().max()) < 1e-15
     assert float(c.corrected_abs_error().max()) < 1e-15
     # and on random instances
     th, tho, A = _inst(3, n=256, K=8)
-    c = T.check_gradient_equivalence(th, tho, A, lo, hi, "min")
+    c = T.check_gradient_equivalence(th, tho, A, lo, hi, "mixed")
     assert float(c.rel_error().max()) > 0.1
     assert float(c.corrected_abs_error().max()) < 1e-13
 
@@ -107,33 +126,34 @@ def test_symbolic_series_shows_the_asymmetry_at_leading_order():
 # ---------------------------------------------------------------- Thm 4.1
 @pytest.mark.parametrize("event", ["X-", "X+"])
 @pytest.mark.parametrize("delta", [0.02, 0.07, 0.2])
-def test_thm41_logit_difference_holds_exactly_for_the_pure_clip_objective(event, delta):
+def test_thm41_logit_difference_holds_exactly_when_both_are_pure_clip(event, delta):
     th, tho, A = _with_event(1, delta, event)
     assert th.shape[0] > 10
     for eta in (0.5, 0.01):
-        c = T.check_logit_difference(th, tho, A, delta, event, "clip", eta)
+        c = T.check_logit_difference(th, tho, A, delta, event, "pure-vs-pure", eta)
         assert float(c.abs_error().max()) < 1e-14 * max(1.0, eta * 10)
         assert float(c.exact.abs().max()) > 1e-4 * eta  # not a vacuous 0 = 0
 
 
 @pytest.mark.parametrize("event", ["X-", "X+"])
-def test_thm41_fails_for_the_ppo_min_objective_and_the_sign_restricted_indicator_holds(event):
+@pytest.mark.parametrize("pairing", ["min-vs-min", "mixed"])
+def test_thm41_fails_under_the_min_reading_and_the_corrected_indicator_holds(event, pairing):
     th, tho, A = _with_event(2, 0.07, event)
-    c = T.check_logit_difference(th, tho, A, 0.07, event, "min", 0.1)
+    c = T.check_logit_difference(th, tho, A, 0.07, event, pairing, 0.1)
     assert float(c.abs_error().max()) > 1e-3
     assert float(c.corrected_abs_error().max()) < 1e-14
 
 
 # ---------------------------------------------------------------- Thm 4.2
 @pytest.mark.parametrize("event", ["X-", "X+"])
-@pytest.mark.parametrize("objective", ["clip", "min"])
+@pytest.mark.parametrize("pairing", ["pure-vs-pure", "min-vs-min", "mixed"])
 def test_thm42_entropy_difference_fails_as_stated_and_the_corrected_first_order_term_is_second_order_exact(
-    event, objective
+    event, pairing
 ):
     th, tho, A = _with_event(4, 0.07, event, n=600)
     errs = {}
     for eta in (2e-3, 1e-3):
-        c = T.check_entropy_difference(th, tho, A, 0.07, event, objective, eta)
+        c = T.check_entropy_difference(th, tho, A, 0.07, event, pairing, eta)
         scale = float(c.exact.abs().max())
         errs[eta] = (float(c.abs_error().max()) / scale, float(c.corrected_abs_error().max()) / scale)
         # the paper's covariance misses by O(1) of the effect itself, at any eta
@@ -156,7 +176,7 @@ def test_thm42_counterexample_with_three_actions():
     found = None
     gen = torch.Generator().manual_seed(11)
     th, tho, A = T.random_instances(4000, 3, generator=gen)
-    c = T.check_entropy_difference(th, tho, A, delta, event, "clip", 1e-3)
+    c = T.check_entropy_difference(th, tho, A, delta, event, "pure-vs-pure", 1e-3)
     ind = T.event_indicator(T.ratio(th, tho), delta, event).any(-1)[:, 0]
     flip = ind & (torch.sign(c.predicted[:, 0]) != torch.sign(c.exact[:, 0])) & (c.exact[:, 0].abs() > 1e-6)
     assert bool(flip.any())
@@ -196,7 +216,19 @@ def test_verify_theorems_quick_report_is_complete_and_reproducible(tmp_path):
     for word in ("entropy", "gradient-equivalence", "logit", "asymmetry"):
         assert word in ids
     held = {r["id"]: r["holds_as_stated"] for r in report}
-    assert held["thm3.1-gradient-equivalence-pure-clip"] and not held["thm3.1-gradient-equivalence-ppo-min"]
+    # three pairings of Thm 3.1, 4.1 and 4.2 each; Thm 3.1 holds as stated when both sides are read the same way
+    for prefix in (
+        "thm3.1-",
+        *(
+            f"thm4.{i}-{what}-{e}-"
+            for i, what in ((1, "logit-difference"), (2, "entropy-difference"))
+            for e in ("X-", "X+")
+        ),
+    ):
+        assert sum(k.startswith(prefix) for k in held) >= 3, prefix
+    assert held["thm3.1-gradient-equivalence-min-vs-min"] and held["thm3.1-gradient-equivalence-pure-vs-pure"]
+    assert not held["thm3.1-gradient-equivalence-mixed"]
+    assert held["thm4.1-logit-difference-X--pure-vs-pure"] and not held["thm4.1-logit-difference-X--min-vs-min"]
     assert held["thm3.2-equivalence-and-asymmetry"]
     assert not any(v for k, v in held.items() if k.startswith("thm4.2"))
     md = (tmp_path / "a" / "theorem_report.md").read_text()
@@ -205,8 +237,9 @@ def test_verify_theorems_quick_report_is_complete_and_reproducible(tmp_path):
     assert [r["id"] for r in report] == [t.id for t in T.THEOREMS]
     for r, thm in zip(report, T.THEOREMS):
         assert r["statement"] == thm.statement and r["conditions"] == thm.conditions
-        if thm.objective == "min":
-            assert "pure-clip" not in r["conditions"]
+        assert r["pairing"] == thm.pairing
+        if thm.pairing is not None:
+            assert T.pairing(thm.pairing).label in r["conditions"]
 
 
 def test_every_theorem_record_names_a_tolerance_and_a_correction_where_it_can_fail():

@@ -131,6 +131,46 @@ def test_every_loss_type_and_option_equals_trls_own_loss(tmp_path, tok, loss_typ
         assert 0 < metrics["clip/frac_dropped_entropy_mask"] < 1
 
 
+@pytest.mark.parametrize("delta", [1.3, 3.0])  # below ATR's upper bound 1.422 (it caps A > 0) and above it
+def test_trls_delta_on_atrs_min_form_equals_trls_two_sided_clip_on_atrs_range(tmp_path, tok, delta):
+    """TRL's ``delta`` composes with ATR's min form as TRL applies it to its own clip: the same loss and gradient as
+    TRL's GRPOTrainer with epsilon = 1 - l, epsilon_high = u - 1 and that delta."""
+    import atr_theory as at
+
+    lower, upper = at.kl3_clip_range(0.07)
+    model = tiny.build_tiny_model(tok).double()
+    ds = data.to_grpo_dataset(data.arithmetic_dataset(16))
+    reward = rewards.CorrectnessReward()
+    ours = ATRGRPOConfig(**grpo_config_kwargs(tmp_path / "a", delta=delta), method="atr", divergence_delta=0.07)
+    assert ours.resolved_method.name == "dual_clip_higher" and ours.resolved_method.form == "min"
+    theirs = trl.GRPOConfig(
+        **grpo_config_kwargs(tmp_path / "b", delta=delta, epsilon=1 - lower, epsilon_high=upper - 1)
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a = ATRGRPOTrainer(model=model, reward_funcs=[reward], args=ours, train_dataset=ds, processing_class=tok)
+        b = trl.GRPOTrainer(model=model, reward_funcs=[reward], args=theirs, train_dataset=ds, processing_class=tok)
+    if not trl_logps_kernel_available():
+        b._get_per_token_logps_and_entropies = a._get_per_token_logps_and_entropies
+    inputs = _moved_inputs(a, model, tok)
+    a.beta = b.beta = 0.0
+    (la, ga), = _loss_grads_metrics(a, model, inputs)[0]
+    (lb, gb), = _loss_grads_metrics(b, model, inputs)[0]
+    assert la.item() == pytest.approx(lb.item(), rel=1e-9, abs=1e-12)
+    for x, y in zip(ga, gb):
+        if x is not None:
+            torch.testing.assert_close(x, y, rtol=1e-7, atol=1e-10)
+    if delta > upper:
+        return  # the cap on A < 0 tokens (w > 3) may not act on this batch; below u the cap on A > 0 tokens does
+    plain = ATRGRPOConfig(**grpo_config_kwargs(tmp_path / "c"), method="atr", divergence_delta=0.07)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        c = ATRGRPOTrainer(model=model, reward_funcs=[reward], args=plain, train_dataset=ds, processing_class=tok)
+    c.beta = 0.0
+    (lc, _), = _loss_grads_metrics(c, model, inputs)[0]
+    assert abs(lc.item() - la.item()) > 1e-6
+
+
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "cispo", "vespo"])
 def test_the_kl_penalty_with_each_ratio_level_equals_trls(tmp_path, tok, loss_type):
     """beta != 0 (TRL's k3 towards the reference, bias-corrected by the loss's own ratio: the token or the sequence
@@ -150,7 +190,8 @@ def test_the_kl_penalty_with_each_ratio_level_equals_trls(tmp_path, tok, loss_ty
     [
         ({"loss_type": "vespo", "use_vllm": True}, "vespo.*vllm_importance_sampling_correction"),
         ({"loss_type": "cispo", "method": "clip"}, "method='clip' with loss_type='cispo'.*leave method unset"),
-        ({"method": "atr", "delta": 3.0}, "delta=3.0 is set.*method='trl'.*--divergence_delta"),
+        ({"method": "atr", "form": "mask", "delta": 3.0}, "delta=3.0 is set.*form 'mask'.*--divergence_delta"),
+        ({"method": "kl1", "delta": 3.0}, "delta=3.0 is set.*method='kl1'.*--divergence_delta"),
         ({"method": "trl", "delta": 1.0}, "delta=1.0.*expected delta > 1"),
         ({"method": "trl", "tau_pos": 2.0}, "tau_pos=2.0 set, but method 'trl' does not use it"),
         ({"loss_type": "nope"}, "loss_type 'nope' is not supported"),

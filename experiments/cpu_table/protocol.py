@@ -54,7 +54,8 @@ DELTA_ABLATION = ["atr-delta0.03", "atr-delta0.05", "atr-delta0.1", "atr-delta0.
 
 
 FORM_CONTROL = ["clip-mask", "atr-min"]
-"""Each rule in the other form of Eq. 5 (not in the default table): clip as a mask (both signs frozen outside
+"""Each rule in the form the default table does not train it in (``atr`` trains the mask form there:
+``MASK_FORM_RUNS``): clip as a mask (both signs frozen outside
 [0.8, 1.2]) and atr in PPO's min form (its exact range [0.671, 1.422], frozen only where the advantage's sign
 makes the clipped objective the smaller one)."""
 
@@ -81,12 +82,30 @@ _NOT_PRESETS: dict[str, dict] = {
 }
 
 
+MASK_FORM_RUNS = ("atr", "kl1", "kl2", "is-kl3", *DELTA_ABLATION)
+"""Runs that trained the mask form (the Section 4 pure-clip objective; ``atr_theory.READINGS``): the default form of
+their rules when the committed tables were trained (until 2026-11-27; now PPO's min, the Section 2 surrogate), kept
+here so that every committed row keeps its meaning and a rerun reproduces it. ``run_form`` labels each row."""
+
+
 CPU_RUNS: dict[str, dict] = {
-    run: RUNS[run] if run in RUNS else _NOT_PRESETS[run]
+    run: {**(RUNS[run] if run in RUNS else _NOT_PRESETS[run]), **({"form": "mask"} if run in MASK_FORM_RUNS else {})}
     for run in TABLE2 + TABLE3 + PAPER_CLIP_HIGHER + DELTA_ABLATION + FORM_CONTROL + TRUST_REGION_RULES
 }
-"""Run name -> method and parameters (the paper's presets where it has one: ``atr_llm.presets.RUNS``), in the
-table's order: Table 2, Table 3, the paper's other clip-higher rows, the ablation, the form controls."""
+"""Run name -> method, form where it is not the rule's default, and parameters (the paper's presets where it has
+one: ``atr_llm.presets.RUNS``), in the table's order: Table 2, Table 3, the paper's other clip-higher rows, the
+ablation, the form controls."""
+
+
+def run_form(run: str) -> str | None:
+    """The form ``run`` trains (``"min"`` or ``"mask"``), or None for a rule with one form only (soft, none, or the
+    SFT model)."""
+    import atr_theory as at
+
+    if run not in CPU_RUNS:
+        return None
+    spec = at.get_method(CPU_RUNS[run]["method"])
+    return CPU_RUNS[run].get("form", spec.default_form) if len(spec.forms) > 1 else None
 
 
 ABLATION_DELTAS: dict[str, float] = {run: CPU_RUNS[run]["delta"] for run in ["atr", *DELTA_ABLATION]}

@@ -8,7 +8,7 @@ import json
 import statistics
 from pathlib import Path
 
-from .protocol import BENCHMARKS, CPU_RUNS, CURVE_KEYS, TABLE2, protocol_differences
+from .protocol import BENCHMARKS, CPU_RUNS, CURVE_KEYS, TABLE2, protocol_differences, run_form
 from .statistics import (
     REFERENCES,
     TAIL_STEPS,
@@ -107,17 +107,18 @@ def markdown_table(rows: list[dict], runs: list[str], k: int) -> str:
         return " / ".join("-" if d is None else f"{d['detectable_80']:.1f}" for d in found)
 
     lines = [
-        f"| run | seeds | Mean@{k} final (best) | Pass@{k} final | "
+        f"| run | form | seeds | Mean@{k} final (best) | Pass@{k} final | "
         + "".join(f"Mean@{k}: run - {ref} [95% CI] | " for ref in REFERENCES)
         + f"detectable vs {' / '.join(REFERENCES)} | masked/clipped tokens |",
-        "|---|---|---|---|" + "---|" * len(REFERENCES) + "---|---|",
+        "|---|---|---|---|---|" + "---|" * len(REFERENCES) + "---|---|",
     ]
     for name, mine in units.items():
         m, p, b = (mean_of_present([r[x] for r in mine]) for x in (key, pkey, bkey))
         sd = statistics.stdev([r[key] for r in mine]) if len(mine) > 1 else 0.0
         fm = mean_of_present([r["frac_masked_mean"] for r in mine]) if masks_tokens(mine[0]["method"]) else None
+        form = run_form(mine[0]["method"]) or "-"
         lines.append(
-            f"| {name} | {len(mine)} | {m:.1f} ± {sd:.1f} ({b:.1f}) | {p:.1f} | "
+            f"| {name} | {form} | {len(mine)} | {m:.1f} ± {sd:.1f} ({b:.1f}) | {p:.1f} | "
             + "".join(f"{fmt(name, ref)} | " for ref in REFERENCES)
             + f"{detectable(name)} | "
             + ("-" if fm is None else f"{100 * fm:.2f}%")
@@ -125,6 +126,11 @@ def markdown_table(rows: list[dict], runs: list[str], k: int) -> str:
         )
     tested = [d for by_ref in paired.values() for d in by_ref.values() if d is not None]
     lines += [
+        "",
+        "Form: min = the rule's clip inside PPO's min (the paper's Section 2 surrogate); mask = pure clip, w A where the "
+        "constraint holds, else the constant A (its Section 4 objective). `atr`, `kl1`, `kl2`, `is-kl3` and the "
+        "delta ablation trained the mask form (their rules' default until 2026-11-27), `atr-min` ATR's min form "
+        "(`experiments.cpu_table.protocol.run_form`).",
         "",
         f"{len(tested)} paired differences in this table. *: the 95% t interval excludes 0 (one test alone; about "
         f"{len(tested) / 20:.1f} such are expected by chance when no method differs); †: Holm-adjusted p < 0.05 over "
