@@ -24,8 +24,8 @@ from .layers import RolloutCorrection, SequenceMask
 from .loss import AGGREGATIONS, LossOutput, aggregate, check_aggregation, policy_loss
 from .methods import (
     FORMS,
-    READINGS,
     METHODS,
+    READINGS,
     MethodResult,
     MethodSpec,
     Param,

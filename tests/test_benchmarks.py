@@ -674,27 +674,15 @@ def test_gpu_step_reads_a_kind_as_method_mode_continuous_batching_attention_allo
     assert gs.parse_kind("atr") == ("atr", {"fast_generation": "off"})
     assert gs.parse_kind("atr+compiled") == ("atr", {"fast_generation": "compiled"})
     assert gs.parse_kind("clip+merged_lora+cb") == (
-        "clip",
-        {"fast_generation": "merged_lora", "use_transformers_continuous_batching": True},
+        "clip", {"fast_generation": "merged_lora", "use_transformers_continuous_batching": True}
     )
     assert gs.parse_kind("atr+cb") == ("atr", {"fast_generation": "off", "use_transformers_continuous_batching": True})
     assert gs.parse_kind("atr+compiled+packed+p128") == (
-        "atr",
-        {
-            "fast_generation": "compiled",
-            "fast_generation_attention": "packed_gqa",
-            "fast_generation_prompt_tokens": 128,
-        },
+        "atr", {"fast_generation": "compiled", "fast_generation_attention": "packed_gqa",
+                "fast_generation_prompt_tokens": 128},
     )
-    for bad in (
-        "atr+turbo",
-        "atr+compiled+merged_lora",
-        "atr+cb+cb",
-        "atr+p0",
-        "atr+p",
-        "atr+p64+p128",
-        "atr+packed+packed",
-    ):
+    for bad in ("atr+turbo", "atr+compiled+merged_lora", "atr+cb+cb", "atr+p0", "atr+p", "atr+p64+p128",
+                "atr+packed+packed"):
         with pytest.raises(ValueError, match="expected method"):
             gs.parse_kind(bad)
     assert gs.split_steps("atr+compiled:4", 1) == ("atr+compiled", 4)
@@ -708,11 +696,7 @@ def test_a_gradient_step_shares_its_generation_with_the_other_iterations():
     """The H100 row of the paper's geometry: 30.93 s per generation over 2 steps + 2.94 s + 0.003 s = 18.41 s."""
     from tools.docs_tables import gradient_step_s
 
-    case = {
-        "generation_s_per_call_after_first": 30.93,
-        "forward_backward_s_per_step": 2.94,
-        "optimizer_s_per_step": 0.003,
-    }
+    case = {"generation_s_per_call_after_first": 30.93, "forward_backward_s_per_step": 2.94, "optimizer_s_per_step": 0.003}
     assert gradient_step_s(case, 2) == pytest.approx(18.408)
     assert gradient_step_s({**case, "generation_s_per_call_after_first": None}, 2) is None
 
@@ -753,31 +737,16 @@ def test_the_h100_paper_geometry_numbers_on_the_pages_are_the_file():
     gen = {k: f"{c['generation_s_per_call_after_first']:.1f} s" for k, c in cases.items()}
     compiled = cases["atr+compiled"]
     check = compiled["compiled_check"]
-    flat = {
-        name: " ".join(path.read_text().split())
-        for name, path in (
-            ("performance", ROOT / "docs" / "performance.md"),
-            ("trainer", ROOT / "docs" / "trainer.md"),
-            ("readme", ROOT / "README.md"),
-        )
-    }
+    flat = {name: " ".join(path.read_text().split()) for name, path in
+            (("performance", ROOT / "docs" / "performance.md"), ("trainer", ROOT / "docs" / "trainer.md"),
+             ("readme", ROOT / "README.md"))}
     perf = flat["performance"]
-    assert (
-        f"**{step['atr+compiled']}**, from {step['atr']} with TRL's own generation and {step['atr+merged_lora']}"
-        in perf
-    )
-    assert (
-        f"generation per call {gen['atr+compiled'][:-2]} s against {gen['atr'][:-2]} s and {gen['atr+merged_lora']}"
-        in perf
-    )
-    ratio = (
-        cases["atr"]["generation_s_per_call_after_first"] / compiled["generation_s_per_call_after_first"],
-        cases["atr+merged_lora"]["generation_s_per_call_after_first"] / compiled["generation_s_per_call_after_first"],
-    )
+    assert f"**{step['atr+compiled']}**, from {step['atr']} with TRL's own generation and {step['atr+merged_lora']}" in perf
+    assert f"generation per call {gen['atr+compiled'][:-2]} s against {gen['atr'][:-2]} s and {gen['atr+merged_lora']}" in perf
+    ratio = (cases["atr"]["generation_s_per_call_after_first"] / compiled["generation_s_per_call_after_first"],
+             cases["atr+merged_lora"]["generation_s_per_call_after_first"] / compiled["generation_s_per_call_after_first"])
     assert f"({ratio[0]:.1f}x and {ratio[1]:.1f}x faster)" in perf
-    assert (
-        f"its decode step, {compiled['decode_ms_per_step']:.1f} ms, is {compiled['decode_ms_over_floor']:.0f}x" in perf
-    )
+    assert f"its decode step, {compiled['decode_ms_per_step']:.1f} ms, is {compiled['decode_ms_over_floor']:.0f}x" in perf
     assert f"({compiled['decode_floor_ms']:.2f} ms at the {compiled['copy_bandwidth_GBps'] / 1000:.2f} TB/s" in perf
     assert f"|difference| {check['max_abs_logit_diff_compiled_vs_eager']:.3f}" in perf
     assert f"0.01 was added to every `lora_B` in place, {check['max_abs_logit_diff_after_weight_edit']:.3f}" in perf
@@ -797,16 +766,7 @@ def test_decode_attention_counts_transformers_cache_copy_and_ours_has_none(tmp_p
     """A quick run: transformers' compiled SDPA calls repeat_kv (the copy the page describes), packed_gqa never does,
     and both give transformers' eager output to bf16 rounding. A bad geometry is refused in one line."""
     out = tmp_path / "decode_attention.json"
-    cmd = [
-        *_script("decode_attention"),
-        "--quick",
-        "--generate-layers",
-        "1",
-        "--generate-steps",
-        "2",
-        "--out",
-        str(out),
-    ]
+    cmd = [*_script("decode_attention"), "--quick", "--generate-layers", "1", "--generate-steps", "2", "--out", str(out)]
     subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
     data = json.loads(out.read_text())
     rows = {(r["attention"], r["how"]): r for r in data["rows"]}
@@ -816,9 +776,8 @@ def test_decode_attention_counts_transformers_cache_copy_and_ours_has_none(tmp_p
     assert rows["sdpa", "compiled"]["repeat_kv_calls"] > 0
     assert rows["packed_gqa", "compiled"]["repeat_kv_calls"] == rows["packed_gqa", "eager"]["repeat_kv_calls"] == 0
     assert all(r["max_abs_diff_vs_sdpa_eager"] < 1e-2 for r in rows.values())
-    bad = subprocess.run(
-        [*_script("decode_attention"), "--heads", "10", "--kv-heads", "4"], capture_output=True, text=True, cwd=ROOT
-    )
+    bad = subprocess.run([*_script("decode_attention"), "--heads", "10", "--kv-heads", "4"], capture_output=True,
+                         text=True, cwd=ROOT)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "error: --heads 10 is not a multiple of --kv-heads 4"
     ]
@@ -826,7 +785,6 @@ def test_decode_attention_counts_transformers_cache_copy_and_ours_has_none(tmp_p
 
 def test_the_decode_attention_numbers_on_the_pages_are_the_files():
     """performance.md, trainer.md and the README quote figures/bench/cpu/decode_attention*.json."""
-
     def rows(name):
         data = json.loads((ROOT / "figures" / "bench" / "cpu" / name).read_text())
         return data, {(r["cache_len"], r["attention"], r["how"]): r for r in data["rows"]}
@@ -843,30 +801,15 @@ def test_the_decode_attention_numbers_on_the_pages_are_the_files():
     assert steps["sdpa"]["decode_ms_per_step"] / steps["packed_gqa"]["decode_ms_per_step"] == pytest.approx(
         steps["packed_gqa"]["sdpa_ms_over_this"]
     )
-    flat = {
-        name: " ".join((ROOT / path).read_text().split())
-        for name, path in (
-            ("performance", "docs/performance.md"),
-            ("trainer", "docs/trainer.md"),
-            ("readme", "README.md"),
-        )
-    }
-    assert (
-        f"attends {ratio} faster with `packed_gqa` than with transformers' SDPA ({packed['ms_per_layer']:.1f} ms "
-        f"against {sdpa['ms_per_layer']:.1f} ms per layer at a cache of 2,048 positions)"
-    ) in flat["performance"]
-    assert (
-        f"a whole decode step of compiled `generate` with two such layers is {step_ratio} faster "
-        f"({steps['packed_gqa']['decode_ms_per_step']:.1f} ms against {steps['sdpa']['decode_ms_per_step']:.1f} ms)"
-    ) in flat["performance"]
-    assert (
-        f"`packed_gqa` is {by_old[2048, 'packed_gqa', 'eager']['sdpa_ms_over_this']:.1f}x faster there too"
-        in flat["performance"]
-    )
-    assert (
-        f"itself in an eager step ({by_new[2048, 'packed_gqa', 'eager']['sdpa_ms_over_this']:.1f}x)"
-        in flat["performance"]
-    )
+    flat = {name: " ".join((ROOT / path).read_text().split()) for name, path in
+            (("performance", "docs/performance.md"), ("trainer", "docs/trainer.md"), ("readme", "README.md"))}
+    assert (f"attends {ratio} faster with `packed_gqa` than with transformers' SDPA ({packed['ms_per_layer']:.1f} ms "
+            f"against {sdpa['ms_per_layer']:.1f} ms per layer at a cache of 2,048 positions)") in flat["performance"]
+    assert (f"a whole decode step of compiled `generate` with two such layers is {step_ratio} faster "
+            f"({steps['packed_gqa']['decode_ms_per_step']:.1f} ms against {steps['sdpa']['decode_ms_per_step']:.1f} ms)"
+            ) in flat["performance"]
+    assert f"`packed_gqa` is {by_old[2048, 'packed_gqa', 'eager']['sdpa_ms_over_this']:.1f}x faster there too" in flat["performance"]
+    assert f"itself in an eager step ({by_new[2048, 'packed_gqa', 'eager']['sdpa_ms_over_this']:.1f}x)" in flat["performance"]
     assert f"step at the paper's geometry is {step_ratio} faster (two layers)" in flat["trainer"]
     assert f"({step_ratio} faster decode steps on CPU" in flat["readme"]
 
@@ -878,20 +821,15 @@ def test_the_h100_byte_count_of_a_decode_step_is_the_files():
     case = {c["kind"]: c for c in data["cases"]}["atr+compiled"]
     from transformers import Qwen3Config
 
-    q = Qwen3Config.from_dict(
-        {"num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128}
-    )
+    q = Qwen3Config.from_dict({"num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
+                               "head_dim": 128})
     n_rep = q.num_attention_heads // q.num_key_value_heads
     kv = 2 * 32 * q.num_key_value_heads * 2048 * q.head_dim * 2 * q.num_hidden_layers  # K and V, bf16
     weights, bandwidth = case["model_bytes"], case["copy_bandwidth_GBps"] * 1e9
     moved = weights + kv + 2 * n_rep * kv
     perf = " ".join((ROOT / "docs" / "performance.md").read_text().split())
-    assert (
-        f"{weights / 1e9:.2f} + {kv / 1e9:.1f} + {n_rep * kv / 1e9:.1f} written + {n_rep * kv / 1e9:.1f} read = "
-        f"{moved / 1e9:.1f} GB, {moved / bandwidth * 1e3:.1f} ms at the measured bandwidth: "
-        f"{100 * moved / bandwidth * 1e3 / case['decode_ms_per_step']:.0f}% of the {case['decode_ms_per_step']:.1f} ms"
-    ) in perf
-    assert (
-        f"Without the copy, {(weights + kv) / 1e9:.1f} GB, {(weights + kv) / bandwidth * 1e3:.2f} ms "
-        f"({(weights + kv) / weights:.1f}x the weight floor)"
-    ) in perf
+    assert (f"{weights / 1e9:.2f} + {kv / 1e9:.1f} + {n_rep * kv / 1e9:.1f} written + {n_rep * kv / 1e9:.1f} read = "
+            f"{moved / 1e9:.1f} GB, {moved / bandwidth * 1e3:.1f} ms at the measured bandwidth: "
+            f"{100 * moved / bandwidth * 1e3 / case['decode_ms_per_step']:.0f}% of the {case['decode_ms_per_step']:.1f} ms") in perf
+    assert (f"Without the copy, {(weights + kv) / 1e9:.1f} GB, {(weights + kv) / bandwidth * 1e3:.2f} ms "
+            f"({(weights + kv) / weights:.1f}x the weight floor)") in perf

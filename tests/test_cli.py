@@ -99,10 +99,8 @@ TRAIN_CASES = [
     (["--load_in_4bit", "true"], "--load_in_4bit true: not supported: atr_llm.train loads models unquantised"),
     (["--load_in_8bit", "true"], "--load_in_8bit true: not supported"),
     (["--attn_implementation", "flashy"], "--attn_implementation flashy: one of eager, .*sdpa or a hub kernel"),
-    (
-        ["--fast_generation_attention", "packed_gqa", "--attn_implementation", "eager"],
-        "--attn_implementation eager: 'sdpa' or unset with --fast_generation_attention packed_gqa",
-    ),
+    (["--fast_generation_attention", "packed_gqa", "--attn_implementation", "eager"],
+     "--attn_implementation eager: 'sdpa' or unset with --fast_generation_attention packed_gqa"),
 ]
 
 
@@ -393,9 +391,7 @@ def test_train_honours_attn_implementation_for_a_local_model_and_the_tiny_one(tm
         script = SimpleNamespace(tiny=False, tiny_vocab="toy")
         loaded, _ = train.load_model_and_tokenizer(script, args, SimpleNamespace(seed=0))
         assert loaded.config._attn_implementation == attention
-        small, _ = train.load_model_and_tokenizer(
-            SimpleNamespace(tiny=True, tiny_vocab="toy"), args, SimpleNamespace(seed=0)
-        )
+        small, _ = train.load_model_and_tokenizer(SimpleNamespace(tiny=True, tiny_vocab="toy"), args, SimpleNamespace(seed=0))
         assert small.config._attn_implementation == attention
 
 

@@ -119,23 +119,10 @@ def _train_lora_grpo(tok, tmp_path, mode: str, *, max_steps: int, callbacks=(), 
         return [float(len(str(c)) % 3) for c in completions]
 
     cfg = ATRGRPOConfig(
-        method="atr",
-        fast_generation=mode,
-        output_dir=str(tmp_path / mode),
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=8,
-        use_cpu=True,
-        report_to="none",
-        loss_type="dr_grpo",
-        beta=0.0,
-        num_iterations=2,
-        max_steps=max_steps,
-        logging_steps=1,
-        save_strategy="no",
-        learning_rate=1e-2,
-        seed=0,
-        **config,
+        method="atr", fast_generation=mode, output_dir=str(tmp_path / mode), per_device_train_batch_size=8,
+        num_generations=4, max_completion_length=8, use_cpu=True, report_to="none", loss_type="dr_grpo",
+        beta=0.0, num_iterations=2, max_steps=max_steps, logging_steps=1, save_strategy="no", learning_rate=1e-2,
+        seed=0, **config,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -186,11 +173,7 @@ def test_compiled_generation_config_asks_transformers_for_one_static_cache_and_i
 
     trl_config = GenerationConfig(max_new_tokens=1536, do_sample=True, disable_compile=True)
     gpu = compiled_generation_config(trl_config, device="cuda")
-    assert (gpu.cache_implementation, gpu.max_cache_len, gpu.disable_compile) == (
-        "static",
-        1536 + PROMPT_ALLOWANCE,
-        False,
-    )
+    assert (gpu.cache_implementation, gpu.max_cache_len, gpu.disable_compile) == ("static", 1536 + PROMPT_ALLOWANCE, False)
     assert gpu.compile_config.mode == "reduce-overhead" and not gpu.compile_config._compile_all_devices
     cpu = compiled_generation_config(trl_config, device="cpu")
     assert cpu.compile_config.mode == "default" and cpu.compile_config._compile_all_devices
@@ -252,10 +235,8 @@ def test_compiled_generation_gives_the_eager_greedy_tokens_for_any_prompt_length
 
 @pytest.mark.parametrize(
     "extra, name",
-    [
-        ({"use_transformers_continuous_batching": True}, "use_transformers_continuous_batching"),
-        ({"cache_implementation": "dynamic"}, "cache_implementation='dynamic'"),
-    ],
+    [({"use_transformers_continuous_batching": True}, "use_transformers_continuous_batching"),
+     ({"cache_implementation": "dynamic"}, "cache_implementation='dynamic'")],
 )
 def test_compiled_is_refused_with_another_generation_path(tmp_path, extra, name):
     with pytest.raises(ValueError, match=f"fast_generation='compiled'.*{name}"):
@@ -284,14 +265,8 @@ def test_training_with_compiled_generation_ends_with_the_weights_of_plain_genera
         torch._dynamo.reset()  # each mode compiles (or not) from scratch
         hooks.clear()
         trainer = _train_lora_grpo(
-            tok,
-            tmp_path / attention,
-            mode,
-            max_steps=4,
-            callbacks=[CountHooks()],
-            gradient_checkpointing=True,
-            fast_generation_attention=attention,
-            fast_generation_prompt_tokens=32,
+            tok, tmp_path / attention, mode, max_steps=4, callbacks=[CountHooks()], gradient_checkpointing=True,
+            fast_generation_attention=attention, fast_generation_prompt_tokens=32,
         )
         assert trainer.fast_generation_mode == mode
         assert hooks[2] > hooks[0]  # the hooks grow with every generation (steps 1 and 3 generate)
@@ -336,17 +311,11 @@ def _attention_by_hand(query, key, value, mask, scale):
 
 @settings(max_examples=60, deadline=None)
 @given(
-    batch=st.integers(1, 3),
-    groups=st.integers(1, 3),
-    n_rep=st.integers(1, 4),
-    length=st.integers(1, 9),
-    head_dim=st.sampled_from([4, 8]),
-    mask_kind=st.sampled_from(["none", "shared", "per_head", "float_per_head"]),
+    batch=st.integers(1, 3), groups=st.integers(1, 3), n_rep=st.integers(1, 4), length=st.integers(1, 9),
+    head_dim=st.sampled_from([4, 8]), mask_kind=st.sampled_from(["none", "shared", "per_head", "float_per_head"]),
     seed=st.integers(0, 2**16),
 )
-def test_packed_gqa_attention_is_attention_over_the_repeated_heads(
-    batch, groups, n_rep, length, head_dim, mask_kind, seed
-):
+def test_packed_gqa_attention_is_attention_over_the_repeated_heads(batch, groups, n_rep, length, head_dim, mask_kind, seed):
     from atr_llm.fast_generation import packed_gqa_attention
 
     g = torch.Generator().manual_seed(seed)
@@ -404,11 +373,9 @@ def test_packed_gqa_is_used_while_generating_only_and_refuses_a_model_without_sd
 
 @pytest.mark.parametrize(
     "field, value, message",
-    [
-        ("fast_generation_attention", "flash", "fast_generation_attention must be one of .* got 'flash'"),
-        ("fast_generation_prompt_tokens", 0, "fast_generation_prompt_tokens must be a whole number >= 1, got 0"),
-        ("fast_generation_prompt_tokens", 1.5, "fast_generation_prompt_tokens must be a whole number >= 1, got 1.5"),
-    ],
+    [("fast_generation_attention", "flash", "fast_generation_attention must be one of .* got 'flash'"),
+     ("fast_generation_prompt_tokens", 0, "fast_generation_prompt_tokens must be a whole number >= 1, got 0"),
+     ("fast_generation_prompt_tokens", 1.5, "fast_generation_prompt_tokens must be a whole number >= 1, got 1.5")],
 )
 def test_a_bad_generation_attention_or_prompt_allowance_is_refused_when_the_config_is_built(
     tmp_path, field, value, message
@@ -475,21 +442,13 @@ def test_the_trainer_refuses_packed_gqa_for_a_model_that_does_not_attend_with_sd
     model = tiny.build_tiny_model(tok)
     model.config._attn_implementation = "eager"
     cfg = ATRGRPOConfig(
-        output_dir=str(tmp_path),
-        use_cpu=True,
-        report_to="none",
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=4,
-        fast_generation_attention="packed_gqa",
+        output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=4, num_generations=4,
+        max_completion_length=4, fast_generation_attention="packed_gqa",
     )
     with pytest.raises(ValueError, match=r"fast_generation_attention='packed_gqa' .* attends with \['eager'\]"):
         ATRGRPOTrainer(
-            model=model,
-            reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
-            args=cfg,
-            train_dataset=data.to_grpo_dataset(data.arithmetic_dataset(8)),
-            processing_class=tok,
+            model=model, reward_funcs=[lambda completions, **kw: [0.0] * len(completions)], args=cfg,
+            train_dataset=data.to_grpo_dataset(data.arithmetic_dataset(8)), processing_class=tok,
         )
 
 
@@ -500,9 +459,7 @@ def test_tensors_kept_gives_back_every_parameter_gradient_and_buffer_after_a_cas
     from atr_llm.fast_generation import tensors_kept
 
     model = _lora_model(tok, scale=0.5)  # no gradients: torch refuses to cast a parameter that has one
-    before = {
-        n: (p, p.detach().clone(), None if p.grad is None else p.grad.clone()) for n, p in model.named_parameters()
-    }
+    before = {n: (p, p.detach().clone(), None if p.grad is None else p.grad.clone()) for n, p in model.named_parameters()}
     buffers = {n: b.clone() for n, b in model.named_buffers()}
     assert buffers  # the rotary embedding's inv_freq at least
     with tensors_kept(model) as n:
@@ -557,13 +514,9 @@ def test_the_continuous_batching_numbers_on_the_trainer_page_are_the_file():
     assert rows["trl", True]["dtypes_after"] == ["bfloat16"] and rows["atr", True]["dtypes_after"] == ["float32"]
     page = " ".join((root / "docs/trainer.md").read_text().split())
     steps = rows["trl", True]["steps"]
-    assert (
-        f"after {steps} steps of stock TRL with it, {share['trl', True]} of the LoRA A entries had moved beyond "
-        f"bf16 rounding ({share['trl', False]} without continuous batching; {share['atr', True]} with "
-        "`ATRGRPOTrainer`, which"
-    ) in page
+    assert (f"after {steps} steps of stock TRL with it, {share['trl', True]} of the LoRA A entries had moved beyond "
+            f"bf16 rounding ({share['trl', False]} without continuous batching; {share['atr', True]} with "
+            "`ATRGRPOTrainer`, which") in page
     index = " ".join((root / "docs/experiments/index.md").read_text().split())
-    assert (
-        f"after {steps} steps at lr 5e-6 only {share['trl', True]} of the LoRA A entries moved beyond bf16 rounding "
-        f"({share['trl', False]} without it); `ATRGRPOTrainer` gives the tensors back ({share['atr', True]})"
-    ) in index
+    assert (f"after {steps} steps at lr 5e-6 only {share['trl', True]} of the LoRA A entries moved beyond bf16 rounding "
+            f"({share['trl', False]} without it); `ATRGRPOTrainer` gives the tensors back ({share['atr', True]})") in index

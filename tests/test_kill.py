@@ -61,9 +61,7 @@ def test_a_training_run_killed_at_any_moment_resumes_to_the_uninterrupted_run(tm
         # the moment a checkpoint folder appears: transformers is writing it (weights, optimizer, state)
         "mid_checkpoint": lambda out: (out / "checkpoint-4").exists(),
         # after the first complete checkpoint, while the next steps generate and step the optimizer
-        "mid_training": lambda out: (
-            is_complete_checkpoint(out / "checkpoint-2") and not (out / "checkpoint-4").exists()
-        ),
+        "mid_training": lambda out: is_complete_checkpoint(out / "checkpoint-2") and not (out / "checkpoint-4").exists(),
     }
     for name, ready in kill_points.items():
         out = tmp_path / name

@@ -71,10 +71,7 @@ def test_no_module_imports_itself_through_a_cycle():
 def test_data_flows_one_way():
     for name, targets in _graph().items():
         top = name.split(".")[0]
-        above = {
-            "atr_theory": set(PACKAGES) - {"atr_theory"},
-            "atr_llm": {"sims", "experiments", "benchmarks", "tools"},
-        }
+        above = {"atr_theory": set(PACKAGES) - {"atr_theory"}, "atr_llm": {"sims", "experiments", "benchmarks", "tools"}}
         bad = {t for t in targets if t.split(".")[0] in above.get(top, set())}
         assert not bad, f"{name} imports {bad}"
 

@@ -65,9 +65,7 @@ def train_sft(seed: int, sft_steps: int, runs_dir: Path) -> Path:
 
     out = run_directory(runs_dir, "sft", seed)
     if (out / "config.json").exists():
-        recorded = (
-            json.loads((out / MACHINE_FILE).read_text()).get("sft_steps") if (out / MACHINE_FILE).exists() else None
-        )
+        recorded = json.loads((out / MACHINE_FILE).read_text()).get("sft_steps") if (out / MACHINE_FILE).exists() else None
         if recorded is not None and recorded != sft_steps:
             raise ValueError(
                 f"{out} is an SFT model of {recorded} steps, this invocation asks for {sft_steps}: "

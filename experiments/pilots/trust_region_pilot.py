@@ -49,19 +49,9 @@ ARMS: dict[str, dict[str, int]] = {
     # at 600 SFT steps the policy is nearly deterministic (entropy ~0.18 nats a token): few tokens can move at all;
     # a less trained start leaves more of them in play
     "sft150-spg16-iter2": {"num_iterations": 2, "steps_per_generation": 16, "sft_steps": 150},
-    "sft150-lr3e-4-spg16-iter2": {
-        "num_iterations": 2,
-        "steps_per_generation": 16,
-        "learning_rate": 3e-4,
-        "sft_steps": 150,
-    },
+    "sft150-lr3e-4-spg16-iter2": {"num_iterations": 2, "steps_per_generation": 16, "learning_rate": 3e-4, "sft_steps": 150},
     "sft150-lr3e-4-iter8": {"num_iterations": 8, "steps_per_generation": 1, "learning_rate": 3e-4, "sft_steps": 150},
-    "sft60-lr3e-4-spg16-iter2": {
-        "num_iterations": 2,
-        "steps_per_generation": 16,
-        "learning_rate": 3e-4,
-        "sft_steps": 60,
-    },
+    "sft60-lr3e-4-spg16-iter2": {"num_iterations": 2, "steps_per_generation": 16, "learning_rate": 3e-4, "sft_steps": 60},
 }
 """Arm -> knobs (TRL's ``num_iterations`` and ``steps_per_generation``; ``gradient_accumulation_steps`` stays 1;
 ``learning_rate`` when not cpu-table.yaml's 1e-4; ``sft_steps`` when the start is not the CPU table's 600-step SFT
