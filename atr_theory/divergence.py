@@ -35,6 +35,7 @@ __all__ = [
     "full_kl",
     "HeadScores",
     "head_kl_chunked",
+    "head_kl_both_ways",
 ]
 
 # numpy: below |y| < 0.5 the estimators are summed as Taylor series (no cancellation in e^y - 1 - y)
@@ -308,3 +309,42 @@ def head_kl_chunked(
             parts.append(_head_chunk(*args))
     logp, kl, entropy = (torch.cat([part[i] for part in parts]).reshape(lead) for i in range(3))
     return HeadScores(logp, kl, entropy)
+
+
+def head_kl_both_ways(
+    hidden: torch.Tensor,
+    old_hidden: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    old_weight: torch.Tensor | None = None,
+    old_bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""``(KL(pi_old(.|s) || pi(.|s)), KL(pi(.|s) || pi_old(.|s)))`` per position, (...), without gradient: the true
+    divergences over the whole vocabulary, from final hidden states and the LM head as in ``head_kl_chunked``
+    (``pi = softmax((hidden W^T + b) / temperature)``, ``pi_old`` from ``old_hidden`` and ``old_weight`` / ``old_bias``,
+    default the current head), ``chunk_size`` positions at a time (each direction by ``full_kl``). A measurement, not
+    a loss term: nothing here carries gradient."""
+    if hidden.shape != old_hidden.shape or hidden.ndim < 2:
+        raise ValueError(
+            f"hidden and old_hidden must have the same shape (..., H), got {tuple(hidden.shape)} "
+            f"and {tuple(old_hidden.shape)}"
+        )
+    if isinstance(chunk_size, bool) or int(chunk_size) != chunk_size or chunk_size < 1:
+        raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
+    old_weight = weight if old_weight is None else old_weight
+    old_bias = bias if old_bias is None else old_bias
+    lead, size = hidden.shape[:-1], hidden.shape[-1]
+    h, h_old = hidden.detach().reshape(-1, size), old_hidden.detach().reshape(-1, size)
+    forward, reverse = [], []
+    with torch.no_grad():
+        for start in range(0, h.shape[0], int(chunk_size)):
+            sl = slice(start, start + int(chunk_size))
+            new = _upcast(torch.nn.functional.linear(h[sl], weight, bias)) / temperature
+            old = _upcast(torch.nn.functional.linear(h_old[sl], old_weight, old_bias)) / temperature
+            forward.append(full_kl(old, new))
+            reverse.append(full_kl(new, old))
+    empty = _upcast(hidden.new_zeros(0))
+    return tuple((torch.cat(x) if x else empty).reshape(lead) for x in (forward, reverse))

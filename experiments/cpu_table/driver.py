@@ -298,6 +298,12 @@ def main(argv=None) -> dict:
         help="optimizer steps each generated batch is split over (TRL steps_per_generation) when not 1 (a protocol "
         "of its own)",
     )
+    ap.add_argument(
+        "--measure-true-kl",
+        action="store_true",
+        help="log the full-vocabulary KL(pi_old || pi) of every update (atr_llm.true_kl; training unchanged): the "
+        "table's acted_true_kl_* columns",
+    )
     ap.add_argument("--workers", type=int, default=2, help="parallel training processes (one thread each)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where SFT, GRPO and evaluation run")
     ap.add_argument("--runs-dir", default="runs/cpu_table_steps")
@@ -405,6 +411,7 @@ def main(argv=None) -> dict:
                 "save_steps": settings["save_steps"],
                 "learning_rate": settings["learning_rate"],
                 **{knob: settings[knob] for knob in OFF_POLICY_KNOBS},
+                "measure_true_kl": args.measure_true_kl,
             }
             for run in settings["runs"]  # run-major: the first runs of the list get every seed first
             for s in settings["seeds"]

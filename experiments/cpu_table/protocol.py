@@ -228,6 +228,8 @@ def train_argv(job: dict, output_dir: Path | str, max_steps: int, save_steps: in
             argv += [f"--{knob}", str(int(job[knob]))]
     if job.get("device", "cpu") != "cpu":
         argv += ["--use_cpu", "false"]
+    if job.get("measure_true_kl"):  # a measurement only: the same weights with it on or off (tests)
+        argv += ["--measure_true_kl", "true"]
     return argv
 
 
@@ -326,7 +328,23 @@ ACTED_KEYS = (
 )
 
 
-def acted_summary(history: list[dict]) -> dict:
+TRUE_KL_KEYS = (
+    "true_kl/mean",
+    "true_kl/p95",
+    "true_kl/reverse_mean",
+    "true_kl/reverse_p95",
+    "true_kl/frac_above_delta",
+    "true_kl/frac_above_delta_kept",
+    "true_kl/frac_above_delta_dropped",
+    "true_kl/k3_rank_corr",
+    "true_kl/k1_mean",
+    "true_kl/k3_mean",
+)
+"""What a run trained with ``--measure-true-kl`` logs (``atr_llm.true_kl.true_kl_summary``), summarised by
+``acted_summary`` like ``ACTED_KEYS``."""
+
+
+def acted_summary(history: list[dict], true_kl_delta: float = 0.07) -> dict:
     """How much a run's rule acted: the mean over its logged rows (also those of steps that reuse a batch and log no
     reward; TRL averages each row over the optimizer steps since the previous one) of each ``ACTED_KEYS`` entry,
     and the mean entropy in the first and the last fifth of the rows. ``clip/frac_masked``: tokens whose gradient the rule removed; ``clip/frac_clipped_*``: tokens whose
@@ -338,6 +356,14 @@ def acted_summary(history: list[dict]) -> dict:
     for key in ACTED_KEYS:
         values = [h[key] for h in rows if h.get(key) is not None]
         out[key] = statistics.fmean(values) if values else None
+    measured = [h for h in rows if h.get("true_kl/mean") is not None]
+    if measured:  # --measure-true-kl: each key's mean over the logged rows, and how often a row's mean exceeded delta
+        for key in TRUE_KL_KEYS:
+            values = [h[key] for h in measured if h.get(key) is not None]
+            out[key] = statistics.fmean(values) if values else None
+        out["true_kl/frac_rows_above_delta"] = statistics.fmean(
+            [float(h["true_kl/mean"] > true_kl_delta) for h in measured]
+        )
     entropy = [h["entropy"] for h in rows if h.get("entropy") is not None]
     fifth = max(1, len(entropy) // 5)
     out["entropy_first_fifth"] = statistics.fmean(entropy[:fifth]) if entropy else None
