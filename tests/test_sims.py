@@ -32,6 +32,7 @@ def test_a_sim_script_runs_with_python_m_from_the_repository_root(tmp_path):
         ("bandit_training", "bandit_training"),
         ("delta_sweep", "delta_sweep"),
         ("trust_regions", "trust_regions"),
+        ("range_form", "range_form"),
     ],
 )
 def test_sim_script_writes_png_pdf_and_numbers(tmp_path, script, figure):
