@@ -168,7 +168,7 @@ def load_benchmark(name: str, path: str | None, argument: str = "benchmark file"
         raise ValueError(
             f"benchmark {name!r} needs a local file: --benchmark_path {name}=FILE (columns question, answer)"
         )
-    ds = load_source(source, path, argument=argument)
+    ds = load_source(source, path, argument=argument, published=name in benchmarks)  # a file of the user's: no count
     known = SOURCES[source].n_problems if name in benchmarks else None
     print(f"benchmark {name}: {len(ds)} problems" + (f" (the published set has {known})" if known else ""))
     return ds

@@ -224,6 +224,7 @@ class ATRGRPOConfig(GRPOConfig):
             raise ValueError(f"fast_generation must be one of {FAST_GENERATION_MODES}, got {self.fast_generation!r}")
         check_attention(self.fast_generation_attention)
         check_prompt_allowance(self.fast_generation_prompt_tokens)
+        check_trl_domains(self)
         if not (isinstance(self.true_kl_delta, (int, float)) and math.isfinite(self.true_kl_delta)) or (
             isinstance(self.true_kl_delta, bool) or self.true_kl_delta <= 0
         ):
@@ -245,6 +246,28 @@ class ATRGRPOConfig(GRPOConfig):
     def resolved_method(self) -> at.ResolvedMethod:
         """The validated method, form and parameter values (``atr_theory.resolve``)."""
         return at.resolve(rule_name(self), self.form, **method_params(self))
+
+
+TRL_IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+"""TRL 1.16's values of ``importance_sampling_level`` (its loss raises on any other, after the run has started)."""
+
+
+def check_trl_domains(args) -> None:
+    """TRL and transformers fields whose domain the libraries check only once training runs, checked here under the
+    field's own name before anything is done: ``importance_sampling_level`` (TRL: 'token' or 'sequence'),
+    ``top_entropy_quantile`` (TRL's documented range [0, 1]) and ``report_to`` (transformers' integrations)."""
+    level = getattr(args, "importance_sampling_level", "token")
+    if level not in TRL_IMPORTANCE_SAMPLING_LEVELS:
+        raise ValueError(f"importance_sampling_level {level!r}: expected one of {list(TRL_IMPORTANCE_SAMPLING_LEVELS)}")
+    quantile = getattr(args, "top_entropy_quantile", 1.0)
+    if isinstance(quantile, bool) or not isinstance(quantile, (int, float)) or not 0.0 <= quantile <= 1.0:
+        raise ValueError(f"top_entropy_quantile {quantile!r}: expected a number in [0, 1] (TRL's range)")
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    known = {"all", "none", *INTEGRATION_TO_CALLBACK}
+    for name in args.report_to or []:
+        if name not in known:
+            raise ValueError(f"report_to {name!r}: expected 'none', 'all' or one of {sorted(INTEGRATION_TO_CALLBACK)}")
 
 
 def _add_fields_of_methods_registered_elsewhere(cls):

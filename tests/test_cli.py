@@ -95,6 +95,11 @@ TRAIN_CASES = [
     (["--weight_decay=-0.1"], "--weight_decay -0.1"),
     (["--beta=-0.1"], "--beta -0.1"),
     (["--max_steps", "0"], "--max_steps 0"),
+    # TRL's and transformers' own fields whose domain they check only once training runs: refused by their names
+    (["--importance_sampling_level", "tokens"], "importance_sampling_level 'tokens': expected one of"),
+    (["--top_entropy_quantile", "1.5"], r"top_entropy_quantile 1.5: expected a number in \[0, 1\]"),
+    (["--report_to", "nosuchlogger"], "report_to 'nosuchlogger': expected 'none', 'all' or one of"),
+    (["--true_kl_delta", "0"], "true_kl_delta must be a finite number > 0"),
     # trl.ModelConfig's loading options: honoured (tests below) or refused by name
     (["--load_in_4bit", "true"], "--load_in_4bit true: not supported: atr_llm.train loads models unquantised"),
     (["--load_in_8bit", "true"], "--load_in_8bit true: not supported"),

@@ -217,3 +217,18 @@ def test_thinking_switch_reaches_qwen3s_chat_template():
         gen(prompt)
         assert seen[-1].endswith("<think>\n\n</think>\n\n") == has_block
     assert ev.parse_args(["--model", "m", "--thinking", "off"]).thinking == "off"
+
+
+def test_a_local_benchmark_is_named_as_the_user_named_it_and_its_size_is_not_compared_with_a_published_set(
+    tmp_path, recwarn, capsys
+):
+    """A file of one's own (12 problems here) read as ``--benchmark_path mine=FILE`` is not a copy of AMC23-40: no
+    warning that 'amc23-40 has 40 problems'; a published set's own file of the wrong size still warns."""
+    rows = "\n".join(json.dumps({"question": f"{i} + 1 = ?", "answer": str(i + 1)}) for i in range(12))
+    (tmp_path / "mine.jsonl").write_text(rows + "\n")
+    ds = ev.load_benchmark("mine", str(tmp_path / "mine.jsonl"))
+    assert len(ds) == 12
+    assert not [w for w in recwarn if "problems" in str(w.message)]
+    assert "benchmark mine: 12 problems" in capsys.readouterr().out
+    with pytest.warns(UserWarning, match="amc23-40 has 40 problems, this file/hub copy has 12"):
+        ev.load_benchmark("amc23-40", str(tmp_path / "mine.jsonl"))

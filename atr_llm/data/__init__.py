@@ -245,13 +245,20 @@ def map_rows(rows, source: Source, origin: str, lines: list[int] | None = None) 
 
 
 def load_source(
-    name: str, path: str | Path | None = None, limit: int | None = None, seed: int = 0, argument: str = "dataset file"
+    name: str,
+    path: str | Path | None = None,
+    limit: int | None = None,
+    seed: int = 0,
+    argument: str = "dataset file",
+    published: bool = True,
 ):
     """Load a named source (see the module table) from ``path`` if given, else from its hub id.
 
     A name in ``OFFLINE_TASKS`` generates that offline task (``limit`` rows, default 512).
     Returns a ``datasets.Dataset`` with columns problem, answer (and solution where the source has one). ``argument``
     names ``path`` in a refusal (the command-line flag it came from); a path given for an offline task is refused.
+    ``published=False``: ``path`` is the user's own file read in ``name``'s format, not a copy of the published set,
+    so its row count is not compared with the published one.
     """
     from datasets import Dataset, load_dataset
 
@@ -275,7 +282,7 @@ def load_source(
             rows += map_rows(raw, src, f"{src.hub_id}[{cfg or 'default'}]")
     if limit:
         rows = rows[:limit]
-    elif src.n_problems is not None and len(rows) != src.n_problems:
+    elif published and src.n_problems is not None and len(rows) != src.n_problems:
         warnings.warn(f"{name} has {src.n_problems} problems, this file/hub copy has {len(rows)}", stacklevel=2)
     return Dataset.from_list(rows)
 
