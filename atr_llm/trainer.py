@@ -532,6 +532,36 @@ class ATRLossMixin:
         if self.clipping_inert:
             warnings.warn(inert_clipping_message(self.args), stacklevel=2)
 
+    # ---- TRL's entropy controller state: one place, the EntropyBonus; TRL's names read and write it ---------------
+    @property
+    def entropy_coef(self) -> float:
+        """TRL's ``entropy_coef`` attribute: the entropy bonus's current coefficient (it moves under
+        ``use_adaptive_entropy``), what TRL saves in a checkpoint's ``entropy_ctrl_state.json`` and restores."""
+        bonus = self.__dict__.get("_entropy_bonus")
+        return bonus.coef if bonus is not None else self.__dict__.get("_entropy_coef_value", 0.0)
+
+    @entropy_coef.setter
+    def entropy_coef(self, value: float) -> None:
+        bonus = self.__dict__.get("_entropy_bonus")
+        if bonus is not None:
+            bonus.coef = float(value)
+        else:  # TRL's __init__ sets it before the bonus exists
+            self.__dict__["_entropy_coef_value"] = value
+
+    @property
+    def _last_world_entropy(self) -> float:
+        """TRL's name for the last window's entropy (saved and restored with ``entropy_coef``)."""
+        bonus = self.__dict__.get("_entropy_bonus")
+        return bonus.last_window_entropy if bonus is not None else self.__dict__.get("_last_entropy_value", math.inf)
+
+    @_last_world_entropy.setter
+    def _last_world_entropy(self, value: float) -> None:
+        bonus = self.__dict__.get("_entropy_bonus")
+        if bonus is not None:
+            bonus.last_window_entropy = float(value)
+        else:
+            self.__dict__["_last_entropy_value"] = value
+
     # ---- full distributions (tr_ppo, truly_ppo): hidden states and the head, never (B, T, V) --------
     def _completion_hidden(self, model, input_ids, attention_mask, logits_to_keep):
         """(B, T, H) final-norm hidden states at the positions that predict the last ``logits_to_keep`` tokens."""

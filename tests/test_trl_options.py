@@ -350,3 +350,47 @@ def test_a_full_distribution_method_refuses_a_router_loss_it_cannot_add(tmp_path
     with warnings.catch_warnings(), pytest.raises(ValueError, match="tr_ppo.*no router loss.*router_aux_loss_coef=0"):
         warnings.simplefilter("ignore")
         ATRGRPOTrainer(_tiny_moe(tok), [rewards.CorrectnessReward()], cfg, ds, processing_class=tok)
+
+
+def _adaptive_entropy_run(tmp_path, tok, trainer_cls, config_cls, **extra):
+    """TRL's ``test_train_with_adaptive_entropy*`` settings on the tiny model: entropy_target above any entropy, so the
+    coefficient rises by ``entropy_coef_delta`` once per optimizer step; a checkpoint at the last step."""
+    cfg = config_cls(
+        **grpo_config_kwargs(
+            tmp_path, max_steps=3, gradient_accumulation_steps=2, save_strategy="steps", save_steps=3, **extra
+        ),
+        entropy_coef=0.01,
+        use_adaptive_entropy=True,
+        entropy_target=15.0,
+        entropy_coef_delta=0.005,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = trainer_cls(
+            model=tiny.build_tiny_model(tok),
+            reward_funcs=[lambda completions, **kw: [float(len(str(c)) % 3) for c in completions]],
+            args=cfg,
+            train_dataset=data.to_grpo_dataset(data.arithmetic_dataset(32)),
+            processing_class=tok,
+        )
+        if not trl_logps_kernel_available() and trainer_cls is trl.GRPOTrainer:
+            pytest.skip("TRL's own log-prob path needs Triton here")
+        trainer.train()
+    return trainer
+
+
+def test_trls_adaptive_entropy_tests_pass_with_trls_entropy_coef_attribute(tmp_path, tok):
+    """TRL's own assertions (tests/test_grpo_trainer.py, test_train_with_adaptive_entropy and its gradient-accumulation
+    variant) read ``trainer.entropy_coef``: it moves once per optimizer step, as stock TRL's does on the same run, and
+    TRL's checkpoint file holds the moved value (a resume restores it)."""
+    import json
+
+    ours = _adaptive_entropy_run(tmp_path / "ours", tok, ATRGRPOTrainer, ATRGRPOConfig, method="trl")
+    assert ours.state.log_history[-1]["train_loss"] is not None
+    assert ours.entropy_coef > 0.01
+    assert ours.entropy_coef == pytest.approx(min(0.01 + 0.005 * ours.state.global_step, 1.0), abs=1e-6)
+    saved = json.loads((tmp_path / "ours" / "out" / "checkpoint-3" / "entropy_ctrl_state.json").read_text())
+    assert saved["entropy_coef"] == pytest.approx(ours.entropy_coef)
+    assert saved["last_world_entropy"] == pytest.approx(ours._last_world_entropy)
+    theirs = _adaptive_entropy_run(tmp_path / "theirs", tok, trl.GRPOTrainer, trl.GRPOConfig)
+    assert ours.entropy_coef == pytest.approx(theirs.entropy_coef, abs=1e-12)
