@@ -451,9 +451,48 @@ def parse_args(argv=None):
     return args
 
 
+ARCHITECTURE_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+"""``config.json`` entries a full-model checkpoint must share with the base model it is evaluated with."""
+
+
+def check_chat_template(argument: str, folder: Path) -> None:
+    """Refuse a local model folder whose tokenizer has no chat template (evaluation formats every prompt with it):
+    neither ``chat_template.jinja`` nor a ``chat_template`` entry in ``tokenizer_config.json``."""
+    from .cli import refuse
+
+    config = folder / "tokenizer_config.json"
+    has = (folder / "chat_template.jinja").is_file()
+    if not has and config.is_file():
+        try:
+            has = bool(json.loads(config.read_text()).get("chat_template"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise refuse(argument, str(folder), "its tokenizer_config.json is not JSON") from None
+    if not has:
+        raise refuse(
+            argument,
+            str(folder),
+            "its tokenizer has no chat template (no chat_template.jinja, no chat_template in tokenizer_config.json); "
+            "evaluation formats every prompt with it",
+        )
+
+
+def check_same_architecture(argument: str, checkpoint: Path, base_argument: str, base: Path) -> None:
+    """Refuse a full-model checkpoint whose ``config.json`` differs from the base model's in ``ARCHITECTURE_KEYS``
+    (a run of another model): its weights would not load into the base's tokenizer and shapes."""
+    from .cli import refuse
+
+    if not (checkpoint / "config.json").is_file() or not (base / "config.json").is_file():
+        return
+    mine, theirs = (json.loads((p / "config.json").read_text()) for p in (checkpoint, base))
+    differ = [k for k in ARCHITECTURE_KEYS if mine.get(k) != theirs.get(k)]
+    if differ:
+        shown = ", ".join(f"{k} {mine.get(k)!r} vs {theirs.get(k)!r}" for k in differ)
+        raise refuse(argument, str(checkpoint), f"another architecture than {base_argument} {base}: {shown}")
+
+
 def check_args(args) -> None:
     """Every argument checked before a model loads or a file is written; a refusal names the argument."""
-    from .cli import existing_directory, finite_number, positive_int, refuse
+    from .cli import existing_directory, finite_number, output_directory, positive_int, refuse
 
     if args.model is None and args.tiny_model is None:
         raise refuse("--model", None, "give --model (hub id or folder) or --tiny-model FOLDER")
@@ -498,6 +537,14 @@ def check_args(args) -> None:
                 f"unknown benchmark; {hint}known: {', '.join(known)}, or any name given a "
                 f"file with --benchmark_path {name}=FILE (columns question, answer)",
             )
+    output_directory("--output_dir", args.output_dir)
+    base = args.tiny_model or args.model
+    flag = "--tiny-model" if args.tiny_model else "--model"
+    if Path(base).is_dir():  # a local folder: what loading it would find wrong, found before it loads
+        check_chat_template(flag, Path(base))
+        if args.checkpoints is not None:
+            for _, checkpoint in _checkpoints(Path(args.checkpoints), args.every):
+                check_same_architecture("--checkpoints", checkpoint, flag, Path(base))
 
 
 def trained_rule(checkpoints: str | None, runs: list[tuple[int, Path | None]]) -> str | None:

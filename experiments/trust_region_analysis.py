@@ -53,17 +53,31 @@ DESCRIBED = (
 )
 
 
-def read_table(path: Path) -> list[dict]:
-    """The study table's rows, numbers as floats (empty cells None)."""
-    with path.open() as f:
-        rows = list(csv.DictReader(f))
-    if not rows:
-        raise ValueError(f"{path}: no rows")
-    for row in rows:
+TABLE_COLUMNS = ("method", "seed", "benchmark", "mean_at_8")
+"""Columns a study table (``cpu_llm_table.csv``, written by ``experiments.cpu_table``) has at least."""
+
+
+def read_table(path: Path, argument: str = "--table") -> list[dict]:
+    """The study table's rows, numbers as floats (empty cells None); a file that is not such a table (no header with
+    ``TABLE_COLUMNS``, no rows, a number column with text in it) is refused naming ``argument`` and the line."""
+    from atr_llm.cli import refuse
+
+    try:
+        with path.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+    except UnicodeDecodeError:
+        raise refuse(argument, str(path), "not UTF-8 text: expected the study's cpu_llm_table.csv") from None
+    missing = [c for c in TABLE_COLUMNS if not rows or c not in rows[0]]
+    if missing:
+        raise refuse(argument, str(path), f"not a study table (cpu_llm_table.csv): no column(s) {', '.join(missing)}")
+    for line, row in enumerate(rows, 2):
         for key, value in row.items():
             if key in ("method", "benchmark", "sft_model", "sft_machine", "invocation"):
                 continue
-            row[key] = None if value in ("", None) else float(value)
+            try:
+                row[key] = None if value in ("", None) else float(value)
+            except (TypeError, ValueError):
+                raise refuse(argument, str(path), f"line {line}: column {key!r} is not a number ({value!r})") from None
         row["seed"] = int(row["seed"])
     return rows
 

@@ -130,7 +130,7 @@ def write_equivalences(rows: list[dict], path: Path, n: int, seed: int) -> None:
 
 
 def main(argv=None):
-    from atr_llm.cli import Parser, positive_int, refuse
+    from atr_llm.cli import Parser, output_directory, positive_int, refuse
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=10_000, help="instances per statement")
@@ -140,8 +140,9 @@ def main(argv=None):
     args = ap.parse_args(argv)
     positive_int("--n", args.n)
     positive_int("--seed", args.seed, minimum=0)
-    if Path(args.out).exists() and not Path(args.out).is_dir():
-        raise refuse("--out", args.out, "not a directory")
+    if args.seed > 2**63 - 1:  # torch.Generator.manual_seed takes a signed 64-bit integer
+        raise refuse("--seed", args.seed, "expected an integer in [0, 2^63 - 1]")
+    output_directory("--out", args.out)  # a file, or a path below a file: refused before any work
     n = 1000 if args.quick else args.n
     torch.set_default_dtype(torch.float64)
     report = build_report(n, args.seed)

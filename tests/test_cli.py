@@ -183,6 +183,9 @@ EVALUATE_CASES = [
     (["--tiny-model", "{model}", "--benchmarks", "a", "--benchmark_path", "b=x"], "benchmark 'b' is not in"),
     (["--tiny-model", "{model}", "--checkpoints", "{tmp}"], "holds no complete checkpoint"),
     (["--tiny-model", "{model}", "--adapter", "{tmp}"], "not a LoRA adapter folder"),
+    (["--tiny-model", "{untemplated}"], "--tiny-model .*untemplated: its tokenizer has no chat template"),
+    (["--tiny-model", "{model}", "--checkpoints", "{other_run}"], "--checkpoints .*checkpoint-2: another architecture"),
+    (["--tiny-model", "{model}", "--output_dir", "{afile}/eval"], "--output_dir .*afile/eval: .*afile is a file"),
     (["--model", "x", "--n", "two"], "argument --n: invalid int value"),
     (
         ["--tiny-model", "{model}", "--benchmarks", "aime42"],
@@ -197,13 +200,22 @@ EVALUATE_CASES = [
 
 @pytest.mark.parametrize("extra,match", EVALUATE_CASES, ids=[" ".join(c[0]) for c in EVALUATE_CASES])
 def test_evaluate_refuses_bad_input_before_any_model_or_file(tmp_path, extra, match, capsys):
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
+    model, untemplated = tmp_path / "model", tmp_path / "untemplated"
+    for folder in (model, untemplated):
+        folder.mkdir()
+        (folder / "config.json").write_text('{"model_type": "qwen3", "hidden_size": 64}')
+    (model / "chat_template.jinja").write_text("{{ messages }}")
+    other = tmp_path / "other_run" / "checkpoint-2"  # a run of another model: its own config.json
+    other.mkdir(parents=True)
+    (other / "trainer_state.json").write_text("{}")
+    (other / "config.json").write_text('{"model_type": "qwen3", "hidden_size": 128}')
+    (tmp_path / "afile").write_text("")
     names = {"missing": str(tmp_path / "missing.jsonl"), "tmp": str(tmp_path / "empty_dir"), "model": str(model)}
+    names |= {"untemplated": str(untemplated), "other_run": str(other.parent), "afile": str(tmp_path / "afile")}
     (tmp_path / "empty_dir").mkdir()
     out = tmp_path / "out"
-    argv = [a.format(**names) for a in extra] + ["--output_dir", str(out)]
+    argv = [a.format(**names) for a in extra]
+    argv += [] if "--output_dir" in extra else ["--output_dir", str(out)]
     with pytest.raises((ValueError, SystemExit)) as refused:
         evaluate.parse_args(argv)
     text = str(refused.value) if isinstance(refused.value, ValueError) else capsys.readouterr().err
@@ -341,6 +353,11 @@ def test_the_sims_scripts_refuse_bad_input(tmp_path, module, argv, match):
         ["-m", "atr_llm.train", "--config", "atr_llm/configs/cpu-tiny.yaml", "--output_dir", "README.md"],
         ["-m", "atr_llm.train", "--config", "atr_llm/configs/cpu-tiny.yaml", "--output_dir", "README.md/run"],
         ["-m", "atr_llm.train", "--config", "atr_llm/configs/cpu-tiny.yaml", "--output_dir", "{out}/" + "x" * 300],
+        ["-m", "sims.verify_theorems", "--quick", "--out", "README.md/report"],
+        ["-m", "sims.verify_theorems", "--quick", "--seed", "99999999999999999999", "--out", "{out}"],
+        ["-m", "tools.pack_runs", "{out}/missing", "{out}/pack"],
+        ["-m", "tools.pack_runs", "atr_llm/configs", "{out}/pack", "--part-mib", "0"],
+        ["-m", "experiments.trust_region_analysis", "--table", "README.md", "--out", "{out}"],
     ],
 )
 def test_a_refusal_is_one_line_exit_2_and_no_traceback(tmp_path, command):
@@ -427,3 +444,10 @@ def test_the_unsloth_loader_sizes_its_sequences_from_a_config_without_max_prompt
     assert unsloth_backend.load_unsloth_model(args, cfg) == (1, 2)
     assert (seen["path"], seen["max_seq_length"], seen["r"], seen["lora_alpha"]) == ("m", 512 + 300, 8, 16)
     assert args.use_peft is False  # the adapter is attached by Unsloth already
+
+
+def test_check_site_answers_help_with_its_usage():
+    res = subprocess.run(
+        [sys.executable, "-m", "tools.check_site", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    assert res.returncode == 0 and res.stdout.startswith("usage: python -m tools.check_site SITE_DIR"), res.stderr

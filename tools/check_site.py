@@ -68,6 +68,9 @@ def site_findings(site: Path, docs: Path = Path("docs")) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args in (["-h"], ["--help"]):
+        print(f"usage: python -m tools.check_site SITE_DIR\n\n{(__doc__ or '').strip()}")
+        return 0
     if len(args) != 1:
         print(f"error: expected one argument, SITE_DIR (a built site), got {len(args)}", file=sys.stderr)
         return 2
