@@ -79,7 +79,8 @@ def two_sided_clip(epsilon_low: float, epsilon_high: float, delta: float) -> tup
     if delta <= 1.0:
         raise ValueError(
             f"delta={delta!r}: TRL's two-sided clip caps every ratio at delta, so delta <= 1 caps each token's ratio at or "
-            "below 1 (no trust region around w = 1); expected delta > 1 (INTELLECT-2 uses delta > 1 + epsilon_high)"
+            "below 1 (no trust region around w = 1); expected delta > 1 (INTELLECT-2 uses delta > 1 + epsilon_high; "
+            "the paper's divergence threshold is --divergence_delta)"
         )
     if delta >= 1.0 + epsilon_high:
         return "dual_clip_higher", {"epsilon_low": epsilon_low, "epsilon_high": epsilon_high, "dual_clip_c": delta}

@@ -156,10 +156,13 @@ def test_trls_delta_on_atrs_min_form_equals_trls_two_sided_clip_on_atrs_range(tm
     a.beta = b.beta = 0.0
     (la, ga), = _loss_grads_metrics(a, model, inputs)[0]
     (lb, gb), = _loss_grads_metrics(b, model, inputs)[0]
-    assert la.item() == pytest.approx(lb.item(), rel=1e-9, abs=1e-12)
-    for x, y in zip(ga, gb):
-        if x is not None:
-            torch.testing.assert_close(x, y, rtol=1e-7, atol=1e-10)
+    assert la.item() == pytest.approx(lb.item(), rel=1e-6, abs=1e-12)  # as _assert_same: TRL's float32 log-probs
+    worst = max(
+        float(torch.linalg.vector_norm(x - y)) / max(float(torch.linalg.vector_norm(y)), 1e-30)
+        for x, y in zip(ga, gb)
+        if x is not None
+    )
+    assert worst <= 3e-5
     if delta > upper:
         return  # the cap on A < 0 tokens (w > 3) may not act on this batch; below u the cap on A > 0 tokens does
     plain = ATRGRPOConfig(**grpo_config_kwargs(tmp_path / "c"), method="atr", divergence_delta=0.07)
@@ -168,7 +171,7 @@ def test_trls_delta_on_atrs_min_form_equals_trls_two_sided_clip_on_atrs_range(tm
         c = ATRGRPOTrainer(model=model, reward_funcs=[reward], args=plain, train_dataset=ds, processing_class=tok)
     c.beta = 0.0
     (lc, _), = _loss_grads_metrics(c, model, inputs)[0]
-    assert abs(lc.item() - la.item()) > 1e-6
+    assert abs(lc.item() - la.item()) > 1e-3 * abs(la.item())  # far beyond the tolerance above
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "cispo", "vespo"])
