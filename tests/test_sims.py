@@ -92,3 +92,24 @@ def test_trust_regions_are_the_rules_own_bounds(tmp_path):
         assert bound / step <= r["w_high"] <= bound
     clip_pos = [r for r in rows if r["rule"] == "clip" and r["advantage"] == "positive"]
     assert all(r["w_low"] == pytest.approx(0.2) and r["interval"] for r in clip_pos)
+
+
+def test_the_simulations_page_states_what_range_form_json_holds():
+    """The range x form paragraph of docs/simulations.md against the committed numbers (python -m sims.range_form):
+    every form contrast within 3e-6 of zero in return; ATR's p95 of the exact KL per update above clip's everywhere;
+    the quoted return contrasts."""
+    import json
+
+    root = Path(__file__).resolve().parents[1]
+    data = json.loads((root / "figures" / "paper" / "range_form.json").read_text())["contrasts"]
+    page = (root / "docs" / "simulations.md").read_text()
+    for contrasts in data.values():
+        for name, by_key in contrasts.items():
+            if name.startswith("form"):
+                assert abs(by_key["final_return"]["mean"]) <= 3e-6, name
+        assert contrasts["range within min (atr-min - clip-min)"]["kl_p95"]["lo"] > 0
+    for setting, text in (("lr=0.03,inner=4", "+0.19 [+0.13, +0.26]"), ("lr=0.3,inner=4", "-0.047 [-0.091, -0.003]")):
+        d = data[setting]["range within min (atr-min - clip-min)"]["final_return"]
+        digits = 2 if text.startswith("+0.19") else 3
+        assert f"{d['mean']:+.{digits}f} [{d['lo']:+.{digits}f}, {d['hi']:+.{digits}f}]" == text
+        assert text in page
