@@ -654,14 +654,15 @@ def test_bypass_reinforce_with_k3_rejection_is_reinforce_with_our_layers(option,
 @pytest.mark.parametrize("option,reduction,rule", BYPASS)
 def test_bypass_reinforce_with_k3_rejection_has_atrs_gradient(option, reduction, rule, aggregation):
     """A second, independent implementation of the paper's rule: verl's bypass REINFORCE with ``token_k3``
-    rejection has ATR's gradient (``atr``, mask form), and with ``seq_mean_k3`` that of ``atr_seq``, when its IS cap
+    rejection has ATR's gradient in its mask form (the Section 4 pure-clip objective: ``form="mask"``; ``atr``'s
+    default is the min form), and with ``seq_mean_k3`` that of ``atr_seq``, when its IS cap
     lies above every kept ratio (token_k3: above ATR's upper bound 1.422; seq_mean_k3: a mean bound lets single
     ratios go further, so the cap is 1e6 here). Loss values differ (``A log pi`` against ``w A``)."""
     delta = 0.07
     for seed in SEEDS:
         logp, old, adv, mask = _batch(seed, per_token=True, scale=0.4)
         _, gv, _ = _verl_bypass(logp, old, adv, mask, AGGREGATIONS[aggregation], option, delta, 1e6)
-        _, go = _ours(logp, old, adv, mask, rule, aggregation, delta=delta)
+        _, go = _ours(logp, old, adv, mask, rule, aggregation, form="mask", delta=delta)
         scale = _kept_token_rescaling(logp, old, mask, option, delta, aggregation)
         assert _close(go * (1.0 if scale is None else scale), gv, aggregation), seed
 
