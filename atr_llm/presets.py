@@ -110,6 +110,20 @@ def write_presets(folder: Path | None = None) -> list[Path]:
     return paths
 
 
-if __name__ == "__main__":
-    for p in write_presets():
+def main(argv: list[str] | None = None) -> list[Path]:
+    """``python -m atr_llm.presets``: takes no argument (an unknown one is refused, never ignored)."""
+    import argparse
+
+    from .cli import Parser
+
+    Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
+    paths = write_presets()
+    for p in paths:
         print(p)
+    return paths
+
+
+if __name__ == "__main__":
+    from .cli import run_command
+
+    run_command(main)

@@ -190,6 +190,8 @@ class ATRGRPOConfig(GRPOConfig):
         check_attention(self.fast_generation_attention)
         check_prompt_allowance(self.fast_generation_prompt_tokens)
         check_trl_domains(self)
+        if isinstance(self.kl_chunk_size, bool) or not isinstance(self.kl_chunk_size, int) or self.kl_chunk_size < 1:
+            raise ValueError(f"kl_chunk_size must be an integer >= 1, got {self.kl_chunk_size!r}")
         if not (isinstance(self.true_kl_delta, (int, float)) and math.isfinite(self.true_kl_delta)) or (
             isinstance(self.true_kl_delta, bool) or self.true_kl_delta <= 0
         ):

@@ -100,6 +100,7 @@ TRAIN_CASES = [
     (["--top_entropy_quantile", "1.5"], r"top_entropy_quantile 1.5: expected a number in \[0, 1\]"),
     (["--report_to", "nosuchlogger"], "report_to 'nosuchlogger': expected 'none', 'all' or one of"),
     (["--true_kl_delta", "0"], "true_kl_delta must be a finite number > 0"),
+    (["--kl_chunk_size", "0"], "kl_chunk_size must be an integer >= 1, got 0"),
     # trl.ModelConfig's loading options: honoured (tests below) or refused by name
     (["--load_in_4bit", "true"], "--load_in_4bit true: not supported: atr_llm.train loads models unquantised"),
     (["--load_in_8bit", "true"], "--load_in_8bit true: not supported"),
@@ -358,6 +359,7 @@ def test_the_sims_scripts_refuse_bad_input(tmp_path, module, argv, match):
         ["-m", "tools.pack_runs", "{out}/missing", "{out}/pack"],
         ["-m", "tools.pack_runs", "atr_llm/configs", "{out}/pack", "--part-mib", "0"],
         ["-m", "experiments.trust_region_analysis", "--table", "README.md", "--out", "{out}"],
+        ["-m", "atr_llm.presets", "--model", "qwen9"],
     ],
 )
 def test_a_refusal_is_one_line_exit_2_and_no_traceback(tmp_path, command):
