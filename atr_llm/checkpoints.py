@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from atr_theory.registry import FORM_DEFAULT_CHANGED, FORMER_MASK_DEFAULTS
+
 STATE_FILE = "trainer_state.json"
 LATEST = ("latest", "true", "True")
 """``--resume_from_checkpoint`` values that mean the newest complete checkpoint of ``--output_dir``."""
@@ -37,12 +39,6 @@ def checkpoint_step(path: Path) -> int | None:
 METHOD_FILE = "atr_method.json"
 """Written into every checkpoint and into ``final/``: ``{"method", "form", "params"}`` of the rule the run trains."""
 
-FORM_DEFAULT_CHANGED = "2026-11-27"
-MASK_DEFAULT_BEFORE = ("atr", "kl1", "kl2", "is_kl3", "tr_ppo")
-"""Rules whose default form was the mask form (the Section 4 pure-clip objective) until ``FORM_DEFAULT_CHANGED``;
-since then PPO's min (the Section 2 surrogate). A run of one of them that recorded no form trained the mask form."""
-
-
 def write_method_record(folder: Path | str, resolved) -> Path:
     """``folder/METHOD_FILE`` for ``resolved`` (an ``atr_theory.ResolvedMethod``)."""
     path = Path(folder) / METHOD_FILE
@@ -52,7 +48,7 @@ def write_method_record(folder: Path | str, resolved) -> Path:
 
 def recorded_method(folder: Path | str) -> dict | None:
     """The rule a checkpoint (or final model) folder trained: its ``METHOD_FILE``; for a folder written before that
-    file existed, its ``training_args.bin`` (TRL's config, unpickled), where a rule of ``MASK_DEFAULT_BEFORE`` with
+    file existed, its ``training_args.bin`` (TRL's config, unpickled), where a rule of ``FORMER_MASK_DEFAULTS`` with
     no form trained the mask form (``"recorded": "legacy default"``). None when neither says."""
     folder = Path(folder)
     if (folder / METHOD_FILE).is_file():
@@ -70,7 +66,7 @@ def recorded_method(folder: Path | str) -> dict | None:
     import atr_theory as at
 
     name = at.get_method(method).name if method in at.METHODS else method
-    if form is None and name in MASK_DEFAULT_BEFORE:
+    if form is None and name in FORMER_MASK_DEFAULTS:
         return {"method": name, "form": "mask", "recorded": "legacy default"}
     return {"method": name, "form": form, "recorded": "training_args.bin"}
 

@@ -112,25 +112,26 @@ def _trl_delta_composes(args) -> bool:
     return spec.name in TRL_DELTA_RANGES and (args.form or spec.default_form) == "min"
 
 
-def rule_name(args) -> str:
-    """The registry rule ``args`` trains with: ``args.method``; for ``method='trl'`` the one ``trl_rule`` maps TRL's
-    configuration to; with TRL's ``delta`` on a range rule's min form, TRL's two-sided clip on its range
+def configured_rule(args) -> tuple[str, dict[str, float]]:
+    """The registry rule ``args`` trains with and the parameters the config sets (the others take the rule's
+    default): ``args.method`` and its fields; for ``method='trl'`` the rule and parameters ``trl_rule`` reads from
+    TRL's fields; with TRL's ``delta`` on a range rule's min form, TRL's two-sided clip on its range
     (``range_rule_with_trl_delta``: ``dual_clip_higher``)."""
     if args.method == TRL_METHOD:
-        return trl_rule(args)[0]
+        return trl_rule(args)
     if _trl_delta_composes(args):
-        return range_rule_with_trl_delta(args.method, _given_params(args), args.delta)[0]
-    return at.get_method(args.method).name
+        return range_rule_with_trl_delta(args.method, _given_params(args), args.delta)
+    return at.get_method(args.method).name, _given_params(args)
+
+
+def rule_name(args) -> str:
+    """The registry rule ``args`` trains with (``configured_rule``)."""
+    return configured_rule(args)[0]
 
 
 def method_params(args) -> dict[str, float]:
-    """The parameters of ``rule_name(args)`` that the config sets (the others take the method's default); for
-    ``method='trl'`` those ``trl_rule`` reads from TRL's fields."""
-    if args.method == TRL_METHOD:
-        return trl_rule(args)[1]
-    if _trl_delta_composes(args):
-        return range_rule_with_trl_delta(args.method, _given_params(args), args.delta)[1]
-    return _given_params(args)
+    """The parameters of ``rule_name(args)`` that the config sets (``configured_rule``)."""
+    return configured_rule(args)[1]
 
 
 def check_method_config(args) -> at.ResolvedMethod:
@@ -147,11 +148,10 @@ def check_method_config(args) -> at.ResolvedMethod:
             f"method {args.method!r}"
         )
     if args.method == TRL_METHOD:
-        name, given = trl_rule(args)
         own = set(TRL_RULE_FIELDS)
     else:
         spec = at.get_method(args.method)
-        name, given = spec.name, _given_params(args)
+        given = _given_params(args)
         for param, value in given.items():  # each value first, under the name the user typed
             spec.params[param].check(config_field(param), value, spec.name)
         own = {config_field(p) for p in spec.params}
@@ -164,16 +164,9 @@ def check_method_config(args) -> at.ResolvedMethod:
                     f"{sorted(TRL_DELTA_RANGES)} in form 'min', or method='dual_clip_higher' with dual_clip_c (the "
                     "paper's divergence threshold is --divergence_delta)"
                 )
-            at.resolve(name, args.form, **given)  # the rule itself first, then TRL's delta on its range
-            name, given = rule_name(args), method_params(args)
-            return _finish_check(args, at.resolve(name, "min", **given), own)
+            at.resolve(spec.name, args.form, **given)  # the rule itself first, then TRL's delta on its range
+    name, given = configured_rule(args)
     resolved = at.resolve(name, args.form, **given)
-    return _finish_check(args, resolved, own)
-
-
-def _finish_check(args, resolved: at.ResolvedMethod, own: set[str]) -> at.ResolvedMethod:
-    """The checks after the rule is resolved: stray parameters (``own``: the config fields the method reads) and
-    option combinations the trainer cannot honour."""
     stray = [n for n in method_config_fields() if n not in own and _is_set(args, n)]
     if stray:
         shown = ", ".join(f"{n}={getattr(args, n)!r}" for n in stray)

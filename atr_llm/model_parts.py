@@ -46,3 +46,14 @@ def last_hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Ten
 def output_head(model) -> torch.nn.Module:
     """The LM head (output embedding) of a transformers / PEFT / Unsloth model."""
     return base_model(model).get_output_embeddings()
+
+
+def head_snapshot(model) -> dict[str, torch.Tensor | None]:
+    """pi_old's LM head, kept beside its hidden states: a copy of each head tensor that trains, None for a frozen
+    one (then the current tensor is pi_old's too, as with LoRA on the decoder)."""
+    head = output_head(model)
+    return {
+        name: (t.detach().clone() if t.requires_grad else None)
+        for name, t in (("weight", head.weight), ("bias", getattr(head, "bias", None)))
+        if t is not None
+    }

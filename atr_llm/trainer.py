@@ -66,13 +66,14 @@ from .method_choice import (  # noqa: F401  (part of this module's API: configs,
     method_params,
     rule_name,
 )
-from .model_parts import base_model, last_hidden_states, output_head
+from .model_parts import base_model, head_snapshot, last_hidden_states, output_head
 from .trl_options import (  # noqa: F401  (trl_rule: part of this module's API)
     TRL_DELTA_RANGES,
     TRL_LOSS_TYPES,
     TRL_METHOD,
     TRL_RULE_FIELDS,
     EntropyBonus,
+    EntropyBonusField,
     default_method,
     range_rule_with_trl_delta,
     trl_metrics,
@@ -355,34 +356,10 @@ class ATRLossMixin:
             warnings.warn(inert_clipping_message(self.args), stacklevel=2)
 
     # ---- TRL's entropy controller state: one place, the EntropyBonus; TRL's names read and write it ---------------
-    @property
-    def entropy_coef(self) -> float:
-        """TRL's ``entropy_coef`` attribute: the entropy bonus's current coefficient (it moves under
-        ``use_adaptive_entropy``), what TRL saves in a checkpoint's ``entropy_ctrl_state.json`` and restores."""
-        bonus = self.__dict__.get("_entropy_bonus")
-        return bonus.coef if bonus is not None else self.__dict__.get("_entropy_coef_value", 0.0)
-
-    @entropy_coef.setter
-    def entropy_coef(self, value: float) -> None:
-        bonus = self.__dict__.get("_entropy_bonus")
-        if bonus is not None:
-            bonus.coef = float(value)
-        else:  # TRL's __init__ sets it before the bonus exists
-            self.__dict__["_entropy_coef_value"] = value
-
-    @property
-    def _last_world_entropy(self) -> float:
-        """TRL's name for the last window's entropy (saved and restored with ``entropy_coef``)."""
-        bonus = self.__dict__.get("_entropy_bonus")
-        return bonus.last_window_entropy if bonus is not None else self.__dict__.get("_last_entropy_value", math.inf)
-
-    @_last_world_entropy.setter
-    def _last_world_entropy(self, value: float) -> None:
-        bonus = self.__dict__.get("_entropy_bonus")
-        if bonus is not None:
-            bonus.last_window_entropy = float(value)
-        else:
-            self.__dict__["_last_entropy_value"] = value
+    entropy_coef = EntropyBonusField("coef", 0.0)
+    """TRL's ``entropy_coef``: the bonus's current coefficient (it moves under ``use_adaptive_entropy``), what TRL
+    saves in a checkpoint's ``entropy_ctrl_state.json`` and restores."""
+    _last_world_entropy = EntropyBonusField("last_window_entropy", math.inf)
 
     # ---- full distributions (tr_ppo, truly_ppo): hidden states and the head, never (B, T, V) --------
     def _completion_hidden(self, model, input_ids, attention_mask, logits_to_keep):
@@ -409,12 +386,7 @@ class ATRLossMixin:
             output["true_kl_old_hidden"] = self._measurement_hidden(
                 self.model, ids, mask, output["completion_ids"].size(1)
             )
-            head = output_head(self.model)
-            self._true_kl_old_head = {
-                name: (t.detach().clone() if t.requires_grad else None)
-                for name, t in (("weight", head.weight), ("bias", getattr(head, "bias", None)))
-                if t is not None
-            }
+            self._true_kl_old_head = head_snapshot(self.model)
         if self.method_spec.needs_full_distributions and output.get("old_per_token_logps") is not None:
             # pi_old is kept as the policy's hidden states (H values per position, not V) and, when the head
             # itself trains, a snapshot of its weights; KL(pi_old || pi) is then recomputed chunk by chunk
@@ -424,12 +396,7 @@ class ATRLossMixin:
                 output["old_hidden_states"] = self._completion_hidden(
                     self.model, ids, mask, output["completion_ids"].size(1)
                 )
-            head = output_head(self.model)
-            self._old_head = {
-                name: (t.detach().clone() if t.requires_grad else None)
-                for name, t in (("weight", head.weight), ("bias", getattr(head, "bias", None)))
-                if t is not None
-            }
+            self._old_head = head_snapshot(self.model)
         return output
 
     # ---- the loss -------------------------------------------------------------------------------

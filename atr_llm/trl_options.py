@@ -223,3 +223,28 @@ class EntropyBonus:
                     self.coef = max(self.coef - self.step, self.low)
                 self.last_window_entropy, self._window = entropy, None
         return applied * mean_entropy
+
+
+class EntropyBonusField:
+    """A trainer attribute of TRL's entropy controller (``entropy_coef``, ``_last_world_entropy``) that reads and
+    writes ``field`` of the trainer's ``EntropyBonus``; TRL's ``__init__`` sets it before the bonus exists, when it
+    is kept on the instance until then."""
+
+    def __init__(self, field: str, default: float):
+        self.field, self.default = field, default
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.before_bonus = f"_{name}_before_bonus"
+
+    def __get__(self, trainer, owner=None):
+        if trainer is None:
+            return self
+        bonus = trainer.__dict__.get("_entropy_bonus")
+        return getattr(bonus, self.field) if bonus is not None else trainer.__dict__.get(self.before_bonus, self.default)
+
+    def __set__(self, trainer, value) -> None:
+        bonus = trainer.__dict__.get("_entropy_bonus")
+        if bonus is not None:
+            setattr(bonus, self.field, float(value))
+        else:
+            trainer.__dict__[self.before_bonus] = value

@@ -24,6 +24,8 @@ from .divergence import (
 from .layers import RolloutCorrection, SequenceMask
 from .loss import AGGREGATIONS, LossOutput, aggregate, check_aggregation, policy_loss
 from .methods import (
+    FORM_DEFAULT_CHANGED,
+    FORMER_MASK_DEFAULTS,
     FORMS,
     METHODS,
     READINGS,
@@ -56,6 +58,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AGGREGATIONS",
+    "FORM_DEFAULT_CHANGED",
+    "FORMER_MASK_DEFAULTS",
     "FORMS",
     "READINGS",
     "METHODS",

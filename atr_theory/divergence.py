@@ -257,6 +257,19 @@ def _head_chunk(hidden, weight, bias, old_hidden, old_weight, old_bias, tokens, 
     return logp, kl, entropy
 
 
+def _check_head_inputs(hidden, old_hidden, temperature, chunk_size) -> None:
+    """What ``head_kl_chunked`` and ``head_kl_both_ways`` require of their inputs, each refused by name."""
+    if hidden.shape != old_hidden.shape or hidden.ndim < 2:
+        raise ValueError(
+            f"hidden and old_hidden must have the same shape (..., H), got {tuple(hidden.shape)} "
+            f"and {tuple(old_hidden.shape)}"
+        )
+    if isinstance(chunk_size, bool) or int(chunk_size) != chunk_size or chunk_size < 1:
+        raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+
+
 def head_kl_chunked(
     hidden: torch.Tensor,
     old_hidden: torch.Tensor,
@@ -282,17 +295,9 @@ def head_kl_chunked(
     ``pi_old`` is a constant. Same values and gradients as ``full_kl`` on the full (B, T, V) log-softmax
     (tests).
     """
-    if hidden.shape != old_hidden.shape or hidden.ndim < 2:
-        raise ValueError(
-            f"hidden and old_hidden must have the same shape (..., H), got {tuple(hidden.shape)} "
-            f"and {tuple(old_hidden.shape)}"
-        )
+    _check_head_inputs(hidden, old_hidden, temperature, chunk_size)
     if tuple(tokens.shape) != tuple(hidden.shape[:-1]):
         raise ValueError(f"tokens must have shape {tuple(hidden.shape[:-1])}, got {tuple(tokens.shape)}")
-    if isinstance(chunk_size, bool) or int(chunk_size) != chunk_size or chunk_size < 1:
-        raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
-    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
     old_weight = weight.detach() if old_weight is None else old_weight.detach()
     old_bias = (None if bias is None else bias.detach()) if old_bias is None else old_bias.detach()
     lead, size = hidden.shape[:-1], hidden.shape[-1]
@@ -327,13 +332,7 @@ def head_kl_both_ways(
     (``pi = softmax((hidden W^T + b) / temperature)``, ``pi_old`` from ``old_hidden`` and ``old_weight`` / ``old_bias``,
     default the current head), ``chunk_size`` positions at a time (each direction by ``full_kl``). A measurement, not
     a loss term: nothing here carries gradient."""
-    if hidden.shape != old_hidden.shape or hidden.ndim < 2:
-        raise ValueError(
-            f"hidden and old_hidden must have the same shape (..., H), got {tuple(hidden.shape)} "
-            f"and {tuple(old_hidden.shape)}"
-        )
-    if isinstance(chunk_size, bool) or int(chunk_size) != chunk_size or chunk_size < 1:
-        raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
+    _check_head_inputs(hidden, old_hidden, temperature, chunk_size)
     old_weight = weight if old_weight is None else old_weight
     old_bias = bias if old_bias is None else old_bias
     lead, size = hidden.shape[:-1], hidden.shape[-1]

@@ -28,6 +28,8 @@ import torch
 from . import ranges
 from .divergence import full_kl
 from .registry import (  # noqa: F401  (re-exported: the registry is part of this module's API)
+    FORM_DEFAULT_CHANGED,
+    FORMER_MASK_DEFAULTS,
     FORMS,
     METHODS,
     READINGS,

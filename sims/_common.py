@@ -14,6 +14,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from atr_theory import FORMER_MASK_DEFAULTS  # noqa: E402
+
 plt.rcParams.update(
     {
         "figure.dpi": 110,
@@ -121,10 +123,11 @@ def zipf_bandit_task(quick: bool, seed: int):
     return theta0, r, settings
 
 
-MASK_FORM_RULES = ("atr", "kl1", "kl2", "is_kl3", "tr_ppo")
-"""Rules these figures train in the mask form (the Section 4 pure-clip objective; ``atr_theory.READINGS``), where no
-form is asked for: their default form until 2026-11-27 (now PPO's min, the Section 2 surrogate), kept so that the
-committed figures keep their meaning; ``run_label`` names the form on every figure and in every table."""
+MASK_FORM_RULES = FORMER_MASK_DEFAULTS
+"""Rules these figures train in the mask form (the Section 4 pure-clip objective; ``atr_theory.READINGS``) where no
+form is asked for: ``atr_theory.FORMER_MASK_DEFAULTS``, their default form until 2026-11-27 (now PPO's min, the Section
+2 surrogate), kept so that the committed figures keep their meaning; ``run_label`` names the form on every figure and
+in every table."""
 
 
 def figure_form(method: str) -> str:
@@ -156,3 +159,29 @@ def run_zipf_bandit(theta0, r, settings, method: str, seed: int, **params):
     return bandit.train(
         r, theta0, method, generator=torch.Generator().manual_seed(seed + 1), **{k: settings[k] for k in keys}, **params
     )
+
+
+def train_adam_zipf(theta0, r, base: dict, method: str, lr: float, inner: int, seed: int, **params):
+    """Train ``method`` on the Zipf task with Adam (delta_sweep.py, range_form.py): ``base``'s iterations and group
+    size, sampled Dr.GRPO advantages, ``inner`` Adam steps of rate ``lr`` per sampled batch; the same samples' seed
+    for every method and parameter (paired comparisons). Returns the ``TrainHistory``."""
+    import torch
+
+    from atr_theory import bandit
+
+    _, history = bandit.train(
+        r,
+        theta0,
+        method,
+        iterations=base["iterations"],
+        inner_steps=inner,
+        lr=lr,
+        mode="sampled",
+        group_size=base["group_size"],
+        advantage="dr_grpo",
+        optimizer="adam",
+        generator=torch.Generator().manual_seed(seed + 1),
+        **params,
+    )
+    return history
+

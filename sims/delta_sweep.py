@@ -16,11 +16,19 @@ Writes figures/delta_sweep.{png,pdf}, delta_sweep.csv (one row per setting x del
 from __future__ import annotations
 
 import numpy as np
-import torch
 from tqdm.auto import tqdm
 
-from atr_theory import bandit
-from sims._common import figure_form, mean_ci, parse_args, plt, save_figure, write_csv, write_json, zipf_bandit_task
+from sims._common import (
+    figure_form,
+    mean_ci,
+    parse_args,
+    plt,
+    save_figure,
+    train_adam_zipf,
+    write_csv,
+    write_json,
+    zipf_bandit_task,
+)
 
 DELTAS = [0.005, 0.01, 0.02, 0.035, 0.05, 0.07, 0.1, 0.15, 0.25, 0.5]
 SETTINGS = [  # (Adam learning rate, inner steps per batch): from ratios that hardly move to ones well past u(delta)
@@ -34,21 +42,7 @@ SETTINGS = [  # (Adam learning rate, inner steps per batch): from ratios that ha
 
 
 def run(theta0, r, base, delta, lr, inner, seed):
-    _, h = bandit.train(
-        r,
-        theta0,
-        "atr",
-        iterations=base["iterations"],
-        inner_steps=inner,
-        lr=lr,
-        mode="sampled",
-        group_size=base["group_size"],
-        advantage="dr_grpo",
-        optimizer="adam",
-        generator=torch.Generator().manual_seed(seed + 1),  # the same samples' seed for every delta
-        delta=delta,
-        form=figure_form("atr"),
-    )
+    h = train_adam_zipf(theta0, r, base, "atr", lr, inner, seed, delta=delta, form=figure_form("atr"))
     ret = h.as_tensors()["return"]
     q = np.array(h.ratio_quantiles)
     m, lo, hi = mean_ci(ret[-1].numpy())

@@ -17,11 +17,9 @@ Writes range_form.{png,pdf}, range_form.csv (one row per setting x cell) and ran
 from __future__ import annotations
 
 import numpy as np
-import torch
 from tqdm.auto import tqdm
 
-from atr_theory import bandit
-from sims._common import mean_ci, parse_args, plt, save_figure, write_csv, write_json, zipf_bandit_task
+from sims._common import mean_ci, parse_args, plt, save_figure, train_adam_zipf, write_csv, write_json, zipf_bandit_task
 
 DELTA = 0.07
 CELLS = {  # name -> (method, parameters, form)
@@ -44,21 +42,7 @@ def run_cell(theta0, r, base: dict, cell: str, lr: float, inner: int, seed: int)
     """One cell at one setting: per-seed final return and entropy, and per-seed statistics of the exact
     KL(pi_old || pi) over the run's updates."""
     method, params, form = CELLS[cell]
-    _, h = bandit.train(
-        r,
-        theta0,
-        method,
-        iterations=base["iterations"],
-        inner_steps=inner,
-        lr=lr,
-        mode="sampled",
-        group_size=base["group_size"],
-        advantage="dr_grpo",
-        optimizer="adam",
-        generator=torch.Generator().manual_seed(seed + 1),  # the same samples' seed in every cell
-        form=form,
-        **params,
-    )
+    h = train_adam_zipf(theta0, r, base, method, lr, inner, seed, form=form, **params)
     t = {k: v.numpy() for k, v in h.as_tensors().items()}
     kl = t["kl"][1:]  # (iterations, N): the KL of each update (index 0 is the start)
     return {

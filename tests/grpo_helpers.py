@@ -43,3 +43,29 @@ def random_batch(tok, B=8, P=6, T=8, seed=0, *, zero_advantage=False, tool_mask=
     if tool_mask:
         batch["tool_mask"] = (torch.rand(B, T, generator=g) > 0.25).long()
     return batch
+
+
+def length_reward(completions, **kwargs):
+    """A reward that varies within a group without any grading: the completion's length mod 3."""
+    return [float(len(str(c)) % 3) for c in completions]
+
+
+def tiny_trainer(tok, cfg, trainer_cls=None, rows=32):
+    """A trainer (default ``ATRGRPOTrainer``; TRL's own ``GRPOTrainer`` for a peer) of a fresh tiny model with ``cfg``
+    on ``rows`` arithmetic prompts and ``length_reward``, built with warnings silenced; not yet trained."""
+    import warnings
+
+    from atr_llm import data, tiny
+
+    if trainer_cls is None:
+        from atr_llm.trainer import ATRGRPOTrainer as trainer_cls
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return trainer_cls(
+            model=tiny.build_tiny_model(tok),
+            reward_funcs=[length_reward],
+            args=cfg,
+            train_dataset=data.to_grpo_dataset(data.arithmetic_dataset(rows)),
+            processing_class=tok,
+        )
+

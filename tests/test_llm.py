@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 trl = pytest.importorskip("trl")
 pytest.importorskip("math_verify")
 
-from grpo_helpers import grpo_config_kwargs, random_batch  # noqa: E402
+from grpo_helpers import grpo_config_kwargs, random_batch, tiny_trainer  # noqa: E402
 
 import atr_theory as at  # noqa: E402
 from atr_llm import data, rewards, tiny, train  # noqa: E402
@@ -191,21 +191,11 @@ def test_trls_log_prob_tile_is_fitted_to_the_vocabulary_and_computes_the_same_bi
     assert trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE == default
 
 
-def _length_reward(completions, **kw):  # the untrained model is never right: a reward that varies in a group
-    return [float(len(str(c)) % 3) for c in completions]
-
-
 def _trained_tiny(tok, cfg, rows=32):
     """A tiny model trained by ``ATRGRPOTrainer`` with ``cfg`` on ``rows`` arithmetic prompts (warnings silenced)."""
+    trainer = tiny_trainer(tok, cfg, rows=rows)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer = ATRGRPOTrainer(
-            model=tiny.build_tiny_model(tok),
-            reward_funcs=[_length_reward],
-            args=cfg,
-            train_dataset=data.to_grpo_dataset(data.arithmetic_dataset(rows)),
-            processing_class=tok,
-        )
         trainer.train()
     return trainer
 

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 trl = pytest.importorskip("trl")
 pytest.importorskip("math_verify")
 
-from grpo_helpers import grpo_config_kwargs, random_batch  # noqa: E402
+from grpo_helpers import grpo_config_kwargs, random_batch, tiny_trainer  # noqa: E402
 
 from atr_llm import data, rewards, tiny  # noqa: E402
 from atr_llm.trainer import ATRGRPOConfig, ATRGRPOTrainer, trl_logps_kernel_available  # noqa: E402
@@ -367,17 +367,11 @@ def _adaptive_entropy_run(tmp_path, tok, trainer_cls, config_cls, **extra):
         entropy_target=15.0,
         entropy_coef_delta=0.005,
     )
+    if not trl_logps_kernel_available() and trainer_cls is trl.GRPOTrainer:
+        pytest.skip("TRL's own log-prob path needs Triton here")
+    trainer = tiny_trainer(tok, cfg, trainer_cls)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer = trainer_cls(
-            model=tiny.build_tiny_model(tok),
-            reward_funcs=[lambda completions, **kw: [float(len(str(c)) % 3) for c in completions]],
-            args=cfg,
-            train_dataset=data.to_grpo_dataset(data.arithmetic_dataset(32)),
-            processing_class=tok,
-        )
-        if not trl_logps_kernel_available() and trainer_cls is trl.GRPOTrainer:
-            pytest.skip("TRL's own log-prob path needs Triton here")
         trainer.train()
     return trainer
 

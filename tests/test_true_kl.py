@@ -63,10 +63,10 @@ def test_the_summary_equals_numpy_and_scipy_on_a_tiny_batch():
 
 def test_training_is_the_same_bit_for_bit_with_the_measurement_on_and_off(tmp_path):
     pytest.importorskip("trl")
-    from grpo_helpers import grpo_config_kwargs
+    from grpo_helpers import grpo_config_kwargs, tiny_trainer
 
-    from atr_llm import data, tiny
-    from atr_llm.trainer import ATRGRPOConfig, ATRGRPOTrainer
+    from atr_llm import tiny
+    from atr_llm.trainer import ATRGRPOConfig
 
     torch.set_default_dtype(torch.float32)
     tok = tiny.build_tiny_tokenizer()
@@ -79,15 +79,9 @@ def test_training_is_the_same_bit_for_bit_with_the_measurement_on_and_off(tmp_pa
             **grpo_config_kwargs(tmp_path / str(measure), max_steps=3, learning_rate=3e-3),
         )
         torch.manual_seed(0)
+        trainer = tiny_trainer(tok, cfg)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            trainer = ATRGRPOTrainer(
-                model=tiny.build_tiny_model(tok),
-                reward_funcs=[lambda completions, **kw: [float(len(str(c)) % 3) for c in completions]],
-                args=cfg,
-                train_dataset=data.to_grpo_dataset(data.arithmetic_dataset(32)),
-                processing_class=tok,
-            )
             trainer.train()
         weights[measure] = {k: v.clone() for k, v in trainer.model.state_dict().items()}
         logs[measure] = trainer.state.log_history

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import atr_llm
 from atr_llm.presets import RUNS
+from atr_theory import FORMER_MASK_DEFAULTS
 
 BASE_CONFIG = Path(atr_llm.__file__).parent / "configs" / "cpu-table.yaml"
 
@@ -82,15 +83,25 @@ _NOT_PRESETS: dict[str, dict] = {
 }
 
 
-MASK_FORM_RUNS = ("atr", "kl1", "kl2", "is-kl3", *DELTA_ABLATION)
-"""Runs that trained the mask form (the Section 4 pure-clip objective; ``atr_theory.READINGS``): the default form of
-their rules when the committed tables were trained (until 2026-11-27; now PPO's min, the Section 2 surrogate), kept
-here so that every committed row keeps its meaning and a rerun reproduces it. ``run_form`` labels each row."""
+def _spec(run: str) -> dict:
+    return RUNS[run] if run in RUNS else _NOT_PRESETS[run]
+
+
+_ALL_RUNS = TABLE2 + TABLE3 + PAPER_CLIP_HIGHER + DELTA_ABLATION + FORM_CONTROL + TRUST_REGION_RULES
+
+
+MASK_FORM_RUNS = tuple(
+    run for run in _ALL_RUNS if _spec(run)["method"] in FORMER_MASK_DEFAULTS and "form" not in _spec(run)
+)
+"""Runs that trained the mask form (the Section 4 pure-clip objective; ``atr_theory.READINGS``): those of a rule in
+``atr_theory.FORMER_MASK_DEFAULTS`` that name no form (``atr``, ``kl1``, ``kl2``, ``is-kl3``, the delta ablation):
+their rules' default when the committed tables were trained (until 2026-11-27; now PPO's min, the Section 2
+surrogate), kept here so that every committed row keeps its meaning and a rerun reproduces it. ``run_form`` labels
+each row."""
 
 
 CPU_RUNS: dict[str, dict] = {
-    run: {**(RUNS[run] if run in RUNS else _NOT_PRESETS[run]), **({"form": "mask"} if run in MASK_FORM_RUNS else {})}
-    for run in TABLE2 + TABLE3 + PAPER_CLIP_HIGHER + DELTA_ABLATION + FORM_CONTROL + TRUST_REGION_RULES
+    run: {**_spec(run), **({"form": "mask"} if run in MASK_FORM_RUNS else {})} for run in _ALL_RUNS
 }
 """Run name -> method, form where it is not the rule's default, and parameters (the paper's presets where it has
 one: ``atr_llm.presets.RUNS``), in the table's order: Table 2, Table 3, the paper's other clip-higher rows, the
