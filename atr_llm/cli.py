@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import json
 import math
+import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -36,12 +38,85 @@ def one_line(message: str) -> str:
     return " ".join(str(message).split())
 
 
+def command_name(script: str | None = None) -> str | None:
+    """How the running command is typed: ``python -m sims.delta_sweep`` for a module of this project (run as
+    ``python -m`` or as ``python sims/delta_sweep.py``), else None (argparse's own name)."""
+    script = sys.argv[0] if script is None else script
+    root = Path(__file__).resolve().parents[1]
+    try:
+        relative = Path(script).resolve().relative_to(root)
+    except (ValueError, OSError):
+        return None
+    if relative.suffix != ".py":
+        return None
+    return "python -m " + ".".join(relative.with_suffix("").parts).removesuffix(".__main__")
+
+
 class Parser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` whose errors (unknown option, a value of the wrong type, a bad choice) are one line
-    ``error: ...`` on stderr and exit status 2, without the usage block (``--help`` still shows it)."""
+    ``error: ...`` on stderr and exit status 2, without the usage block (``--help`` still shows it).
+
+    An option must be spelled out: ``allow_abbrev`` is off, so a typo that happens to be a prefix (``--see`` for
+    ``--seed``, ``--seed`` for ``--seeds``) is refused instead of silently taken for another option. Every argument
+    that takes a value is declared with one of the types below (or ``choices``): its domain is checked while parsing,
+    before any work, and the refusal names the option as the user typed it."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("prog", command_name())
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, **kwargs):  # noqa: D102 - argparse's, with the declared domain in --help
+        declared = kwargs.get("type")  # a declared type (atr_llm.cli_types) describes its domain
+        if hasattr(declared, "describe") and kwargs.get("help") != argparse.SUPPRESS:
+            kwargs["help"] = "; ".join(x for x in (kwargs.get("help"), declared.describe()) if x)
+        return super().add_argument(*args, **kwargs)
+
+    def parse_args(self, args=None, namespace=None):  # noqa: D102 - argparse's, with unknown options first
+        argv = sys.argv[1:] if args is None else list(args)
+        self.typed = argv
+        refuse_unknown_options(self, argv)
+        return super().parse_args(argv, namespace)
 
     def error(self, message: str):  # noqa: D102 - argparse's hook
-        self.exit(EXIT_USAGE, f"error: {one_line(message)}\n")
+        self.exit(EXIT_USAGE, f"error: {reworded(message, getattr(self, 'typed', []))}\n")
+
+
+ARGPARSE_OWN = ("invalid ", "expected ", "ignored ", "not allowed", "the following", "one of the")
+"""How argparse's own messages about an argument begin (its declared types' refusals begin with the value)."""
+
+
+def reworded(message: str, argv: list[str]) -> str:
+    """argparse's ``argument --a/--b: TEXT`` as this package's refusals read: ``--b VALUE: expected ...`` for a
+    declared type's refusal, ``--b: invalid choice ...`` for argparse's own, naming the spelling the user typed
+    (of an option's aliases, the one in ``argv``); on one line."""
+    message = one_line(message)
+    m = re.match(r"argument (\S+?): (.*)", message)
+    if m is None:
+        return message
+    names, rest = m.group(1).split("/"), m.group(2)
+    typed = next((n for n in names if any(a == n or a.startswith(n + "=") for a in argv)), names[0])
+    return f"{typed}: {rest}" if rest.startswith(ARGPARSE_OWN) else f"{typed} {rest}"
+
+
+NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+(e[+-]?\d+)?$|^-inf$|^-nan$", re.I)
+
+
+def refuse_unknown_options(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """Refuse the first option of ``argv`` that ``parser`` does not declare, naming it (with the closest declared
+    one), before any value is converted: argparse would otherwise report the value that follows it as a bad
+    positional (``argument page: 1: no such file`` for ``--seed 1``)."""
+    known = [o for action in parser._actions for o in action.option_strings]
+    for token in argv:
+        if token == "--":
+            return
+        if not token.startswith("-") or token == "-" or NEGATIVE_NUMBER.match(token):
+            continue
+        name = token.split("=", 1)[0]
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            parser.error(f"unrecognized arguments: {token}{hint}")
 
 
 def run_command(main: Callable[..., Any], argv: list[str] | None = None) -> None:

@@ -414,38 +414,59 @@ THINKING = {"on": True, "off": False, "template": None}
 
 
 def parse_args(argv=None):
+    """The declaration of ``python -m atr_llm.evaluate``: each value's domain is checked while parsing
+    (atr_llm.cli's types), the combinations by ``check_args``; both before a model loads or a file is written."""
     from .cli import Parser
+    from .cli_types import SEED, Integer, NamedFile, ReadDir, Real, Text, WriteDir
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None, help="base model: hub id or local folder")
+    ap.add_argument("--model", type=Text(), default=None, help="base model: hub id or local folder")
     ap.add_argument(
-        "--tiny-model", "--tiny_model", dest="tiny_model", default=None, help="a saved tiny model folder (offline)"
+        "--tiny-model",
+        "--tiny_model",
+        dest="tiny_model",
+        type=ReadDir(holding="config.json", what="a saved model folder"),
+        default=None,
+        help="a saved tiny model folder (offline)",
     )
-    ap.add_argument("--adapter", default=None, help="LoRA adapter folder")
-    ap.add_argument("--checkpoints", default=None, help="a training run folder: evaluate its checkpoint-* folders")
-    ap.add_argument("--every", type=int, default=1, help="with --checkpoints: every Nth checkpoint (the last always)")
-    ap.add_argument("--benchmarks", default="amc23,aime24,aime25")
     ap.add_argument(
-        "--benchmark_path", action="append", default=[], help="NAME=FILE: load a benchmark from a local file"
+        "--adapter",
+        type=ReadDir(holding="adapter_config.json", what="a LoRA adapter folder"),
+        default=None,
+        help="LoRA adapter folder",
     )
-    ap.add_argument("--n", type=int, default=8, help="samples per problem")
-    ap.add_argument("--k", type=int, default=None, help="K of the table (default: n)")
-    ap.add_argument("--temperature", type=float, default=0.3)
-    ap.add_argument("--top_p", type=float, default=0.95)
-    ap.add_argument("--max_tokens", type=int, default=32768)
+    ap.add_argument(
+        "--checkpoints", type=ReadDir(), default=None, help="a training run folder: evaluate its checkpoint-* folders"
+    )
+    ap.add_argument(
+        "--every", type=Integer(1), default=1, help="with --checkpoints: every Nth checkpoint (the last always)"
+    )
+    ap.add_argument("--benchmarks", type=Text(), default="amc23,aime24,aime25")
+    ap.add_argument(
+        "--benchmark_path",
+        type=NamedFile(),
+        action="append",
+        default=[],
+        help="NAME=FILE: load a benchmark from a local file",
+    )
+    ap.add_argument("--n", type=Integer(1), default=8, help="samples per problem")
+    ap.add_argument("--k", type=Integer(1), default=None, help="K of the table (default: n)")
+    ap.add_argument("--temperature", type=Real(0), default=0.3)
+    ap.add_argument("--top_p", type=Real(0, 1, open_low=True), default=0.95)
+    ap.add_argument("--max_tokens", type=Integer(1), default=32768)
     ap.add_argument(
         "--thinking",
         choices=("on", "off", "template"),
         default="template",
         help="Qwen3's enable_thinking switch of the chat template (template: the template's own default, on for Qwen3)",
     )
-    ap.add_argument("--batch_size", type=int, default=16)
-    ap.add_argument("--grading_timeout", type=int, default=5)
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--batch_size", type=Integer(1), default=16)
+    ap.add_argument("--grading_timeout", type=Integer(1), default=5)
+    ap.add_argument("--workers", type=Integer(1, 1024), default=2)
     ap.add_argument("--no_vllm", action="store_true")
-    ap.add_argument("--label", default=None, help="row label of the table (default: the model/run name)")
-    ap.add_argument("--output_dir", default="runs/eval")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--label", type=Text(), default=None, help="row label of the table (default: the model/run name)")
+    ap.add_argument("--output_dir", type=WriteDir(), default="runs/eval")
+    ap.add_argument("--seed", type=SEED, default=0)
     args = ap.parse_args(argv)
     check_args(args)
     return args
@@ -491,38 +512,21 @@ def check_same_architecture(argument: str, checkpoint: Path, base_argument: str,
 
 
 def check_args(args) -> None:
-    """Every argument checked before a model loads or a file is written; a refusal names the argument."""
-    from .cli import existing_directory, finite_number, output_directory, positive_int, refuse
+    """The combinations of arguments (each value's own domain was checked by its declaration in ``parse_args``),
+    checked before a model loads or a file is written; a refusal names the argument."""
+    from .cli import refuse
 
     if args.model is None and args.tiny_model is None:
         raise refuse("--model", None, "give --model (hub id or folder) or --tiny-model FOLDER")
-    if args.tiny_model is not None:
-        existing_directory("--tiny-model", args.tiny_model, holding="config.json", what="a saved model folder")
-    if args.adapter is not None:
-        existing_directory("--adapter", args.adapter, holding="adapter_config.json", what="a LoRA adapter folder")
-    if args.checkpoints is not None:
-        existing_directory("--checkpoints", args.checkpoints)
-        if not _checkpoints(Path(args.checkpoints), 1):
-            raise refuse("--checkpoints", args.checkpoints, "holds no complete checkpoint-* folder")
-    positive_int("--n", args.n)
-    if args.k is not None:
-        positive_int("--k", args.k)
-        if args.k > args.n:
-            raise refuse("--k", args.k, f"exceeds --n {args.n}: Pass@k needs k <= n samples per problem")
-    positive_int("--every", args.every)
-    positive_int("--max_tokens", args.max_tokens)
-    positive_int("--batch_size", args.batch_size)
-    positive_int("--workers", args.workers)
-    positive_int("--grading_timeout", args.grading_timeout)
-    finite_number("--temperature", args.temperature, low=0)
-    finite_number("--top_p", args.top_p, low=0, high=1, open_low=True)
+    if args.checkpoints is not None and not _checkpoints(Path(args.checkpoints), 1):
+        raise refuse("--checkpoints", args.checkpoints, "holds no complete checkpoint-* folder")
+    if args.k is not None and args.k > args.n:
+        raise refuse("--k", args.k, f"exceeds --n {args.n}: Pass@k needs k <= n samples per problem")
     names = [b for b in args.benchmarks.split(",") if b]
     if not names:
         raise refuse("--benchmarks", args.benchmarks, "expected a comma-separated list of benchmark names")
     for spec in args.benchmark_path:
-        name, sep, path = spec.partition("=")
-        if not sep or not name or not path:
-            raise refuse("--benchmark_path", spec, "expected NAME=FILE")
+        name = spec.partition("=")[0]
         if name not in names:
             raise refuse("--benchmark_path", spec, f"benchmark {name!r} is not in --benchmarks {args.benchmarks}")
     given = {spec.partition("=")[0] for spec in args.benchmark_path}
@@ -537,7 +541,6 @@ def check_args(args) -> None:
                 f"unknown benchmark; {hint}known: {', '.join(known)}, or any name given a "
                 f"file with --benchmark_path {name}=FILE (columns question, answer)",
             )
-    output_directory("--output_dir", args.output_dir)
     base = args.tiny_model or args.model
     flag = "--tiny-model" if args.tiny_model else "--model"
     if Path(base).is_dir():  # a local folder: what loading it would find wrong, found before it loads

@@ -75,22 +75,35 @@ TRL_IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 """TRL 1.16's values of ``importance_sampling_level`` (its loss raises on any other, after the run has started)."""
 
 
-def check_trl_domains(args) -> None:
-    """TRL and transformers fields whose domain the libraries check only once training runs, checked here under the
-    field's own name before anything is done: ``importance_sampling_level`` (TRL: 'token' or 'sequence'),
-    ``top_entropy_quantile`` (TRL's documented range [0, 1]) and ``report_to`` (transformers' integrations)."""
-    level = getattr(args, "importance_sampling_level", "token")
-    if level not in TRL_IMPORTANCE_SAMPLING_LEVELS:
-        raise ValueError(f"importance_sampling_level {level!r}: expected one of {list(TRL_IMPORTANCE_SAMPLING_LEVELS)}")
-    quantile = getattr(args, "top_entropy_quantile", 1.0)
-    if isinstance(quantile, bool) or not isinstance(quantile, (int, float)) or not 0.0 <= quantile <= 1.0:
-        raise ValueError(f"top_entropy_quantile {quantile!r}: expected a number in [0, 1] (TRL's range)")
+def trl_domains() -> dict:
+    """TRL and transformers fields whose domain the libraries check only once training runs (or never), declared
+    once (atr_llm.cli's types): ``importance_sampling_level`` (TRL: 'token' or 'sequence'), ``top_entropy_quantile``
+    (TRL's documented range [0, 1]) and ``report_to`` (transformers' integrations, 'all' or 'none'). The command
+    line refuses them while parsing (``python -m atr_llm.train``'s declaration holds them) and ``check_trl_domains``
+    on a config built in Python."""
     from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
 
-    known = {"all", "none", *INTEGRATION_TO_CALLBACK}
-    for name in args.report_to or []:
-        if name not in known:
-            raise ValueError(f"report_to {name!r}: expected 'none', 'all' or one of {sorted(INTEGRATION_TO_CALLBACK)}")
+    from .cli_types import OneOf, Real
+
+    return {
+        "importance_sampling_level": OneOf(TRL_IMPORTANCE_SAMPLING_LEVELS),
+        "top_entropy_quantile": Real(0, 1),
+        "report_to": OneOf(["none", "all", *sorted(INTEGRATION_TO_CALLBACK)]),
+    }
+
+
+def check_trl_domains(args) -> None:
+    """``args``' values of the ``trl_domains()`` fields, each refused under the field's own name (a list, as
+    ``report_to``, item by item) before anything is done."""
+    import argparse
+
+    for name, declaration in trl_domains().items():
+        value = getattr(args, name, None)
+        for item in value if isinstance(value, (list, tuple)) else [] if value is None else [value]:
+            try:
+                declaration.check(item)
+            except argparse.ArgumentTypeError as e:
+                raise ValueError(f"{name} {e}") from None
 
 
 def _is_set(args, name: str) -> bool:

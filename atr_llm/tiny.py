@@ -117,16 +117,14 @@ def save_tiny(out: str | Path, seed: int = 0, vocab: str = "toy") -> Path:
 
 
 def main(argv=None) -> None:
-    from .cli import Parser, output_directory, positive_int, refuse
+    from .cli import Parser
+    from .cli_types import SEED, WriteDir
 
     ap = Parser(description=__doc__)
-    ap.add_argument("--out", default="runs/tiny-qwen3")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=WriteDir(), default="runs/tiny-qwen3")
+    ap.add_argument("--seed", type=SEED, default=0)
     ap.add_argument("--vocab", choices=("toy", "qwen3"), default="toy", help="qwen3: Qwen3's real tokenizer")
     args = ap.parse_args(argv)
-    output_directory("--out", args.out)
-    if positive_int("--seed", args.seed, minimum=0) > 2**32 - 1:
-        raise refuse("--seed", args.seed, "expected an integer in [0, 2^32 - 1]")
     print("wrote", save_tiny(args.out, args.seed, args.vocab))
 
 

@@ -23,7 +23,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .cli import atomic_write_text, directory_written_whole, output_directory, refuse
+from .cli import atomic_write_text, directory_written_whole, output_directory, refuse, refuse_unknown_options
 
 
 @dataclass
@@ -155,8 +155,14 @@ def parse(argv=None):
     # TRL's parser finds the config file only as "--config FILE": "--config=FILE" would be dropped silently
     argv = [part for a in argv for part in (["--config", a.split("=", 1)[1]] if a.startswith("--config=") else [a])]
     content = config_file_contents(argv) or {}
-    parser = OneLineTrlParser((ScriptArguments, ATRGRPOConfig, ModelConfig))
+    parser = OneLineTrlParser((ScriptArguments, ATRGRPOConfig, ModelConfig), allow_abbrev=False)
+    declare(parser)
     try:
+        without_config = [a for i, a in enumerate(argv) if a != "--config" and (i == 0 or argv[i - 1] != "--config")]
+        refuse_unknown_options(parser, without_config)  # before TRL builds its configs (which may fail first)
+        _, unknown = parser.parse_known_args(without_config)
+        if unknown:
+            raise ValueError(f"unrecognized arguments: {' '.join(unknown)}")
         return parser.parse_args_and_config(args=argv)
     except ValueError as e:
         config = config_path(argv)
@@ -168,9 +174,14 @@ def parse(argv=None):
                 "--config", config, f"unknown key(s) {', '.join(keys)}: not an option of atr_llm.train"
             ) from None
         bad = re.match(r"argument (--[\w-]+)(?:/--[\w-]+)?: (.*)", str(e))
-        if bad and config and bad.group(1).removeprefix("--").replace("-", "_") in content and bad.group(1) not in argv:
+        typed = bad and any(a == bad.group(1) or a.startswith(bad.group(1) + "=") for a in argv)
+        if bad and config and bad.group(1).removeprefix("--").replace("-", "_") in content and not typed:
             key = bad.group(1).removeprefix("--").replace("-", "_")
             raise refuse("--config", config, f"key {key}: {bad.group(2)}") from None
+        if str(e).startswith("argument "):  # a declared type's or argparse's refusal, as this package words them
+            from .cli import reworded
+
+            raise ValueError(reworded(str(e), argv)) from None
         if "bf16" in str(e) and "use_cpu" in str(e):  # transformers' check, reworded for this package
             raise ValueError(
                 "this configuration asks for bf16 on a GPU, and no CUDA device is available here: run it on a "
@@ -180,38 +191,91 @@ def parse(argv=None):
         raise
 
 
-def check_training_values(args) -> None:
-    """The values TRL, transformers or torch would refuse only once training starts (after the SFT stage has run and
-    saved a model), refused here by their flag: a learning rate or weight decay below 0, a completion length, batch
-    size, accumulation, iteration or step count below 1, a seed outside [0, 2^32 - 1], a sampling temperature,
-    top-p or repetition penalty outside its domain, a negative KL coefficient, a run of no steps."""
-    from .cli import finite_number, positive_int, refuse
+def declared_fields() -> dict:
+    """``python -m atr_llm.train``'s declaration of the values that the configs do not check themselves: each field's
+    domain (atr_llm.cli's types), checked on the command line while parsing (the refusal names the flag) and again on
+    the parsed values (a YAML config's values reach the dataclasses already typed). TRL's and transformers' fields get
+    the domain their code needs, which they check only once training has started (after the SFT stage has run and
+    saved a model), or never: a NaN learning rate trains. The method's own fields are checked by the registry when
+    ``ATRGRPOConfig`` is built."""
+    from .cli_types import SEED, Integer, OneOf, ReadFile, Real
+    from .data import OFFLINE_TASKS, SOURCES
+    from .method_choice import trl_domains
 
-    finite_number("--learning_rate", args.learning_rate, low=0)
-    finite_number("--weight_decay", args.weight_decay, low=0)
-    finite_number("--beta", args.beta, low=0)
-    for flag in (
-        "max_completion_length",
-        "per_device_train_batch_size",
-        "gradient_accumulation_steps",
-        "num_iterations",
-    ):
-        positive_int(f"--{flag}", getattr(args, flag))
-    if getattr(args, "steps_per_generation", None) is not None:
-        positive_int("--steps_per_generation", args.steps_per_generation)
-    seed = positive_int("--seed", args.seed, minimum=0)
-    if seed > 2**32 - 1:
-        raise refuse("--seed", seed, "expected an integer in [0, 2^32 - 1]")
-    finite_number("--temperature", args.temperature, low=0, open_low=True)
-    finite_number("--top_p", args.top_p, low=0, high=1, open_low=True)
-    if getattr(args, "repetition_penalty", None) is not None:
-        finite_number("--repetition_penalty", args.repetition_penalty, low=0, open_low=True)
-    if getattr(args, "top_k", None) is not None:
-        positive_int("--top_k", args.top_k, minimum=0)
+    datasets = OneOf([*OFFLINE_TASKS, *SOURCES])
+
+    return {
+        # TRL / transformers fields
+        "learning_rate": Real(0),
+        "weight_decay": Real(0),
+        "beta": Real(0),
+        "max_completion_length": Integer(1),
+        "max_prompt_length": Integer(1),
+        "per_device_train_batch_size": Integer(1),
+        "per_device_eval_batch_size": Integer(1),
+        "gradient_accumulation_steps": Integer(1),
+        "num_generations": Integer(2),
+        "num_iterations": Integer(1),
+        "steps_per_generation": Integer(1),
+        "seed": SEED,
+        "temperature": Real(0, open_low=True),
+        "top_p": Real(0, 1, open_low=True),
+        "repetition_penalty": Real(0, open_low=True),
+        "top_k": Integer(0),
+        "max_steps": Integer(-1),
+        "num_train_epochs": Real(0),
+        "save_steps": Real(0, open_low=True),
+        "logging_steps": Real(0, open_low=True),
+        "warmup_ratio": Real(0, 1),
+        "max_grad_norm": Real(0),
+        **trl_domains(),
+        # ScriptArguments
+        "dataset_name": datasets,
+        "sft_dataset_name": datasets,
+        "dataset_path": ReadFile(),
+        "sft_dataset_path": ReadFile(),
+        "dataset_limit": Integer(1),
+        "tiny_vocab": OneOf(("toy", "qwen3")),
+        "backend": OneOf(("trl", "unsloth")),
+        "sft_steps": Integer(0),
+        "sft_learning_rate": Real(0, open_low=True),
+        "sft_batch_size": Integer(1),
+        "sft_implementation": OneOf(("trl", "plain")),
+        "reward_timeout_seconds": Integer(1),
+        "truncated_reward": Real(),
+    }
+
+
+def declare(parser) -> None:
+    """Give each action of ``parser`` whose field is in ``declared_fields()`` that declaration as its type (TRL's
+    parser types a field by its annotation: ``int``, ``float``, ``str``)."""
+    declared = declared_fields()
+    for action in parser._actions:
+        if action.dest in declared:
+            action.type = declared[action.dest]
+
+
+def check_training_values(*namespaces) -> None:
+    """The parsed values (command line or YAML) against ``declared_fields()``, each refused by its flag; then the
+    combination a run of no steps (``max_steps`` 0, or -1 without epochs)."""
+    import argparse
+
+    from .cli import refuse
+
+    declared = declared_fields()
+    for namespace in namespaces:
+        for name, declaration in declared.items():
+            value = getattr(namespace, name, None)
+            if value is None or hasattr(value, "value"):  # an enum: the library's own type checked it
+                continue
+            for item in value if isinstance(value, (list, tuple)) else [value]:
+                try:
+                    declaration.check(str(item) if isinstance(item, os.PathLike) else item)
+                except argparse.ArgumentTypeError as e:
+                    raise refuse(f"--{name}", item, str(e).split(": ", 1)[-1]) from None
+    args = namespaces[0]
     if args.max_steps == 0 or (args.max_steps < 0 and not args.num_train_epochs > 0):
         raise refuse("--max_steps", args.max_steps, "expected an integer >= 1 (or -1 with --num_train_epochs > 0)")
-    if str(getattr(args.save_strategy, "value", args.save_strategy)) == "steps":
-        finite_number("--save_steps", args.save_steps, low=0, open_low=True)
 
 
 def check_before_loading(script_args, training_args, model_args=None) -> dict:
@@ -220,33 +284,19 @@ def check_before_loading(script_args, training_args, model_args=None) -> dict:
     its form and parameters were validated when ATRGRPOConfig was built.) A refusal names the argument. Returns the
     local datasets it read, by flag (``--dataset_path``, ``--sft_dataset_path``), for the run to use as they are."""
     from .checkpoints import LATEST, check_resume_keeps_the_form, is_complete_checkpoint, latest_complete_checkpoint
-    from .cli import finite_number, positive_int, refuse
-    from .data import OFFLINE_TASKS, SOURCES, load_source
-    from .rewards import check_truncated_reward
+    from .cli import refuse
+    from .data import load_source
     from .sft import check_sft_implementation
 
     loaded = {}
-    check_training_values(training_args)
-    positive_int("--sft_steps", script_args.sft_steps, minimum=0)
-    positive_int("--sft_batch_size", script_args.sft_batch_size)
-    finite_number("--sft_learning_rate", script_args.sft_learning_rate, low=0, open_low=True)
-    positive_int("--reward_timeout_seconds", script_args.reward_timeout_seconds)
-    if script_args.dataset_limit is not None:
-        positive_int("--dataset_limit", script_args.dataset_limit)
+    check_training_values(training_args, script_args)
     for flag, name, path in (
         ("--dataset_path", script_args.dataset_name, script_args.dataset_path),
         ("--sft_dataset_path", script_args.sft_dataset_name or script_args.dataset_name, script_args.sft_dataset_path),
     ):
-        if name is not None and name not in OFFLINE_TASKS and name not in SOURCES:
-            raise refuse("--dataset_name", name, f"unknown dataset; known: {', '.join([*OFFLINE_TASKS, *SOURCES])}")
         if path is not None:  # read now: a malformed row stops the run before a model loads, naming its line
             loaded[flag] = load_source(name, path, script_args.dataset_limit, argument=flag)
-    if script_args.tiny_vocab not in ("toy", "qwen3"):
-        raise refuse("--tiny_vocab", script_args.tiny_vocab, "expected 'toy' or 'qwen3'")
-    check_truncated_reward(script_args.truncated_reward)
     check_sft_implementation(script_args.sft_implementation, use_peft=bool(getattr(model_args, "use_peft", False)))
-    if script_args.backend not in ("trl", "unsloth"):
-        raise refuse("--backend", script_args.backend, "expected 'trl' or 'unsloth'")
     if model_args is not None:
         check_model_options(model_args, training_args, backend=script_args.backend)
 

@@ -142,13 +142,18 @@ def check_arguments(args) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> None:
     from .cli import Parser
+    from .cli_types import NamedFile, WriteDir
 
+    known = [*data.OFFLINE_TASKS, *sorted(data.SOURCES)]
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="data/verl", help="output directory")
-    ap.add_argument("--local", nargs="*", default=[], metavar="NAME=PATH", help="read a source from a local file")
-    ap.add_argument("--train", default=TRAIN_SOURCE)
-    ap.add_argument("--tests", nargs="*", default=list(TEST_SOURCES))
+    ap.add_argument("--out", type=WriteDir(), default="data/verl", help="output directory")
+    ap.add_argument(
+        "--local", type=NamedFile(), nargs="*", default=[], metavar="NAME=PATH", help="read a source from a local file"
+    )
+    ap.add_argument("--train", choices=known, default=TRAIN_SOURCE)
+    ap.add_argument("--tests", choices=known, nargs="*", default=list(TEST_SOURCES))
     args = ap.parse_args(argv)
+
     local = check_arguments(args)
     for path in export(Path(args.out), local, args.train, tuple(args.tests)):
         print(f"wrote {path}")

@@ -107,16 +107,14 @@ def loop_gradient(theta, theta_old, adv):
 
 
 def main(argv: list[str] | None = None):
-    from atr_llm.cli import Parser, output_file, torch_device
+    from atr_llm.cli import Parser
+    from atr_llm.cli_types import Device, WriteFile
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--out", help="default: figures/bench/<machine>/bandit_throughput.json")
+    ap.add_argument("--device", type=Device(), default="cpu")
+    ap.add_argument("--out", type=WriteFile(), help="default: figures/bench/<machine>/bandit_throughput.json")
     args = ap.parse_args(argv)
-    torch_device("--device", args.device)
-    if args.out:
-        output_file("--out", args.out)
     dev = args.device
     cuda = torch.device(dev).type == "cuda"
     torch.set_default_dtype(torch.float64)

@@ -156,9 +156,14 @@ def generate_decode_ms(args, allowance: int) -> list[dict]:
 
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     config = Qwen3Config(
-        vocab_size=1024, hidden_size=args.heads * args.head_dim, intermediate_size=6144,
-        num_hidden_layers=args.generate_layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-        head_dim=args.head_dim, max_position_embeddings=args.completion + allowance,
+        vocab_size=1024,
+        hidden_size=args.heads * args.head_dim,
+        intermediate_size=6144,
+        num_hidden_layers=args.generate_layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        max_position_embeddings=args.completion + allowance,
     )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype).to(device).eval()
@@ -207,47 +212,45 @@ def environment(device: str) -> dict:
 
 
 def main(argv=None) -> dict:
-    from atr_llm.cli import Parser, UsageError, output_file, positive_int
+    from atr_llm.cli import Parser, UsageError
+    from atr_llm.cli_types import CommaList, Device, Integer, WriteFile
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cpu", help="cpu or cuda")
-    ap.add_argument("--batch", type=int, default=32, help="completions decoded together (Table 4: 32)")
-    ap.add_argument("--heads", type=int, default=16, help="query heads (Qwen3-1.7B: 16)")
-    ap.add_argument("--kv-heads", type=int, default=8, help="key/value heads (Qwen3-1.7B: 8)")
-    ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--layers", type=int, default=28, help="layers of a decode step (Qwen3-1.7B: 28)")
-    ap.add_argument("--completion", type=int, default=1536, help="max_completion_length (Table 4: 1536)")
-    ap.add_argument("--allowances", default="512,128", help="prompt allowances of the static cache, comma list")
-    ap.add_argument("--prompt-tokens", type=int, default=64, help="the prompt's length in the mask")
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--device", type=Device(), default="cpu", help="cpu or cuda")
+    ap.add_argument("--batch", type=Integer(1), default=32, help="completions decoded together (Table 4: 32)")
+    ap.add_argument("--heads", type=Integer(1), default=16, help="query heads (Qwen3-1.7B: 16)")
+    ap.add_argument("--kv-heads", type=Integer(1), default=8, help="key/value heads (Qwen3-1.7B: 8)")
+    ap.add_argument("--head-dim", type=Integer(1), default=128)
+    ap.add_argument("--layers", type=Integer(1), default=28, help="layers of a decode step (Qwen3-1.7B: 28)")
+    ap.add_argument("--completion", type=Integer(1), default=1536, help="max_completion_length (Table 4: 1536)")
     ap.add_argument(
-        "--generate-layers", type=int, default=0, metavar="N",
+        "--allowances",
+        type=CommaList(item=Integer(1)),
+        default=[512, 128],
+        help="prompt allowances of the static cache, comma list (default 512,128)",
+    )
+    ap.add_argument("--prompt-tokens", type=Integer(1), default=64, help="the prompt's length in the mask")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--repeats", type=Integer(1), default=5)
+    ap.add_argument(
+        "--generate-layers",
+        type=Integer(0),
+        default=0,
+        metavar="N",
         help="also time whole decode steps of compiled generate with a model of N such layers (0: not done)",
     )
-    ap.add_argument("--generate-steps", type=int, default=8, help="decode steps timed per generation (default 8)")
+    ap.add_argument(
+        "--generate-steps", type=Integer(1), default=8, help="decode steps timed per generation (default 8)"
+    )
     ap.add_argument("--quick", action="store_true", help="batch 2, one allowance: a smoke test")
-    ap.add_argument("--out", help="default: figures/bench/<machine>/decode_attention.json")
+    ap.add_argument("--out", type=WriteFile(), help="default: figures/bench/<machine>/decode_attention.json")
     args = ap.parse_args(argv)
-    if args.generate_layers < 0:
-        raise UsageError(f"--generate-layers {args.generate_layers}: expected a number of layers >= 0")
-    for name in ("batch", "heads", "kv_heads", "head_dim", "layers", "completion", "prompt_tokens", "repeats",
-                 "generate_steps"):
-        positive_int("--" + name.replace("_", "-"), getattr(args, name))
     if args.heads % args.kv_heads:
         raise UsageError(f"--heads {args.heads} is not a multiple of --kv-heads {args.kv_heads}")
-    try:
-        allowances = [int(a) for a in args.allowances.split(",")]
-    except ValueError:
-        allowances = []
-    if not allowances or min(allowances) < 1:
-        raise UsageError(f"--allowances {args.allowances!r}: expected a comma list of whole numbers >= 1")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError("--device cuda: no CUDA GPU here")
+    allowances = list(args.allowances)
     if args.quick:
         args.batch, allowances = 2, allowances[:1]
     out = Path(args.out) if args.out else default_output("decode_attention.json", args.device)
-    output_file("--out", str(out))
     result = {
         "command": " ".join(["python -m benchmarks.decode_attention", *(sys.argv[1:] if argv is None else argv)]),
         "environment": environment(args.device),
@@ -270,7 +273,9 @@ def main(argv=None) -> dict:
             f"{r['ms_per_layer']:8.2f} ms/layer  x{r['sdpa_ms_over_this']:.2f}  diff {r['max_abs_diff_vs_sdpa_eager']:.1e}"
         )
     for r in result.get("generate", []):
-        print(f"generate L={r['cache_len']:5d} {r['layers']} layers {r['attention']:10s} {r['decode_ms_per_step']:8.1f} ms/step")
+        print(
+            f"generate L={r['cache_len']:5d} {r['layers']} layers {r['attention']:10s} {r['decode_ms_per_step']:8.1f} ms/step"
+        )
     print(f"wrote {out}")
     return result
 

@@ -366,7 +366,12 @@ def compiled_check(trainer, prompts_ids: list[list[int]], new_tokens: int = 8) -
     compiled.do_sample, compiled.max_new_tokens = False, new_tokens
     compiled.max_cache_len = trainer.generation_config.max_cache_len  # the cache (and graph) of training
     eager = copy.deepcopy(compiled)
-    eager.cache_implementation, eager.max_cache_len, eager.disable_compile, eager.compile_config = None, None, True, None
+    eager.cache_implementation, eager.max_cache_len, eager.disable_compile, eager.compile_config = (
+        None,
+        None,
+        True,
+        None,
+    )
 
     def first_decoded_logits(config, mode):  # eager: transformers' own SDPA, whatever the trainer's attention
         attention = None if mode == "compiled" else "sdpa"
@@ -714,16 +719,9 @@ def environment() -> dict:
 def check_arguments(args) -> None:
     """Every refusal before a model loads: counts, the kinds and backends, the timeout, the output path, the GPU."""
     import atr_theory as at
-    from atr_llm.cli import UsageError, finite_number, output_file, positive_int, refuse
+    from atr_llm.cli import UsageError, refuse
     from atr_llm.fast_generation import MODES
 
-    positive_int("--steps", args.steps)
-    positive_int("--max-completion-length", args.max_completion_length)
-    if args.profile_decode < 0:
-        raise refuse("--profile-decode", str(args.profile_decode), "a number of decode steps >= 0")
-    for backend in args.backends.split(","):
-        if backend not in ("trl", "unsloth"):
-            raise refuse("--backends", args.backends, f"{backend!r} is not a backend; expected a comma list of trl, unsloth")
     for kind in args.kinds.split(","):
         try:
             name, _ = split_steps(kind, args.steps)
@@ -743,52 +741,63 @@ def check_arguments(args) -> None:
                 f"{', '.join(MODES)}; cb: continuous batching; packed: packed_gqa attention; pN: N prompt tokens "
                 "in compiled's static cache)",
             )
-    if args.case_timeout is not None:
-        finite_number("--case-timeout", args.case_timeout, low=0, open_low=True)
-    if args.out is not None:
-        output_file("--out", args.out)
     if not args.tiny:
         import torch
 
         if not torch.cuda.is_available():
-            raise UsageError("no CUDA GPU here, which gpu_step needs; --tiny runs the same code on CPU with a tiny model")
+            raise UsageError(
+                "no CUDA GPU here, which gpu_step needs; --tiny runs the same code on CPU with a tiny model"
+            )
 
 
 def main(argv=None) -> dict:
     from atr_llm.cli import Parser
+    from atr_llm.cli_types import SEED, CommaList, Integer, Real, Text, WriteFile
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=20, help="optimizer steps per case (default 20)")
-    ap.add_argument("--max-completion-length", type=int, default=1536, help="Table 4: 1536")
+    ap.add_argument("--steps", type=Integer(1), default=20, help="optimizer steps per case (default 20)")
+    ap.add_argument("--max-completion-length", type=Integer(1), default=1536, help="Table 4: 1536")
     ap.add_argument(
         "--kinds",
+        type=Text(),
         default="stock,atr,atr+merged_lora",
         help="comma list: 'stock' (trl.GRPOTrainer), methods, and method+MODE for a fast_generation mode "
         "(atr+merged_lora: LoRA merged while generating; atr+compiled: merged, static KV cache, compiled decode "
         "step), each with an optional +cb (TRL's use_transformers_continuous_batching), +packed "
         "(fast_generation_attention='packed_gqa'), +pN (fast_generation_prompt_tokens=N) and :N (its own --steps)",
     )
-    ap.add_argument("--backends", default="trl", help="comma list of 'trl' and 'unsloth'")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--backends",
+        type=CommaList(choices=("trl", "unsloth")),
+        default="trl",
+        help="comma list of 'trl' and 'unsloth'",
+    )
+    ap.add_argument("--seed", type=SEED, default=0)
     ap.add_argument("--tiny", action="store_true", help="a tiny model on CPU (smoke test of this script)")
     ap.add_argument(
-        "--out", help="default: figures/bench/<card>/gpu_step.json (<card>: h100, h200, ...; cpu with --tiny)"
+        "--out",
+        type=WriteFile(),
+        help="default: figures/bench/<card>/gpu_step.json (<card>: h100, h200, ...; cpu with --tiny)",
     )
     ap.add_argument(
         "--skip-probe",
         action="store_true",
         help="no fixed-batch probe before training (to check whether it changes what the case samples)",
     )
-    ap.add_argument("--case-timeout", type=float, default=None, help="seconds before a case is stopped")
+    ap.add_argument(
+        "--case-timeout", type=Real(0, open_low=True), default=None, help="seconds before a case is stopped"
+    )
     ap.add_argument(
         "--profile-decode",
-        type=int,
+        type=Integer(0),
         default=0,
         metavar="N",
         help="after training, time N decode steps of each method case's generation and profile them "
         "(where a decode step's time goes: decode_profile in the case's row; 0: not done)",
     )
-    ap.add_argument("--case", help=argparse.SUPPRESS)  # internal: kind,backend,grad_path in this process
+    ap.add_argument(
+        "--case", type=Text(1000), help=argparse.SUPPRESS
+    )  # internal: kind,backend,grad_path in this process
     args = ap.parse_args(argv)
     if not args.case:
         check_arguments(args)
@@ -816,7 +825,7 @@ def main(argv=None) -> dict:
     rows, grads = [], []
     # measured first, so a run stopped between cases still has its decode floor
     bandwidth = copy_bandwidth_gbps("cpu" if args.tiny else "cuda")
-    for backend in args.backends.split(","):
+    for backend in args.backends:
         for kind in args.kinds.split(","):
             grad_path = tmp / f"grad-{len(rows)}-{kind}-{backend}.pt"  # one file per case, kinds may repeat
             cmd = [sys.executable, "-m", "benchmarks.gpu_step", "--case", f"{kind},{backend},{grad_path}"] + [

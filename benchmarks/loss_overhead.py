@@ -305,14 +305,17 @@ def part1_result(r1: dict, sizes, repeats: int, device: str) -> dict:
 
 
 def main(argv: list[str] | None = None):
-    from atr_llm.cli import Parser, output_file, positive_int, torch_device
+    from atr_llm.cli import Parser
+    from atr_llm.cli_types import Device, Integer, WriteFile
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     ap.add_argument(
-        "--out", help="default: figures/bench/<machine>/loss_overhead.json (loss_overhead_time.json with --time-only)"
+        "--out",
+        type=WriteFile(),
+        help="default: figures/bench/<machine>/loss_overhead.json (loss_overhead_time.json with --time-only)",
     )
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--device", type=Device(), default="cpu")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile mode")
     ap.add_argument(
         "--time-only",
@@ -322,10 +325,16 @@ def main(argv: list[str] | None = None):
     ap.add_argument(
         "--compiled", action="store_true", help="with --time-only: the compiled mode too (one compilation per method)"
     )
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    ap.add_argument("--repeats", type=int, default=None, help="interleaved calls per method (default 20 CPU, 50 GPU)")
+    ap.add_argument("--threads", type=Integer(1, 1024), default=None, help="torch threads (default: torch's choice)")
     ap.add_argument(
-        "--methods", nargs="+", default=None, help="per-token methods of part 1, in this order (default all)"
+        "--repeats", type=Integer(1), default=None, help="interleaved calls per method (default 20 CPU, 50 GPU)"
+    )
+    ap.add_argument(
+        "--methods",
+        nargs="+",
+        choices=PER_TOKEN,
+        default=None,
+        help="per-token methods of part 1, in this order (default all)",
     )
     ap.add_argument(
         "--modes",
@@ -336,12 +345,6 @@ def main(argv: list[str] | None = None):
     )
     args = ap.parse_args(argv)
     methods = resolve_methods(args.methods)
-    torch_device("--device", args.device)
-    for flag, value in (("--threads", args.threads), ("--repeats", args.repeats)):
-        if value is not None:
-            positive_int(flag, value)
-    if args.out:
-        output_file("--out", args.out)
     if args.threads:
         torch.set_num_threads(args.threads)
     name = "loss_overhead_time.json" if args.time_only else "loss_overhead.json"

@@ -117,25 +117,29 @@ def one_case(kind: str, B: int, P: int, T: int) -> dict:
 
 
 def main(argv=None) -> dict:
+    import atr_theory as at
+    from atr_llm.cli import Parser
+    from atr_llm.cli_types import CommaList, Text, WriteFile
     from atr_llm.runtime import enable_huge_pages_for_large_cpu_tensors
 
     enable_huge_pages_for_large_cpu_tensors()  # as the trainer's entry points allocate
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default="figures/bench/cpu/real_vocab_step.json")
+    ap.add_argument("--out", type=WriteFile(), default="figures/bench/cpu/real_vocab_step.json")
     ap.add_argument(
         "--kinds",
+        type=CommaList(choices=("stock", *at.METHODS)),
         default="stock,atr,clip,tr_ppo,truly_ppo",
         help="comma-separated; rows of other kinds in --out are kept",
     )
-    ap.add_argument("--case", help=argparse.SUPPRESS)  # internal: kind,B,P,T in this process
+    ap.add_argument("--case", type=Text(), help=argparse.SUPPRESS)  # internal: kind,B,P,T in this process
     args = ap.parse_args(argv)
     if args.case:
         kind, B, P, T = args.case.split(",")
         print(json.dumps(one_case(kind, int(B), int(P), int(T))))
         return {}
     shapes = [(4, 32, 32)] if args.quick else [(4, 64, 64), (8, 64, 256), (16, 64, 256)]
-    kinds = args.kinds.split(",")
+    kinds = list(args.kinds)
     env = {**os.environ, **MMAP_ENV}  # the cases' high-water marks are of live memory (benchmarks/_memory.py)
     out = Path(args.out)
     old = json.loads(out.read_text())["rows"] if out.exists() and not args.quick else []

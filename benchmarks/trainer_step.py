@@ -89,14 +89,14 @@ def loss_step_time(trainer, inputs, opt):
 
 
 def main(argv: list[str] | None = None):
-    from atr_llm.cli import Parser, output_file
+    from atr_llm.cli import Parser
+    from atr_llm.cli_types import WriteFile
     from atr_llm.runtime import enable_huge_pages_for_large_cpu_tensors
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default="figures/bench/cpu/trainer_step.json")
+    ap.add_argument("--out", type=WriteFile(), default="figures/bench/cpu/trainer_step.json")
     args = ap.parse_args(argv)
-    output_file("--out", args.out)
     enable_huge_pages_for_large_cpu_tensors()  # as the trainer's entry points allocate
     reps = 5 if args.quick else 30
     tok = tiny.build_tiny_tokenizer()

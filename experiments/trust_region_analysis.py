@@ -215,13 +215,15 @@ def analyse(rows: list[dict], curves: Path | None = None) -> dict:
     }
 
 
-def _interval(d: dict | None) -> str:
+def interval_text(d: dict | None, spec: str = "+.2f") -> str:
+    """A paired difference as ``mean [low, high] (n = N)`` (``-`` when there is none)."""
     if not d or d.get("mean") is None:
         return "-"
-    return f"{d['mean']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}] (n = {d['n']})"
+    return f"{d['mean']:{spec}} [{d['low']:{spec}}, {d['high']:{spec}}] (n = {d['n']})"
 
 
-def _p(x) -> str:
+def p_text(x) -> str:
+    """A p-value in 3 significant digits (``-`` when there is none)."""
     return "-" if x is None else f"{x:.3g}"
 
 
@@ -249,7 +251,7 @@ def markdown(result: dict) -> str:
         "|---|---|---|---|---|",
     ]
     for t, d in result["primary"].items():
-        lines.append(f"| {t} | {_interval(d)} | {_p(d.get('p'))} | {_p(d.get('p_holm'))} | {d['answer']} |")
+        lines.append(f"| {t} | {interval_text(d)} | {p_text(d.get('p'))} | {p_text(d.get('p_holm'))} | {d['answer']} |")
     sec = result["secondary"]
     lines += [
         "",
@@ -263,12 +265,12 @@ def markdown(result: dict) -> str:
     for rule, by_t in sec["tests"].items():
         a, b = by_t["T0.3"], by_t["T1"]
         lines.append(
-            f"| {labelled(rule)} | {_interval(a)} | {_p(a.get('p'))} | {_p(a.get('p_holm'))} | "
-            f"{_interval(b)} | {_p(b.get('p'))} | {_p(b.get('p_holm'))} |"
+            f"| {labelled(rule)} | {interval_text(a)} | {p_text(a.get('p'))} | {p_text(a.get('p_holm'))} | "
+            f"{interval_text(b)} | {p_text(b.get('p'))} | {p_text(b.get('p_holm'))} |"
         )
     e, reg = result["entropy"], result["regime"]
     lines += ["", "## Entropy: atr (mask) - clip (min), mean token entropy over the last fifth of training (nats)", ""]
-    lines.append(f"{_interval(e)}, p = {_p(e and e.get('p'))}" if e else "pending")
+    lines.append(f"{interval_text(e)}, p = {p_text(e and e.get('p'))}" if e else "pending")
     lines += ["", "## Regime check (clip's fraction of tokens acted on; pre-registered floor 1%)", ""]
     if reg.get("runs"):
         lines.append(
@@ -318,16 +320,14 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from atr_llm.cli import Parser, output_directory
+    from atr_llm.cli import Parser
+    from atr_llm.cli_types import ReadFile, WriteDir
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--table", default=str(TABLE), help="the study's cpu_llm_table.csv")
-    ap.add_argument("--out", default=str(OUT), help="folder for analysis.json and analysis.md")
+    ap.add_argument("--table", type=ReadFile(), default=str(TABLE), help="the study's cpu_llm_table.csv")
+    ap.add_argument("--out", type=WriteDir(), default=str(OUT), help="folder for analysis.json and analysis.md")
     args = ap.parse_args(argv)
-    table = Path(args.table)
-    if not table.is_file():
-        ap.error(f"--table {args.table}: no such file (expected the study's cpu_llm_table.csv)")
-    out = output_directory("--out", args.out)
+    table, out = Path(args.table), Path(args.out)
     result = analyse(read_table(table), table.with_name("cpu_llm_curves.csv"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "analysis.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -32,23 +32,19 @@ plt.rcParams.update(
 
 def parse_args(doc: str, argv: Sequence[str] | None = None, extra=None, check=None) -> argparse.Namespace:
     """``--quick`` (small, < 1 min, for CI), ``--seed``, ``--out`` (default figures/paper/)."""
-    from atr_llm.cli import Parser, positive_int, refuse
+    from atr_llm.cli import Parser
+    from atr_llm.cli_types import SEED, WriteDir
 
     ap = Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a small version that runs in well under a minute")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="figures/paper", help="output folder (default: figures/paper/)")
+    ap.add_argument("--seed", type=SEED, default=0)
+    ap.add_argument("--out", type=WriteDir(), default="figures/paper", help="output folder (default: figures/paper/)")
     if extra:
         extra(ap)
     args = ap.parse_args(argv)
-    positive_int("--seed", args.seed, minimum=0)
-    if args.seed > 2**32 - 1:  # numpy's and torch's generators take seeds below 2^32 (numpy) / 2^64 (torch)
-        raise refuse("--seed", args.seed, "expected an integer in [0, 2^32 - 1]")
     if check:
         check(args)  # the script's own arguments, refused before the output folder is made
     args.out = Path(args.out)
-    if args.out.exists() and not args.out.is_dir():
-        raise refuse("--out", str(args.out), "not a directory")
     args.out.mkdir(parents=True, exist_ok=True)
     return args
 
@@ -184,4 +180,3 @@ def train_adam_zipf(theta0, r, base: dict, method: str, lr: float, inner: int, s
         **params,
     )
     return history
-

@@ -16,13 +16,12 @@ from sims._common import parse_args, plt, save_figure, write_csv
 
 
 def main(argv=None):
-    from atr_llm.cli import finite_number
+    from atr_llm.cli_types import Real
 
     args = parse_args(
         __doc__,
         argv,
-        lambda ap: ap.add_argument("--delta", type=float, default=0.07),
-        check=lambda a: finite_number("--delta", a.delta, low=0, open_low=True),
+        lambda ap: ap.add_argument("--delta", type=Real(0, open_low=True), default=0.07),
     )
     d = args.delta
     n = 60 if args.quick else 400

@@ -130,19 +130,16 @@ def write_equivalences(rows: list[dict], path: Path, n: int, seed: int) -> None:
 
 
 def main(argv=None):
-    from atr_llm.cli import Parser, output_directory, positive_int, refuse
+    from atr_llm.cli import Parser
+    from atr_llm.cli_types import Integer, WriteDir
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--n", type=int, default=10_000, help="instances per statement")
+    ap.add_argument("--n", type=Integer(1), default=10_000, help="instances per statement")
     ap.add_argument("--quick", action="store_true", help="1,000 instances per statement (CI)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="figures/paper")
+    # torch.Generator.manual_seed takes a signed 64-bit integer
+    ap.add_argument("--seed", type=Integer(0, 2**63 - 1), default=0)
+    ap.add_argument("--out", type=WriteDir(), default="figures/paper")
     args = ap.parse_args(argv)
-    positive_int("--n", args.n)
-    positive_int("--seed", args.seed, minimum=0)
-    if args.seed > 2**63 - 1:  # torch.Generator.manual_seed takes a signed 64-bit integer
-        raise refuse("--seed", args.seed, "expected an integer in [0, 2^63 - 1]")
-    output_directory("--out", args.out)  # a file, or a path below a file: refused before any work
     n = 1000 if args.quick else args.n
     torch.set_default_dtype(torch.float64)
     report = build_report(n, args.seed)

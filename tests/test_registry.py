@@ -95,7 +95,7 @@ def test_a_new_method_reaches_the_trainer_config_and_the_cli_unedited():
 
 def test_the_docs_methods_table_is_the_registry():
     text = (ROOT / "docs" / "methods.md").read_text()
-    assert docs.readme_with_table(text) == text, "stale methods table: run `python -m atr_theory.docs`"
+    assert docs.readme_with_table(text) == text, "stale methods table: run `python -m tools.methods_table`"
 
 
 @pytest.mark.parametrize("value", [True, "0.07", torch.tensor(0.07), None, [0.07]])

@@ -10,6 +10,7 @@ a PNG under ``docs/`` that no page shows; an API page without ATRGRPOConfig's fi
 
 from __future__ import annotations
 
+import argparse
 import html
 import re
 import sys
@@ -67,21 +68,18 @@ def site_findings(site: Path, docs: Path = Path("docs")) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args in (["-h"], ["--help"]):
-        print(f"usage: python -m tools.check_site SITE_DIR\n\n{(__doc__ or '').strip()}")
-        return 0
-    if len(args) != 1:
-        print(f"error: expected one argument, SITE_DIR (a built site), got {len(args)}", file=sys.stderr)
-        return 2
-    if not (Path(args[0]) / "index.html").is_file():
-        why = "no such directory" if not Path(args[0]).exists() else "not a built site: it has no index.html"
-        print(f"error: SITE_DIR {args[0]}: {why}", file=sys.stderr)
-        return 2
-    found = site_findings(Path(args[0]))
+    from atr_llm.cli import Parser
+    from atr_llm.cli_types import ReadDir
+
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "site_dir", metavar="SITE_DIR", type=ReadDir(holding="index.html", what="a built site"), help="a built site"
+    )
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    found = site_findings(Path(args.site_dir))
     for line in found:
         print(line, file=sys.stderr)
-    print(f"check_site: {len(found)} finding(s) in {args[0]}")
+    print(f"check_site: {len(found)} finding(s) in {args.site_dir}")
     return 1 if found else 0
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import subprocess
-from pathlib import Path
 
 
 def browser() -> str:
@@ -22,20 +21,19 @@ def browser() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from atr_llm.cli import Parser, existing_directory, positive_int, refuse
+    from atr_llm.cli import Parser
+    from atr_llm.cli_types import Integer, ReadDir, WriteDir
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("site", type=Path)
-    ap.add_argument("out", type=Path)
-    ap.add_argument("--width", type=int, default=1500)
-    ap.add_argument("--height", type=int, default=2400)
+    ap.add_argument(
+        "site",
+        type=ReadDir(holding="index.html", what="a built site (run make docs first)", as_path=True),
+        help="the built site",
+    )
+    ap.add_argument("out", type=WriteDir(as_path=True), help="folder for the screenshots")
+    ap.add_argument("--width", type=Integer(100, 10_000), default=1500)
+    ap.add_argument("--height", type=Integer(100, 100_000), default=2400)
     args = ap.parse_args(argv)
-    existing_directory("site", args.site, holding="index.html", what="a built site (run make docs first)")
-    positive_int("--width", args.width, minimum=100)
-    positive_int("--height", args.height, minimum=100)
-    for parent in (args.out, *args.out.parents):
-        if parent.exists() and not parent.is_dir():
-            raise refuse("out", str(args.out), f"{parent} is a file, not a folder")
     exe = browser()
     args.out.mkdir(parents=True, exist_ok=True)
     pages = sorted(args.site.rglob("index.html"))

@@ -8,9 +8,9 @@ differs from what the files under ``figures/bench/`` give.
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,7 +72,9 @@ def trainer_step_tables() -> str:
                 f"| `{m}` | {data['loss_step_ratio_vs_stock'][m]:.2f} | {data['loss_step_ratio_vs_stock_fitted'][m]:.2f}"
                 f" | {data['end_to_end_ratio_vs_stock'][m]:.2f} | {data['end_to_end_ratio_vs_stock_fitted'][m]:.2f} |"
             )
-        blocks.append(f"**{path.parent.name}** ([`{path.relative_to(ROOT)}`]({path.relative_to(ROOT)}))\n\n" + "\n".join(rows))
+        blocks.append(
+            f"**{path.parent.name}** ([`{path.relative_to(ROOT)}`]({path.relative_to(ROOT)}))\n\n" + "\n".join(rows)
+        )
     return "\n\n".join(blocks)
 
 
@@ -195,10 +197,19 @@ def page_with_tables(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    path = Path(argv[0]) if argv else PAGE
+    from atr_llm.cli import Parser
+    from atr_llm.cli_types import ReadFile
+
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "page", nargs="?", type=ReadFile(as_path=True), default=None, help="the page to rewrite (default: its own)"
+    )
+    path = ap.parse_args(argv).page or PAGE
     path.write_text(page_with_tables(path.read_text()))
     print(f"wrote the generated tables into {path}")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    from atr_llm.cli import run_command
+
+    run_command(main)

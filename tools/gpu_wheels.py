@@ -89,8 +89,11 @@ def slim(dest: Path) -> None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--download", metavar="DIR", help="fetch the wheels into DIR")
+    from atr_llm.cli import Parser
+    from atr_llm.cli_types import WriteDir
+
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--download", type=WriteDir(), metavar="DIR", help="fetch the wheels into DIR")
     ap.add_argument(
         "--slim", action="store_true", help="drop unsloth's studio web app and the CUDA < 13 libraries of bitsandbytes"
     )
@@ -115,4 +118,6 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from atr_llm.cli import run_command
+
+    run_command(main)

@@ -18,7 +18,6 @@ mutmut cannot run, see it (``tests/test_compile.py``'s float64 TRGPPO case kills
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
 import sys
@@ -293,11 +292,14 @@ def judge(name: str, ranges) -> str:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("names", nargs="*", help="mutant names as mutmut prints them")
-    ap.add_argument("--mutants-dir", default="mutants", help="mutmut's mutants/ directory")
-    ap.add_argument("--from-file", help="a file of mutant names, one per line")
-    ap.add_argument("--out", help="also write the lines here")
+    from atr_llm.cli import Parser
+    from atr_llm.cli_types import ReadDir, ReadFile, Text, WriteFile
+
+    ap = Parser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("names", type=Text(), nargs="*", help="mutant names as mutmut prints them")
+    ap.add_argument("--mutants-dir", type=ReadDir(), default=Path("mutants"), help="mutmut's mutants/ directory")
+    ap.add_argument("--from-file", type=ReadFile(), help="a file of mutant names, one per line")
+    ap.add_argument("--out", type=WriteFile(), help="also write the lines here")
     args = ap.parse_args(argv)
     names = list(args.names) + (Path(args.from_file).read_text().split() if args.from_file else [])
     mutants_dir = str(Path(args.mutants_dir).resolve())
@@ -321,4 +323,6 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from atr_llm.cli import run_command
+
+    run_command(main)

@@ -11,6 +11,7 @@ an 80-digit bisection of the definition (``tests/test_ranges.py``'s oracle).
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import types
 
@@ -170,8 +171,18 @@ def compare_is_kl3() -> None:
         )
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> None:
+    """``python -m tools.mutant_equivalence``: takes no argument (an unknown one is refused, never ignored)."""
+    from atr_llm.cli import Parser
+
+    Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     torch.set_num_threads(1)
     compare_is_kl3()
     compare_kl3_series()
     compare_trgppo()
+
+
+if __name__ == "__main__":
+    from atr_llm.cli import run_command
+
+    run_command(main)

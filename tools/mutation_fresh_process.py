@@ -137,23 +137,25 @@ def check_setup(mutants_dir: Path, tests: list[str], pytest_args: list[str]) -> 
 
 
 def main(argv=None) -> None:
-    from atr_llm.cli import Parser, UsageError, existing_directory, finite_number, output_file, positive_int
+    from atr_llm.cli import Parser, UsageError
+    from atr_llm.cli_types import SEED, Integer, ReadDir, Real, Text, WriteFile
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--root", type=Path, default=Path("."))
-    ap.add_argument("--functions", nargs="+", default=IMPORT_TIME, help="judge every mutant of these functions")
-    ap.add_argument("--names", nargs="+", help="judge these mutants instead (module.function__mutmut_N)")
-    ap.add_argument("--sample", type=int, help="judge a uniform random sample of this many of all the mutants")
-    ap.add_argument("--seed", type=int, default=0, help="seed of --sample")
-    ap.add_argument("--timeout", type=float, default=600.0)
-    ap.add_argument("--out", type=Path, default=Path("figures/tools/mutation/mutation_fresh_process.txt"))
+    ap.add_argument(
+        "--root", type=ReadDir(holding="pyproject.toml", what="the project's root", as_path=True), default=Path(".")
+    )
+    ap.add_argument(
+        "--functions", type=Text(), nargs="+", default=IMPORT_TIME, help="judge every mutant of these functions"
+    )
+    ap.add_argument("--names", type=Text(), nargs="+", help="judge these mutants instead (module.function__mutmut_N)")
+    ap.add_argument("--sample", type=Integer(1), help="judge a uniform random sample of this many of all the mutants")
+    ap.add_argument("--seed", type=SEED, default=0, help="seed of --sample")
+    ap.add_argument("--timeout", type=Real(0, open_low=True), default=600.0)
+    ap.add_argument(
+        "--out", type=WriteFile(as_path=True), default=Path("figures/tools/mutation/mutation_fresh_process.txt")
+    )
     ap.add_argument("--generate", action="store_true", help="write mutants/ first (mutmut's generator, no tests)")
     args = ap.parse_args(argv)
-    existing_directory("--root", args.root, holding="pyproject.toml", what="the project's root")
-    if args.sample is not None:
-        positive_int("--sample", args.sample)
-    finite_number("--timeout", args.timeout, low=0, open_low=True)
-    output_file("--out", args.out)
     if args.generate:
         generate(args.root)
     conf = tomllib.loads((args.root / "pyproject.toml").read_text())["tool"]["mutmut"]

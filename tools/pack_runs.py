@@ -61,20 +61,17 @@ def pack(runs_dir: Path, out: Path, part_mib: float) -> list[Path]:
 
 
 def main(argv=None) -> None:
-    from atr_llm.cli import Parser, existing_directory, finite_number, output_file
+    from atr_llm.cli import Parser
+    from atr_llm.cli_types import ReadDir, Real, WriteFile
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("runs_dir", type=Path, help="the runs folder to pack (e.g. runs/trust_region)")
-    ap.add_argument("out", type=Path, help="the archive's name; parts are written as OUT.part00, OUT.part01, ...")
-    ap.add_argument("--part-mib", type=float, default=15.0, help="the largest part, in MiB (> 0)")
+    ap.add_argument("runs_dir", type=ReadDir(as_path=True), help="the runs folder to pack (e.g. runs/trust_region)")
+    ap.add_argument(
+        "out", type=WriteFile(as_path=True), help="the archive's name; parts are written as OUT.part00, OUT.part01, ..."
+    )
+    # at least one byte per part: 2^-20 MiB
+    ap.add_argument("--part-mib", type=Real(2**-20, 2**20), default=15.0, help="the largest part, in MiB (> 0)")
     args = ap.parse_args(argv)
-    existing_directory("runs_dir", args.runs_dir)
-    output_file("out", args.out)
-    finite_number("--part-mib", args.part_mib, low=0, open_low=True)
-    if int(args.part_mib * 2**20) < 1:
-        from atr_llm.cli import refuse
-
-        raise refuse("--part-mib", args.part_mib, "expected at least one byte per part")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for p in pack(args.runs_dir, args.out, args.part_mib):
         print(p, p.stat().st_size)

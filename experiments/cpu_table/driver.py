@@ -13,15 +13,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from atr_llm.cli import (
-    Parser,
-    atomic_write_text,
-    directory_written_whole,
-    existing_directory,
-    finite_number,
-    positive_int,
-    refuse,
-)
+from atr_llm.cli import Parser, atomic_write_text, directory_written_whole, existing_directory, refuse
+from atr_llm.cli_types import SEED, Integer, Real, WriteDir
 
 from .protocol import (
     _RUN_PROTOCOL_KEYS,
@@ -65,7 +58,9 @@ def train_sft(seed: int, sft_steps: int, runs_dir: Path) -> Path:
 
     out = run_directory(runs_dir, "sft", seed)
     if (out / "config.json").exists():
-        recorded = json.loads((out / MACHINE_FILE).read_text()).get("sft_steps") if (out / MACHINE_FILE).exists() else None
+        recorded = (
+            json.loads((out / MACHINE_FILE).read_text()).get("sft_steps") if (out / MACHINE_FILE).exists() else None
+        )
         if recorded is not None and recorded != sft_steps:
             raise ValueError(
                 f"{out} is an SFT model of {recorded} steps, this invocation asks for {sft_steps}: "
@@ -267,34 +262,34 @@ def main(argv=None) -> dict:
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="2 runs x 1 seed x a few steps (CI)")
     ap.add_argument("--runs", nargs="+", choices=sorted(CPU_RUNS), help="subset of runs (default: all)")
-    ap.add_argument("--seeds", nargs="+", type=int)
-    ap.add_argument("--max-steps", type=int)
-    ap.add_argument("--save-steps", type=int, help="steps between evaluated checkpoints (default 250)")
+    ap.add_argument("--seeds", nargs="+", type=SEED)
+    ap.add_argument("--max-steps", type=Integer(1))
+    ap.add_argument("--save-steps", type=Integer(1), help="steps between evaluated checkpoints (default 250)")
     ap.add_argument(
         "--at-step",
-        type=int,
+        type=Integer(1),
         help="write the table of runs that stop at this step, read from each run's checkpoint there "
         "(a multiple of save_steps, <= max-steps; runs not yet trained are trained to max-steps first)",
     )
     ap.add_argument(
         "--learning-rate",
-        type=float,
+        type=Real(0, open_low=True),
         help="GRPO's learning rate when not cpu-table.yaml's (a protocol of its own: its rows never join another's)",
     )
     ap.add_argument(
         "--sft-steps",
-        type=int,
+        type=Integer(1),
         help="SFT steps of each seed's start model (default 600; another count is a protocol of its own, and its "
         "SFT models live in their own --runs-dir)",
     )
     ap.add_argument(
         "--num-iterations",
-        type=int,
+        type=Integer(1),
         help="updates per generated batch (TRL num_iterations) when not cpu-table.yaml's 2 (a protocol of its own)",
     )
     ap.add_argument(
         "--steps-per-generation",
-        type=int,
+        type=Integer(1),
         help="optimizer steps each generated batch is split over (TRL steps_per_generation) when not 1 (a protocol "
         "of its own)",
     )
@@ -304,11 +299,12 @@ def main(argv=None) -> dict:
         help="log the full-vocabulary KL(pi_old || pi) of every update (atr_llm.true_kl; training unchanged): the "
         "table's acted_true_kl_* columns",
     )
-    ap.add_argument("--workers", type=int, default=2, help="parallel training processes (one thread each)")
+    ap.add_argument("--workers", type=Integer(1, 256), default=2, help="parallel training processes (one thread each)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where SFT, GRPO and evaluation run")
-    ap.add_argument("--runs-dir", default="runs/cpu_table_steps")
+    ap.add_argument("--runs-dir", type=WriteDir(), default="runs/cpu_table_steps")
     ap.add_argument(
         "--out",
+        type=WriteDir(),
         help="where the table goes (default: figures/experiments/cpu_table/table/, with --at-step S .../at_stepS/)",
     )
     ap.add_argument(
@@ -338,26 +334,18 @@ def main(argv=None) -> dict:
     if args.runs:
         settings["runs"] = args.runs
     if args.seeds is not None:
-        for seed in args.seeds:
-            positive_int("--seeds", seed, minimum=0)
         if len(set(args.seeds)) != len(args.seeds):
             raise refuse("--seeds", " ".join(map(str, args.seeds)), "lists a seed twice")
         settings["seeds"] = args.seeds
     if args.max_steps is not None:
-        settings["max_steps"] = positive_int("--max-steps", args.max_steps)
+        settings["max_steps"] = args.max_steps
     if args.save_steps is not None:
-        settings["save_steps"] = positive_int("--save-steps", args.save_steps)
+        settings["save_steps"] = args.save_steps
     if args.sft_steps is not None:
-        settings["sft_steps"] = positive_int("--sft-steps", args.sft_steps)
-    if args.learning_rate is not None:
-        finite_number("--learning-rate", args.learning_rate, low=0, open_low=True)
+        settings["sft_steps"] = args.sft_steps
     settings["learning_rate"] = grpo_learning_rate(args.learning_rate)
     for knob in OFF_POLICY_KNOBS:
-        value = getattr(args, knob)
-        if value is not None:
-            positive_int(f"--{knob.replace('_', '-')}", value)
-        settings[knob] = off_policy_knob(knob, value)
-    positive_int("--workers", args.workers)
+        settings[knob] = off_policy_knob(knob, getattr(args, knob))
     if args.at_step is not None and not (
         0 < args.at_step <= settings["max_steps"] and args.at_step % settings["save_steps"] == 0
     ):
@@ -368,11 +356,7 @@ def main(argv=None) -> dict:
             "expected one of those steps",
         )
     out = Path(args.out or OUT_ROOT / ("table" if args.at_step is None else f"at_step{args.at_step}"))
-    if out.exists() and not out.is_dir():
-        raise refuse("--out", str(out), "not a directory")
     runs_dir = Path(args.runs_dir)
-    if runs_dir.exists() and not runs_dir.is_dir():
-        raise refuse("--runs-dir", str(runs_dir), "not a directory")
     if args.device == "cuda":
         import torch
 

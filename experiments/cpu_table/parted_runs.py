@@ -21,7 +21,6 @@ Prints and writes JSON: a list, per pair ``{"run", "reference", "tables", "start
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
@@ -94,11 +93,15 @@ def table_and_run(spec: str) -> tuple[Path, str]:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
+    from atr_llm.cli import Parser
+    from atr_llm.cli_types import Text, WriteFile
     from experiments import cpu_table
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pair", nargs=2, action="append", required=True, metavar=("TABLE:RUN", "TABLE:REFERENCE"))
-    ap.add_argument("--out", type=Path)
+    ap = Parser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--pair", type=Text(), nargs=2, action="append", required=True, metavar=("TABLE:RUN", "TABLE:REFERENCE")
+    )
+    ap.add_argument("--out", type=WriteFile(as_path=True))
     args = ap.parse_args(argv)
     results = []
     for run_spec, reference_spec in args.pair:
@@ -127,4 +130,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    from atr_llm.cli import run_command
+
+    run_command(main)

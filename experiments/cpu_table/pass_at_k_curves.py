@@ -18,7 +18,6 @@ same, and per reference of ``--references``, benchmark and K each run's paired d
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 from pathlib import Path
@@ -144,17 +143,23 @@ def plot(rows: list[dict], runs: list[str], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs-dir", type=Path, required=True)
-    ap.add_argument("--runs", nargs="+", required=True, choices=["sft", *sorted(cpu_table.CPU_RUNS)])
-    ap.add_argument("--seeds", nargs="+", type=int, required=True)
-    ap.add_argument("--step", type=int, default=cpu_table.FULL["max_steps"], help="the GRPO checkpoint (default final)")
-    ap.add_argument("--ks", nargs="+", type=int, default=[1, 2, 4, 8])
-    ap.add_argument("--references", nargs="+", default=["sft"], help="runs to pair every other run against")
-    ap.add_argument("--out", type=Path, required=True)
+    from atr_llm.cli import Parser
+    from atr_llm.cli_types import SEED, Integer, ReadDir, WriteDir
+
+    runs = ["sft", *sorted(cpu_table.CPU_RUNS)]
+    ap = Parser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs-dir", type=ReadDir(as_path=True), required=True)
+    ap.add_argument("--runs", nargs="+", required=True, choices=runs)
+    ap.add_argument("--seeds", nargs="+", type=SEED, required=True)
+    ap.add_argument(
+        "--step", type=Integer(1), default=cpu_table.FULL["max_steps"], help="the GRPO checkpoint (default final)"
+    )
+    ap.add_argument("--ks", nargs="+", type=Integer(1), default=[1, 2, 4, 8])
+    ap.add_argument(
+        "--references", nargs="+", choices=runs, default=["sft"], help="runs to pair every other run against"
+    )
+    ap.add_argument("--out", type=WriteDir(as_path=True), required=True)
     args = ap.parse_args(argv)
-    if any(k < 1 for k in args.ks):
-        ap.error(f"--ks: every K must be >= 1, got {args.ks}")
     if not set(args.references) <= set(args.runs):
         ap.error(f"--references {sorted(set(args.references) - set(args.runs))}: not among --runs {args.runs}")
     rows = [

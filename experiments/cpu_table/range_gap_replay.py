@@ -20,7 +20,6 @@ Prints and writes JSON: a list, per seed ``{"run", "seed", "steps", "calls", "ot
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -167,15 +166,24 @@ def _without_wall_clock(logged: dict) -> dict:
 
 
 def main(argv=None) -> list[dict]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--run", required=True, help="a run of experiments.cpu_table.CPU_RUNS with a constant range")
-    p.add_argument("--seeds", type=int, nargs="+", required=True)
-    p.add_argument("--steps", type=int, nargs="+", required=True, help="optimizer steps to replay, one per seed")
-    p.add_argument("--runs-dir", type=Path, default=Path("runs/cpu_table_forms"))
-    p.add_argument("--other", default="kl3:0.07", help="kl3:DELTA or LOWER,UPPER (default: ATR's range)")
-    p.add_argument("--out", type=Path, default=None)
+    from atr_llm.cli import Parser
+    from atr_llm.cli_types import SEED, Integer, ReadDir, Text, WriteFile
+    from experiments.cpu_table import CPU_RUNS
+
+    p = Parser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--run",
+        choices=sorted(CPU_RUNS),
+        required=True,
+        help="a run of experiments.cpu_table.CPU_RUNS with a constant range",
+    )
+    p.add_argument("--seeds", type=SEED, nargs="+", required=True)
+    p.add_argument("--steps", type=Integer(1), nargs="+", required=True, help="optimizer steps to replay, one per seed")
+    p.add_argument("--runs-dir", type=ReadDir(as_path=True), default=Path("runs/cpu_table_forms"))
+    p.add_argument("--other", type=Text(), default="kl3:0.07", help="kl3:DELTA or LOWER,UPPER (default: ATR's range)")
+    p.add_argument("--out", type=WriteFile(as_path=True), default=None)
     a = p.parse_args(argv)
-    if len(a.steps) != len(a.seeds) or min(a.steps) < 1:
+    if len(a.steps) != len(a.seeds):
         raise ValueError(f"--steps: expected one count >= 1 per seed ({len(a.seeds)}), got {a.steps}")
     other = other_range(a.other)
     result = [replay(a.run, seed, steps, a.runs_dir, other) for seed, steps in zip(a.seeds, a.steps)]
@@ -187,4 +195,6 @@ def main(argv=None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    from atr_llm.cli import run_command
+
+    run_command(main)

@@ -15,9 +15,7 @@ independent of what it replicates.
 
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
 
 DIRECTIONS = ("below", "above")
 
@@ -88,15 +86,19 @@ def _difference(d: dict | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    from atr_llm.cli import Parser
+    from atr_llm.cli_types import ReadDir, WriteFile
     from experiments import cpu_table
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--exploratory", type=Path, required=True, help="the table that suggested the direction")
-    ap.add_argument("--replication", type=Path, required=True, help="the table of fresh starts")
-    ap.add_argument("--run", required=True)
-    ap.add_argument("--reference", required=True)
+    ap = Parser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--exploratory", type=ReadDir(as_path=True), required=True, help="the table that suggested the direction"
+    )
+    ap.add_argument("--replication", type=ReadDir(as_path=True), required=True, help="the table of fresh starts")
+    ap.add_argument("--run", choices=sorted(cpu_table.CPU_RUNS), required=True)
+    ap.add_argument("--reference", choices=sorted(cpu_table.CPU_RUNS), required=True)
     ap.add_argument("--direction", choices=DIRECTIONS, required=True, help="the pre-registered side of run - reference")
-    ap.add_argument("--out", type=Path)
+    ap.add_argument("--out", type=WriteFile(as_path=True))
     args = ap.parse_args(argv)
     (_, exploratory_rows, _), (replication_summary, replication_rows, _) = cpu_table.read_tables_of_one_protocol(
         args.exploratory, args.replication
@@ -117,4 +119,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from atr_llm.cli import run_command
+
+    run_command(main)

@@ -54,17 +54,29 @@ def train_case(trainer: str, continuous_batching: bool, steps: int, out_dir: Pat
         (GRPOConfig, GRPOTrainer, {}) if trainer == "trl" else (ATRGRPOConfig, ATRGRPOTrainer, {"method": "atr"})
     )
     config = config_cls(
-        output_dir=str(out_dir / f"{trainer}-{continuous_batching}"), per_device_train_batch_size=8,
-        num_generations=4, max_completion_length=8, use_cpu=True, report_to="none", max_steps=steps,
-        save_strategy="no", learning_rate=5e-6, bf16=True, seed=seed,
-        use_transformers_continuous_batching=continuous_batching, **extra,
+        output_dir=str(out_dir / f"{trainer}-{continuous_batching}"),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=8,
+        use_cpu=True,
+        report_to="none",
+        max_steps=steps,
+        save_strategy="no",
+        learning_rate=5e-6,
+        bf16=True,
+        seed=seed,
+        use_transformers_continuous_batching=continuous_batching,
+        **extra,
     )
     tok = tiny.build_tiny_tokenizer()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         run = trainer_cls(
-            model=tiny.build_tiny_model(tok, seed=seed), reward_funcs=[length_reward], args=config,
-            train_dataset=data.to_grpo_dataset(data.arithmetic_dataset(32)), processing_class=tok,
+            model=tiny.build_tiny_model(tok, seed=seed),
+            reward_funcs=[length_reward],
+            args=config,
+            train_dataset=data.to_grpo_dataset(data.arithmetic_dataset(32)),
+            processing_class=tok,
             peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"]),
         )
         start = {n: p.detach().float().clone() for n, p in run.model.named_parameters() if "lora_A" in n}
@@ -83,14 +95,14 @@ def main(argv: list[str] | None = None) -> dict:
 
     import trl
 
-    from atr_llm.cli import Parser, output_file, positive_int
+    from atr_llm.cli import Parser
+    from atr_llm.cli_types import Integer, WriteFile
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--out", default=str(DEFAULT_OUT))
+    ap.add_argument("--steps", type=Integer(1), default=4)
+    ap.add_argument("--out", type=WriteFile(as_path=True), default=str(DEFAULT_OUT))
     args = ap.parse_args(argv)
-    positive_int("--steps", args.steps)
-    out = output_file("--out", args.out)
+    out = args.out
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for trainer in ("trl", "atr"):
@@ -100,7 +112,12 @@ def main(argv: list[str] | None = None) -> dict:
     import transformers
 
     result = {
-        "command": " ".join(["python -m experiments.investigations.continuous_batching_dtype", *(sys.argv[1:] if argv is None else argv)]),
+        "command": " ".join(
+            [
+                "python -m experiments.investigations.continuous_batching_dtype",
+                *(sys.argv[1:] if argv is None else argv),
+            ]
+        ),
         "environment": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__},
         "rows": rows,
     }

@@ -44,12 +44,17 @@ def stored_pairs(runs_dir: Path, golds: list[str]) -> tuple[dict, int]:
     return pairs, n
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs-dir", default="runs/cpu_table_forms")
-    ap.add_argument("--out", default="figures/experiments/investigations/grading_fast_path.json")
-    ap.add_argument("--timed-pairs", type=int, default=2000, help="distinct fast-path pairs timed with both graders")
-    args = ap.parse_args()
+def main(argv: list[str] | None = None) -> None:
+    from atr_llm.cli import Parser
+    from atr_llm.cli_types import Integer, ReadDir, WriteFile
+
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs-dir", type=ReadDir(), default="runs/cpu_table_forms")
+    ap.add_argument("--out", type=WriteFile(), default="figures/experiments/investigations/grading_fast_path.json")
+    ap.add_argument(
+        "--timed-pairs", type=Integer(1), default=2000, help="distinct fast-path pairs timed with both graders"
+    )
+    args = ap.parse_args(argv)
     golds = test_golds()
     pairs, n_samples = stored_pairs(Path(args.runs_dir), golds)
     fast_pairs, mismatches, fast_samples = [], [], 0
@@ -90,4 +95,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from atr_llm.cli import run_command
+
+    run_command(main)

@@ -55,14 +55,17 @@ def measure(dtype: torch.dtype, rows: int, cols: int, repeats: int, device: str 
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    from atr_llm.cli import Parser
+    from atr_llm.cli_types import Device, Integer, WriteFile
+
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--out", default="figures/experiments/investigations/inductor_mask_and.json")
-    ap.add_argument("--rows", type=int, default=None, help="rows of 1,000 (default 1,024 CPU, 16,384 GPU)")
-    ap.add_argument("--repeats", type=int, default=None, help="timed calls per form (default 25)")
-    args = ap.parse_args()
+    ap.add_argument("--device", type=Device(), default="cpu")
+    ap.add_argument("--out", type=WriteFile(), default="figures/experiments/investigations/inductor_mask_and.json")
+    ap.add_argument("--rows", type=Integer(1), default=None, help="rows of 1,000 (default 1,024 CPU, 16,384 GPU)")
+    ap.add_argument("--repeats", type=Integer(1), default=None, help="timed calls per form (default 25)")
+    args = ap.parse_args(argv)
     cuda = torch.device(args.device).type == "cuda"
     rows, cols, repeats = (64, 1000, 3) if args.quick else ((16384 if cuda else 1024), 1000, 25)
     rows, repeats = args.rows or rows, args.repeats or repeats
@@ -92,4 +95,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from atr_llm.cli import run_command
+
+    run_command(main)

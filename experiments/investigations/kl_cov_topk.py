@@ -98,12 +98,15 @@ def ties_at_kth(logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, cov_r
     return int((cov == torch.topk(cov, k).values[-1]).sum())
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cpu")
+def main(argv: list[str] | None = None) -> None:
+    from atr_llm.cli import Parser
+    from atr_llm.cli_types import Device, WriteFile
+
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", type=Device(), default="cpu")
     ap.add_argument("--quick", action="store_true", help="small sizes, few repeats (smoke test)")
-    ap.add_argument("--out", default="figures/kl_cov_topk.json")
-    args = ap.parse_args()
+    ap.add_argument("--out", type=WriteFile(), default="figures/kl_cov_topk.json")
+    args = ap.parse_args(argv)
     dev = args.device
     sizes = [(8, 512), (16, 1024)] if args.quick else [(16, 4096), (64, 4096), (256, 4096)]
     B, T = sizes[-2] if not args.quick else sizes[-1]
@@ -194,4 +197,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from atr_llm.cli import run_command
+
+    run_command(main)

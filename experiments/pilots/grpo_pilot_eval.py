@@ -14,13 +14,16 @@ from pathlib import Path
 TASK = "arithmetic-3step-steps"
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("models", nargs="+", help="NAME=MODEL_DIR")
-    ap.add_argument("--tokenizer", required=True)
-    ap.add_argument("--problems", type=int, default=200)
-    ap.add_argument("--out", default="figures/experiments/pilots/grpo_pilot_eval.json")
-    args = ap.parse_args()
+def main(argv: list[str] | None = None):
+    from atr_llm.cli import Parser
+    from atr_llm.cli_types import Integer, ReadDir, Text, WriteFile
+
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("models", type=Text(), nargs="+", help="NAME=MODEL_DIR")
+    ap.add_argument("--tokenizer", type=ReadDir(), required=True)
+    ap.add_argument("--problems", type=Integer(1), default=200)
+    ap.add_argument("--out", type=WriteFile(), default="figures/experiments/pilots/grpo_pilot_eval.json")
+    args = ap.parse_args(argv)
     from experiments.cpu_table import evaluate_model
 
     result = {}
@@ -38,4 +41,6 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    from atr_llm.cli import run_command
+
+    run_command(main)

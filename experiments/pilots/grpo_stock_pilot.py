@@ -72,19 +72,27 @@ def run_arm(arm: str, args) -> dict:
     }
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="the SFT model (a directory written by atr_llm.train / run_sft)")
-    ap.add_argument("--dataset", default="arithmetic-3step-steps")
-    ap.add_argument("--max-completion-length", type=int, default=32)
-    ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--lr", type=float, default=1e-4)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--arms", nargs="+", default=["ours", "stock", "lr0"])
-    ap.add_argument("--runs", default="runs/grpo_stock_pilot")
-    ap.add_argument("--out", default="figures/experiments/pilots/grpo_stock_pilot.json")
-    args = ap.parse_args()
+def main(argv: list[str] | None = None):
+    from atr_llm.cli import Parser
+    from atr_llm.cli_types import SEED, Integer, ReadDir, Real, Text, WriteDir, WriteFile
+
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--model",
+        type=ReadDir(holding="config.json", what="a saved model folder"),
+        required=True,
+        help="the SFT model (a directory written by atr_llm.train / run_sft)",
+    )
+    ap.add_argument("--dataset", type=Text(), default="arithmetic-3step-steps")
+    ap.add_argument("--max-completion-length", type=Integer(1), default=32)
+    ap.add_argument("--batch", type=Integer(1), default=128)
+    ap.add_argument("--steps", type=Integer(1), default=100)
+    ap.add_argument("--lr", type=Real(0), default=1e-4)
+    ap.add_argument("--seed", type=SEED, default=0)
+    ap.add_argument("--arms", nargs="+", choices=["ours", "stock", "lr0"], default=["ours", "stock", "lr0"])
+    ap.add_argument("--runs", type=WriteDir(), default="runs/grpo_stock_pilot")
+    ap.add_argument("--out", type=WriteFile(), default="figures/experiments/pilots/grpo_stock_pilot.json")
+    args = ap.parse_args(argv)
     result = {"settings": {k: v for k, v in vars(args).items() if k not in ("out", "runs")}, "arms": {}}
     for arm in args.arms:
         result["arms"][arm] = run_arm(arm, args)
@@ -100,4 +108,6 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    from atr_llm.cli import run_command
+
+    run_command(main)

@@ -49,9 +49,19 @@ ARMS: dict[str, dict[str, int]] = {
     # at 600 SFT steps the policy is nearly deterministic (entropy ~0.18 nats a token): few tokens can move at all;
     # a less trained start leaves more of them in play
     "sft150-spg16-iter2": {"num_iterations": 2, "steps_per_generation": 16, "sft_steps": 150},
-    "sft150-lr3e-4-spg16-iter2": {"num_iterations": 2, "steps_per_generation": 16, "learning_rate": 3e-4, "sft_steps": 150},
+    "sft150-lr3e-4-spg16-iter2": {
+        "num_iterations": 2,
+        "steps_per_generation": 16,
+        "learning_rate": 3e-4,
+        "sft_steps": 150,
+    },
     "sft150-lr3e-4-iter8": {"num_iterations": 8, "steps_per_generation": 1, "learning_rate": 3e-4, "sft_steps": 150},
-    "sft60-lr3e-4-spg16-iter2": {"num_iterations": 2, "steps_per_generation": 16, "learning_rate": 3e-4, "sft_steps": 60},
+    "sft60-lr3e-4-spg16-iter2": {
+        "num_iterations": 2,
+        "steps_per_generation": 16,
+        "learning_rate": 3e-4,
+        "sft_steps": 60,
+    },
 }
 """Arm -> knobs (TRL's ``num_iterations`` and ``steps_per_generation``; ``gradient_accumulation_steps`` stays 1;
 ``learning_rate`` when not cpu-table.yaml's 1e-4; ``sft_steps`` when the start is not the CPU table's 600-step SFT
@@ -152,20 +162,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     import sys
     from concurrent.futures import ProcessPoolExecutor
 
-    from atr_llm.cli import Parser, positive_int, refuse
+    from atr_llm.cli import Parser
+    from atr_llm.cli_types import Integer, WriteDir, WriteFile
     from experiments.cpu_table.driver import train_sft, worker_init
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=200, help="optimizer steps per arm")
+    ap.add_argument("--steps", type=Integer(1), default=200, help="optimizer steps per arm")
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--runs", default="runs/trust_region_pilot")
-    ap.add_argument("--out", default=str(OUT), help="where the .json and .md go (without suffix)")
+    ap.add_argument("--workers", type=Integer(1, 256), default=2)
+    ap.add_argument("--runs", type=WriteDir(), default="runs/trust_region_pilot")
+    ap.add_argument("--out", type=WriteFile(), default=str(OUT), help="where the .json and .md go (without suffix)")
     args = ap.parse_args(argv)
-    positive_int("--steps", args.steps)
-    positive_int("--workers", args.workers)
-    if Path(args.runs).exists() and not Path(args.runs).is_dir():
-        raise refuse("--runs", args.runs, "not a directory")
     command = "python -m experiments.pilots.trust_region_pilot " + " ".join(sys.argv[1:] if argv is None else argv)
     sft_dirs = {}
     for steps in sorted({ARMS[a].get("sft_steps", 600) for a in args.arms}):
