@@ -205,7 +205,8 @@ def plot_by_step(rows: list[dict], path: Path) -> None:
         for ax, key in zip(axes, ("reward", "true_kl_mean")):
             pts = [(r["step"], r[key]) for r in mine if r[key] is not None]
             if pts:
-                ax.plot(*zip(*pts), label=f"{rng}, {form} form ({run})", ls="-" if form == "min" else "--")
+                label = f"{rng}, {form} form ({run})" if key == "reward" else None  # one legend, on the left
+                ax.plot(*zip(*pts), label=label, ls="-" if form == "min" else "--")
     axes[0].set(xlabel="GRPO step", ylabel="training reward (T = 1)")
     axes[1].axhline(DELTA, color="grey", lw=0.8, ls=":", label=f"delta = {DELTA}")
     axes[1].set(xlabel="GRPO step", ylabel="mean true KL(pi_old || pi) per position", yscale="log")
