@@ -202,12 +202,24 @@ def scratch_paths(scratch: Path) -> dict[str, Path]:
 
 
 class PathDeclared(Declared):
-    """A path argument: the value is the text as typed (a ``Path`` with ``as_path=True``), once its checks pass."""
+    """A path argument: the value is the text as typed (a ``Path`` with ``as_path=True``), once ``check_path`` (one
+    of ``atr_llm.cli``'s path checks) passes; an empty path is refused as ``empty`` says (None: left to the check)."""
+
+    empty: str | None = None
 
     def __init__(self, *, as_path: bool = False):
         self.as_path = as_path
 
-    def value(self, text: str) -> str | Path:
+    def check_path(self, text: str) -> None:  # pragma: no cover - each subclass defines it
+        raise NotImplementedError
+
+    def __call__(self, text: str) -> str | Path:
+        if self.empty is not None and not str(text).strip():
+            raise self.refusal(text, self.empty)
+        try:
+            self.check_path(text)
+        except UsageError as e:
+            raise self.refusal(text, str(e).split(": ", 1)[-1]) from None
         return Path(text) if self.as_path else str(text)
 
 
@@ -220,12 +232,8 @@ class ReadFile(PathDeclared):
         super().__init__(as_path=as_path)
         self.__name__ = "file"
 
-    def __call__(self, text: str) -> str | Path:
-        try:
-            existing_file("", text)
-        except UsageError as e:
-            raise self.refusal(text, str(e).split(": ", 1)[-1]) from None
-        return self.value(text)
+    def check_path(self, text: str) -> None:
+        existing_file("", text)
 
     def valid_text(self, scratch: Path) -> str:
         return str(scratch_paths(scratch)["file"])
@@ -238,6 +246,7 @@ class ReadFile(PathDeclared):
 class ReadDir(PathDeclared):
     """A folder to read (holding the file ``holding`` when given)."""
 
+    empty = "expected a folder, got an empty path"
     role = "folder to read"
 
     def __init__(self, holding: str | None = None, what: str = "", *, as_path: bool = False):
@@ -245,14 +254,8 @@ class ReadDir(PathDeclared):
         self.holding, self.what = holding, what
         self.__name__ = "folder"
 
-    def __call__(self, text: str) -> str | Path:
-        if not str(text).strip():
-            raise self.refusal(text, "expected a folder, got an empty path")
-        try:
-            existing_directory("", text, holding=self.holding, what=self.what)
-        except UsageError as e:
-            raise self.refusal(text, str(e).split(": ", 1)[-1]) from None
-        return self.value(text)
+    def check_path(self, text: str) -> None:
+        existing_directory("", text, holding=self.holding, what=self.what)
 
     def valid_text(self, scratch: Path) -> str:
         folder = scratch_paths(scratch)["folder"]
@@ -272,20 +275,15 @@ class ReadDir(PathDeclared):
 class WriteFile(PathDeclared):
     """A path to write a file to: not a folder, no part of its folder a file. Nothing is created while parsing."""
 
+    empty = "expected a file to write, got an empty path"
     role = "file to write"
 
     def __init__(self, *, as_path: bool = False):
         super().__init__(as_path=as_path)
         self.__name__ = "output file"
 
-    def __call__(self, text: str) -> str | Path:
-        if not str(text).strip():
-            raise self.refusal(text, "expected a file to write, got an empty path")
-        try:
-            output_file("", text)
-        except UsageError as e:
-            raise self.refusal(text, str(e).split(": ", 1)[-1]) from None
-        return self.value(text)
+    def check_path(self, text: str) -> None:
+        output_file("", text)
 
     def valid_text(self, scratch: Path) -> str:
         return str(scratch / "out" / "written.json")
@@ -299,20 +297,15 @@ class WriteDir(PathDeclared):
     """A folder to write into (made later if missing): not a file, no part of it a file, writable. Nothing is
     created while parsing."""
 
+    empty = "expected a folder to write, got an empty path"
     role = "folder to write"
 
     def __init__(self, *, as_path: bool = False):
         super().__init__(as_path=as_path)
         self.__name__ = "output folder"
 
-    def __call__(self, text: str) -> str | Path:
-        if not str(text).strip():
-            raise self.refusal(text, "expected a folder to write, got an empty path")
-        try:
-            output_directory("", text)
-        except UsageError as e:
-            raise self.refusal(text, str(e).split(": ", 1)[-1]) from None
-        return self.value(text)
+    def check_path(self, text: str) -> None:
+        output_directory("", text)
 
     def valid_text(self, scratch: Path) -> str:
         return str(scratch / "out")

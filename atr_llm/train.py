@@ -261,8 +261,10 @@ def check_training_values(*namespaces) -> None:
     import argparse
 
     from .cli import refuse
+    from .method_choice import trl_domains
 
-    declared = declared_fields()
+    # TRL's own domains were checked when ATRGRPOConfig was built (method_choice.check_trl_domains)
+    declared = {k: v for k, v in declared_fields().items() if k not in trl_domains()}
     for namespace in namespaces:
         for name, declaration in declared.items():
             value = getattr(namespace, name, None)
