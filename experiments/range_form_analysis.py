@@ -43,6 +43,8 @@ from experiments.trust_region_analysis import (
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = ROOT / "figures" / "experiments" / "range_form" / "table" / "cpu_llm_table.csv"
+EARLIER_TABLE = ROOT / "figures" / "experiments" / "trust_region" / "table" / "cpu_llm_table.csv"
+"""The trust-region study's table: the runs this study repeats (``clip``, ``atr``, ``atr-min``, ``sft``)."""
 OUT = ROOT / "figures" / "experiments" / "range_form"
 SEEDS = tuple(range(200, 210))
 DELTA = 0.07
@@ -152,7 +154,40 @@ def regime(rows: list[dict]) -> dict:
     return {"runs": len(xs), "mean": statistics.fmean(xs), "passes": statistics.fmean(xs) >= REGIME_FLOOR}
 
 
-def analyse(rows: list[dict]) -> dict:
+def against_earlier(rows: list[dict], earlier: list[dict]) -> dict[str, dict]:
+    """Each run this study repeats from the trust-region study, per temperature, over the seeds both tables hold:
+    how many started from the same SFT model (``sft_model``, the weights' hash), how many end at the same Mean@8
+    bit for bit, each study's mean, and the mean of the per-seed differences (this - earlier) with its 95% t interval.
+    Described, not tested: where the SFT models differ the two runs of a seed share only the seed and the data order."""
+    from scipy import stats
+
+    out: dict[str, dict] = {}
+    for run in ("sft", *CELLS):
+        for t, b in TEMPERATURES.items():
+            now = {r["seed"]: r for r in rows_of(rows, b, SEEDS) if r["method"] == run}
+            then = {r["seed"]: r for r in rows_of(earlier, b, SEEDS) if r["method"] == run}
+            shared = sorted(set(now) & set(then))
+            if len(shared) < 2:
+                continue
+            diffs = [now[s]["mean_at_8"] - then[s]["mean_at_8"] for s in shared]
+            mean, half = statistics.fmean(diffs), 0.0
+            if len(set(diffs)) > 1:
+                half = stats.t.ppf(0.975, len(diffs) - 1) * statistics.stdev(diffs) / len(diffs) ** 0.5
+            out.setdefault(run, {})[t] = {
+                "seeds": shared,
+                "same_sft_model": sum(now[s]["sft_model"] == then[s]["sft_model"] for s in shared),
+                "same_mean_at_8": sum(now[s]["mean_at_8"] == then[s]["mean_at_8"] for s in shared),
+                "this_study": statistics.fmean(now[s]["mean_at_8"] for s in shared),
+                "trust_region_study": statistics.fmean(then[s]["mean_at_8"] for s in shared),
+                "mean": mean,
+                "low": mean - half,
+                "high": mean + half,
+                "n": len(diffs),
+            }
+    return out
+
+
+def analyse(rows: list[dict], earlier: list[dict] | None = None) -> dict:
     return {
         "preregistration": "docs/experiments/range-form-preregistration.md",
         "seeds": list(SEEDS),
@@ -161,12 +196,14 @@ def analyse(rows: list[dict]) -> dict:
         "trust_region": trust_region(rows),
         "regime": regime(rows),
         "described": described(rows),
+        "against_trust_region_study": against_earlier(rows, earlier or []),
     }
 
 
 def by_step(runs_dir: Path) -> list[dict]:
     """Per cell and logged step, the mean over the cell's runs (``<run>-s<seed>/log_history.json``) of the training
-    reward and of ``true_kl/mean``; steps no run logged are left out."""
+    reward and of ``true_kl/mean`` (each over the runs that logged it: the reward is logged every 30 steps, the true
+    KL every 10), and ``runs``, the number of runs that logged the step; steps no run logged are left out."""
     values: dict[tuple[str, int], dict[str, list[float]]] = {}
     seen: dict[tuple[str, int], set[int]] = {}
     for run in CELLS:
@@ -187,7 +224,7 @@ def by_step(runs_dir: Path) -> list[dict]:
             "run": run,
             "step": step,
             **{k: statistics.fmean(v) if v else None for k, v in slot.items()},
-            "runs": len(slot["reward"]),
+            "runs": len(seen[run, step]),
         }
         for (run, step), slot in sorted(values.items())
     ]
@@ -273,6 +310,23 @@ def markdown(result: dict) -> str:
             f"{m('acted_true_kl_frac_above_delta_dropped')} | {m('acted_true_kl_k3_rank_corr')} | "
             f"{m('acted_frac_masked', '{:.2%}')} |"
         )
+    again = result.get("against_trust_region_study") or {}
+    if again:
+        lines += [
+            "",
+            "## The runs this study repeats from the trust-region study (described, not tested)",
+            "",
+            "| run | T | seeds in both | same SFT model | same Mean@8 | this study | trust-region study | "
+            "this - earlier [95% CI] |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for run, by in again.items():
+            for t, d in by.items():
+                lines.append(
+                    f"| {run} | {t} | {d['n']} | {d['same_sft_model']} | "
+                    f"{d['same_mean_at_8']} | {d['this_study']:.1f} | {d['trust_region_study']:.1f} | "
+                    f"{interval_text(d, '+.3g')} |"
+                )
     reg = result["regime"]
     if reg.get("runs"):
         lines += [
@@ -289,10 +343,16 @@ def main(argv: list[str] | None = None) -> dict:
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--table", type=ReadFile(), default=str(TABLE), help="the study's cpu_llm_table.csv")
+    ap.add_argument(
+        "--earlier-table",
+        type=ReadFile(),
+        default=str(EARLIER_TABLE),
+        help="the trust-region study's cpu_llm_table.csv",
+    )
     ap.add_argument("--runs-dir", type=ReadDir(), default=None, help="the study's runs (for by_step.{csv,png})")
     ap.add_argument("--out", type=WriteDir(), default=str(OUT), help="folder for analysis.json and analysis.md")
     args = ap.parse_args(argv)
-    result = analyse(read_table(Path(args.table)))
+    result = analyse(read_table(Path(args.table)), read_table(Path(args.earlier_table), argument="--earlier-table"))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "analysis.json").write_text(json.dumps(result, indent=1) + "\n")

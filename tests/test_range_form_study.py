@@ -105,3 +105,154 @@ def test_the_committed_table_has_the_true_kl_columns_and_its_analysis_runs(tmp_p
     assert (tmp_path / "analysis.json").is_file() and (tmp_path / "analysis.md").read_text().startswith(
         "# Range x form"
     )
+
+
+def test_the_comparison_with_the_trust_region_study_counts_equal_starts_and_is_scipys_t_interval():
+    from scipy import stats
+
+    rows = synthetic_rows(1)
+    earlier = [dict(r) for r in rows if r["method"] in ("clip", "atr") and r["seed"] < 205]
+    for r in earlier:  # atr moved by a per-seed amount on other SFT models; clip identical, same starts
+        if r["method"] == "atr":
+            r["mean_at_8"] -= 3.0 + 0.5 * (r["seed"] - 200)
+            r["sft_model"] = "other"
+    again = rfa.against_earlier(rows, earlier)
+    assert set(again) == {"clip", "atr"}
+    clip = again["clip"]["T1"]
+    assert (clip["n"], clip["same_sft_model"], clip["same_mean_at_8"], clip["mean"]) == (5, 5, 5, 0.0)
+    atr = again["atr"]["T0.3"]
+    diffs = np.array([3.0 + 0.5 * k for k in range(5)])
+    low, high = stats.ttest_1samp(diffs, 0.0).confidence_interval(0.95)
+    assert (atr["same_sft_model"], atr["same_mean_at_8"]) == (0, 0)
+    assert atr["mean"] == pytest.approx(diffs.mean()) and (atr["low"], atr["high"]) == pytest.approx((low, high))
+    assert rfa.against_earlier(rows, []) == {}
+
+
+def test_by_step_averages_each_value_over_the_runs_that_logged_it(tmp_path):
+    import json
+
+    logs = {
+        "clip-s200": [
+            {"step": 10, "reward": 0.2, "true_kl/mean": 0.01},
+            {"step": 20, "true_kl/mean": 0.03},
+            {"loss": 1},
+        ],
+        "clip-s201": [{"step": 10, "reward": 0.4, "true_kl/mean": 0.02}],
+        "atr-s200": [{"step": 10, "true_kl/mean": 0.5}],
+    }
+    for name, history in logs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "log_history.json").write_text(json.dumps(history))
+    rows = {(r["run"], r["step"]): r for r in rfa.by_step(tmp_path)}
+    assert set(rows) == {("clip", 10), ("clip", 20), ("atr", 10)}
+    assert rows["clip", 10]["reward"] == pytest.approx(0.3) and rows["clip", 10]["true_kl_mean"] == pytest.approx(0.015)
+    assert rows["clip", 10]["runs"] == 2 and rows["clip", 20]["runs"] == 1 and rows["clip", 20]["reward"] is None
+    assert rows["atr", 10] == {"run": "atr", "step": 10, "reward": None, "true_kl_mean": 0.5, "runs": 1}
+
+
+PAGE = ROOT / "docs" / "experiments" / "range-form.md"
+ANALYSIS = ROOT / "figures" / "experiments" / "range_form" / "analysis.json"
+BY_STEP = ROOT / "figures" / "experiments" / "range_form" / "by_step.csv"
+
+
+def page_numbers(a: dict, steps: list[dict]) -> dict[str, str]:
+    """What the page's first screen states, formatted from analysis.json and by_step.csv."""
+
+    def ci(d, spec=".1f"):
+        return f"{d['mean']:+{spec}} [{d['low']:+{spec}}, {d['high']:+{spec}}]"
+
+    fam, tr, cells = a["family"]["tests"], a["trust_region"]["tests"], a["described"]
+    short = {
+        "RMIN": "range within min (atr-min - clip)",
+        "RMASK": "range within mask (atr - clip-mask)",
+        "FCLIP": "form at clip's range (clip-mask - clip)",
+        "FATR": "form at ATR's range (atr - atr-min)",
+        "INT": "interaction ((atr - clip-mask) - (atr-min - clip))",
+    }
+    out = {}
+    for key, name in short.items():
+        out[key + "03"] = f"{ci(fam[name]['T0.3'])} (Holm p {fam[name]['T0.3']['p_holm']:.2g})"
+        out[key + "1"] = f"{ci(fam[name]['T1'])} (Holm p {fam[name]['T1']['p_holm']:.2g})"
+        out["AN_" + key] = f"{fam[name]['T0.3']['answer']} / {fam[name]['T1']['answer']}"
+    out["CELLS_LINE"] = ", ".join(
+        f"{cells[run]['mean_at_8_T0.3']['mean']:.1f} / {cells[run]['mean_at_8_T1']['mean']:.1f} (`{run}`)"
+        for run in ("clip", "atr-min", "clip-mask", "atr")
+    )
+    sft = a["against_trust_region_study"]["sft"]
+    out["SFT_LINE"] = f"{sft['T0.3']['this_study']:.1f} / {sft['T1']['this_study']:.1f}"
+    p95 = tr["p95 of the true KL"]
+    rows_above = tr["fraction of rows above delta"]
+    out["TR_P95_MIN"] = f"{ci(p95['min (atr-min - clip)'], '.3f')}"
+    out["HOLM_P95_MIN"] = f"p {p95['min (atr-min - clip)']['p_holm']:.2g}"
+    out["ATR_MIN_P95"] = f"{cells['atr-min']['acted_true_kl_p95']['mean']:.3f}"
+    out["CLIP_P95"] = f"{cells['clip']['acted_true_kl_p95']['mean']:.3f}"
+    out["TR_ROWS_MIN"] = ci(rows_above["min (atr-min - clip)"], ".3f")
+    out["ATR_MASK_MEAN"] = f"{cells['atr']['acted_true_kl_mean']['mean']:.2f}"
+    out["CLIP_MASK_MEAN"] = f"{cells['clip-mask']['acted_true_kl_mean']['mean']:.2f}"
+    frac = [cells[r]["acted_true_kl_frac_rows_above_delta"]["mean"] for r in ("atr", "clip-mask")]
+    out["ROWS_MASK"] = f"{100 * min(frac):.0f}-{100 * max(frac):.0f}%"
+    out["TR_ROWS_MASK"] = ci(rows_above["mask (atr - clip-mask)"], ".3f")
+    out["TR_P95_MASK"] = ci(p95["mask (atr - clip-mask)"], ".2f")
+    out["HOLM_ROWS_MASK"] = f"Holm p {rows_above['mask (atr - clip-mask)']['p_holm']:.2g}"
+    out["HOLM_P95_MASK"] = f"Holm p {p95['mask (atr - clip-mask)']['p_holm']:.2g}"
+    corr = [cells[r]["acted_true_kl_k3_rank_corr"]["mean"] for r in rfa.CELLS]
+    out["RANKCORR"] = f"{min(corr):.2f}-{max(corr):.2f}"
+    out["DROPPED_CLIP"] = f"{100 * cells['clip']['acted_true_kl_frac_above_delta_dropped']['mean']:.0f}%"
+    out["KEPT_CLIP"] = f"{100 * cells['clip']['acted_true_kl_frac_above_delta_kept']['mean']:.1f}%"
+    again = a["against_trust_region_study"]
+    out["DEVIATION"] = f"{max(abs(d['mean']) for by in again.values() for d in by.values()):.1f} points"
+    out["SAME_SFT"] = f"{again['sft']['T0.3']['same_sft_model']} of {again['sft']['T0.3']['n']} seeds"
+    out["REGIME"] = f"{100 * a['regime']['mean']:.2f}%"
+    reward = {(r["run"], int(r["step"])): float(r["reward"]) for r in steps if r["reward"]}
+    assert reward["clip-mask", 10] == reward["atr", 10]  # the first logged row is the SFT model's own batch
+    out["R10"] = f"{reward['clip-mask', 10]:.3f} at step 10"
+    out["R40"] = f"{reward['clip-mask', 40]:.3f} (`clip-mask`) and {reward['atr', 40]:.3f} (`atr`) at step 40"
+    after = max(v for (run, step), v in reward.items() if run in ("clip-mask", "atr") and step >= 40)
+    out["R_AFTER"] = f"at or below {after:.3f}"
+    kl = [(r["run"], float(r["true_kl_mean"])) for r in steps if r["true_kl_mean"]]
+    mask_steps = [v for run, v in kl if run in ("clip-mask", "atr")]
+    assert all(v > rfa.DELTA for v in mask_steps) and all(v < rfa.DELTA for run, v in kl if run in ("clip", "atr-min"))
+    out["KL_STEPS"] = f"every one of the {len(mask_steps) // 2} logged steps"
+    reach = [max(-d["low"], d["high"]) for name in ("RMIN", "RMASK") for d in fam[short[name]].values()]
+    form = [abs(d["mean"]) for name in ("FCLIP", "FATR") for d in fam[short[name]].values()]
+    out["FORM_SPAN"] = f"the form moves Mean@8 by {min(form):.0f} to {max(form):.0f} points"
+    out["REACH"] = f"{min(reach):.1f} to {max(reach):.1f} points"
+    times = sorted(cells[r]["acted_true_kl_mean"]["mean"] / rfa.DELTA for r in ("atr", "clip-mask"))
+    out["TIMES"] = f"{times[0]:.1f} and {times[1]:.1f} times delta"
+    return out
+
+
+def test_the_page_states_the_analysis_numbers():
+    import json
+
+    a = json.loads(ANALYSIS.read_text())
+    assert a["family"]["complete"] and a["trust_region"]["complete"], "the study has not all its seeds yet"
+    with BY_STEP.open() as f:
+        steps = list(csv.DictReader(f))
+    flat = " ".join(PAGE.read_text().split())
+    first_screen = flat[: flat.index("![Each cell")]  # the answer, before the figure
+    before_tables = flat[: flat.index("--8<--")]
+    for key, text in page_numbers(a, steps).items():
+        assert text in (before_tables if key in ("R10", "R40", "R_AFTER", "KL_STEPS") else first_screen), (key, text)
+    import re
+
+    left = [key for key in page_numbers(a, steps) if re.search(rf"\b{key}\b", flat)]
+    assert not left, f"placeholders left on the page: {left}"
+
+
+def test_the_readme_quotes_the_form_and_range_effects():
+    import json
+
+    a = json.loads(ANALYSIS.read_text())
+    fam, cells = a["family"]["tests"], a["described"]
+    readme = " ".join((ROOT / "README.md").read_text().split())
+
+    def ci(d):
+        return f"{d['mean']:+.1f} [{d['low']:.1f}, {d['high']:+.1f}]"
+
+    assert f"min form: {ci(fam['range within min (atr-min - clip)']['T0.3'])}" in readme
+    assert f"mask form: {ci(fam['range within mask (atr - clip-mask)']['T0.3'])}" in readme
+    form = fam["form at clip's range (clip-mask - clip)"]["T0.3"]
+    assert f"form: {ci(form)} at T = 0.3" in readme
+    p95 = cells["atr-min"]["acted_true_kl_p95"]["mean"], cells["clip"]["acted_true_kl_p95"]["mean"]
+    assert f"is {p95[0]:.3f} against {p95[1]:.3f} (delta 0.07)" in readme
