@@ -15,12 +15,6 @@ Writes figures/delta_sweep.{png,pdf}, delta_sweep.csv (one row per setting x del
 
 from __future__ import annotations
 
-if not __package__:  # run as `python sims/<name>.py`: the repository root on sys.path, installed or not
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import numpy as np
 from tqdm.auto import tqdm
 

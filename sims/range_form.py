@@ -16,12 +16,6 @@ Writes range_form.{png,pdf}, range_form.csv (one row per setting x cell) and ran
 
 from __future__ import annotations
 
-if not __package__:  # run as `python sims/<name>.py`: the repository root on sys.path, installed or not
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import numpy as np
 from tqdm.auto import tqdm
 

@@ -11,12 +11,6 @@ needing the full distribution or a random draw have no per-token region and are 
 
 from __future__ import annotations
 
-if not __package__:  # run as `python sims/<name>.py`: the repository root on sys.path, installed or not
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import math
 
 import numpy as np

@@ -10,12 +10,6 @@ Same seed, same report. Each statement is compared with an independent exact com
 
 from __future__ import annotations
 
-if not __package__:  # run as `python sims/<name>.py`: the repository root on sys.path, installed or not
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import argparse
 import json
 from pathlib import Path

@@ -113,38 +113,3 @@ def test_the_simulations_page_states_what_range_form_json_holds():
         digits = 2 if text.startswith("+0.19") else 3
         assert f"{d['mean']:+.{digits}f} [{d['lo']:+.{digits}f}, {d['hi']:+.{digits}f}]" == text
         assert text in page
-
-
-SIM_SCRIPTS = sorted(
-    p.name for p in (ROOT / "sims").glob("*.py") if "__main__" in p.read_text() and p.name != "_common.py"
-)
-
-# the script run as `python sims/<name>.py` would be, from another folder, with the package's editable-install finder
-# (setuptools' __editable__ meta-path hook) removed: what a fresh checkout without `pip install -e .` has
-_AS_UNINSTALLED_SCRIPT = (
-    "import runpy, sys\n"
-    "sys.meta_path[:] = [f for f in sys.meta_path if '__editable__' not in getattr(type(f), '__module__', '')]\n"
-    f"sys.path[:] = [p for p in sys.path if p not in ('', '.', {str(ROOT)!r})]\n"
-    "sys.argv = [sys.argv[1], '--help']\n"
-    "runpy.run_path(sys.argv[0], run_name='__main__')\n"
-)
-
-
-@pytest.mark.parametrize("script", SIM_SCRIPTS)
-def test_every_sim_runs_as_a_script_from_a_checkout_installed_or_not(script, tmp_path):
-    assert len(SIM_SCRIPTS) >= 7
-    probe = subprocess.run(
-        [sys.executable, "-c", "import sys\n" + _AS_UNINSTALLED_SCRIPT.split("sys.argv")[0] + "import atr_theory"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-    )
-    assert probe.returncode != 0 and "No module named 'atr_theory'" in probe.stderr  # the probe hides the package
-    done = subprocess.run(
-        [sys.executable, "-c", _AS_UNINSTALLED_SCRIPT, str(ROOT / "sims" / script)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "usage:" in done.stdout
