@@ -22,6 +22,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from transformers import TrainerCallback
 
 from atr_theory.registry import FORM_DEFAULT_CHANGED, FORMER_MASK_DEFAULTS
 
@@ -159,8 +160,26 @@ def completed_epochs(checkpoint) -> int:
     return math.floor(state["epoch"] + 1e-6)  # 250 steps of 250 per epoch may be stored as 0.9999999
 
 
+class LogAtEveryCheckpoint(TrainerCallback):
+    """Log at every step that saves a checkpoint, as well as every ``logging_steps``.
+
+    A logged value averages the steps since the previous log: TRL's metrics (reward, clip fractions, entropy, ...)
+    are buffered per step and transformers' loss is summed in the training loop, and neither buffer is in a
+    checkpoint. A run resumed from a checkpoint that lies between two logs therefore logged, at its next log, the
+    mean over the steps after the checkpoint only (measured: the ``--quick`` table, checkpoint at step 2, log at
+    step 4, a reward of 0.0117 after the resume against 0.0137 uninterrupted, with the same weights). Logging when a
+    checkpoint is saved empties both buffers there, so every log covers the same steps in a resumed and an
+    uninterrupted run. Where ``save_steps`` is a multiple of ``logging_steps`` nothing changes."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if control.should_save:
+            control.should_log = True
+        return control
+
+
 class ExactResumeMixin:
-    """A run resumed from a checkpoint sees the prompts in the uninterrupted run's order.
+    """A run resumed from a checkpoint sees the prompts in the uninterrupted run's order, and logs what the
+    uninterrupted run logs (``LogAtEveryCheckpoint``).
 
     TRL's ``RepeatSampler`` draws one permutation per epoch from a generator seeded once and has no ``set_epoch``;
     on resume transformers builds a fresh sampler and skips batches of the current epoch only, so after k finished
@@ -170,6 +189,10 @@ class ExactResumeMixin:
     weights bit for bit, at and off an epoch boundary)."""
 
     _epochs_before_resume = 0
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.add_callback(LogAtEveryCheckpoint())
 
     def _save_checkpoint(self, model, trial):
         """The checkpoint, with where the run is inside TRL's generation cycle (``CYCLE_FILE``, one per process):

@@ -158,7 +158,8 @@ def _table_rows(out: Path) -> list[dict]:
 @pytest.mark.slow
 def test_the_experiment_driver_killed_mid_run_resumes_to_the_same_table(tmp_path):
     """The --quick table (SFT, one GRPO run, its evaluations) killed while the GRPO run trains, then run again: the
-    rows equal an uninterrupted invocation's (only the invocation stamp differs)."""
+    rows equal an uninterrupted invocation's (only the invocation stamp differs); so do those of a run resumed
+    from a complete checkpoint that lies between two logs."""
     base = [sys.executable, "-m", "experiments.cpu_table", "--quick", "--runs", "clip", "--workers", "1"]
 
     def command(name):
@@ -184,3 +185,24 @@ def test_the_experiment_driver_killed_mid_run_resumes_to_the_same_table(tmp_path
     res = subprocess.run(command("killed"), cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     assert _table_rows(tmp_path / "killed" / "table") == _table_rows(tmp_path / "whole" / "table")
+    # The kill above lands at whatever point of checkpoint-2's write the 5 ms poll catches, mostly before its
+    # trainer_state.json (the rerun starts afresh). The other case, fixed: the whole run's state right after a
+    # complete checkpoint-2 (everything written later removed), resumed from it. Its step-4 log used to average
+    # steps 3-4 only where the uninterrupted run's averaged steps 1-4 (atr_llm.checkpoints.LogAtEveryCheckpoint).
+    import shutil
+
+    shutil.copytree(tmp_path / "whole" / "runs", tmp_path / "resumed" / "runs")
+    run_dir = tmp_path / "resumed" / "runs" / "clip-s0"
+    assert is_complete_checkpoint(run_dir / "checkpoint-2")
+    for later in ("result.json", "log_history.json"):
+        (run_dir / later).unlink()
+    for later in ("checkpoint-4", "final"):
+        shutil.rmtree(run_dir / later)
+    saved_at = (run_dir / "checkpoint-2" / "trainer_state.json").stat().st_mtime_ns
+    res = subprocess.run(command("resumed"), cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    resumed_not_restarted = (run_dir / "checkpoint-2" / "trainer_state.json").stat().st_mtime_ns == saved_at
+    assert resumed_not_restarted
+    assert _table_rows(tmp_path / "resumed" / "table") == _table_rows(tmp_path / "whole" / "table")
+    logged_steps = [h["step"] for h in json.loads((run_dir / "log_history.json").read_text()) if "reward" in h]
+    assert logged_steps == [2, 4], logged_steps

@@ -1,5 +1,4 @@
-r"""Rules that reweight instead of clipping: SAPO's soft gate, CISPO's truncated weight, VESPO's gamma weight, and
-REINFORCE (weight 1) and DRO (REINFORCE with a quadratic log-ratio penalty).
+r"""Rules that reweight instead of clipping: SAPO's soft gate, CISPO's truncated weight, VESPO's gamma weight.
 
 None of them removes a token's gradient: each scales ``A grad log pi`` by a weight of the ratio (SAPO through ``w``
 itself, CISPO and VESPO through a detached weight times ``log pi``), so every token counts as kept; the flags say
@@ -13,9 +12,9 @@ import math
 
 import torch
 
-from .registry import MethodResult, Param, TokenBatch, _no_clip, register
+from ..registry import MethodResult, Param, TokenBatch, _no_clip, register
 
-__all__ = ["cispo", "dro", "reinforce", "sapo", "vespo", "vespo_log_weight"]
+__all__ = ["cispo", "sapo", "vespo", "vespo_log_weight"]
 
 
 @register(
@@ -120,34 +119,3 @@ def vespo(
         )
         phi = torch.exp(log_phi).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
     return _no_clip(phi * batch.advantages * batch.logp, batch)
-
-
-@register(
-    "reinforce",
-    params={},
-    default_form="none",
-    forms=("none",),
-    reference="Williams 1992 (REINFORCE); Chu et al. 2025 (GPG, arXiv 2504.02546); verl 'gpg' and bypass mode "
-    "loss_type='reinforce'",
-    aliases=("gpg",),
-)
-def reinforce(batch: TokenBatch) -> MethodResult:
-    r"""The plain policy gradient: objective ``A log pi``, gradient ``A grad log pi``, no ratio and no clipping.
-
-    With a rollout correction (``atr_theory.layers.RolloutCorrection``) it is verl's bypass-mode REINFORCE
-    ``sg[rho] A log pi``; with a token k3 mask on top it has ATR's gradient (``docs/methods.md``)."""
-    return _no_clip(batch.advantages * batch.logp, batch)
-
-
-@register(
-    "dro",
-    params={"dro_beta": Param(0.1, gt=0, help="DRO: weight of the quadratic log-ratio penalty (verl dro_beta)")},
-    default_form="none",
-    forms=("none",),
-    reference="Richemond et al. 2024 (DRO, arXiv 2405.19107); verl 'dro'",
-)
-def dro(batch: TokenBatch, dro_beta: float) -> MethodResult:
-    r"""Direct reward optimisation: ``A log pi - (beta / 2) (log w)^2``, the policy gradient with a quadratic
-    penalty on the log-ratio instead of a clip (its gradient ``(A - beta log w) grad log pi``); every token is
-    kept."""
-    return _no_clip(batch.advantages * batch.logp - 0.5 * dro_beta * batch.log_ratio.square(), batch)

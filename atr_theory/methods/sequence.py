@@ -16,10 +16,11 @@ from dataclasses import replace
 
 import torch
 
-from .divergence import kl3_from_log_ratio
-from .layers import sequence_log_ratio
-from .methods import DELTA, EPSILON_HIGH, EPSILON_LOW, ratio_objective
-from .registry import MethodResult, Param, TokenBatch, register
+from ..divergence import kl3_from_log_ratio
+from ..layers import sequence_log_ratio
+from ..registry import MethodResult, Param, TokenBatch, register
+from ._params import DELTA, EPSILON_HIGH, EPSILON_LOW
+from ._ratio import ratio_objective
 
 __all__ = ["atr_seq", "gmpo", "gspo"]
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from .ranges import _bernoulli_kl_and_slope
-from .registry import MethodResult, Param, TokenBatch, register
+from ..ranges import _bernoulli_kl_and_slope
+from ..registry import MethodResult, Param, TokenBatch, register
 
 __all__ = ["binary_kl", "binary_tv", "dppo_kl", "dppo_tv"]
 

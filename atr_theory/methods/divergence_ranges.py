@@ -1,0 +1,204 @@
+r"""Rules that keep ``w`` in a range: PPO's clip and its variants (Clip-Higher, dual clip, DCPO, TRGPPO) and the
+divergence bounds of the paper's framework (ATR's ``k3 <= delta``, ``k1``, ``k2``, ``is_kl3``), each in both forms
+(``form="min"``: the Section 2 surrogate, PPO's min; ``form="mask"``: the Section 4 pure clip)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import ranges
+from ..registry import MethodResult, Param, TokenBatch, register
+from ._params import DELTA, DUAL_CLIP_C, EPSILON, EPSILON_HIGH, EPSILON_LOW
+from ._ratio import _and, _and_not, _divergence_rule, _dual_clip, _or, _range_flags, ratio_objective
+
+@register(
+    "clip",
+    params={"epsilon": EPSILON},
+    default_form="min",
+    forms=("min", "mask"),
+    reference="Schulman et al. 2017 (PPO); Shao et al. 2024 (GRPO); TRL loss_type grpo family",
+    ratio_mask_gradient=True,
+)
+def clip(batch: TokenBatch, epsilon: float) -> MethodResult:
+    r"""Symmetric ratio clipping, ``w in [1 - eps, 1 + eps]``."""
+    return ratio_objective(batch, 1.0 - epsilon, 1.0 + epsilon)
+
+
+@register(
+    "clip_higher",
+    params={"epsilon_low": EPSILON_LOW, "epsilon_high": EPSILON_HIGH},
+    default_form="min",
+    forms=("min", "mask"),
+    reference="Yu et al. 2025 (DAPO), Clip-Higher; TRL epsilon_high",
+    ratio_mask_gradient=True,
+)
+def clip_higher(batch: TokenBatch, epsilon_low: float, epsilon_high: float) -> MethodResult:
+    r"""Asymmetric ratio clipping, ``w in [1 - eps_low, 1 + eps_high]``."""
+    return ratio_objective(batch, 1.0 - epsilon_low, 1.0 + epsilon_high)
+
+
+@register(
+    "dual_clip",
+    params={"epsilon": EPSILON, "dual_clip_c": DUAL_CLIP_C},
+    default_form="min",
+    forms=("min", "mask"),
+    reference="Ye et al. 2020 (dual-clip PPO); verl 'vanilla' policy loss with clip_ratio_c",
+    ratio_mask_gradient=True,
+)
+def dual_clip(batch: TokenBatch, epsilon: float, dual_clip_c: float) -> MethodResult:
+    r"""PPO clip, and for ``A < 0`` the objective ``max(min(wA, clip(w)A), c A)``: the loss is capped at ``-c A``."""
+    if batch.form == "min":
+        return ratio_objective(batch, 1.0 - epsilon, 1.0 + epsilon, negative_cap=dual_clip_c)
+    return _dual_clip(ratio_objective(batch, 1.0 - epsilon, 1.0 + epsilon), batch.advantages, dual_clip_c)
+
+
+@register(
+    "dual_clip_higher",
+    params={"epsilon_low": EPSILON_LOW, "epsilon_high": EPSILON_HIGH, "dual_clip_c": DUAL_CLIP_C},
+    default_form="min",
+    forms=("min", "mask"),
+    reference="Ye et al. 2020 (dual clip) with DAPO's asymmetric range; TRL delta with epsilon_high (INTELLECT-2's "
+    "two-sided clipping)",
+    ratio_mask_gradient=True,
+)
+def dual_clip_higher(batch: TokenBatch, epsilon_low: float, epsilon_high: float, dual_clip_c: float) -> MethodResult:
+    r"""Clip-Higher's range ``[1 - eps_low, 1 + eps_high]``, and for ``A < 0`` the objective is at least ``c A``.
+
+    TRL's ``delta`` is this rule: ``min(min(w, delta) A, clip(w) A)`` equals it with ``c = delta`` when
+    ``delta >= 1 + eps_high`` (and with ``eps_high = delta - 1``, ``c = 1 + eps_high`` below that)."""
+    lower, upper = 1.0 - epsilon_low, 1.0 + epsilon_high
+    if batch.form == "min":
+        return ratio_objective(batch, lower, upper, negative_cap=dual_clip_c)
+    return _dual_clip(ratio_objective(batch, lower, upper), batch.advantages, dual_clip_c)
+
+
+@register(
+    "dcpo",
+    params={
+        "epsilon_low": EPSILON_LOW.with_default(0.16),
+        "epsilon_high": EPSILON_HIGH.with_default(0.2),
+        "dual_clip_c": DUAL_CLIP_C,
+    },
+    default_form="min",
+    forms=("min", "mask"),
+    reference="Yang et al. 2025 (DCPO, arXiv 2509.02333); lime-RL/DCPO clip_type='dynamic'",
+    ratio_mask_gradient=True,
+)
+def dcpo(batch: TokenBatch, epsilon_low: float, epsilon_high: float, dual_clip_c: float) -> MethodResult:
+    r"""Dynamic clipping: per-token ``[l(p), u(p)]`` of ``atr_theory.ranges.dcpo_clip_range`` with
+    ``p = pi_old(token)``, ``u`` capped at ``max(c, 10)``, then the dual clip with ``c`` (as in the source)."""
+    cap = max(dual_clip_c, 10.0)
+    if batch.form == "min":
+        bound = ranges.dcpo_bound_by_sign(batch.old_logp, batch.advantages, epsilon_low, epsilon_high, cap)
+        return ratio_objective(batch, bound, bound, negative_cap=dual_clip_c)
+    lower, upper = ranges.dcpo_clip_range_from_log(batch.old_logp.detach(), epsilon_low, epsilon_high, cap)
+    return _dual_clip(ratio_objective(batch, lower, upper), batch.advantages, dual_clip_c)
+
+
+@register(
+    "trgppo",
+    params={"delta": DELTA, "epsilon": EPSILON},
+    default_form="min",
+    forms=("min", "mask"),
+    reference="Wang et al. 2019 (TRGPPO), wangyuhuix/TRGPPO; paper Table 1 'Full KL-guided clipping'",
+    ratio_mask_gradient=True,
+)
+def trgppo(batch: TokenBatch, delta: float, epsilon: float) -> MethodResult:
+    r"""Per-token range ``[min(l_KL(p), 1-eps), max(u_KL(p), 1+eps)]`` where ``l_KL, u_KL`` are the
+    extreme ratios with binary ``KL(p || p w) <= delta``, ``p = pi_old(token)``.
+
+    float32 (and lower) batches read the bounds from a table (``atr_theory.ranges.trgppo_kl_range_table``, float32
+    accurate; in the ``min`` form only the bound the advantage's sign selects, as in
+    ``atr_theory.ranges.trgppo_bound_by_sign``); float64 batches solve for them by Newton in float64
+    (``atr_theory.ranges.trgppo_kl_log_range_torch``)."""
+    y = batch.log_ratio
+    if y.dtype != torch.float64 and batch.form == "min":
+        negative = ranges._sign_mask(batch.advantages.detach())
+        lo, hi = ranges._trgppo_sided_bounds(batch.old_logp, negative, delta, epsilon)
+        return _clamp_objective(batch, torch.exp(y), lo, hi)
+    if y.dtype == torch.float64:
+        p_old = torch.exp(batch.old_logp.detach()).clamp(min=1e-300, max=1.0)
+        y_lo, y_hi = ranges.trgppo_kl_log_range_torch(p_old, delta)
+        lower_kl, upper_kl = torch.exp(y_lo), torch.exp(y_hi)
+    else:
+        lower_kl, upper_kl = ranges.trgppo_kl_range_table(batch.old_logp, delta)
+    lower = torch.clamp(lower_kl, max=1.0 - epsilon).to(y.dtype)
+    upper = torch.clamp(upper_kl, min=1.0 + epsilon).to(y.dtype)
+    return ratio_objective(batch, lower, upper)
+
+
+@register(
+    "atr",
+    params={"delta": DELTA},
+    default_form="min",
+    forms=("min", "mask"),
+    reference="this paper: ATR-GRPO, Eq. 5 with C = KL3 <= delta inside PPO's min (Sec. 2; form='mask': Sec. 4's "
+    "pure clip); Thm 3.2",
+    aliases=("kl3",),
+    ratio_mask_gradient=True,
+)
+def atr(batch: TokenBatch, delta: float) -> MethodResult:
+    r"""ATR-based clipping: the general clip operator (paper Eq. 5) with ``C = k3 = w - 1 - log w <= delta``.
+
+    Min form (the default; the Section 2 surrogate, what the paper's TRL experiments ran): the operator inside PPO's
+    min, whose gradient is PPO's with the equivalent range ``[l, u] = kl3_clip_range(delta)`` (Thm 3.1 under the
+    min-vs-min pairing, Thm 3.2): ``clip_higher`` with ``(1 - l, u - 1)``, the same loss and gradient.
+    Mask form (the Section 4 pure-clip objective): ``k3(y) <= delta`` with ``y = log w``; ``k3(y) = e^y - 1 - y`` falls on ``y < 0`` and rises on ``y > 0``,
+    so the constraint holds exactly between its two roots (the ``log`` of the Lambert-W range of Thm 3.2): decided
+    by ``within_divergence_bound``, exactly for every representable ``y``: ``w A`` there, else the constant ``A``.
+    """
+    return _divergence_rule(batch, "kl3", delta)
+
+
+@register(
+    "kl1",
+    params={"delta": DELTA},
+    default_form="min",
+    forms=("min", "mask"),
+    reference="Schulman 2020, 'Approximating KL Divergence' (k1); paper Table 3",
+    ratio_mask_gradient=True,
+)
+def kl1(batch: TokenBatch, delta: float) -> MethodResult:
+    r"""Constraint ``k1 = -log w <= delta``: its ratio range inside PPO's min (default), or ``w A`` where it holds.
+
+    Our reading of the paper's loosely defined "KL1": the signed estimator, so the constraint is
+    **one-sided** (``w >= e^{-delta}``, no upper limit). A symmetric ``|log w| <= delta`` variant is
+    what ``kl2`` gives with ``delta -> delta^2/2``.
+    """
+    return _divergence_rule(batch, "kl1", delta)
+
+
+@register(
+    "kl2",
+    params={"delta": DELTA},
+    default_form="min",
+    forms=("min", "mask"),
+    reference="Schulman 2020, 'Approximating KL Divergence' (k2); paper Table 3",
+    ratio_mask_gradient=True,
+)
+def kl2(batch: TokenBatch, delta: float) -> MethodResult:
+    r"""Constraint ``k2 = (log w)^2 / 2 <= delta`` (symmetric in ``log w``): its ratio range inside PPO's min
+    (default), or ``w A`` where it holds."""
+    return _divergence_rule(batch, "kl2", delta)
+
+
+@register(
+    "is_kl3",
+    params={"delta": DELTA},
+    default_form="min",
+    forms=("min", "mask"),
+    reference="paper Table 3 'IS-weighted KL3'; derivation in atr_theory.ranges.is_kl3_clip_range",
+    ratio_mask_gradient=True,
+)
+def is_kl3(batch: TokenBatch, delta: float) -> MethodResult:
+    r"""Constraint ``w k3(1/w) = 1 - w + w log w <= delta``: its ratio range inside PPO's min (default), or ``w A``
+    where it holds.
+
+    Our reading: importance-weighting k3 of the *reverse* ratio gives an unbiased, non-negative
+    estimate of ``KL(pi || pi_old)`` from ``pi_old`` samples (``E_old[w log w - w + 1] = KL(pi||pi_old)``).
+    Compared with KL3 its range is shifted down (lower ``l`` and lower ``u``, e.g. [0.650, 1.397] at
+    delta = 0.07 against [0.671, 1.422]): it tolerates larger decreases and fewer increases of pi.
+    """
+    return _divergence_rule(batch, "is_kl3", delta)
