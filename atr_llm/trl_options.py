@@ -15,7 +15,7 @@ import torch
 
 import atr_theory as at
 from atr_theory.layers import SequenceMask
-from atr_theory.soft_weights import vespo_log_weight
+from atr_theory.methods.soft_weights import vespo_log_weight
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ Examples
 (0.671, 1.422)
 """
 
-from . import divergence_masks, layers, sequence_rules, soft_weights  # noqa: F401  (they register their rules)
+from . import layers  # noqa: F401
 from .divergence import (
     HeadScores,
     entropy_from_log_probs,

@@ -72,7 +72,7 @@ class SequenceMask:
 
     ``SequenceMask("k1", "mean", delta, "negative")`` is DeepSeek-V3.2's off-policy sequence masking (TRL
     ``off_policy_mask_threshold=delta``): keep where ``A >= 0`` or ``mean_t (log pi_behaviour - log pi) <= delta``.
-    ``SequenceMask("k3", "mean", delta, "all")`` is the keep-test of ``atr_theory.methods.atr_seq`` (which
+    ``SequenceMask("k3", "mean", delta, "all")`` is the keep-test of ``atr_theory.methods.sequence.atr_seq`` (which
     freezes instead of dropping)."""
 
     estimator: str = "k1"

@@ -19,3 +19,40 @@ def _restore_torch_default_dtype():
     dtype = torch.get_default_dtype()
     yield
     torch.set_default_dtype(dtype)
+
+
+WRITTEN_RULE = '''"""A rule written as one new module by a test (tests/conftest.py: written_rule_module), then removed."""
+
+import torch
+
+from ..registry import MethodResult, Param, TokenBatch, _no_clip, register
+
+
+@register(
+    "zz_written_rule",
+    params={"zz_sharpness": Param(2.0, gt=0, help="written rule: the divisor of w A")},
+    default_form="none",
+    forms=("none",),
+    reference="tests/conftest.py",
+)
+def zz_written_rule(batch: TokenBatch, zz_sharpness: float) -> MethodResult:
+    """``w A / zz_sharpness``, every token kept."""
+    return _no_clip(torch.exp(batch.log_ratio) * batch.advantages / zz_sharpness, batch)
+'''
+
+
+@pytest.fixture
+def written_rule_module():
+    """A new family module in ``atr_theory/methods/`` (named to sort last, so the built-in rules keep their order),
+    removed after the test; the rule ``zz_written_rule`` with the parameter ``zz_sharpness`` (default 2) exists in
+    any *new* process that imports ``atr_theory`` meanwhile."""
+    from pathlib import Path
+
+    import atr_theory.methods
+
+    path = Path(atr_theory.methods.__file__).with_name(f"zz_written_rule_{os.getpid()}.py")
+    path.write_text(WRITTEN_RULE)
+    try:
+        yield path
+    finally:
+        path.unlink()

@@ -1,4 +1,4 @@
-"""DPPO's divergences (atr_theory.divergence_masks) against mpmath, and the rollout-correction layer
+"""DPPO's divergences (atr_theory.methods.divergence_masks) against mpmath, and the rollout-correction layer
 (atr_theory.layers.RolloutCorrection) against a loop over each sequence; the bad inputs each refuses.
 
 verl 0.9.1 pins the rules and the layer on random batches (tests/test_verl_oracle.py); here: exactness where verl's
@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import atr_theory as at
-from atr_theory.divergence_masks import binary_kl, binary_tv
 from atr_theory.layers import RolloutCorrection, SequenceMask, high_entropy_mask, rollout_correction_weights
+from atr_theory.methods.divergence_masks import binary_kl, binary_tv
 from tests.mp_reference import binary_kl as mp_binary_kl
 
 mp.mp.dps = 50
@@ -184,7 +184,7 @@ def test_dppo_flags_a_truncated_weight_as_clipped_high_and_kept():
 def test_vespo_clamps_each_token_log_ratio_before_the_sum():
     """TRL's VESPO clamps every token's log-ratio to [-20, 20] before summing: tokens at +25 and -10 give log W =
     20 - 10 = 10, not 15 (and at -25 and +10, -10, not -15)."""
-    from atr_theory.soft_weights import vespo_log_weight
+    from atr_theory.methods.soft_weights import vespo_log_weight
 
     y = torch.tensor([[25.0, -10.0]], dtype=torch.float64)
     one = torch.ones(1, 1, dtype=torch.float64)

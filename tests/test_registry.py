@@ -93,6 +93,56 @@ def test_a_new_method_reaches_the_trainer_config_and_the_cli_unedited():
     assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
 
 
+def test_a_rule_written_as_one_new_module_needs_no_other_edit(written_rule_module):
+    """One new module in atr_theory/methods/, nothing else edited: in a fresh process the rule is registered (after
+    every built-in rule), computes in policy_loss with its parameter, and the trainer's config accepts it."""
+    pytest.importorskip("trl")
+    script = textwrap.dedent(
+        """
+        import torch, atr_theory as at
+        assert list(at.METHODS)[-1] == "zz_written_rule", list(at.METHODS)
+        g = torch.Generator().manual_seed(0)
+        logp = -torch.rand(3, 5, generator=g, dtype=torch.float64) - 0.1
+        old = logp + 0.1 * torch.randn(3, 5, generator=g, dtype=torch.float64)
+        adv, mask = torch.randn(3, generator=g, dtype=torch.float64), torch.ones(3, 5, dtype=torch.bool)
+        out = at.policy_loss(logp, old, adv, mask, method="zz_written_rule", zz_sharpness=4.0, aggregation="token_mean")
+        assert torch.allclose(out.loss, -(torch.exp(logp - old) * adv[:, None] / 4.0).mean(), rtol=1e-12, atol=0)
+        from atr_llm import train
+        base = ["--output_dir", "/tmp/unused", "--use_cpu", "true", "--bf16", "false", "--loss_type", "dr_grpo"]
+        _, args, _ = train.parse(base + ["--method", "zz_written_rule", "--zz_sharpness", "3"])
+        assert dict(args.resolved_method.params) == {"zz_sharpness": 3.0}, args.resolved_method
+        try:
+            train.parse(base + ["--method", "zz_written_rule", "--zz_sharpness", "0"])
+        except ValueError as e:
+            assert "zz_sharpness must be a finite number > 0" in str(e), str(e)
+        else:
+            raise AssertionError("zz_sharpness 0 accepted")
+        print("OK")
+        """
+    )
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
+
+
+def test_the_family_modules_register_the_rules_in_their_committed_order():
+    """Registration order is the order of METHODS and of the figures' method colours (sims._common.method_color):
+    the family modules, imported in name order, must give the order the committed figures were drawn with."""
+    assert at.methods.family_modules() == [
+        "divergence_masks",
+        "divergence_ranges",
+        "entropy_covariance",
+        "full_distribution",
+        "sequence",
+        "soft_weights",
+        "unclipped",
+    ]
+    assert [name for name, spec in at.METHODS.items() if name == spec.name] == [
+        "dppo_tv", "dppo_kl", "clip", "clip_higher", "dual_clip", "dual_clip_higher", "dcpo", "trgppo", "atr", "kl1",
+        "kl2", "is_kl3", "clip_cov", "kl_cov", "tr_ppo", "truly_ppo", "gspo", "gmpo", "atr_seq", "sapo", "cispo",
+        "vespo", "reinforce", "dro",
+    ]  # fmt: skip
+
+
 def test_the_docs_methods_table_is_the_registry():
     text = (ROOT / "docs" / "methods.md").read_text()
     assert docs.readme_with_table(text) == text, "stale methods table: run `python -m tools.methods_table`"

@@ -784,3 +784,35 @@ def test_parameters_in_verls_config_reach_the_loss_and_show_in_its_metrics(monke
     want = at.policy_loss(logp, old, adv, mask, method="atr", delta=0.03).loss
     other = at.policy_loss(logp, old, adv, mask, method="atr", delta=0.07).loss
     assert torch.allclose(loss, want, rtol=1e-12) and not torch.allclose(want, other)
+
+
+def test_a_rule_written_as_one_new_module_is_registered_in_verl(written_rule_module):
+    """One new module in atr_theory/methods/, nothing else edited: in a fresh process, importing verl registers
+    ``atr_grpo_zz_written_rule``, and verl's call of it (its parameter from $ATR_GRPO_PARAMS) is policy_loss's."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    script = """
+import importlib.util
+import torch
+import atr_theory as at
+spec = importlib.util.spec_from_file_location("verl_oracle", "tests/test_verl_oracle.py")  # imports verl, ray stubbed
+oracle = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(oracle)
+_batch, _config, core_algos = oracle._batch, oracle._config, oracle.core_algos
+assert "atr_grpo_zz_written_rule" in core_algos.POLICY_LOSS_REGISTRY
+logp, old, adv, mask = _batch(0, per_token=True)
+lp = logp.clone().requires_grad_(True)
+config = _config("vanilla", clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0)
+loss, _ = core_algos.get_policy_loss_fn("atr_grpo_zz_written_rule")(
+    old, lp, adv, mask.to(torch.float64), "token-mean", config, None
+)
+want = at.policy_loss(logp, old, adv, mask, method="zz_written_rule", zz_sharpness=4.0, aggregation="token_mean")
+assert torch.allclose(loss, want.loss, rtol=1e-12, atol=0), (float(loss), float(want.loss))
+print("OK")
+"""
+    env = {**os.environ, "ATR_GRPO_PARAMS": '{"zz_sharpness": 4.0}'}
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=root, env=env, timeout=300)
+    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]

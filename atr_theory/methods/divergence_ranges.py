@@ -4,14 +4,13 @@ divergence bounds of the paper's framework (ATR's ``k3 <= delta``, ``k1``, ``k2`
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from .. import ranges
-from ..registry import MethodResult, Param, TokenBatch, register
+from ..registry import MethodResult, TokenBatch, register
 from ._params import DELTA, DUAL_CLIP_C, EPSILON, EPSILON_HIGH, EPSILON_LOW
-from ._ratio import _and, _and_not, _divergence_rule, _dual_clip, _or, _range_flags, ratio_objective
+from ._ratio import _clamp_objective, _divergence_rule, _dual_clip, ratio_objective
+
 
 @register(
     "clip",

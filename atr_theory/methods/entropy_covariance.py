@@ -8,9 +8,10 @@ import math
 
 import torch
 
-from ..registry import MethodResult, Param, TokenBatch, register
+from ..registry import MethodResult, Param, Relation, TokenBatch, register
 from ._params import COV_RATIO, EPSILON
-from ._ratio import _and, _or, ratio_objective
+from ._ratio import _range_flags, ratio_objective
+
 
 def _centred_cov(batch: TokenBatch, n_valid: torch.Tensor) -> torch.Tensor:
     """Per-token ``(A - mean A)(log pi - mean log pi)`` over valid tokens, detached (Cui et al. 2025). Both are zero

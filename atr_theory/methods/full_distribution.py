@@ -12,6 +12,7 @@ from ..registry import MethodResult, Param, TokenBatch, register
 from ._params import DELTA
 from ._ratio import _and, ratio_objective
 
+
 def _position_kl(batch: TokenBatch, name: str) -> torch.Tensor:
     """(B, T) ``KL(pi_old(.|s_t) || pi(.|s_t))``: ``batch.position_kl`` when the caller computed it (e.g. chunk by
     chunk from hidden states, ``atr_theory.head_kl_chunked``; ``atr_theory.policy_loss`` checked its

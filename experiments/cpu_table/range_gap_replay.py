@@ -20,6 +20,7 @@ Prints and writes JSON: a list, per seed ``{"run", "seed", "steps", "calls", "ot
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import tempfile
@@ -84,11 +85,8 @@ def constant_range_in_min_form(choice) -> tuple[float, float] | None:
     old_logp = logp + 0.3 * torch.randn(2, 8, generator=g, dtype=torch.float64)
     advantages, mask = torch.randn(2, 8, generator=g, dtype=torch.float64), torch.ones(2, 8, dtype=torch.bool)
     batch = methods.TokenBatch(logp - old_logp, advantages, mask, logp, old_logp, form="min")
-    methods.ratio_objective = spy
-    try:
+    with ratio_objective_replaced_by(spy):
         result = choice.spec.fn(batch, **choice.params)
-    finally:
-        methods.ratio_objective = original
     if len(calls) != 1:
         return None
     seen, lower, upper, negative_cap, returned = calls[0]
@@ -115,6 +113,25 @@ def check_replayable(run: str) -> None:
         )
 
 
+@contextlib.contextmanager
+def ratio_objective_replaced_by(spy):
+    """Within the block, every family module of ``atr_theory.methods`` that calls ``ratio_objective`` calls ``spy``
+    (each imported the name, so each module's binding is replaced, and restored after)."""
+    import importlib
+
+    from atr_theory import methods
+
+    users = [importlib.import_module(f"{methods.__name__}.{name}") for name in methods.family_modules()]
+    users = [module for module in users if getattr(module, "ratio_objective", None) is methods.ratio_objective]
+    for module in users:
+        module.ratio_objective = spy
+    try:
+        yield
+    finally:
+        for module in users:
+            module.ratio_objective = methods.ratio_objective
+
+
 def replay(run: str, seed: int, steps: int, runs_dir: Path, other: tuple[float, float]) -> dict:
     from atr_llm import train
     from atr_theory import methods
@@ -138,11 +155,8 @@ def replay(run: str, seed: int, steps: int, runs_dir: Path, other: tuple[float, 
     job["learning_rate"] = json.loads((run_dir / "result.json").read_text()).get("learning_rate")  # the run's own
     with tempfile.TemporaryDirectory() as tmp:
         argv = cpu_table.train_argv(job, tmp, steps, 10**6)
-        methods.ratio_objective = spy
-        try:
+        with ratio_objective_replaced_by(spy):
             train.main(argv)
-        finally:
-            methods.ratio_objective = original
         mine = json.loads((Path(tmp) / "log_history.json").read_text())
     theirs = json.loads((run_dir / "log_history.json").read_text())
     by_step = {h["step"]: _without_wall_clock(h) for h in theirs if "loss" in h}

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 import atr_theory as at
-from atr_theory import methods
+from atr_theory.methods import entropy_covariance as methods
 from benchmarks._timing import timeit
 from benchmarks.loss_overhead import inline_ppo_clip, loss_and_grad_difference, make_inputs, side_by_side
 
