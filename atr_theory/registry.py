@@ -193,6 +193,10 @@ class MethodSpec:
     ratio_mask_gradient: bool = False
     """The token gradient is ``kept * w A grad log pi`` in every form (``kept`` from the flags): a rule of Eq. 5, PPO's
     min, a dual clip, dropped tokens. ``atr_theory.bandit.exact_gradient`` uses it (test: against autograd)."""
+    reference_form: Callable[..., torch.Tensor] | None = None
+    """The rule as a textbook formula, written beside the fast path and sharing no helper with it:
+    ``(logp, old_logp, advantages, mask, *, <params>[, form]) -> (B, T) objective`` (``tests/test_reference.py``
+    compares the two; rules without one are pinned by brute force in ``tests/test_oracles.py``)."""
 
     @property
     def defaults(self) -> dict[str, float]:
@@ -227,12 +231,19 @@ def register(
     aliases: tuple[str, ...] = (),
     relations: tuple[Relation, ...] = (),
     ratio_mask_gradient: bool = False,
+    reference_form: Callable[..., torch.Tensor] | None = None,
 ) -> Callable[[Callable[..., MethodResult]], Callable[..., MethodResult]]:
     """Decorator: register ``fn`` under ``name`` (and ``aliases``) in ``METHODS``.
 
     ``params`` maps each parameter of ``fn`` (after the batch) to its ``Param``; the function's
-    signature must name exactly those parameters.
+    signature must name exactly those parameters. ``reference_form`` (``MethodSpec.reference_form``) takes them as
+    keywords, and ``form`` when the rule has the form ``"min"`` or ``"mask"``.
     """
+    if reference_form is not None:
+        wanted = ["logp", "old_logp", "advantages", "mask", *params, *(("form",) if {"min", "mask"} & set(forms) else ())]
+        takes = list(inspect.signature(reference_form).parameters)
+        if takes != wanted:
+            raise ValueError(f"method {name!r}: its reference form takes {takes}, expected {wanted}")
     for key, p in params.items():
         if not isinstance(p, Param):
             raise TypeError(f"parameter {key!r} of method {name!r} must be declared as Param(...), got {p!r}")
@@ -254,6 +265,7 @@ def register(
             tuple(relations),
             tuple(aliases),
             ratio_mask_gradient,
+            reference_form,
         )
         for key in (name, *aliases):
             if key in METHODS:

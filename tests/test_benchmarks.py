@@ -359,8 +359,8 @@ def test_range_gap_tokens_are_where_clip_higher_and_atr_min_differ(seed):
         (grad,) = torch.autograd.grad(objective.sum(), y)
         return objective.detach(), grad
 
-    v1, g1 = per_token(methods.clip_higher, epsilon_low=0.329, epsilon_high=0.422)
-    v2, g2 = per_token(methods.atr, delta=0.07)
+    v1, g1 = per_token(methods.get_method("clip_higher").fn, epsilon_low=0.329, epsilon_high=0.422)
+    v2, g2 = per_token(methods.get_method("atr").fn, delta=0.07)
     differ = mask & (g1 != g2)
     assert int((mask & (v1 != v2) & (g1 == 0) & (g2 == 0)).sum()) > 0  # clipped by both: values differ, no gradient
     batch = methods.TokenBatch(y.detach(), adv, mask, y.detach(), torch.zeros_like(y), form="min")

@@ -1,5 +1,6 @@
-"""The registry's fast path equals each rule's plain reference form (atr_theory.reference): the same per-token
-objective and the same gradient, both forms, random batches with padding and per-sequence or per-token advantages."""
+"""The registry's fast path equals each rule's plain reference form (``MethodSpec.reference_form``, written beside the
+rule in its family module): the same per-token objective and the same gradient, both forms, random batches with
+padding and per-sequence or per-token advantages; and the reference forms share no helper with the fast path."""
 
 import numpy as np
 import pytest
@@ -8,7 +9,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import atr_theory as at
-from atr_theory import reference
+from atr_theory.methods import _reference
+
+REFERENCED = sorted(n for n, s in at.METHODS.items() if n == s.name and s.reference_form is not None)
 
 PARAMS = {
     "clip": {"epsilon": st.floats(0.05, 0.5)},
@@ -67,7 +70,7 @@ def _objective_and_gradient(fn, logp, *rest):
     return objective.detach(), grad
 
 
-@pytest.mark.parametrize("method", sorted(reference.REFERENCE_FORMS))
+@pytest.mark.parametrize("method", REFERENCED)
 @settings(max_examples=25, deadline=None)
 @given(data=st.data())
 def test_the_registry_equals_the_plain_reference_form(method, data):
@@ -85,7 +88,7 @@ def test_the_registry_equals_the_plain_reference_form(method, data):
         return at.policy_loss(lp, old, adv, m, method=method, form=form, **params).per_token
 
     def plain(lp, old, adv, m):
-        return torch.where(m, getattr(reference, method)(lp, old, adv, m, **params, **form_kw), 0.0)
+        return torch.where(m, spec.reference_form(lp, old, adv, m, **params, **form_kw), 0.0)
 
     got, got_grad = _objective_and_gradient(fast, logp, old_logp, advantages, mask)
     want, want_grad = _objective_and_gradient(plain, logp, old_logp, advantages, mask)
@@ -100,6 +103,44 @@ def test_a_wrong_formula_fails_the_comparison():
     """The comparison can fail: ATR with the symmetric range [l, 2 - l] instead of Thm 3.2's is caught."""
     logp, old_logp, advantages, mask = _batch(0, 8, 64, False)
     lower, _ = at.kl3_clip_range(0.07)
-    symmetric = reference.clip(logp, old_logp, advantages, mask, epsilon=1 - lower, form="mask")
+    symmetric = at.METHODS["clip"].reference_form(logp, old_logp, advantages, mask, epsilon=1 - lower, form="mask")
     fast = at.policy_loss(logp, old_logp, advantages, mask, method="atr", delta=0.07).per_token
     assert not torch.allclose(torch.where(mask, symmetric, 0.0), fast)
+
+
+def _globals_used(fn) -> dict[str, object]:
+    """Every global name ``fn``'s code (nested functions included) reads, with what it is bound to."""
+    from atr_theory.docs import global_names
+
+    return {n: fn.__globals__[n] for n in global_names(fn) if n in fn.__globals__}
+
+
+def test_the_reference_forms_share_no_helper_with_the_fast_path():
+    """What a reference form calls is torch, math, another reference form, a helper of its own module written for
+    reference forms only (``_*_reference``) or ``atr_theory.methods._reference``; and that module calls nothing of
+    the package. So a fault in the fast path's helpers (``_ratio``, ``ranges``, the registry) cannot hide in both."""
+    import math
+    import types
+
+    references = {s.reference_form for s in at.METHODS.values() if s.reference_form is not None}
+    allowed_modules = {torch, math, _reference}
+    seen, todo = set(), list(references)
+    assert len(references) == len(REFERENCED) >= 18
+    while todo:
+        fn = todo.pop()
+        if fn in seen:
+            continue
+        seen.add(fn)
+        for name, value in _globals_used(fn).items():
+            if isinstance(value, types.ModuleType):
+                assert value in allowed_modules, (fn.__qualname__, name)
+            elif isinstance(value, types.FunctionType):
+                own = value.__module__ == _reference.__name__ or value.__name__.endswith("_reference")
+                assert own, (fn.__qualname__, name, value.__module__)
+                todo.append(value)
+    assert all(
+        not isinstance(v, types.FunctionType) or v.__module__ == _reference.__name__
+        for f in vars(_reference).values()
+        if isinstance(f, types.FunctionType)
+        for v in _globals_used(f).values()
+    )

@@ -20,7 +20,8 @@ rule is one function in a family module, or one new module in this folder; nothi
 (``docs/adding-a-rule.md``). Registration order is the order of ``METHODS`` and of the figures' method colours
 (``sims._common.method_color``); ``tests/test_registry.py`` pins it. The modules starting with ``_`` are shared
 pieces: ``_params`` (parameters several rules use) and ``_ratio`` (the ratio-range fast path's building blocks).
-Each rule's formula on one screen, without the fast path's helpers: ``atr_theory.reference``.
+Each rule's formula as a textbook would write it, sharing no helper with the fast path: its ``reference_form``,
+beside it in its module (``_reference`` holds what those share; ``docs/methods.md`` gathers them on one page).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import torch
 
 from ..ranges import _bernoulli_kl_and_slope
 from ..registry import MethodResult, Param, TokenBatch, register
+from . import _reference as plain
 
 __all__ = ["binary_kl", "binary_tv", "dppo_kl", "dppo_tv"]
 
@@ -72,8 +73,33 @@ def _dppo(batch: TokenBatch, below: torch.Tensor, above: torch.Tensor, is_cap: f
     return MethodResult(objective, flags)
 
 
+def _binary_kl_reference(p_old, p_new):
+    """``KL(Ber(p_old) || Ber(p_new))`` as written (textbook form; float64 tests keep ``p`` away from 1)."""
+    return p_old * torch.log(p_old / p_new) + (1 - p_old) * torch.log((1 - p_old) / (1 - p_new))
+
+
+def _dppo_reference(divergence_exceeds, logp, old_logp, advantages, mask, is_cap, form):
+    """DPPO (Qi et al. 2026): ``sg[min(w, c)] A log pi`` where the token stays inside its bound, else 0. ``min``:
+    only the side the advantage pushes towards (``A > 0``: rising; ``A <= 0``: falling); ``mask``: both sides."""
+    w, adv = plain.ratio_and_advantages(logp, old_logp, advantages, mask)
+    p_old, p_new = torch.exp(old_logp), torch.exp(logp).detach()
+    rose, fell = divergence_exceeds(p_old, p_new)
+    outside = torch.where(adv > 0, rose, fell) if form == "min" else rose | fell
+    return torch.where(outside, torch.zeros_like(w), torch.clamp(w, max=is_cap).detach() * adv * logp)
+
+
+def dppo_tv_reference(logp, old_logp, advantages, mask, *, delta_low, delta_high, is_cap, form):
+    """DPPO-Binary-TV: the token's probability change ``p - p_old`` stays in ``[-delta_low, delta_high]``."""
+
+    def exceeds(p_old, p_new):
+        return p_new - p_old > delta_high, p_new - p_old < -delta_low
+
+    return _dppo_reference(exceeds, logp, old_logp, advantages, mask, is_cap, form)
+
+
 @register(
     "dppo_tv",
+    reference_form=dppo_tv_reference,
     params={"delta_low": DELTA_LOW, "delta_high": DELTA_HIGH, "is_cap": IS_CAP},
     default_form="min",
     forms=_FORMS,
@@ -87,8 +113,20 @@ def dppo_tv(batch: TokenBatch, delta_low: float, delta_high: float, is_cap: floa
     return _dppo(batch, change < -delta_low, change > delta_high, is_cap)
 
 
+def dppo_kl_reference(logp, old_logp, advantages, mask, *, delta_low, delta_high, is_cap, form):
+    """DPPO-Binary-KL: ``KL(Ber(p_old) || Ber(p))`` stays at most ``delta_high`` (``p`` rose) or ``delta_low``
+    (``p`` fell)."""
+
+    def exceeds(p_old, p_new):
+        kl = _binary_kl_reference(p_old, p_new)
+        return (p_new > p_old) & (kl > delta_high), (p_new < p_old) & (kl > delta_low)
+
+    return _dppo_reference(exceeds, logp, old_logp, advantages, mask, is_cap, form)
+
+
 @register(
     "dppo_kl",
+    reference_form=dppo_kl_reference,
     params={"delta_low": DELTA_LOW, "delta_high": DELTA_HIGH, "is_cap": IS_CAP},
     default_form="min",
     forms=_FORMS,

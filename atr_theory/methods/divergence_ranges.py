@@ -8,12 +8,22 @@ import torch
 
 from .. import ranges
 from ..registry import MethodResult, TokenBatch, register
+from . import _reference as plain
 from ._params import DELTA, DUAL_CLIP_C, EPSILON, EPSILON_HIGH, EPSILON_LOW
 from ._ratio import _clamp_objective, _divergence_rule, _dual_clip, ratio_objective
 
 
+def clip_reference(logp, old_logp, advantages, mask, *, epsilon, form):
+    """PPO / GRPO: keep ``w`` in ``[1 - eps, 1 + eps]``."""
+    w, adv = plain.ratio_and_advantages(logp, old_logp, advantages, mask)
+    if form == "min":
+        return plain.ppo_min(w, adv, 1 - epsilon, 1 + epsilon)
+    return plain.eq5_mask(w, adv, (w >= 1 - epsilon) & (w <= 1 + epsilon))
+
+
 @register(
     "clip",
+    reference_form=clip_reference,
     params={"epsilon": EPSILON},
     default_form="min",
     forms=("min", "mask"),
@@ -25,8 +35,17 @@ def clip(batch: TokenBatch, epsilon: float) -> MethodResult:
     return ratio_objective(batch, 1.0 - epsilon, 1.0 + epsilon)
 
 
+def clip_higher_reference(logp, old_logp, advantages, mask, *, epsilon_low, epsilon_high, form):
+    """DAPO's Clip-Higher: keep ``w`` in ``[1 - eps_low, 1 + eps_high]``."""
+    w, adv = plain.ratio_and_advantages(logp, old_logp, advantages, mask)
+    if form == "min":
+        return plain.ppo_min(w, adv, 1 - epsilon_low, 1 + epsilon_high)
+    return plain.eq5_mask(w, adv, (w >= 1 - epsilon_low) & (w <= 1 + epsilon_high))
+
+
 @register(
     "clip_higher",
+    reference_form=clip_higher_reference,
     params={"epsilon_low": EPSILON_LOW, "epsilon_high": EPSILON_HIGH},
     default_form="min",
     forms=("min", "mask"),
@@ -38,8 +57,16 @@ def clip_higher(batch: TokenBatch, epsilon_low: float, epsilon_high: float) -> M
     return ratio_objective(batch, 1.0 - epsilon_low, 1.0 + epsilon_high)
 
 
+def dual_clip_reference(logp, old_logp, advantages, mask, *, epsilon, dual_clip_c, form):
+    """Dual-clip PPO (Ye et al. 2020): PPO clip, and for ``A < 0`` the objective is at least ``c A``."""
+    w, adv = plain.ratio_and_advantages(logp, old_logp, advantages, mask)
+    inner = clip_reference(logp, old_logp, advantages, mask, epsilon=epsilon, form=form)
+    return torch.where(adv < 0, torch.maximum(inner, dual_clip_c * adv), inner)
+
+
 @register(
     "dual_clip",
+    reference_form=dual_clip_reference,
     params={"epsilon": EPSILON, "dual_clip_c": DUAL_CLIP_C},
     default_form="min",
     forms=("min", "mask"),
@@ -53,8 +80,16 @@ def dual_clip(batch: TokenBatch, epsilon: float, dual_clip_c: float) -> MethodRe
     return _dual_clip(ratio_objective(batch, 1.0 - epsilon, 1.0 + epsilon), batch.advantages, dual_clip_c)
 
 
+def dual_clip_higher_reference(logp, old_logp, advantages, mask, *, epsilon_low, epsilon_high, dual_clip_c, form):
+    """Clip-Higher's range with the dual clip: for ``A < 0`` the objective is at least ``c A``."""
+    w, adv = plain.ratio_and_advantages(logp, old_logp, advantages, mask)
+    inner = clip_higher_reference(logp, old_logp, advantages, mask, epsilon_low=epsilon_low, epsilon_high=epsilon_high, form=form)
+    return torch.where(adv < 0, torch.maximum(inner, dual_clip_c * adv), inner)
+
+
 @register(
     "dual_clip_higher",
+    reference_form=dual_clip_higher_reference,
     params={"epsilon_low": EPSILON_LOW, "epsilon_high": EPSILON_HIGH, "dual_clip_c": DUAL_CLIP_C},
     default_form="min",
     forms=("min", "mask"),
@@ -128,8 +163,14 @@ def trgppo(batch: TokenBatch, delta: float, epsilon: float) -> MethodResult:
     return ratio_objective(batch, lower, upper)
 
 
+def atr_reference(logp, old_logp, advantages, mask, *, delta, form):
+    """ATR-GRPO (this paper): keep ``w A`` while ``k3 = w - 1 - log w <= delta``."""
+    return plain.divergence_rule(lambda w: w - 1 - torch.log(w), logp, old_logp, advantages, mask, delta, form)
+
+
 @register(
     "atr",
+    reference_form=atr_reference,
     params={"delta": DELTA},
     default_form="min",
     forms=("min", "mask"),
@@ -151,8 +192,14 @@ def atr(batch: TokenBatch, delta: float) -> MethodResult:
     return _divergence_rule(batch, "kl3", delta)
 
 
+def kl1_reference(logp, old_logp, advantages, mask, *, delta, form):
+    """Keep ``w A`` while ``k1 = -log w <= delta`` (one-sided: no upper limit)."""
+    return plain.divergence_rule(lambda w: -torch.log(w), logp, old_logp, advantages, mask, delta, form)
+
+
 @register(
     "kl1",
+    reference_form=kl1_reference,
     params={"delta": DELTA},
     default_form="min",
     forms=("min", "mask"),
@@ -169,8 +216,14 @@ def kl1(batch: TokenBatch, delta: float) -> MethodResult:
     return _divergence_rule(batch, "kl1", delta)
 
 
+def kl2_reference(logp, old_logp, advantages, mask, *, delta, form):
+    """Keep ``w A`` while ``k2 = (log w)^2 / 2 <= delta``."""
+    return plain.divergence_rule(lambda w: torch.log(w) ** 2 / 2, logp, old_logp, advantages, mask, delta, form)
+
+
 @register(
     "kl2",
+    reference_form=kl2_reference,
     params={"delta": DELTA},
     default_form="min",
     forms=("min", "mask"),
@@ -183,8 +236,14 @@ def kl2(batch: TokenBatch, delta: float) -> MethodResult:
     return _divergence_rule(batch, "kl2", delta)
 
 
+def is_kl3_reference(logp, old_logp, advantages, mask, *, delta, form):
+    """Keep ``w A`` while the importance-weighted ``w k3(1/w) = 1 - w + w log w <= delta``."""
+    return plain.divergence_rule(lambda w: 1 - w + w * torch.log(w), logp, old_logp, advantages, mask, delta, form)
+
+
 @register(
     "is_kl3",
+    reference_form=is_kl3_reference,
     params={"delta": DELTA},
     default_form="min",
     forms=("min", "mask"),

@@ -9,6 +9,7 @@ import math
 import torch
 
 from ..registry import MethodResult, Param, Relation, TokenBatch, register
+from . import _reference as plain
 from ._params import COV_RATIO, EPSILON
 from ._ratio import _range_flags, ratio_objective
 
@@ -72,8 +73,23 @@ def clip_cov(batch: TokenBatch, epsilon: float, cov_ratio: float, cov_lb: float,
     return MethodResult(objective, flags)
 
 
+def kl_cov_reference(logp, old_logp, advantages, mask, *, cov_ratio, kl_coef):
+    """KL-Cov (Cui et al. 2025): ``w A``, and the ``max(1, int(cov_ratio n))`` valid tokens with the largest centred
+    ``(A - mean A)(log pi - mean log pi)`` get the penalty ``- kl_coef |log w|``."""
+    w, adv = plain.ratio_and_advantages(logp, old_logp, advantages, mask)
+    n = int(mask.sum())
+    a, lp = adv[mask].detach(), logp[mask].detach()
+    cov = (a - a.mean()) * (lp - lp.mean())
+    chosen = torch.zeros(n, dtype=torch.bool)
+    chosen[torch.topk(cov, max(1, int(cov_ratio * n))).indices] = True
+    penalised = torch.zeros_like(mask)
+    penalised[mask] = chosen
+    return w * adv - torch.where(penalised, kl_coef * torch.log(w).abs(), torch.zeros_like(w))
+
+
 @register(
     "kl_cov",
+    reference_form=kl_cov_reference,
     params={
         "cov_ratio": COV_RATIO.with_default(2e-3),
         "kl_coef": Param(1.0, ge=0, help="KL-Cov: coefficient of the |log w| penalty on the selected tokens"),

@@ -19,14 +19,30 @@ import torch
 from ..divergence import kl3_from_log_ratio
 from ..layers import sequence_log_ratio
 from ..registry import MethodResult, Param, TokenBatch, register
+from . import _reference as plain
 from ._params import DELTA, EPSILON_HIGH, EPSILON_LOW
 from ._ratio import ratio_objective
 
 __all__ = ["atr_seq", "gmpo", "gspo"]
 
 
+def gspo_reference(logp, old_logp, advantages, mask, *, epsilon_low, epsilon_high, form):
+    """GSPO-token (Zheng et al. 2025, Eq. 11): the sequence ratio ``s = exp(mean_t log w_t)`` carried by each token
+    as ``s_t = sg[s] w_t / sg[w_t]``, in PPO's min (or Eq. 5's mask) with ``[1 - eps_low, 1 + eps_high]``."""
+    w, adv = plain.ratio_and_advantages(logp, old_logp, advantages, mask)
+    log_w = torch.log(w)
+    s = torch.exp(log_w.sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1))
+    s_t = s.detach() * w / w.detach()
+    if form == "min":
+        objective = plain.ppo_min(s_t, adv, 1 - epsilon_low, 1 + epsilon_high)
+    else:
+        objective = plain.eq5_mask(s_t, adv, (s.detach() >= 1 - epsilon_low) & (s.detach() <= 1 + epsilon_high))
+    return torch.where(mask, objective, torch.zeros_like(w))
+
+
 @register(
     "gspo",
+    reference_form=gspo_reference,
     params={"epsilon_low": EPSILON_LOW.with_default(3e-4), "epsilon_high": EPSILON_HIGH.with_default(4e-4)},
     default_form="min",
     forms=("min", "mask"),
@@ -46,8 +62,23 @@ def gspo(batch: TokenBatch, epsilon_low: float, epsilon_high: float) -> MethodRe
     return ratio_objective(replace(batch, log_ratio=token_log_ratio), 1.0 - epsilon_low, 1.0 + epsilon_high)
 
 
+def gmpo_reference(logp, old_logp, advantages, mask, *, epsilon_low, epsilon_high, form):
+    """GMPO (Zhao et al. 2025): the sequence's ``mean_t A_t`` times the geometric mean of its token ratios, each
+    ``log w_t`` clipped PPO-style by its advantage's sign (``A > 0``: at most ``eps_high``; ``A < 0``: at least
+    ``-eps_low``; ``A = 0``: 0). Every token of a sequence holds the sequence's value, so the
+    ``seq_mean_token_mean`` aggregation of this (B, T) tensor is GMPO's batch mean."""
+    w, adv = plain.ratio_and_advantages(logp, old_logp, advantages, mask)
+    log_w = torch.log(w)
+    signed = torch.sign(adv)
+    clipped = signed * torch.minimum(signed * log_w, signed * torch.clamp(log_w, -epsilon_low, epsilon_high))
+    n = mask.sum(1, keepdim=True).clamp(min=1)
+    sequence = (adv.sum(1, keepdim=True) / n) * torch.exp(clipped.sum(1, keepdim=True) / n)
+    return sequence.expand_as(w)
+
+
 @register(
     "gmpo",
+    reference_form=gmpo_reference,
     params={
         "epsilon_low": Param(0.4, ge=0, help="GMPO: for A < 0 each log w_t is clipped below at -epsilon_low"),
         "epsilon_high": Param(0.4, ge=0, help="GMPO: for A > 0 each log w_t is clipped above at epsilon_high"),

@@ -3,7 +3,7 @@ r"""Rules that reweight instead of clipping: SAPO's soft gate, CISPO's truncated
 None of them removes a token's gradient: each scales ``A grad log pi`` by a weight of the ratio (SAPO through ``w``
 itself, CISPO and VESPO through a detached weight times ``log pi``), so every token counts as kept; the flags say
 where the weight was truncated (CISPO). Registered in ``atr_theory.METHODS`` when ``atr_theory`` is
-imported, like ``atr_theory.methods``; each rule's plain form is in ``atr_theory.reference``.
+imported; each rule's plain form is its ``reference_form``, written above it.
 """
 
 from __future__ import annotations
@@ -13,12 +13,22 @@ import math
 import torch
 
 from ..registry import MethodResult, Param, TokenBatch, _no_clip, register
+from . import _reference as plain
 
 __all__ = ["cispo", "sapo", "vespo", "vespo_log_weight"]
 
 
+def sapo_reference(logp, old_logp, advantages, mask, *, tau_pos, tau_neg):
+    """SAPO's soft gate (Gao et al. 2025): ``sigma(tau (w - 1)) 4 / tau A``, ``tau = tau_pos`` if ``A > 0`` else
+    ``tau_neg``."""
+    w, adv = plain.ratio_and_advantages(logp, old_logp, advantages, mask)
+    tau = torch.where(adv > 0, torch.full_like(w, tau_pos), torch.full_like(w, tau_neg))
+    return torch.sigmoid(tau * (w - 1)) * 4 / tau * adv
+
+
 @register(
     "sapo",
+    reference_form=sapo_reference,
     params={
         "tau_pos": Param(1.0, gt=0, help="SAPO gate temperature for tokens with A > 0"),
         "tau_neg": Param(1.05, gt=0, help="SAPO gate temperature for tokens with A <= 0"),
@@ -39,8 +49,15 @@ def sapo(batch: TokenBatch, tau_pos: float, tau_neg: float) -> MethodResult:
     return _no_clip(gate * adv, batch)
 
 
+def cispo_reference(logp, old_logp, advantages, mask, *, epsilon_low, epsilon_high):
+    """CISPO (MiniMax-M1, 2025): ``sg[clip_reference(w, 1 - eps_low, 1 + eps_high)] A log pi``."""
+    w, adv = plain.ratio_and_advantages(logp, old_logp, advantages, mask)
+    return torch.clamp(w, 1 - epsilon_low, 1 + epsilon_high).detach() * adv * logp
+
+
 @register(
     "cispo",
+    reference_form=cispo_reference,
     params={
         "epsilon_low": Param(
             0.2, ge=0, le=1, help="CISPO: the IS weight is at least 1 - epsilon_low (1: no lower bound)"
@@ -91,8 +108,22 @@ def vespo_log_weight(
     return lam + k * log_w - lam * torch.exp(log_w)
 
 
+def vespo_reference(
+    logp, old_logp, advantages, mask, *, vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg
+):
+    """VESPO: ``sg[phi(W)] A log pi`` with ``W = prod_t w_t`` (log clamped per token to [-20, 20], in total to
+    [log 1e-8, 20]) and ``phi(W) = W^k exp(lambda (1 - W))``, ``(k, lambda)`` by the sign of ``A`` (``A >= 0``: pos)."""
+    w, adv = plain.ratio_and_advantages(logp, old_logp, advantages, mask)
+    total = torch.where(mask, torch.log(w).clamp(-20, 20), torch.zeros_like(w)).sum(1, keepdim=True)
+    big_w = torch.exp(total.clamp(math.log(1e-8), 20)).detach()
+    k = torch.where(adv >= 0, torch.full_like(adv, vespo_k_pos), torch.full_like(adv, vespo_k_neg))
+    lam = torch.where(adv >= 0, torch.full_like(adv, vespo_lambda_pos), torch.full_like(adv, vespo_lambda_neg))
+    return big_w**k * torch.exp(lam * (1 - big_w)) * adv * logp
+
+
 @register(
     "vespo",
+    reference_form=vespo_reference,
     params={
         "vespo_k_pos": Param(2.0, ge=0, help="VESPO: exponent k of the gamma weight for A >= 0"),
         "vespo_lambda_pos": Param(3.0, gt=0, help="VESPO: rate lambda of the gamma weight for A >= 0"),

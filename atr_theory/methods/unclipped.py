@@ -4,12 +4,20 @@ gradient with a quadratic penalty on ``log w``). Every token is kept."""
 from __future__ import annotations
 
 from ..registry import MethodResult, Param, TokenBatch, _no_clip, register
+from . import _reference as plain
 
 __all__ = ["dro", "reinforce"]
 
 
+def reinforce_reference(logp, old_logp, advantages, mask):
+    """REINFORCE (Williams 1992) / GPG: ``A log pi``."""
+    _, adv = plain.ratio_and_advantages(logp, old_logp, advantages, mask)
+    return adv * logp
+
+
 @register(
     "reinforce",
+    reference_form=reinforce_reference,
     params={},
     default_form="none",
     forms=("none",),
@@ -25,8 +33,15 @@ def reinforce(batch: TokenBatch) -> MethodResult:
     return _no_clip(batch.advantages * batch.logp, batch)
 
 
+def dro_reference(logp, old_logp, advantages, mask, *, dro_beta):
+    """DRO (Richemond et al. 2024): ``A log pi - beta / 2 (log pi - log pi_old)^2``."""
+    _, adv = plain.ratio_and_advantages(logp, old_logp, advantages, mask)
+    return adv * logp - 0.5 * dro_beta * (logp - old_logp) ** 2
+
+
 @register(
     "dro",
+    reference_form=dro_reference,
     params={"dro_beta": Param(0.1, gt=0, help="DRO: weight of the quadratic log-ratio penalty (verl dro_beta)")},
     default_form="none",
     forms=("none",),

@@ -115,13 +115,15 @@ def check_replayable(run: str) -> None:
 
 @contextlib.contextmanager
 def ratio_objective_replaced_by(spy):
-    """Within the block, every family module of ``atr_theory.methods`` that calls ``ratio_objective`` calls ``spy``
-    (each imported the name, so each module's binding is replaced, and restored after)."""
+    """Within the block, every module of ``atr_theory.methods`` that calls ``ratio_objective`` calls ``spy``: the
+    family modules and ``_ratio`` itself (whose ``_divergence_rule`` calls it for atr, kl1, kl2, is_kl3). Each
+    imported the name, so each module's binding is replaced, and restored after."""
     import importlib
 
     from atr_theory import methods
 
-    users = [importlib.import_module(f"{methods.__name__}.{name}") for name in methods.family_modules()]
+    names = ["_ratio", *methods.family_modules()]
+    users = [importlib.import_module(f"{methods.__name__}.{name}") for name in names]
     users = [module for module in users if getattr(module, "ratio_objective", None) is methods.ratio_objective]
     for module in users:
         module.ratio_objective = spy
