@@ -452,7 +452,7 @@ def main(argv=None) -> dict:
         loaded = check_before_loading(script_args, training_args, model_args)
     for w in deferred:  # the checks passed: show what the libraries said while the configs were built
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    from .evaluate import _vllm_available
+    from .generators import _vllm_available
 
     note = choose_generation(script_args, training_args, vllm_usable=_vllm_available())
     if note:

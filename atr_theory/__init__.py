@@ -8,7 +8,7 @@ Examples
 (0.671, 1.422)
 """
 
-from . import layers  # noqa: F401
+from . import layers, ranges, token_bounds  # noqa: F401  (submodules: at.ranges, at.token_bounds)
 from .divergence import (
     HeadScores,
     entropy_from_log_probs,

@@ -24,7 +24,6 @@ evaluated by Taylor series, so that ``1 - l`` and ``u - 1`` are accurate to a fe
 from __future__ import annotations
 
 import math
-import struct
 from typing import Any
 
 import numpy as np
@@ -32,7 +31,7 @@ import torch
 from scipy.special import lambertw
 
 from ._validate import check_nonnegative, check_positive, check_probability
-from .divergence import is_kl3_from_log_ratio, kl3_from_log_ratio
+from .divergence import _bernoulli_kl_and_slope, bernoulli_kl_of_log_ratio, is_kl3_from_log_ratio, kl3_from_log_ratio  # noqa: F401  (bernoulli_kl_of_log_ratio: re-exported)
 
 __all__ = [
     "kl3_clip_range",
@@ -44,15 +43,10 @@ __all__ = [
     "kl1_clip_range",
     "kl2_clip_range",
     "is_kl3_clip_range",
-    "bernoulli_kl_of_log_ratio",
     "trgppo_kl_range",
     "trgppo_kl_log_range",
     "trgppo_clip_range",
-    "trgppo_kl_range_table",
-    "trgppo_bound_by_sign",
     "dcpo_clip_range",
-    "dcpo_bound_by_sign",
-    "bound_by_sign",
 ]
 
 
@@ -325,37 +319,6 @@ def is_kl3_clip_range(delta: Any) -> tuple[Any, Any]:
     return (float(lo), float(hi)) if np.ndim(y_lo) == 0 else (lo, hi)
 
 
-def _bernoulli_kl_and_slope(x: Any, weight: Any, weight_other: Any) -> tuple[Any, Any]:
-    r"""``KL(Ber(p) || Ber(p e^x))`` and its slope in ``x``, where ``x`` is the log-ratio of the outcome of
-    probability ``weight`` (= p) and ``weight_other`` = 1 - p (numpy or torch).
-
-    The other outcome's log-ratio is ``x' = log((1 - p e^x) / q) = log1p(-(p / q) expm1(x))``; since
-    ``p (e^x - 1) + q (e^x' - 1) = 0`` the KL ``-p x - q x'`` equals ``p k3(x) + q k3(x')``, two non-negative terms
-    (no cancellation), and its slope is ``p expm1(x - x')``. The map is symmetric: called with ``(x', q, p)`` it is the
-    same KL as a function of ``x'`` (TRGPPO's upper root is solved that way)."""
-    xp = torch if isinstance(x, torch.Tensor) else np
-    x_other = xp.log1p(-(weight / weight_other) * xp.expm1(x))
-    kl = weight * kl3_from_log_ratio(x) + weight_other * kl3_from_log_ratio(x_other)
-    return kl, weight * xp.expm1(x - x_other)
-
-
-def bernoulli_kl_of_log_ratio(y: Any, p_old: Any) -> np.ndarray:
-    r"""Binary KL ``KL(Ber(p) || Ber(p w))`` with ``w = e^y`` (TRGPPO, Wang et al. 2019, Eq. 8): the smallest
-    full-distribution KL(pi_old || pi) compatible with the sampled action's ratio being ``w``. Defined for
-    ``w < 1/p``.
-
-    Evaluated as ``p k3(y) + q k3(y')`` (``_bernoulli_kl_and_slope``, ``y'`` the other outcome's log-ratio):
-    the textbook form ``-p y + q [log1p(-p) - log1p(-p e^y)]`` subtracts terms ~``p |y|`` to get ~``p y^2 / 2q`` and
-    lost ~``eps / |y|`` relative: TRGPPO's roots were off by up to 3e-11 in ``log l`` at delta = 1e-12
-    (``tests/test_ranges.py``, against mpmath). At ``p = 1`` it is ``-y``.
-    """
-    y = np.asarray(y, dtype=float)
-    p = np.asarray(p_old, dtype=float)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        kl, _ = _bernoulli_kl_and_slope(y, p, 1.0 - p)
-    return np.where(p < 1.0, kl, -y)
-
-
 def trgppo_kl_range(p_old: Any, delta: float) -> tuple[np.ndarray, np.ndarray]:
     """``exp`` of ``trgppo_kl_log_range`` (``l`` underflows to 0 for tiny ``p_old``, which is harmless)."""
     y_lo, y_hi = trgppo_kl_log_range(p_old, delta)
@@ -431,24 +394,6 @@ def dcpo_clip_range_from_log(
     normal (so ``0 * 1/p`` stays 0 at ``epsilon = 0``)."""
     eps_l, eps_u = _check_dcpo_parameters(epsilon_low, epsilon_high, ratio_cap)
     return _dcpo_bounds_torch(_dcpo_inverse_p(old_logp), eps_l, eps_u, ratio_cap)
-
-
-def dcpo_bound_by_sign(
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    epsilon_low: float = 0.16,
-    epsilon_high: float = 0.2,
-    ratio_cap: float = 10.0,
-) -> torch.Tensor:
-    """The one bound of ``dcpo_clip_range_from_log`` that PPO's min objective reads at each token
-    (``bound_by_sign``): ``u`` where ``advantages`` is positive, ``l`` where its sign bit is set. Bit for bit
-    the same values, at about half the work (``1/4 + e / p`` with ``e = eps_u`` or ``-eps_l`` per token)."""
-    eps_l, eps_u = _check_dcpo_parameters(epsilon_low, epsilon_high, ratio_cap)
-    with torch.no_grad():
-        negative = _sign_mask(advantages)
-        scaled = _dcpo_inverse_p(old_logp).mul_(_select_by_sign(negative, -eps_l, eps_u, old_logp.dtype))
-        cap = _select_by_sign(negative, math.inf, float(ratio_cap), old_logp.dtype)
-        return _dcpo_half_root(scaled).clamp_(max=cap)
 
 
 def _check_dcpo_parameters(epsilon_low: float, epsilon_high: float, ratio_cap: float) -> tuple[float, float]:
@@ -541,158 +486,3 @@ def trgppo_kl_log_range_torch(p_old, delta: float, max_iter: int = 60):
     y_lo = torch.where(interior, y, torch.full_like(y, -float(delta)))  # p = 1: k1 = -y <= delta
     y_hi = torch.where(interior, y_hi, torch.zeros_like(y_hi))
     return y_lo, y_hi
-
-
-# The float32 table of TRGPPO's KL bounds. Rows are indexed by the *bit pattern* of a = -log p_old as a
-# float32: within each binade [2^k, 2^(k+1)) the bits are linear in a, so the grid is uniform there
-# (2^(23 - _TABLE_SHIFT) cells per binade) and geometric across binades -- fine near p_old = 1, where
-# the bounds depend on q log q (q = 1 - p_old ~ a), and coarse where they are nearly linear in a.
-# Index and interpolation weight are exact integer operations on the input's bits.
-_TABLE_SHIFT = 12
-_TABLE_A_MIN = 2.0**-30  # p_old within 1e-9 of 1: bounds equal their p_old -> 1 limits to < 1 float32 ulp
-_TABLE_A_MAX = 128.0  # p_old < e^-128: l_KL underflows to 0 and u_KL overflows to inf, as they would exactly
-
-
-def _float32_bits(x: float) -> int:
-    return int(torch.tensor(x, dtype=torch.float32).view(torch.int32))
-
-
-_TABLE_LO_BITS, _TABLE_HI_BITS = _float32_bits(_TABLE_A_MIN), _float32_bits(_TABLE_A_MAX)
-
-
-_TABLES: dict[tuple[float, str], Any] = {}
-_TABLE_ROWS = ((_TABLE_HI_BITS - _TABLE_LO_BITS) >> _TABLE_SHIFT) + 1  # cells per bound: 75,776
-_LOG_L_FLOOR = -200.0  # log l_KL for p_old -> 0 runs to -delta / p_old; exp of anything below -104 is 0 in float32
-
-
-@torch.compiler.assume_constant_result
-def _trgppo_table(delta: float, device: str):
-    """(2, 2 R) float32: row 0 holds ``log u_KL`` at the R grid points (columns [0, R)) then ``log l_KL`` (columns
-    [R, 2 R), floored at -200), row 1 each one's difference to the next grid point. One 1-D gather per row reads a
-    cell: ~6x faster on CPU than gathering the cell's values as one row of a (R, 4) table. Cached per (delta, device);
-    a constant to ``torch.compile``."""
-    key = (delta, device)
-    if key not in _TABLES:
-        _TABLES[key] = _build_trgppo_table(delta, device)
-    return _TABLES[key]
-
-
-def _build_trgppo_table(delta: float, device: str):
-    bits = torch.arange(_TABLE_ROWS + 1, dtype=torch.int64) * (1 << _TABLE_SHIFT) + _TABLE_LO_BITS
-    a = bits.to(torch.int32).view(torch.float32).to(torch.float64)
-    y_lo, y_hi = trgppo_kl_log_range_torch(torch.exp(-a).clamp_min(1e-300), delta)
-    y = torch.cat([y_hi, y_lo.clamp(min=_LOG_L_FLOOR)]).view(2, -1)
-    table = torch.stack([y[:, :-1].reshape(-1), (y[:, 1:] - y[:, :-1]).reshape(-1)])
-    return table.to(device=device, dtype=torch.float32).contiguous()
-
-
-def _trgppo_cells(old_logp: torch.Tensor, delta: float):
-    """The table of ``delta``, and for each ``a = -log p_old`` (float32, clamped to the table's range) its cell (int32,
-    an index into the ``log u_KL`` half) and its position in the cell in [0, 1): exact integer operations on the
-    bits of ``a``."""
-    table = _trgppo_table(check_positive("delta", delta, allow_array=False), str(old_logp.device))
-    a = old_logp.detach().to(torch.float32).clamp(min=-_TABLE_A_MAX, max=-_TABLE_A_MIN).neg_()
-    offset = a.view(torch.int32).sub_(_TABLE_LO_BITS)
-    frac = (offset & ((1 << _TABLE_SHIFT) - 1)).to(torch.float32).mul_(2.0**-_TABLE_SHIFT)
-    return table, offset.bitwise_right_shift_(_TABLE_SHIFT), frac
-
-
-def _trgppo_read(table: torch.Tensor, cells: torch.Tensor, frac: torch.Tensor) -> torch.Tensor:
-    """``exp`` of the linear interpolation in ``cells`` at ``frac``: the bound itself."""
-    flat = cells.reshape(-1)
-    value = table[0].index_select(0, flat).view(cells.shape)
-    return table[1].index_select(0, flat).view(cells.shape).mul_(frac).add_(value).exp_()
-
-
-def trgppo_kl_range_table(old_logp: torch.Tensor, delta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    r"""TRGPPO's ``(l_KL, u_KL)`` for float32 ``old_logp = log p_old`` (any shape) by table lookup: no
-    root finding, no host synchronisation, compilable.
-
-    The table holds the float64 roots of ``trgppo_kl_log_range_torch`` (``log l_KL`` and ``log u_KL``) on
-    a grid in ``a = -log p_old`` that is uniform within each binade of ``a`` (2,048 cells) and is read by
-    linear interpolation; cell and weight come exactly from the float32 bits of ``a``. Accuracy against
-    the float64 roots (tests, mpmath): ``|l - l_KL| < 1e-7`` and ``|log u - log u_KL| <= 2^-23 (1 + |log
-    u_KL|) + 3e-8``, i.e. float32 rounding of ``log u_KL`` and of ``u`` itself, for every float32
-    ``log p_old <= 0``; ``u = inf`` where ``u_KL`` exceeds float32 (no ratio can reach it), ``l = 0`` where
-    ``l_KL`` is below float32's smallest subnormal. Built once per (delta, device) in ~0.1 s and cached (1.2 MB).
-    """
-    table, cells, frac = _trgppo_cells(old_logp, delta)
-    upper = _trgppo_read(table, cells, frac)
-    return _trgppo_read(table, cells.add_(_TABLE_ROWS), frac), upper
-
-
-def trgppo_bound_by_sign(
-    old_logp: torch.Tensor, advantages: torch.Tensor, delta: float = 0.07, epsilon: float = 0.2
-) -> torch.Tensor:
-    """The one bound of TRGPPO's range ``[min(l_KL, 1 - eps), max(u_KL, 1 + eps)]`` that PPO's min objective reads
-    at each token (``bound_by_sign``), from the table of ``trgppo_kl_range_table`` (same accuracy): one
-    interpolation per token instead of two (the sign of the advantage picks the table's half). Finite: where
-    ``u_KL`` exceeds float32, float32's largest value."""
-    negative = _sign_mask(advantages.detach().to(torch.float32))
-    lo, hi = _trgppo_sided_bounds(old_logp, negative, delta, epsilon)
-    return _select_by_sign(negative, lo, hi.clamp_(max=torch.finfo(torch.float32).max), torch.float32)
-
-
-@torch.no_grad()
-def _trgppo_sided_bounds(old_logp: torch.Tensor, negative: torch.Tensor, delta: float, epsilon: float):
-    """``(lo, hi) = (min(l_KL, 1 - eps), inf)`` where ``negative`` (of ``_sign_mask``) is -1 and
-    ``(-inf, max(u_KL, 1 + eps))`` where it is 0: the clamp of PPO's min objective under TRGPPO's range
-    (``atr_theory.methods.ratio_objective``), one table interpolation per token."""
-    eps = check_nonnegative("epsilon", epsilon)
-    table, cells, frac = _trgppo_cells(old_logp, delta)
-    bound = _trgppo_read(table, cells.add_(negative & _TABLE_ROWS), frac)
-    lo = _select_by_sign(negative, bound, -math.inf, torch.float32).clamp_(max=1.0 - eps)
-    return lo, _select_by_sign(negative, math.inf, bound, torch.float32).clamp_(min=1.0 + eps)
-
-
-# --------------------------------------------------------------------------------------------
-# One bound per token, chosen by the sign of the advantage
-# --------------------------------------------------------------------------------------------
-_INT_OF_FLOAT = {torch.float32: torch.int32, torch.float64: torch.int64}
-_STRUCT_OF_FLOAT = {torch.float32: ("<f", "<i"), torch.float64: ("<d", "<q")}
-
-
-def bound_by_sign(lower: torch.Tensor, upper: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
-    r"""``u`` where ``A > 0``, ``l`` where ``A < 0`` (and where ``A`` is -0.0; +0.0 takes ``u``): the only bound
-    PPO's min objective reads. For ``A > 0``, ``min(w A, clip(w, l, u) A) = min(w, u) A``; for ``A < 0`` it is
-    ``max(w, l) A``; at ``A = 0`` it is 0 whichever. Hence ``min(w A, b A)`` with this ``b`` equals PPO's
-    objective in value and gradient: ``atr_theory.ratio_objective`` given ``b`` as both bounds reads ``b`` where it
-    should. ``dcpo_bound_by_sign`` and ``trgppo_bound_by_sign`` compute it without the other bound; this
-    reference takes both (float32 or float64, broadcastable)."""
-    return torch.where(torch.signbit(advantages.detach()), lower, upper)
-
-
-def _sign_mask(x: torch.Tensor) -> torch.Tensor:
-    """-1 (all bits set) where the sign bit of float32/float64 ``x`` is set (``x < 0`` or ``-0.0``), else 0, as the
-    integer type of the same width: an arithmetic shift of the bits, no boolean tensor."""
-    if x.dtype not in _INT_OF_FLOAT:
-        raise TypeError(f"a sign mask needs a float32 or float64 tensor, got {x.dtype}")
-    return x.view(_INT_OF_FLOAT[x.dtype]) >> (8 * x.element_size() - 1)
-
-
-@torch.compiler.assume_constant_result
-def _float_bits(value: float, dtype: torch.dtype) -> int:
-    """The bit pattern of ``value`` rounded to ``dtype`` (float32 or float64), as a signed integer."""
-    float_format, int_format = _STRUCT_OF_FLOAT[dtype]
-    return struct.unpack(int_format, struct.pack(float_format, value))[0]
-
-
-def _select_by_sign(
-    mask: torch.Tensor, negative: float | torch.Tensor, positive: float | torch.Tensor, dtype: torch.dtype
-) -> torch.Tensor:
-    """``negative`` where ``mask`` (of ``_sign_mask``) is -1, ``positive`` where it is 0, exactly, as ``dtype``
-    (float32 or float64); each a number or a tensor (cast to ``dtype``, broadcast to ``mask``): the bit select
-    ``((n ^ p) & mask) ^ p`` (two or three integer passes; ``torch.where`` on a boolean is ~5x a multiply here)."""
-    n, p = _bits_of(negative, dtype), _bits_of(positive, dtype)
-    n_xor_p = n ^ p
-    if isinstance(n_xor_p, torch.Tensor) and n_xor_p.shape == torch.broadcast_shapes(n_xor_p.shape, mask.shape):
-        selected = n_xor_p.bitwise_and_(mask)  # a fresh tensor of the result's shape: no second buffer
-    else:
-        selected = torch.bitwise_and(mask, n_xor_p)
-    return selected.bitwise_xor_(p).view(dtype)
-
-
-def _bits_of(x: float | torch.Tensor, dtype: torch.dtype) -> int | torch.Tensor:
-    if isinstance(x, torch.Tensor):
-        return x.detach().to(dtype).view(_INT_OF_FLOAT[dtype])
-    return _float_bits(x, dtype)

@@ -1,5 +1,5 @@
 """The house plan holds: no import cycle, data flows one way (math -> product -> studies), no sys.path edits, no
-module of the installable packages over ~700 lines, and the project speaks of itself only."""
+module of the installable packages over 600 lines, and the project speaks of itself only."""
 
 import ast
 import re
@@ -90,10 +90,10 @@ def test_nothing_edits_sys_path():
             assert "sys.path.insert" not in path.read_text() and "sys.path.append" not in path.read_text(), path
 
 
-def test_no_installable_module_is_over_700_lines():
-    for package in ("atr_theory", "atr_llm"):
+def test_no_installable_module_is_over_600_lines():
+    for package in ("atr_theory", "atr_llm", "sims"):
         for path in (ROOT / package).rglob("*.py"):
-            assert len(path.read_text().splitlines()) <= 700, path
+            assert len(path.read_text().splitlines()) <= 600, path
 
 
 def test_the_project_speaks_of_itself_only():

@@ -252,8 +252,10 @@ def test_policy_loss_honours_kl_chunk_size(method, monkeypatch):
         return max(sizes), loss
 
     seen = []  # the chunk size the KL is computed with (tr_ppo's KL carries no gradient: nothing saved to measure)
+    from atr_theory.methods import full_distribution
+
     monkeypatch.setattr(
-        at.methods,
+        full_distribution,
         "full_kl",
         lambda a, b, chunk_size=None: seen.append(chunk_size) or at.full_kl(a, b, chunk_size=chunk_size),
     )
@@ -811,7 +813,7 @@ def test_the_min_form_is_ppos_min_objective_and_the_dual_clip(seed, dtype, bound
     yy = y.clone().requires_grad_(True)
     batch = at.TokenBatch(yy, adv, mask, zeros, zeros, "min")
     if bounds == "one bound by sign":
-        res = at.ratio_objective(batch, *(2 * (at.ranges.bound_by_sign(lower, upper, adv),)), negative_cap=cap)
+        res = at.ratio_objective(batch, *(2 * (at.token_bounds.bound_by_sign(lower, upper, adv),)), negative_cap=cap)
     else:
         res = at.ratio_objective(batch, lower, upper, negative_cap=cap)
     (grad,) = torch.autograd.grad(res.objective.sum(), yy)

@@ -189,8 +189,8 @@ def test_dcpo_range_of_a_tensor_is_the_numpy_range_and_the_defaults_are_dcpos(dt
     ):
         assert torch.equal(got, want)
     adv = torch.where(torch.arange(log_p.numel()) % 2 == 0, -1.0, 1.0).double()  # both bounds at every scale of p
-    by_sign = at.ranges.dcpo_bound_by_sign(log_p, adv, 0.16, 0.2, 10.0)
-    assert torch.equal(at.ranges.dcpo_bound_by_sign(log_p, adv), by_sign)
+    by_sign = at.token_bounds.dcpo_bound_by_sign(log_p, adv, 0.16, 0.2, 10.0)
+    assert torch.equal(at.token_bounds.dcpo_bound_by_sign(log_p, adv), by_sign)
     assert bool((by_sign > 0.5).logical_and(by_sign < 1).any())  # a lower bound above 1/2: eps_l is read
 
 
@@ -211,7 +211,7 @@ def test_dcpo_range_of_a_tensor_is_the_numpy_range_and_the_defaults_are_dcpos(dt
             "delta must be a finite number > 0, got 0.0",
         ),
         (
-            lambda: at.ranges.trgppo_kl_range_table(torch.tensor([-0.5]), -1.0),
+            lambda: at.token_bounds.trgppo_kl_range_table(torch.tensor([-0.5]), -1.0),
             "delta must be a finite number > 0, got -1.0",
         ),
     ],
@@ -614,9 +614,9 @@ def test_dcpo_bound_by_sign_is_the_selected_bound_bit_for_bit(seed, dtype, el, e
     lo, hi = at.ranges.dcpo_clip_range_from_log(old, el, eh, ratio_cap=cap)
     # the sign bit, read independently: copysign(1, -0.0) = -1
     expected = torch.where(torch.copysign(torch.ones_like(adv), adv) > 0, hi, lo)
-    got = at.ranges.dcpo_bound_by_sign(old, adv, el, eh, ratio_cap=cap)
+    got = at.token_bounds.dcpo_bound_by_sign(old, adv, el, eh, ratio_cap=cap)
     assert got.dtype == dtype and torch.equal(got, expected)
-    assert torch.equal(at.ranges.bound_by_sign(lo, hi, adv), expected)
+    assert torch.equal(at.token_bounds.bound_by_sign(lo, hi, adv), expected)
 
 
 @pytest.mark.parametrize("delta, eps", [(0.01, 0.2), (0.07, 0.2), (0.07, 0.0), (2.0, 0.5)])
@@ -625,11 +625,11 @@ def test_trgppo_bound_by_sign_is_the_selected_clipped_bound(delta, eps):
     is, and against the float64 roots: ``|b - bound| < 1e-7`` for the lower bound, float32 rounding for the upper."""
     u = float32_log_p_grid()
     adv = _signed_advantages(u.numel(), 0, torch.float32)
-    lo, hi = at.ranges.trgppo_kl_range_table(u, delta)
+    lo, hi = at.token_bounds.trgppo_kl_range_table(u, delta)
     lo, hi = lo.clamp(max=1 - eps), hi.clamp(min=1 + eps)
     positive = torch.copysign(torch.ones_like(adv), adv) > 0
     big = torch.finfo(torch.float32).max
-    got = at.ranges.trgppo_bound_by_sign(u, adv, delta, eps)
+    got = at.token_bounds.trgppo_bound_by_sign(u, adv, delta, eps)
     assert torch.equal(got, torch.where(positive, hi.clamp(max=big), lo))
     assert bool(torch.isfinite(got).all())
     y_lo, y_hi = at.ranges.trgppo_kl_log_range_torch(torch.exp(u.double()).clamp(min=1e-300), delta)
@@ -640,9 +640,9 @@ def test_trgppo_bound_by_sign_is_the_selected_clipped_bound(delta, eps):
     assert float(((got.double() - ref) / ref)[fits].abs().max()) < 2.0**-23 * (1 + float(y_hi.abs().max())) + 3e-8
     # advantages of any float dtype select the same bounds (the table is float32; rounding keeps every sign)
     for dtype in (torch.float64, torch.float16, torch.bfloat16):
-        assert torch.equal(at.ranges.trgppo_bound_by_sign(u, adv.to(dtype), delta, eps), got)
+        assert torch.equal(at.token_bounds.trgppo_bound_by_sign(u, adv.to(dtype), delta, eps), got)
     if (delta, eps) == (0.07, 0.2):  # the defaults: the paper's delta and TRGPPO's (Wang et al. 2019) epsilon
-        assert torch.equal(at.ranges.trgppo_bound_by_sign(u, adv), got)
+        assert torch.equal(at.token_bounds.trgppo_bound_by_sign(u, adv), got)
 
 
 def test_trgppo_table_reads_float64_log_probs_as_their_float32_rounding_and_needs_a_scalar_delta():
@@ -651,18 +651,18 @@ def test_trgppo_table_reads_float64_log_probs_as_their_float32_rounding_and_need
     u64 = -torch.rand(300, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 50
     adv = torch.linspace(-1, 1, 300, dtype=torch.float64)
     for got, want in zip(
-        at.ranges.trgppo_kl_range_table(u64, 0.07), at.ranges.trgppo_kl_range_table(u64.float(), 0.07)
+        at.token_bounds.trgppo_kl_range_table(u64, 0.07), at.token_bounds.trgppo_kl_range_table(u64.float(), 0.07)
     ):
         assert got.shape == (300,) and torch.equal(got, want)
-    assert torch.equal(at.ranges.trgppo_bound_by_sign(u64, adv), at.ranges.trgppo_bound_by_sign(u64.float(), adv))
-    for call in (at.ranges.trgppo_kl_range_table, lambda u, d: at.ranges.trgppo_bound_by_sign(u, adv, d)):
+    assert torch.equal(at.token_bounds.trgppo_bound_by_sign(u64, adv), at.token_bounds.trgppo_bound_by_sign(u64.float(), adv))
+    for call in (at.token_bounds.trgppo_kl_range_table, lambda u, d: at.token_bounds.trgppo_bound_by_sign(u, adv, d)):
         with pytest.raises(ValueError, match=r"^delta must be a scalar, got an array of shape \(2,\)$"):
             call(u64, np.array([0.07, 0.1]))
 
 
 def test_a_sign_mask_needs_float32_or_float64():
     with pytest.raises(TypeError, match="^a sign mask needs a float32 or float64 tensor, got torch.bfloat16$"):
-        at.ranges.dcpo_bound_by_sign(torch.tensor([-0.5]), torch.tensor([1.0], dtype=torch.bfloat16))
+        at.token_bounds.dcpo_bound_by_sign(torch.tensor([-0.5]), torch.tensor([1.0], dtype=torch.bfloat16))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -673,7 +673,7 @@ def test_select_by_sign_casts_a_tensor_of_another_dtype_as_documented(dtype):
     other = torch.float64 if dtype == torch.float32 else torch.float32
     x = torch.tensor([-0.3, 0.4, -0.0, 2.5], dtype=dtype)
     negative = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=other)
-    got = at.ranges._select_by_sign(at.ranges._sign_mask(x), negative, 7.0, dtype)
+    got = at.token_bounds._select_by_sign(at.token_bounds._sign_mask(x), negative, 7.0, dtype)
     expected = torch.where(torch.signbit(x), negative.to(dtype), torch.tensor(7.0, dtype=dtype))
     assert got.dtype == dtype and torch.equal(got, expected)
 

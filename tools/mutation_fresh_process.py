@@ -2,7 +2,7 @@
 
 mutmut 3 switches a mutant on (``MUTANT_UNDER_TEST``) in a process that has already imported the package, so a
 mutant of a function that runs only at import time -- ``atr_theory.methods.register`` (every ``@register(...)``
-decorator), ``Param.with_default`` (called in those decorators' arguments) and ``ranges._float32_bits`` (module
+decorator), ``Param.with_default`` (called in those decorators' arguments) and ``token_bounds._float32_bits`` (module
 constants) -- is never executed and always "survives". Here each such mutant is switched on *before* Python
 starts, so the registry is built by the mutated code, and the test selection of ``[tool.mutmut]`` runs against it (``-x``: the first failure kills it).
 
@@ -43,7 +43,7 @@ except ModuleNotFoundError:  # Python 3.10
 IMPORT_TIME = [
     "atr_theory.methods.x_register",
     "atr_theory.methods.xǁParamǁwith_default",
-    "atr_theory.ranges.x__float32_bits",  # module constants of the TRGPPO table's grid
+    "atr_theory.token_bounds.x__float32_bits",  # module constants of the TRGPPO table's grid
 ]
 
 

@@ -10,7 +10,7 @@ from functools import lru_cache
 
 import torch
 
-from .. import ranges
+from .. import ranges, token_bounds
 from ..registry import MethodResult, TokenBatch
 
 _RANGES = {
@@ -116,7 +116,7 @@ def ratio_objective(
       not read: see ``_dual_clip``.)
 
     ``lower``/``upper`` are floats or (B, T) tensors (per-token ranges: DCPO, TRGPPO); since a token's sign picks
-    one of them, a per-token bound computed only for that sign (``atr_theory.ranges.dcpo_bound_by_sign``) can be
+    one of them, a per-token bound computed only for that sign (``atr_theory.token_bounds.dcpo_bound_by_sign``) can be
     passed as both.
     """
     y, adv = batch.log_ratio, batch.advantages
@@ -147,9 +147,9 @@ def _bounds_by_sign(adv: torch.Tensor, lower, upper, negative_cap: float, dtype:
     """``(lo, hi)`` of ``ratio_objective``'s min form: ``(lower, negative_cap)`` where the sign bit of ``adv`` is
     set, ``(-inf, upper)`` elsewhere, as ``dtype`` tensors (bit selects for float32/float64, else ``torch.where``)."""
     if adv.dtype == dtype and dtype in (torch.float32, torch.float64):
-        negative = ranges._sign_mask(adv.detach())
-        lo = ranges._select_by_sign(negative, lower, -math.inf, dtype)
-        return lo, ranges._select_by_sign(negative, negative_cap, upper, dtype)
+        negative = token_bounds._sign_mask(adv.detach())
+        lo = token_bounds._select_by_sign(negative, lower, -math.inf, dtype)
+        return lo, token_bounds._select_by_sign(negative, negative_cap, upper, dtype)
     negative = torch.signbit(adv.detach())
     inf = _bound_tensor(math.inf, adv.to(dtype))
     lo = torch.where(negative, _bound_tensor(lower, inf), -inf)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ranges import _bernoulli_kl_and_slope
+from ..divergence import _bernoulli_kl_and_slope
 from ..registry import MethodResult, Param, TokenBatch, register
 from . import _reference as plain
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import ranges
+from .. import ranges, token_bounds
 from ..registry import MethodResult, TokenBatch, register
 from . import _reference as plain
 from ._params import DELTA, DUAL_CLIP_C, EPSILON, EPSILON_HIGH, EPSILON_LOW
@@ -125,7 +125,7 @@ def dcpo(batch: TokenBatch, epsilon_low: float, epsilon_high: float, dual_clip_c
     ``p = pi_old(token)``, ``u`` capped at ``max(c, 10)``, then the dual clip with ``c`` (as in the source)."""
     cap = max(dual_clip_c, 10.0)
     if batch.form == "min":
-        bound = ranges.dcpo_bound_by_sign(batch.old_logp, batch.advantages, epsilon_low, epsilon_high, cap)
+        bound = token_bounds.dcpo_bound_by_sign(batch.old_logp, batch.advantages, epsilon_low, epsilon_high, cap)
         return ratio_objective(batch, bound, bound, negative_cap=dual_clip_c)
     lower, upper = ranges.dcpo_clip_range_from_log(batch.old_logp.detach(), epsilon_low, epsilon_high, cap)
     return _dual_clip(ratio_objective(batch, lower, upper), batch.advantages, dual_clip_c)
@@ -143,21 +143,21 @@ def trgppo(batch: TokenBatch, delta: float, epsilon: float) -> MethodResult:
     r"""Per-token range ``[min(l_KL(p), 1-eps), max(u_KL(p), 1+eps)]`` where ``l_KL, u_KL`` are the
     extreme ratios with binary ``KL(p || p w) <= delta``, ``p = pi_old(token)``.
 
-    float32 (and lower) batches read the bounds from a table (``atr_theory.ranges.trgppo_kl_range_table``, float32
+    float32 (and lower) batches read the bounds from a table (``atr_theory.token_bounds.trgppo_kl_range_table``, float32
     accurate; in the ``min`` form only the bound the advantage's sign selects, as in
-    ``atr_theory.ranges.trgppo_bound_by_sign``); float64 batches solve for them by Newton in float64
+    ``atr_theory.token_bounds.trgppo_bound_by_sign``); float64 batches solve for them by Newton in float64
     (``atr_theory.ranges.trgppo_kl_log_range_torch``)."""
     y = batch.log_ratio
     if y.dtype != torch.float64 and batch.form == "min":
-        negative = ranges._sign_mask(batch.advantages.detach())
-        lo, hi = ranges._trgppo_sided_bounds(batch.old_logp, negative, delta, epsilon)
+        negative = token_bounds._sign_mask(batch.advantages.detach())
+        lo, hi = token_bounds._trgppo_sided_bounds(batch.old_logp, negative, delta, epsilon)
         return _clamp_objective(batch, torch.exp(y), lo, hi)
     if y.dtype == torch.float64:
         p_old = torch.exp(batch.old_logp.detach()).clamp(min=1e-300, max=1.0)
         y_lo, y_hi = ranges.trgppo_kl_log_range_torch(p_old, delta)
         lower_kl, upper_kl = torch.exp(y_lo), torch.exp(y_hi)
     else:
-        lower_kl, upper_kl = ranges.trgppo_kl_range_table(batch.old_logp, delta)
+        lower_kl, upper_kl = token_bounds.trgppo_kl_range_table(batch.old_logp, delta)
     lower = torch.clamp(lower_kl, max=1.0 - epsilon).to(y.dtype)
     upper = torch.clamp(upper_kl, min=1.0 + epsilon).to(y.dtype)
     return ratio_objective(batch, lower, upper)

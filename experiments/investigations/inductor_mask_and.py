@@ -1,6 +1,6 @@
 """Inductor's CPU code for ``&`` / ``|`` of two comparison masks, against the same logic written with ``torch.where``.
 
-The reason ``atr_theory.methods._and`` / ``_or`` / ``_and_not`` use ``torch.where`` while compiling (2026-11-26):
+The reason ``atr_theory.methods._ratio._and`` / ``_or`` / ``_and_not`` use ``torch.where`` while compiling (2026-11-26):
 on this CPU with torch 2.13, the C++ kernel of ``where((x >= a) & (x <= b), y, 0)`` on float64 converts both
 16-lane double masks to int32 one lane at a time (seen in ``perf annotate`` of the generated kernel: ``vpextrd``
 / ``vmovq`` per lane), ~10x slower than ``where(where(x >= a, x <= b, False), y, 0)``; float32 is fast either way.
