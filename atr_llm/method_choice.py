@@ -15,18 +15,16 @@ from .trl_options import (
     TRL_DELTA_RANGES,
     TRL_LOSS_TYPES,
     TRL_METHOD,
-    TRL_RULE_FIELDS,
     range_rule_with_trl_delta,
+    trl_loss_type_rule,
     trl_rule,
+    trl_rule_fields,
 )
 
 # A method parameter becomes a config field of the same name, except where TRL's GRPOConfig already has
 # a field of that name with another meaning: TRL's `delta` is its two-sided ratio clamp, the paper's
 # delta is a divergence threshold. TRL's loss options (the rule's fields, delta, the layers) are mapped in trl_options.
 CONFIG_FIELD = {"delta": "divergence_delta"}
-# TRL fields whose meaning our parameter of the same name keeps (the clip range of clip-type rules, VESPO's gamma
-# weight); their TRL default counts as "not set" (then the method's own default applies).
-SHARED_WITH_TRL = ("epsilon", "epsilon_high", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")
 _TRL_FIELDS = {f.name: f for f in dataclasses.fields(GRPOConfig)}
 
 
@@ -35,9 +33,23 @@ def config_field(param: str) -> str:
     return CONFIG_FIELD.get(param, param)
 
 
+def shared_with_trl() -> tuple[str, ...]:
+    """TRL's own GRPOConfig fields that are also method parameters (the clip range of clip-type rules, VESPO's gamma
+    weight), as each parameter declares (``atr_theory.Param.trl_field``); their TRL default counts as "not set"
+    (then the method's own default applies). Every declaration of a name must agree."""
+    declared: dict[str, set[bool]] = {}
+    for spec in at.METHODS.values():
+        for param, decl in spec.params.items():
+            declared.setdefault(config_field(param), set()).add(decl.trl_field)
+    mixed = sorted(name for name, flags in declared.items() if len(flags) > 1)
+    if mixed:
+        raise ValueError(f"parameters {mixed} are declared both with and without trl_field=True: declare them alike")
+    return tuple(name for name, flags in declared.items() if True in flags)
+
+
 def _unset_value(name: str):
     """The value of config field ``name`` that means "not set": TRL's default for a shared field, else None."""
-    return _TRL_FIELDS[name].default if name in SHARED_WITH_TRL else None
+    return _TRL_FIELDS[name].default if name in shared_with_trl() else None
 
 
 def method_config_fields() -> dict[str, dict]:
@@ -50,10 +62,12 @@ def method_config_fields() -> dict[str, dict]:
     out = {}
     for param, used_by in users.items():
         name = config_field(param)
-        if name in _TRL_FIELDS and name not in SHARED_WITH_TRL:
+        if (name in _TRL_FIELDS) != (name in shared_with_trl()):
             raise ValueError(
-                f"method parameter {param!r} collides with TRL's GRPOConfig field {name!r}: map it in CONFIG_FIELD "
-                "or, if it means the same, list it in SHARED_WITH_TRL"
+                f"method parameter {param!r} (config field {name!r}) is declared with trl_field="
+                f"{name in shared_with_trl()}, but TRL's GRPOConfig {'has' if name in _TRL_FIELDS else 'has no'} a "
+                "field of that name: map it in CONFIG_FIELD, or declare its Param with trl_field=True if it means "
+                "the same"
             )
         helps = list(dict.fromkeys(d.help for _, d in used_by))
         domains = list(dict.fromkeys(d.domain for _, d in used_by))
@@ -152,16 +166,16 @@ def check_method_config(args) -> at.ResolvedMethod:
     type, parameters set for a method that does not use them, and TRL loss options that cannot be honoured."""
     if args.loss_type not in TRL_LOSS_TYPES:
         raise ValueError(f"loss_type {args.loss_type!r} is not supported; use one of {list(TRL_LOSS_TYPES)}")
-    implied = TRL_LOSS_TYPES[args.loss_type].rule
+    implied = trl_loss_type_rule(args.loss_type)
     if implied is not None and args.method != TRL_METHOD:
-        family = [name for name, t in TRL_LOSS_TYPES.items() if t.rule is None]
+        family = [name for name in TRL_LOSS_TYPES if trl_loss_type_rule(name) is None]
         raise ValueError(
             f"method={args.method!r} with loss_type={args.loss_type!r}: that loss type is TRL's {implied} rule with "
             f"TRL's parameters; leave method unset (or 'trl') for it, or pick the aggregation of {family} to train "
             f"method {args.method!r}"
         )
     if args.method == TRL_METHOD:
-        own = set(TRL_RULE_FIELDS)
+        own = set(trl_rule_fields())
     else:
         spec = at.get_method(args.method)
         given = _given_params(args)

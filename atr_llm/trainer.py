@@ -49,7 +49,6 @@ from .fast_generation import (
 )
 from .method_choice import (  # noqa: F401  (part of this module's API: configs, tests and users import them here)
     CONFIG_FIELD,
-    SHARED_WITH_TRL,
     TRL_IMPORTANCE_SAMPLING_LEVELS,
     _is_set,
     _unset_value,
@@ -61,13 +60,13 @@ from .method_choice import (  # noqa: F401  (part of this module's API: configs,
     method_config_fields,
     method_params,
     rule_name,
+    shared_with_trl,
 )
 from .model_parts import base_model, head_snapshot, last_hidden_states, output_head
 from .trl_options import (  # noqa: F401  (trl_rule: part of this module's API)
     TRL_DELTA_RANGES,
     TRL_LOSS_TYPES,
     TRL_METHOD,
-    TRL_RULE_FIELDS,
     EntropyBonus,
     EntropyBonusField,
     default_method,
@@ -75,6 +74,7 @@ from .trl_options import (  # noqa: F401  (trl_rule: part of this module's API)
     trl_metrics,
     trl_option_layers,
     trl_rule,
+    trl_rule_fields,
 )
 from .true_kl import true_kl_summary
 

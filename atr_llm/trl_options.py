@@ -2,7 +2,9 @@
 ``atr_theory.policy_loss``, TRL's entropy bonus (static and adaptive), and TRL's metric names.
 
 The rule itself (``loss_type`` cispo / sapo / vespo, ``epsilon``, ``epsilon_high``, ``delta``) is mapped in
-``atr_llm.trainer.trl_rule``; ``tests/test_trl_options.py`` pins every option against TRL's own GRPOTrainer.
+``trl_rule``: a loss type that is a rule of its own is declared where that rule is registered (``MethodSpec.trl``,
+an ``atr_theory.TRLPeer``: the fields TRL reads, the parameters they give, TRL's metrics). ``tests/test_trl_options.py``
+pins every option against TRL's own GRPOTrainer.
 """
 
 from __future__ import annotations
@@ -15,37 +17,40 @@ import torch
 
 import atr_theory as at
 from atr_theory.layers import SequenceMask
-from atr_theory.methods.soft_weights import vespo_log_weight
+from atr_theory.registry import rule_for_trl_loss_type
 
 
 @dataclass(frozen=True)
 class TRLLossType:
-    """What one of TRL's ``loss_type`` values means here: an aggregation of ``atr_theory.AGGREGATIONS``, whether
-    TRL divides the token sum by the generation batch's token count (``num_items_in_batch``) instead, and the
-    registry rule the loss type itself is (None for the PPO-clip family, whose rule is ``method``'s)."""
+    """What one of TRL's ``loss_type`` values means here: an aggregation of ``atr_theory.AGGREGATIONS`` and whether
+    TRL divides the token sum by the generation batch's token count (``num_items_in_batch``) instead. The rule a
+    loss type is, where it is one (cispo, sapo, vespo), is declared with that rule (``trl_loss_type_rule``)."""
 
     aggregation: str
-    rule: str | None = None
     by_generation_tokens: bool = False
 
 
-# TRL 1.16's loss_type values (GRPOTrainer._compute_loss): each one's aggregation and, for cispo / sapo / vespo, rule
+# TRL 1.16's loss_type values (GRPOTrainer._compute_loss): each one's aggregation
 TRL_LOSS_TYPES = {
     "grpo": TRLLossType("seq_mean_token_mean"),
     "bnpo": TRLLossType("token_mean"),
     "dr_grpo": TRLLossType("dr_grpo"),
     "dapo": TRLLossType("token_mean", by_generation_tokens=True),
     "luspo": TRLLossType("seq_mean_token_sum"),
-    "cispo": TRLLossType("token_mean", "cispo", by_generation_tokens=True),
-    "sapo": TRLLossType("seq_mean_token_mean", "sapo"),
-    "vespo": TRLLossType("token_mean", "vespo", by_generation_tokens=True),
+    "cispo": TRLLossType("token_mean", by_generation_tokens=True),
+    "sapo": TRLLossType("seq_mean_token_mean"),
+    "vespo": TRLLossType("token_mean", by_generation_tokens=True),
 }
+
+
+def trl_loss_type_rule(loss_type: str) -> str | None:
+    """The registry rule TRL's ``loss_type`` is (its ``MethodSpec.trl``), None for the PPO-clip family (grpo, bnpo,
+    dr_grpo, dapo, luspo), whose rule is the config's ``method``."""
+    spec = rule_for_trl_loss_type(loss_type)
+    return None if spec is None else spec.name
 
 # method="trl": the registry rule TRL's GRPOTrainer applies for the config, its parameters read from TRL's fields
 TRL_METHOD = "trl"
-
-
-VESPO_FIELDS = ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")
 
 
 def trl_rule(args) -> tuple[str, dict[str, float]]:
@@ -57,15 +62,11 @@ def trl_rule(args) -> tuple[str, dict[str, float]]:
     epsilon)``; with TRL's ``delta``, ``min(min(w, delta) A, clip(w) A)``, which is ``dual_clip_higher`` with
     ``c = delta`` when ``delta >= 1 + epsilon_high``, and with the upper bound ``delta`` and ``c = 1 + epsilon_high``
     below it (tests: TRL's own loss on the same batch)."""
-    rule = TRL_LOSS_TYPES[args.loss_type].rule
+    spec = rule_for_trl_loss_type(args.loss_type)
+    if spec is not None:
+        return spec.name, spec.trl.params(args)
     eps_low = args.epsilon
     eps_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
-    if rule == "cispo":
-        return "cispo", {"epsilon_low": 1.0, "epsilon_high": eps_high - 1.0}
-    if rule == "sapo":
-        return "sapo", {"tau_pos": args.sapo_temperature_pos, "tau_neg": args.sapo_temperature_neg}
-    if rule == "vespo":
-        return "vespo", {name: getattr(args, name) for name in VESPO_FIELDS}
     delta = getattr(args, "delta", None)
     if delta is None:
         return "clip_higher", {"epsilon_low": eps_low, "epsilon_high": eps_high}
@@ -109,8 +110,11 @@ def range_rule_with_trl_delta(rule: str, params: dict[str, float], delta: float)
     return two_sided_clip(1.0 - lower, upper - 1.0, delta)
 
 
-# the TRL fields that method='trl' reads (they are not stray parameters of the rule it maps to)
-TRL_RULE_FIELDS = ("epsilon", "epsilon_high", "delta", "sapo_temperature_pos", "sapo_temperature_neg", *VESPO_FIELDS)
+def trl_rule_fields() -> tuple[str, ...]:
+    """The TRL fields that ``method='trl'`` reads (they are not stray parameters of the rule it maps to): the PPO-clip
+    family's ``epsilon``, ``epsilon_high`` and ``delta``, and every field a rule's ``TRLPeer`` reads."""
+    peers = [f for spec in at.METHODS.values() if spec.trl is not None for f in spec.trl.fields]
+    return tuple(dict.fromkeys(("epsilon", "epsilon_high", "delta", *peers)))
 
 
 def default_method(method: str | None, loss_type: str) -> str:
@@ -118,8 +122,7 @@ def default_method(method: str | None, loss_type: str) -> str:
     rule with TRL's parameters), else ``'atr'`` (the paper's rule)."""
     if method is not None:
         return method
-    implied = TRL_LOSS_TYPES.get(loss_type)
-    return TRL_METHOD if implied is not None and implied.rule is not None else "atr"
+    return TRL_METHOD if trl_loss_type_rule(loss_type) is not None else "atr"
 
 
 def trl_option_layers(args) -> dict[str, Any]:
@@ -158,8 +161,8 @@ def trl_metrics(out: at.LossOutput, advantages: torch.Tensor, token_log_ratio: t
             return float(_masked_sequence_mean(flag, m).nanmean())
         return float((flag & m).sum()) / max(int(m.sum()), 1)
 
-    rule = TRL_LOSS_TYPES[args.loss_type].rule
-    if rule is None:
+    spec = rule_for_trl_loss_type(args.loss_type)
+    if spec is None:
         low, high = out.result.clipped_low, out.result.clipped_high
         if args.method == TRL_METHOD:  # TRL's flags: on min(w, delta), against epsilon / epsilon_high
             eps_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
@@ -173,16 +176,8 @@ def trl_metrics(out: at.LossOutput, advantages: torch.Tensor, token_log_ratio: t
             "clip_ratio/low_min": float(_masked_sequence_mean(low, m).nan_to_num(math.inf).min()),
             "clip_ratio/high_max": float(_masked_sequence_mean(high, m).nan_to_num(-math.inf).max()),
         }
-    if rule == "cispo":
-        return {"cispo_clip_ratio": mean(out.result.clipped_high & (adv > 0))}
-    if rule == "vespo":
-        y = torch.where(m, token_log_ratio.detach(), 0.0)
-        params = trl_rule(args)[1]  # a rule-naming loss type always trains TRL's rule (check_method_config)
-        phi = torch.exp(vespo_log_weight(y, m, adv, *(params[k] for k in VESPO_FIELDS))).nan_to_num(0.0)
-        if phi.shape[1] == 1:  # one weight per sequence: TRL averages over sequences
-            return {"vespo/phi_seq_mean": float(phi.mean())}
-        return {"vespo/phi_seq_mean": float((phi * m).sum() / m.sum().clamp(min=1))}
-    return {}
+    # a loss type that is a rule always trains TRL's rule with TRL's parameters (check_method_config)
+    return spec.trl.metrics(out, adv, token_log_ratio, spec.trl.params(args), mean)
 
 
 class EntropyBonus:

@@ -10,11 +10,12 @@ verl's own ``agg_loss`` aggregates it with verl's ``loss_agg_mode`` and ``config
 data-parallel normalisation (global token counts, ``seq-mean-token-sum-norm``'s horizon) is exactly verl's.
 ``rollout_is_weights`` multiply the per-token objective (``token_weights``), as in verl's own losses.
 
-Parameters: verl's fields map onto ours where they mean the same thing (``VERL_FIELDS``):
-``clip_ratio_low`` / ``clip_ratio_high`` -> ``epsilon_low`` / ``epsilon_high`` (``epsilon`` when a method has one
-symmetric range: then the two must be equal; GMPO's log-space bounds too), ``clip_ratio_c`` -> ``dual_clip_c``, DPPO's
-``clip_ratio_low`` / ``clip_ratio_high`` / ``clip_ratio_c`` -> ``delta_low`` / ``delta_high`` / ``is_cap``, ``clip_cov_*`` / ``kl_cov_ratio``
-/ ``ppo_kl_coef`` -> Clip-Cov / KL-Cov's, ``tau_pos`` / ``tau_neg`` -> SAPO's. Parameters verl has no field for
+Parameters: verl's fields map onto ours where they mean the same thing, as each parameter declares where it is
+registered (``atr_theory.Param.verl``; ``config_fields_read`` lists them): ``clip_ratio_low`` / ``clip_ratio_high``
+-> ``epsilon_low`` / ``epsilon_high`` (``epsilon`` when a method has one symmetric range: then the two must be equal;
+GMPO's log-space bounds and CISPO's weight bounds too), ``clip_ratio_c`` -> ``dual_clip_c``, DPPO's
+``clip_ratio_low`` / ``clip_ratio_high`` / ``clip_ratio_c`` -> ``delta_low`` / ``delta_high`` / ``is_cap``,
+``clip_cov_*`` / ``kl_cov_ratio`` / ``ppo_kl_coef`` -> Clip-Cov / KL-Cov's, ``tau_pos`` / ``tau_neg`` -> SAPO's. Parameters verl has no field for
 (``delta``, ``alpha``, ...) go in verl's own config, so that verl's config dump records them: the policy-loss
 config class ``atr_llm.verl_config.PolicyLossConfig`` (verl's, plus one field ``atr_params``) is selected by
 ``_target_``, e.g. ``actor_rollout_ref.actor.policy_loss._target_=atr_llm.verl_config.PolicyLossConfig
@@ -42,23 +43,6 @@ import atr_theory as at
 
 PREFIX = "atr_grpo_"
 PARAMS_ENV = "ATR_GRPO_PARAMS"
-
-# our parameter -> (verl's field on the actor config or on its policy_loss sub-config)
-VERL_FIELDS: dict[str, tuple[str, str]] = {
-    "epsilon_low": ("actor", "clip_ratio_low"),
-    "epsilon_high": ("actor", "clip_ratio_high"),
-    "dual_clip_c": ("actor", "clip_ratio_c"),
-    "delta_low": ("actor", "clip_ratio_low"),  # DPPO's divergence bounds sit in verl's clip-ratio fields
-    "delta_high": ("actor", "clip_ratio_high"),
-    "is_cap": ("actor", "clip_ratio_c"),  # DPPO's truncation of the IS weight
-    "dro_beta": ("policy_loss", "dro_beta"),
-    "cov_lb": ("policy_loss", "clip_cov_lb"),
-    "cov_ub": ("policy_loss", "clip_cov_ub"),
-    "kl_coef": ("policy_loss", "ppo_kl_coef"),
-    "tau_pos": ("actor", "tau_pos"),
-    "tau_neg": ("actor", "tau_neg"),
-}
-
 
 def env_params() -> dict[str, Any]:
     """The JSON object in ``$ATR_GRPO_PARAMS`` ({} when unset); a malformed value raises naming the variable."""
@@ -134,29 +118,20 @@ def method_params(method: str, config: Any, extra: Mapping[str, Any] | None = No
     extra = {k: v for k, v in (params_for(config) if extra is None else extra).items() if k not in LAYER_KEYS}
     form = extra.pop("form", None)  # "min" (every range rule's default, atr included) or "mask"
     params: dict[str, Any] = {}
-    for name in spec.params:
+    for name, declared in spec.params.items():
         if name in extra:
             params[name] = extra.pop(name)
-        elif name == "epsilon":  # one symmetric range: verl's low and high must agree
-            lo, hi = _field(config, "actor", "clip_ratio_low"), _field(config, "actor", "clip_ratio_high")
-            if lo is not None or hi is not None:
-                lo = hi if lo is None else lo
-                hi = lo if hi is None else hi
-                if lo != hi:
-                    raise ValueError(
-                        f"method {spec.name!r} has one clip range (epsilon), but verl's clip_ratio_low={lo!r} and "
-                        f"clip_ratio_high={hi!r} differ; set them equal, or use {PREFIX}clip_higher"
-                    )
-                params[name] = lo
-        elif name == "cov_ratio":
-            key = "clip_cov_ratio" if spec.name == "clip_cov" else "kl_cov_ratio"
-            value = _field(config, "policy_loss", key)
-            if value is not None:
-                params[name] = value
-        elif name in VERL_FIELDS:
-            value = _field(config, *VERL_FIELDS[name])
-            if value is not None:
-                params[name] = value
+            continue
+        values = [_field(config, *f) for f in declared.verl]  # the fields atr_theory declares for it (Param.verl)
+        given = [v for v in values if v is not None]
+        if len(set(given)) > 1:  # one symmetric range from two fields: verl's low and high must agree
+            shown = " and ".join(f"{f[1]}={v!r}" for f, v in zip(declared.verl, values))
+            raise ValueError(
+                f"method {spec.name!r} has one parameter {name} for verl's {len(values)} fields, but {shown} differ; "
+                f"set them equal, or use a rule with a bound for each ({PREFIX}clip_higher)"
+            )
+        if given:
+            params[name] = given[0]
     if extra:
         raise ValueError(
             f"{PARAMS_ENV} / actor.policy_loss.{CONFIG_PARAMS_FIELD} sets {sorted(extra)}, which method {spec.name!r} "
@@ -206,24 +181,20 @@ def layers_once(config: Any = None) -> dict[str, Any]:
     return _LAYERS[key]
 
 
-CONFIG_FIELDS_READ = (
-    ("actor", "clip_ratio_low"),
-    ("actor", "clip_ratio_high"),
-    ("policy_loss", "clip_cov_ratio"),
-    ("policy_loss", "kl_cov_ratio"),
-    *VERL_FIELDS.values(),
-)
-"""Every verl config field ``method_params`` reads: with ``$ATR_GRPO_PARAMS`` they decide the resolved choice."""
+def config_fields_read() -> tuple[tuple[str, str], ...]:
+    """Every verl config field ``method_params`` reads (each registered parameter's ``Param.verl``), sorted: with
+    ``$ATR_GRPO_PARAMS`` they decide the resolved choice."""
+    return tuple(sorted({f for spec in at.METHODS.values() for p in spec.params.values() for f in p.verl}))
 
 _RESOLVED: dict[tuple, at.ResolvedMethod] = {}
 
 
 def resolved_once(method: str, config: Any) -> at.ResolvedMethod:
     """``method_params`` of ``method``, computed once per worker for each distinct ``atr_params`` / ``$ATR_GRPO_PARAMS`` and
-    value of the config fields it reads (``CONFIG_FIELDS_READ``): the JSON is parsed and the choice validated on
+    value of the config fields it reads (``config_fields_read``): the JSON is parsed and the choice validated on
     the first loss call, not on every one."""
     try:
-        key = (method, _params_key(config), tuple(_field(config, *f) for f in CONFIG_FIELDS_READ))
+        key = (method, _params_key(config), tuple(_field(config, *f) for f in config_fields_read()))
         hash(key)
     except TypeError:  # a config value that cannot be a key (a list): resolve every call
         return method_params(method, config)

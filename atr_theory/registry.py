@@ -29,10 +29,12 @@ __all__ = [
     "Param",
     "Relation",
     "ResolvedMethod",
+    "TRLPeer",
     "TokenBatch",
     "get_method",
     "method_names",
     "register",
+    "rule_for_trl_loss_type",
     "resolve",
     "unregister",
 ]
@@ -136,6 +138,14 @@ class Param:
     lt: float | None = None
     le: float | None = None
     help: str = ""
+    verl: tuple[tuple[str, str], ...] = ()
+    """The verl config fields this parameter is read from, each ``(section, field)`` with section ``"actor"`` (verl's
+    ``ActorConfig``) or ``"policy_loss"`` (its ``policy_loss`` sub-config); with two, they must agree (PPO's one
+    ``epsilon`` from verl's ``clip_ratio_low`` and ``clip_ratio_high``). Empty: only ``atr_params`` /
+    ``$ATR_GRPO_PARAMS`` set it (``atr_llm.verl_plugin``)."""
+    trl_field: bool = False
+    """The trainer config's field of this name is TRL's own ``GRPOConfig`` field (``epsilon``, ``epsilon_high``,
+    VESPO's four): TRL's default there means "not set" (then the rule's default applies)."""
 
     def with_default(self, default: float) -> Param:
         """The same parameter (domain, help) with another default, for a method that uses another value."""
@@ -178,6 +188,21 @@ class Relation:
 
 
 @dataclass(frozen=True)
+class TRLPeer:
+    """TRL 1.16's ``GRPOTrainer`` trains this rule for ``loss_type``: the ``GRPOConfig`` ``fields`` it reads, the rule's
+    parameters from a config (``params(config) -> {name: value}``), and the loss metrics TRL logs for it under
+    TRL's names (``metrics(out, advantages, log_ratio, params, mean) -> {name: value}``: ``out`` the
+    ``LossOutput``, ``advantages`` (B, 1) or (B, T), ``log_ratio`` the token log-ratios, ``params`` the rule's
+    parameters, ``mean`` averaging a boolean (B, T) flag as TRL does). ``tests/test_trl_options.py`` pins each
+    against TRL's own loss and metrics on the same batch."""
+
+    loss_type: str
+    fields: tuple[str, ...]
+    params: Callable[[Any], dict[str, float]]
+    metrics: Callable[..., dict[str, float]]
+
+
+@dataclass(frozen=True)
 class MethodSpec:
     """A registered method: its function, parameters, forms and reference."""
 
@@ -197,6 +222,8 @@ class MethodSpec:
     """The rule as a textbook formula, written beside the fast path and sharing no helper with it:
     ``(logp, old_logp, advantages, mask, *, <params>[, form]) -> (B, T) objective`` (``tests/test_reference.py``
     compares the two; rules without one are pinned by brute force in ``tests/test_oracles.py``)."""
+    trl: TRLPeer | None = None
+    """Where TRL ships this rule as a ``loss_type`` of its own: how its config maps onto it (``TRLPeer``)."""
 
     @property
     def defaults(self) -> dict[str, float]:
@@ -232,6 +259,7 @@ def register(
     relations: tuple[Relation, ...] = (),
     ratio_mask_gradient: bool = False,
     reference_form: Callable[..., torch.Tensor] | None = None,
+    trl: TRLPeer | None = None,
 ) -> Callable[[Callable[..., MethodResult]], Callable[..., MethodResult]]:
     """Decorator: register ``fn`` under ``name`` (and ``aliases``) in ``METHODS``.
 
@@ -266,10 +294,13 @@ def register(
             tuple(aliases),
             ratio_mask_gradient,
             reference_form,
+            trl,
         )
         for key in (name, *aliases):
             if key in METHODS:
                 raise ValueError(f"method {key!r} is already registered")
+        if trl is not None and rule_for_trl_loss_type(trl.loss_type) is not None:
+            raise ValueError(f"method {name!r}: TRL's loss_type {trl.loss_type!r} is already another rule's")
         for key in (name, *aliases):
             METHODS[key] = spec
         return fn
@@ -290,6 +321,12 @@ def get_method(name: str) -> MethodSpec:
         return METHODS[name]
     except (KeyError, TypeError):
         raise ValueError(f"unknown method {name!r}; known methods: {', '.join(sorted(METHODS))}") from None
+
+
+def rule_for_trl_loss_type(loss_type: str) -> MethodSpec | None:
+    """The registered rule TRL trains for its ``loss_type`` (``MethodSpec.trl``), None for a loss type that is only an
+    aggregation (TRL's PPO-clip family: grpo, bnpo, dr_grpo, dapo, luspo)."""
+    return next((s for s in METHODS.values() if s.trl is not None and s.trl.loss_type == loss_type), None)
 
 
 def method_names(aliases: bool = True) -> list[str]:

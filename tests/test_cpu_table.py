@@ -241,13 +241,14 @@ def test_a_checkpoint_holds_the_shorter_runs_weights_and_at_step_writes_that_run
 
     assert at["settings"]["max_steps"] == 2 and evaluations(at["rows"]) == evaluations(short["rows"])
     assert not any(k.startswith("acted_") for r in at["rows"] for k in r)  # the longer run's summary is not S steps
-    # the curves agree but for one point: a run logs its last step even off the logging interval (10 steps in
-    # cpu-table.yaml), which the longer run never logged at step 2 (at the table's steps, multiples of 10, none)
+    # the curves agree point for point: a run logs its last step even off the logging interval (10 steps in
+    # cpu-table.yaml), and the longer run logged step 2 too, because it saved a checkpoint there
+    # (atr_llm.checkpoints.LogAtEveryCheckpoint; before it, the longer run's curve lacked that point)
     with (tmp_path / "s" / "cpu_llm_curves.csv").open() as f:
         short_curve = list(csv.DictReader(f))
     with (tmp_path / "at" / "cpu_llm_curves.csv").open() as f:
         at_curve = list(csv.DictReader(f))
-    assert [p["step"] for p in short_curve] == ["2"] and at_curve == short_curve[:-1]
+    assert [p["step"] for p in short_curve] == ["2"] and at_curve == short_curve
     with pytest.raises(ValueError, match="clip seed 0 has no evaluated checkpoint at step 3 \\(it has \\[2, 4\\]\\)"):
         cpu_table.result_at_step(json.loads((long_runs / "clip-s0" / "result.json").read_text()), 3)
 

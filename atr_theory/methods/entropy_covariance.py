@@ -5,6 +5,7 @@ is largest, the tokens that drive entropy down."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
@@ -32,9 +33,17 @@ def _top_k_indices(values: torch.Tensor, k: int) -> torch.Tensor:
     "clip_cov",
     params={
         "epsilon": EPSILON,
-        "cov_ratio": COV_RATIO,
-        "cov_lb": Param(1.0, help="Clip-Cov: lower bound of the centred cov(A, log pi) of a droppable token"),
-        "cov_ub": Param(5.0, help="Clip-Cov: upper bound of the centred cov(A, log pi) of a droppable token"),
+        "cov_ratio": replace(COV_RATIO, verl=(("policy_loss", "clip_cov_ratio"),)),
+        "cov_lb": Param(
+            1.0,
+            help="Clip-Cov: lower bound of the centred cov(A, log pi) of a droppable token",
+            verl=(("policy_loss", "clip_cov_lb"),),
+        ),
+        "cov_ub": Param(
+            5.0,
+            help="Clip-Cov: upper bound of the centred cov(A, log pi) of a droppable token",
+            verl=(("policy_loss", "clip_cov_ub"),),
+        ),
     },
     relations=(Relation("cov_lb < cov_ub", lambda p: p["cov_lb"] < p["cov_ub"]),),
     default_form="min",
@@ -91,8 +100,13 @@ def kl_cov_reference(logp, old_logp, advantages, mask, *, cov_ratio, kl_coef):
     "kl_cov",
     reference_form=kl_cov_reference,
     params={
-        "cov_ratio": COV_RATIO.with_default(2e-3),
-        "kl_coef": Param(1.0, ge=0, help="KL-Cov: coefficient of the |log w| penalty on the selected tokens"),
+        "cov_ratio": replace(COV_RATIO, default=2e-3, verl=(("policy_loss", "kl_cov_ratio"),)),
+        "kl_coef": Param(
+            1.0,
+            ge=0,
+            help="KL-Cov: coefficient of the |log w| penalty on the selected tokens",
+            verl=(("policy_loss", "ppo_kl_coef"),),
+        ),
     },
     default_form="none",
     forms=("none",),

@@ -80,8 +80,19 @@ def gmpo_reference(logp, old_logp, advantages, mask, *, epsilon_low, epsilon_hig
     "gmpo",
     reference_form=gmpo_reference,
     params={
-        "epsilon_low": Param(0.4, ge=0, help="GMPO: for A < 0 each log w_t is clipped below at -epsilon_low"),
-        "epsilon_high": Param(0.4, ge=0, help="GMPO: for A > 0 each log w_t is clipped above at epsilon_high"),
+        "epsilon_low": Param(
+            0.4,
+            ge=0,
+            help="GMPO: for A < 0 each log w_t is clipped below at -epsilon_low",
+            verl=(("actor", "clip_ratio_low"),),
+        ),
+        "epsilon_high": Param(
+            0.4,
+            ge=0,
+            help="GMPO: for A > 0 each log w_t is clipped above at epsilon_high",
+            verl=(("actor", "clip_ratio_high"),),
+            trl_field=True,
+        ),
     },
     default_form="min",
     forms=("min",),

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from ..registry import MethodResult, Param, TokenBatch, _no_clip, register
+from ..registry import MethodResult, Param, TokenBatch, TRLPeer, _no_clip, register
 from . import _reference as plain
 
 __all__ = ["cispo", "sapo", "vespo", "vespo_log_weight"]
@@ -26,15 +26,26 @@ def sapo_reference(logp, old_logp, advantages, mask, *, tau_pos, tau_neg):
     return torch.sigmoid(tau * (w - 1)) * 4 / tau * adv
 
 
+def _sapo_from_trl(config) -> dict[str, float]:
+    """TRL's ``loss_type='sapo'``: its ``sapo_temperature_pos`` / ``_neg`` are ``tau_pos`` / ``tau_neg``."""
+    return {"tau_pos": config.sapo_temperature_pos, "tau_neg": config.sapo_temperature_neg}
+
+
+def _no_trl_metrics(out, advantages, log_ratio, params, mean) -> dict[str, float]:
+    """TRL logs no loss metric of its own for this rule."""
+    return {}
+
+
 @register(
     "sapo",
     reference_form=sapo_reference,
     params={
-        "tau_pos": Param(1.0, gt=0, help="SAPO gate temperature for tokens with A > 0"),
-        "tau_neg": Param(1.05, gt=0, help="SAPO gate temperature for tokens with A <= 0"),
+        "tau_pos": Param(1.0, gt=0, help="SAPO gate temperature for tokens with A > 0", verl=(("actor", "tau_pos"),)),
+        "tau_neg": Param(1.05, gt=0, help="SAPO gate temperature for tokens with A <= 0", verl=(("actor", "tau_neg"),)),
     },
     default_form="soft",
     forms=("soft",),
+    trl=TRLPeer("sapo", ("sapo_temperature_pos", "sapo_temperature_neg"), _sapo_from_trl, _no_trl_metrics),
     reference="Gao et al. 2025 (SAPO, arXiv 2511.20347); TRL loss_type 'sapo'; verl 'sapo'",
 )
 def sapo(batch: TokenBatch, tau_pos: float, tau_neg: float) -> MethodResult:
@@ -55,19 +66,40 @@ def cispo_reference(logp, old_logp, advantages, mask, *, epsilon_low, epsilon_hi
     return torch.clamp(w, 1 - epsilon_low, 1 + epsilon_high).detach() * adv * logp
 
 
+def _cispo_from_trl(config) -> dict[str, float]:
+    """TRL's ``loss_type='cispo'`` caps the detached weight at its ``epsilon_high`` (else its ``epsilon``) and has no
+    lower bound: ``epsilon_low = 1``, ``epsilon_high = cap - 1``."""
+    cap = config.epsilon_high if config.epsilon_high is not None else config.epsilon
+    return {"epsilon_low": 1.0, "epsilon_high": cap - 1.0}
+
+
+def _cispo_trl_metrics(out, advantages, log_ratio, params, mean) -> dict[str, float]:
+    """TRL's ``cispo_clip_ratio``: the tokens with ``A > 0`` whose weight the cap truncated."""
+    return {"cispo_clip_ratio": mean(out.result.clipped_high & (advantages > 0))}
+
+
 @register(
     "cispo",
     reference_form=cispo_reference,
     params={
         "epsilon_low": Param(
-            0.2, ge=0, le=1, help="CISPO: the IS weight is at least 1 - epsilon_low (1: no lower bound)"
+            0.2,
+            ge=0,
+            le=1,
+            help="CISPO: the IS weight is at least 1 - epsilon_low (1: no lower bound)",
+            verl=(("actor", "clip_ratio_low"),),
         ),
         "epsilon_high": Param(
-            0.2, gt=-1, help="CISPO: the IS weight is at most 1 + epsilon_high (TRL's epsilon_high is that cap itself)"
+            0.2,
+            gt=-1,
+            help="CISPO: the IS weight is at most 1 + epsilon_high (TRL's epsilon_high is that cap itself)",
+            verl=(("actor", "clip_ratio_high"),),
+            trl_field=True,
         ),
     },
     default_form="soft",
     forms=("soft",),
+    trl=TRLPeer("cispo", ("epsilon", "epsilon_high"), _cispo_from_trl, _cispo_trl_metrics),
     reference="MiniMax 2025 (MiniMax-M1, arXiv 2506.13585), CISPO; TRL loss_type 'cispo' (cap only); verl 'cispo'",
 )
 def cispo(batch: TokenBatch, epsilon_low: float, epsilon_high: float) -> MethodResult:
@@ -121,15 +153,35 @@ def vespo_reference(
     return big_w**k * torch.exp(lam * (1 - big_w)) * adv * logp
 
 
+_VESPO_PARAMS = {  # TRL's GRPOConfig fields of the same names
+    "vespo_k_pos": Param(2.0, ge=0, help="VESPO: exponent k of the gamma weight for A >= 0", trl_field=True),
+    "vespo_lambda_pos": Param(3.0, gt=0, help="VESPO: rate lambda of the gamma weight for A >= 0", trl_field=True),
+    "vespo_k_neg": Param(3.0, ge=0, help="VESPO: exponent k of the gamma weight for A < 0", trl_field=True),
+    "vespo_lambda_neg": Param(2.0, gt=0, help="VESPO: rate lambda of the gamma weight for A < 0", trl_field=True),
+}
+
+
+def _vespo_from_trl(config) -> dict[str, float]:
+    """TRL's ``loss_type='vespo'``: its four ``vespo_*`` fields are the rule's parameters."""
+    return {name: getattr(config, name) for name in _VESPO_PARAMS}
+
+
+def _vespo_trl_metrics(out, advantages, log_ratio, params, mean) -> dict[str, float]:
+    """TRL's ``vespo/phi_seq_mean``: the mean gamma weight, over sequences when there is one weight per sequence,
+    else over valid tokens."""
+    m = out.mask
+    y = torch.where(m, log_ratio.detach(), 0.0)
+    phi = torch.exp(vespo_log_weight(y, m, advantages, *(params[k] for k in _VESPO_PARAMS))).nan_to_num(0.0)
+    if phi.shape[1] == 1:
+        return {"vespo/phi_seq_mean": float(phi.mean())}
+    return {"vespo/phi_seq_mean": float((phi * m).sum() / m.sum().clamp(min=1))}
+
+
 @register(
     "vespo",
     reference_form=vespo_reference,
-    params={
-        "vespo_k_pos": Param(2.0, ge=0, help="VESPO: exponent k of the gamma weight for A >= 0"),
-        "vespo_lambda_pos": Param(3.0, gt=0, help="VESPO: rate lambda of the gamma weight for A >= 0"),
-        "vespo_k_neg": Param(3.0, ge=0, help="VESPO: exponent k of the gamma weight for A < 0"),
-        "vespo_lambda_neg": Param(2.0, gt=0, help="VESPO: rate lambda of the gamma weight for A < 0"),
-    },
+    params=_VESPO_PARAMS,
+    trl=TRLPeer("vespo", tuple(_VESPO_PARAMS), _vespo_from_trl, _vespo_trl_metrics),
     default_form="soft",
     forms=("soft",),
     reference="VESPO (variational sequence-level soft policy optimisation); TRL loss_type 'vespo'",

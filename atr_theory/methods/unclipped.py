@@ -33,6 +33,7 @@ def reinforce(batch: TokenBatch) -> MethodResult:
     return _no_clip(batch.advantages * batch.logp, batch)
 
 
+# --8<-- [start:dro]  (docs/adding-a-rule.md shows the rule from here)
 def dro_reference(logp, old_logp, advantages, mask, *, dro_beta):
     """DRO (Richemond et al. 2024): ``A log pi - beta / 2 (log pi - log pi_old)^2``."""
     _, adv = plain.ratio_and_advantages(logp, old_logp, advantages, mask)
@@ -42,7 +43,14 @@ def dro_reference(logp, old_logp, advantages, mask, *, dro_beta):
 @register(
     "dro",
     reference_form=dro_reference,
-    params={"dro_beta": Param(0.1, gt=0, help="DRO: weight of the quadratic log-ratio penalty (verl dro_beta)")},
+    params={
+        "dro_beta": Param(
+            0.1,
+            gt=0,
+            help="DRO: weight of the quadratic log-ratio penalty (verl dro_beta)",
+            verl=(("policy_loss", "dro_beta"),),
+        )
+    },
     default_form="none",
     forms=("none",),
     reference="Richemond et al. 2024 (DRO, arXiv 2405.19107); verl 'dro'",
@@ -52,3 +60,4 @@ def dro(batch: TokenBatch, dro_beta: float) -> MethodResult:
     penalty on the log-ratio instead of a clip (its gradient ``(A - beta log w) grad log pi``); every token is
     kept."""
     return _no_clip(batch.advantages * batch.logp - 0.5 * dro_beta * batch.log_ratio.square(), batch)
+# --8<-- [end:dro]
