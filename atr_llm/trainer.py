@@ -239,6 +239,20 @@ class ATRLossMixin:
 
     # ---- the loss -------------------------------------------------------------------------------
     def _compute_loss(self, model, inputs):
+        """TRL's loss hook, in four steps: the policy's log-probs of the completions (``_loss_inputs``), the rule
+        (``_policy_loss``: ``atr_theory.policy_loss`` and TRL's reference-model KL), TRL's normalisation and the
+        entropy bonus / router loss (``_trl_normalised``), and the step's metrics (``_log_loss_metrics``)."""
+        batch = self._loss_inputs(model, inputs)
+        out, loss, per_token_kl = self._policy_loss(inputs, batch)
+        loss = self._trl_normalised(loss, inputs, batch, out)
+        self._log_loss_metrics(model, inputs, batch, out, per_token_kl)
+        return loss
+
+    def _loss_inputs(self, model, inputs) -> dict:
+        """The completion's mask, the policy's per-token log-probs and entropies (from hidden states, chunked, for a
+        rule that needs the full distributions), the old log-probs (this forward's, detached, when TRL kept none:
+        then kept for the batch's later iterations where ``old_logps_from_first_use`` allows), vLLM's importance
+        weights and a Mixture-of-Experts model's router loss."""
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
@@ -281,16 +295,31 @@ class ATRLossMixin:
         token_weights = None
         if self.use_vllm and self.vllm_importance_sampling_correction:
             token_weights = inputs["importance_sampling_ratio"].expand_as(per_token_logps)
+        return dict(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            mask=mask,
+            logp=per_token_logps,
+            old_logp=old_per_token_logps,
+            entropies=entropies,
+            aux_loss=aux_loss,
+            full_kw=full_kw,
+            token_weights=token_weights,
+        )
 
-        args = self.args
-        trl_loss = TRL_LOSS_TYPES[self.loss_type]
-        aggregation = trl_loss.aggregation
+    def _policy_loss(self, inputs, batch: dict):
+        """``atr_theory.policy_loss`` with the rule resolved when the config was built, TRL's loss type's aggregation
+        and TRL's loss options as layers; plus TRL's k3 penalty towards the reference model (``beta``), aggregated
+        the same way. Returns the ``LossOutput``, the loss and the per-token KL (None without ``beta``)."""
+        args, mask = self.args, batch["mask"]
+        per_token_logps, old_per_token_logps = batch["logp"], batch["old_logp"]
+        aggregation = TRL_LOSS_TYPES[self.loss_type].aggregation
         max_length = self.max_completion_length if aggregation == "dr_grpo" else None  # only dr_grpo uses it
         layers = trl_option_layers(args)
         if "sequence_mask" in layers:  # OPSM reads the sampling policy's log-probs where vLLM gave them (as TRL)
             layers["behaviour_logp"] = inputs.get("sampling_per_token_logps", old_per_token_logps)
         if args.top_entropy_quantile < 1.0:
-            layers.update(entropies=entropies, top_entropy_quantile=args.top_entropy_quantile)
+            layers.update(entropies=batch["entropies"], top_entropy_quantile=args.top_entropy_quantile)
         out = at.policy_loss(
             per_token_logps,
             old_per_token_logps,
@@ -300,9 +329,9 @@ class ATRLossMixin:
             aggregation=aggregation,
             max_length=max_length,
             generator=self._method_generator,
-            token_weights=token_weights,
+            token_weights=batch["token_weights"],
             **layers,
-            **full_kw,
+            **batch["full_kw"],
         )
         loss = out.loss
         per_token_kl = None
@@ -315,10 +344,15 @@ class ATRLossMixin:
                     log_ratio = at.layers.sequence_log_ratio(log_ratio, mask)
                 per_token_kl = per_token_kl * torch.exp(log_ratio)
             loss = loss + self.beta * at.aggregate(per_token_kl, mask.bool(), aggregation, max_length)
+        return out, loss, per_token_kl
 
+    def _trl_normalised(self, loss, inputs, batch: dict, out):
+        """The loss as TRL's GRPOTrainer scales it: by the generation batch's token count for the loss types that
+        divide by it, else by the accumulation steps; then TRL's entropy bonus and a router loss."""
+        args, mask = self.args, batch["mask"]
         mode = "train" if self.model.training else "eval"
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-        if trl_loss.by_generation_tokens:  # TRL: token sum over the whole generation batch's token count
+        if TRL_LOSS_TYPES[self.loss_type].by_generation_tokens:  # TRL: token sum over the generation batch's count
             normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
             if mode == "train":
                 normalizer = normalizer * self.current_gradient_accumulation_steps / args.steps_per_generation
@@ -331,13 +365,21 @@ class ATRLossMixin:
         if self._entropy_bonus is not None:
             effective = mask.bool() if "entropy_mask" not in out.dropped else mask.bool() & ~out.dropped["entropy_mask"]
             metrics["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
-            loss = loss - self._entropy_bonus.term(entropies, effective, accumulation, self.accelerator, mode)
+            loss = loss - self._entropy_bonus.term(batch["entropies"], effective, accumulation, self.accelerator, mode)
             if mode == "train" and self.accelerator.sync_gradients:
                 metrics["entropy_coef"].append(self._entropy_bonus.coef)
+        aux_loss = batch["aux_loss"]
         if aux_loss is not None:  # a Mixture-of-Experts model's router loss, as TRL adds it
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
             metrics["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss.detach()).mean().item())
+        return loss
 
+    def _log_loss_metrics(self, model, inputs, batch: dict, out, per_token_kl) -> None:
+        """The step's entropy, reference KL, the rule's ``clip/*`` metrics, TRL's loss metrics under TRL's names and
+        (``measure_true_kl``) the true KL, each averaged over processes."""
+        args, mask, entropies = self.args, batch["mask"], batch["entropies"]
+        per_token_logps, old_per_token_logps = batch["logp"], batch["old_logp"]
+        metrics = self._metrics["train" if self.model.training else "eval"]
         n_tok = mask.sum().clamp(min=1.0)
         metrics["entropy"].append(self.accelerator.gather((entropies * mask).sum() / n_tok).nanmean().item())
         if per_token_kl is not None:
@@ -346,7 +388,15 @@ class ATRLossMixin:
         local_metrics.update(trl_metrics(out, inputs["advantages"], per_token_logps - old_per_token_logps, args))
         if args.measure_true_kl and inputs.get("true_kl_old_hidden") is not None:
             local_metrics.update(
-                self._true_kl_metrics(model, inputs, input_ids, attention_mask, out, per_token_logps, old_per_token_logps)
+                self._true_kl_metrics(
+                    model,
+                    inputs,
+                    batch["input_ids"],
+                    batch["attention_mask"],
+                    out,
+                    per_token_logps,
+                    old_per_token_logps,
+                )
             )
         keys = list(local_metrics)
         local = torch.tensor([local_metrics[k] for k in keys], dtype=torch.float32, device=self.accelerator.device)
@@ -355,7 +405,6 @@ class ATRLossMixin:
         for key, value in zip(keys, across.tolist()):
             if math.isfinite(value):
                 metrics[key].append(value)
-        return loss
 
     def _true_kl_metrics(self, model, inputs, input_ids, attention_mask, out, logp, old_logp) -> dict[str, float]:
         """``atr_llm.true_kl.true_kl_summary`` of this loss call: the current policy's hidden states (one no-grad
