@@ -142,7 +142,7 @@ class Param:
     """The verl config fields this parameter is read from, each ``(section, field)`` with section ``"actor"`` (verl's
     ``ActorConfig``) or ``"policy_loss"`` (its ``policy_loss`` sub-config); with two, they must agree (PPO's one
     ``epsilon`` from verl's ``clip_ratio_low`` and ``clip_ratio_high``). Empty: only ``atr_params`` /
-    ``$ATR_GRPO_PARAMS`` set it (``atr_llm.verl_plugin``)."""
+    ``$ATR_GRPO_PARAMS`` set it (``atr_llm.verl.plugin``)."""
     trl_field: bool = False
     """The trainer config's field of this name is TRL's own ``GRPOConfig`` field (``epsilon``, ``epsilon_high``,
     VESPO's four): TRL's default there means "not set" (then the rule's default applies)."""

@@ -339,7 +339,7 @@ def test_the_sims_scripts_refuse_bad_input(tmp_path, module, argv, match):
         ["-m", "atr_llm.train", "--config", "{out}/missing.yaml"],
         ["-m", "atr_llm.train", "--config", "atr_llm/configs/cpu-tiny.yaml", "--learning_rate", "-1e-4"],
         ["-m", "atr_llm.train", "--config", "atr_llm/configs/cpu-tiny.yaml", "--max_steps", "abc"],
-        ["-m", "atr_llm.verl_data", "--out", "{out}", "--local", "aime24=/nonexistent.jsonl"],
+        ["-m", "atr_llm.verl.data", "--out", "{out}", "--local", "aime24=/nonexistent.jsonl"],
         ["-m", "sims.entropy_diff", "--quick", "--seed", "99999999999999999999", "--out", "{out}"],
         ["sims/clip_ranges.py", "--delta", "-1", "--out", "{out}"],
         ["-m", "benchmarks.loss_overhead", "--device", "gpu", "--out", "{out}/b.json"],

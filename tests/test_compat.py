@@ -139,7 +139,7 @@ def test_verl_parameters_are_parsed_and_resolved_once_per_worker(monkeypatch):
     import json
     from types import SimpleNamespace
 
-    from atr_llm import verl_plugin
+    from atr_llm.verl import plugin as verl_plugin
 
     monkeypatch.setenv(verl_plugin.PARAMS_ENV, '{"delta": 0.05}')
     parsed = []

@@ -4,6 +4,7 @@ module of the installable packages over 600 lines, and the project speaks of its
 import ast
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,3 +121,25 @@ def test_importing_the_packages_leaves_the_environment_alone():
     )
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT, check=True)
     assert json.loads(res.stdout.strip().splitlines()[-1]) is True
+
+
+def test_importing_an_installable_module_patches_no_library():
+    """Every module of the installable packages, imported in a fresh process, leaves
+    ``torch.distributed.init_process_group`` as it was (the verl CPU support replaces it only when its ``register()``
+    is called, by the end-to-end test's hook in tests/verl_support/)."""
+    script = (
+        "import importlib, pkgutil, torch.distributed as dist\n"
+        "before = dist.init_process_group\n"
+        "import atr_theory, atr_llm, sims\n"
+        "names = [i.name for p in (atr_theory, atr_llm, sims) for i in pkgutil.walk_packages(p.__path__, p.__name__ + '.')]\n"
+        "for name in names:\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except ImportError:\n"
+        "        pass  # an optional extra (vllm, unsloth, verl) is not installed here\n"
+        "assert dist.init_process_group is before\n"
+        "assert 'atr_llm.verl.cpu' in names and 'atr_llm.verl.plugin' in names\n"
+        "print('OK', len(names))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]

@@ -72,7 +72,7 @@ def test_the_trainers_config_and_the_presets_train_the_min_form_and_the_mask_for
 def test_verls_atr_loss_trains_the_min_form_and_takes_the_mask_form_from_its_params(monkeypatch):
     from types import SimpleNamespace
 
-    from atr_llm import verl_plugin
+    from atr_llm.verl import plugin as verl_plugin
 
     def actor(atr_params=None):
         return SimpleNamespace(

@@ -1,4 +1,4 @@
-"""``atr_llm.verl_cpu``'s pieces that run without verl, and the verl plugin's parameter sources.
+"""``atr_llm.verl.cpu``'s pieces that run without verl, and the verl plugin's parameter sources.
 
 The rollout's log-probabilities are checked against an independent forward pass of the whole sampled sequence
 (the quantity verl's actor recomputes as ``old_log_prob``): log softmax(z / T) for vLLM's ``processed_logprobs``,
@@ -7,12 +7,14 @@ log softmax(z) for ``raw_logprobs``. verl itself (Ray, its trainers) runs in ``t
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from atr_llm import verl_cpu, verl_plugin
+from atr_llm.verl import cpu as verl_cpu
+from atr_llm.verl import plugin as verl_plugin
 
 
 @pytest.fixture(scope="module")
@@ -97,9 +99,11 @@ def test_backend_string_keeps_one_entry_per_device(backend, expected):
     assert verl_cpu._dedupe_backend(backend) == expected
 
 
-def test_cpu_environment_loads_the_module_in_every_verl_process():
-    env = verl_cpu.environment()
-    assert env == {"VERL_USE_EXTERNAL_MODULES": "atr_llm.verl_cpu", "VERL_PLATFORM": "cpu"}
+def test_cpu_environment_loads_the_hook_module_in_every_verl_process():
+    env = verl_cpu.environment("atr_grpo_verl_cpu_hook")
+    assert env == {"VERL_USE_EXTERNAL_MODULES": "atr_grpo_verl_cpu_hook", "VERL_PLATFORM": "cpu"}
+    hook = Path(__file__).with_name("verl_support") / "atr_grpo_verl_cpu_hook.py"
+    assert "cpu.register()" in hook.read_text()  # the test's hook registers; atr_llm.verl.cpu itself does not
     assert f"actor_rollout_ref.rollout.name={verl_cpu.ROLLOUT_NAME}" in verl_cpu.CPU_OVERRIDES
 
 

@@ -1,4 +1,4 @@
-"""atr_llm.verl_data: our loaders -> verl's parquet schema, and the verl reward function (math-verify)."""
+"""atr_llm.verl.data: our loaders -> verl's parquet schema, and the verl reward function (math-verify)."""
 
 import json
 import re
@@ -6,7 +6,7 @@ import re
 import pyarrow.parquet as pq
 import pytest
 
-from atr_llm import verl_data
+from atr_llm.verl import data as verl_data
 
 
 def _write(path, rows):
@@ -93,7 +93,7 @@ def test_verl_reward_grades_the_same_from_verls_reward_threads(solution, gold, s
     ],
 )
 def test_bad_arguments_are_refused_before_anything_is_written(tmp_path, argv, message, capsys):
-    from atr_llm import verl_data
+    from atr_llm.verl import data as verl_data
 
     out = tmp_path / "out"
     with pytest.raises((ValueError, SystemExit)) as refused:
@@ -104,7 +104,7 @@ def test_bad_arguments_are_refused_before_anything_is_written(tmp_path, argv, me
 
 
 def test_a_local_file_for_a_source_not_exported_is_refused(tmp_path):
-    from atr_llm import verl_data
+    from atr_llm.verl import data as verl_data
 
     f = tmp_path / "x.jsonl"
     f.write_text("{}\n")

@@ -1,17 +1,17 @@
 """verl 0.9.1 end to end on a CPU: ``python -m verl.trainer.main_ppo`` trains a tiny Qwen3 with this package's loss.
 
 Runs where verl, Ray and TransferQueue are importable (``make test-verl-e2e`` builds that environment); skipped
-elsewhere. What verl lacks on a CPU (a platform, a rollout server) comes from ``atr_llm.verl_cpu`` through verl's own
+elsewhere. What verl lacks on a CPU (a platform, a rollout server) comes from ``atr_llm.verl.cpu`` through verl's own
 registries; verl itself is not edited. Each run: Ray started locally by verl, the tiny Qwen3 of ``atr_llm.tiny``
 after 400 SFT steps on the arithmetic task (so that some completions are right and GRPO's advantages are not all
-0), data written by ``python -m atr_llm.verl_data --train arithmetic --tests arithmetic``, the project's reward
-(``reward.custom_reward_function.path=pkg://atr_llm.verl_data``), 2 GRPO steps of 2 prompts x 4 completions with
+0), data written by ``python -m atr_llm.verl.data --train arithmetic --tests arithmetic``, the project's reward
+(``reward.custom_reward_function.path=pkg://atr_llm.verl.data``), 2 GRPO steps of 2 prompts x 4 completions with
 2 updates per generated batch (``ppo_epochs=2``, so the ratio moves and the trust region can act).
 
 A run fails here if verl's trainer does not finish, if our loss is not what verl called (its ``actor/atr_*``
 metrics are missing), if a parameter set outside verl (``$ATR_GRPO_PARAMS`` through Ray's ``runtime_env``) or in
 verl's config (``policy_loss.atr_params``, or verl's own ``clip_ratio_*``) is not the one the workers used, if a
-dumped rollout's score is not ``atr_llm.verl_data.compute_score`` of its text, or if the saved weights equal the
+dumped rollout's score is not ``atr_llm.verl.data.compute_score`` of its text, or if the saved weights equal the
 initial ones. Both of verl's trainers: the legacy ``RayPPOTrainer`` (``trainer.use_v1=False``) and v1.
 
 The documented recipe (docs/trainer.md, "verl") is checked here too: its overrides compose against verl's own
@@ -55,7 +55,7 @@ def workdir(tmp_path_factory) -> Path:
     model.save_pretrained(root / "model")
     tokenizer.save_pretrained(root / "model")
     out = subprocess.run(
-        [sys.executable, "-m", "atr_llm.verl_data", "--out", str(root / "data"), "--train", "arithmetic",
+        [sys.executable, "-m", "atr_llm.verl.data", "--out", str(root / "data"), "--train", "arithmetic",
          "--tests", "arithmetic"],
         capture_output=True, text=True, cwd=ROOT,
     )  # fmt: skip
@@ -64,7 +64,7 @@ def workdir(tmp_path_factory) -> Path:
 
 
 def _overrides(root: Path, run: str, method: str, v1: bool) -> list[str]:
-    from atr_llm.verl_cpu import CPU_OVERRIDES
+    from atr_llm.verl.cpu import CPU_OVERRIDES
 
     return [
         "algorithm.adv_estimator=grpo",
@@ -84,7 +84,7 @@ def _overrides(root: Path, run: str, method: str, v1: bool) -> list[str]:
         "actor_rollout_ref.rollout.n=4",  # 16 scored rollouts: all-equal scores have probability ~3e-4
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
-        "reward.custom_reward_function.path=pkg://atr_llm.verl_data",
+        "reward.custom_reward_function.path=pkg://atr_llm.verl.data",
         "reward.custom_reward_function.name=compute_score",
         *CPU_OVERRIDES,
         f"trainer.use_v1={v1}",
@@ -103,11 +103,14 @@ def _overrides(root: Path, run: str, method: str, v1: bool) -> list[str]:
 def run_verl(root: Path, run: str, method: str, v1: bool, extra: list[str]) -> dict:
     """``python -m verl.trainer.main_ppo`` with the CPU support loaded; returns its metrics per step, its dumped
     rollouts, its checkpoint folder and its output."""
-    from atr_llm.verl_cpu import environment
+    from atr_llm.verl.cpu import environment
 
     (root / run).mkdir()
     metrics_file = root / run / "metrics.jsonl"
-    env = {**os.environ, **environment(), "VERL_FILE_LOGGER_PATH": str(metrics_file), "RAY_DEDUP_LOGS": "0"}
+    hooks = str(ROOT / "tests" / "verl_support")  # atr_grpo_verl_cpu_hook: registers the CPU support on import
+    path = os.pathsep.join(p for p in (hooks, os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, **environment("atr_grpo_verl_cpu_hook"), "PYTHONPATH": path}
+    env.update({"VERL_FILE_LOGGER_PATH": str(metrics_file), "RAY_DEDUP_LOGS": "0"})
     env.pop("ATR_GRPO_PARAMS", None)  # parameters reach the workers only as each case passes them
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *_overrides(root, run, method, v1), *extra]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=root / run, env=env, timeout=900)
@@ -136,7 +139,7 @@ CASES = {
         "atr",
         True,
         [
-            "actor_rollout_ref.actor.policy_loss._target_=atr_llm.verl_config.PolicyLossConfig",
+            "actor_rollout_ref.actor.policy_loss._target_=atr_llm.verl.config.PolicyLossConfig",
             "+actor_rollout_ref.actor.policy_loss.atr_params={delta:0.05}",
         ],
         {"actor/atr_param_delta": 0.05},
@@ -156,14 +159,14 @@ CASES = {
 def test_verl_trains_with_the_plugin_loss_on_cpu(workdir, case):
     from safetensors.torch import load_file
 
-    from atr_llm.verl_data import compute_score
+    from atr_llm.verl.data import compute_score
 
     method, v1, extra, expected_params = CASES[case]
     result = run_verl(workdir, case, method, v1, extra)
     metrics = result["metrics"]
     assert sorted(metrics) == [1, 2], f"steps logged: {sorted(metrics)}"
 
-    # our loss ran on every step (only atr_llm.verl_plugin reports actor/atr_*), with the parameters passed
+    # our loss ran on every step (only atr_llm.verl.plugin reports actor/atr_*), with the parameters passed
     for step, m in metrics.items():
         assert m.get("actor/atr_n_tokens", 0) > 0, f"step {step}: no actor/atr_* metrics, the plugin loss did not run"
         for key, value in expected_params.items():
@@ -228,11 +231,11 @@ def test_documented_recipe_uses_keys_verl_reads_and_passes_its_validation():
     assert actor.policy_loss.loss_mode == "atr_grpo_atr"
     omega_conf_to_dataclass(checked.actor_rollout_ref.rollout)
     # the reward: verl 0.9.1 reads reward.custom_reward_function (a top-level custom_reward_function is ignored)
-    assert config.reward.custom_reward_function.path == "pkg://atr_llm.verl_data"
+    assert config.reward.custom_reward_function.path == "pkg://atr_llm.verl.data"
     assert config.reward.custom_reward_function.name == "compute_score"
     # delta in verl's config, where the loss reads it (and verl's config dump records it)
-    from atr_llm import verl_plugin
-    from atr_llm.verl_config import PolicyLossConfig
+    from atr_llm.verl import plugin as verl_plugin
+    from atr_llm.verl.config import PolicyLossConfig
 
     assert isinstance(actor.policy_loss, PolicyLossConfig)
     assert OmegaConf.to_container(config.actor_rollout_ref.actor.policy_loss.atr_params) == {"delta": 0.07}
@@ -262,3 +265,20 @@ def test_documented_recipe_has_the_trl_presets_batch():
     assert config.actor_rollout_ref.model.target_modules == "all-linear"
     assert actor.loss_agg_mode == "seq-mean-token-sum-norm" and preset["loss_type"] == "dr_grpo"
     assert config.algorithm.norm_adv_by_std_in_grpo is False and preset["scale_rewards"] == "none"
+
+
+def test_importing_the_cpu_support_patches_nothing_until_register_is_called():
+    """With verl installed, importing ``atr_llm.verl.cpu`` (and the plugin) leaves torch's ``init_process_group`` and
+    verl's platform registry alone; ``register()`` (the test's hook) installs both. Before it became test support,
+    the import itself replaced ``init_process_group`` for the whole process."""
+    script = (
+        "import torch.distributed as dist\n"
+        "before = dist.init_process_group\n"
+        "import atr_llm.verl.cpu as cpu, atr_llm.verl.plugin\n"
+        "assert dist.init_process_group is before, 'patched on import'\n"
+        "cpu.register()\n"
+        "assert dist.init_process_group is not before, 'register() did not install the backend fix'\n"
+        "print('OK')\n"
+    )
+    res = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]

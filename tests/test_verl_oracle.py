@@ -350,7 +350,7 @@ def test_a_wrong_formula_fails_the_oracle():
 
 
 # --------------------------------------------------------------------------------------------
-# atr_llm.verl_plugin: every method as a verl policy loss, loaded through verl's own plugin mechanism
+# atr_llm.verl.plugin: every method as a verl policy loss, loaded through verl's own plugin mechanism
 # --------------------------------------------------------------------------------------------
 PLUGIN_METHODS = [n for n in at.method_names(aliases=False) if not at.METHODS[n].needs_full_distributions]
 
@@ -375,7 +375,7 @@ def _plugin(logp, old, adv, mask, method, agg_mode, weights=None, **cfg):
 def test_every_method_through_verl_equals_policy_loss(method, aggregation, monkeypatch):
     """verl's get_policy_loss_fn("atr_grpo_<m>") with verl's config and aggregation = atr_theory.policy_loss with the
     mapped parameters and aggregation (the same batch, loss and gradient)."""
-    from atr_llm import verl_plugin
+    from atr_llm.verl import plugin as verl_plugin
 
     monkeypatch.delenv(verl_plugin.PARAMS_ENV, raising=False)
     cfg = dict(clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0)
@@ -456,7 +456,7 @@ def test_verls_global_batch_info_sets_the_normalisation():
 
 
 def test_params_from_the_environment_are_honoured_and_checked(monkeypatch):
-    from atr_llm import verl_plugin
+    from atr_llm.verl import plugin as verl_plugin
 
     logp, old, adv, mask = _batch(1, per_token=False)
     monkeypatch.setenv(verl_plugin.PARAMS_ENV, '{"delta": 0.02}')
@@ -701,7 +701,7 @@ def test_the_plugin_applies_our_layers_as_verls_bypass_mode(monkeypatch):
     """``$ATR_GRPO_PARAMS`` layers: ``atr_grpo_reinforce`` with our rollout correction and token-k3 mask, given
     verl's bypass batch (old = rollout log-probs), is verl's own ``bypass_mode`` (REINFORCE, token TIS at 2,
     ``rollout_rs="token_k3"``): the same loss and gradient."""
-    from atr_llm import verl_plugin
+    from atr_llm.verl import plugin as verl_plugin
 
     layers = {
         "rollout_correction": {"level": "token", "mode": "truncate", "upper": 2.0},
@@ -726,7 +726,7 @@ def test_the_plugin_applies_our_layers_as_verls_bypass_mode(monkeypatch):
     ],
 )
 def test_bad_layers_in_the_environment_are_refused_by_name(value, message, monkeypatch):
-    from atr_llm import verl_plugin
+    from atr_llm.verl import plugin as verl_plugin
 
     monkeypatch.setenv(verl_plugin.PARAMS_ENV, json.dumps(value))
     with pytest.raises(ValueError, match=message):
@@ -755,19 +755,19 @@ def test_verls_k3_cancels_near_a_small_bound_ours_is_exact():
 
 
 def test_parameters_in_verls_config_reach_the_loss_and_show_in_its_metrics(monkeypatch):
-    """``policy_loss._target_=atr_llm.verl_config.PolicyLossConfig`` with ``atr_params``: verl builds the config
+    """``policy_loss._target_=atr_llm.verl.config.PolicyLossConfig`` with ``atr_params``: verl builds the config
     from its Hydra dict (``omega_conf_to_dataclass``), the loss runs with the parameters (equal to
     ``atr_theory.policy_loss`` with them), and reports each as ``actor/atr_param_<name>``."""
     from omegaconf import OmegaConf
     from verl.utils.config import omega_conf_to_dataclass
 
-    from atr_llm.verl_config import PolicyLossConfig
+    from atr_llm.verl.config import PolicyLossConfig
 
     monkeypatch.delenv("ATR_GRPO_PARAMS", raising=False)
     built = omega_conf_to_dataclass(
         OmegaConf.create(
             {
-                "_target_": "atr_llm.verl_config.PolicyLossConfig",
+                "_target_": "atr_llm.verl.config.PolicyLossConfig",
                 "loss_mode": "atr_grpo_atr",
                 "atr_params": {"delta": 0.03},
             }

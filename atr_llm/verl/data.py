@@ -1,8 +1,8 @@
 """Our datasets in verl's parquet schema, and a verl reward function that grades with our math-verify grader.
 
-    python -m atr_llm.verl_data --out data/verl                       # from the hub (needs network)
-    python -m atr_llm.verl_data --out data/verl --local dapo-math-17k=dapo.parquet aime24=aime24.jsonl ...
-    python -m atr_llm.verl_data --out data/verl-arith --train arithmetic --tests arithmetic   # offline
+    python -m atr_llm.verl.data --out data/verl                       # from the hub (needs network)
+    python -m atr_llm.verl.data --out data/verl --local dapo-math-17k=dapo.parquet aime24=aime24.jsonl ...
+    python -m atr_llm.verl.data --out data/verl-arith --train arithmetic --tests arithmetic   # offline
 
 writes ``train.parquet`` (DAPO-Math-17k, deduplicated) and one ``<benchmark>.parquet`` per test set (AIME 2024,
 AIME 2025, AMC 2023 by default; an offline task of ``atr_llm.data.OFFLINE_TASKS`` is generated, 1,024 training
@@ -27,7 +27,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from . import data, rewards
+from .. import data, rewards
 
 DATA_SOURCE_PREFIX = "atr_grpo/"
 TRAIN_SOURCE = "dapo-math-17k"
@@ -104,7 +104,7 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
 
 
 def _parse_local(items: list[str]) -> dict[str, str]:
-    from .cli import refuse
+    from ..cli import refuse
 
     out = {}
     for item in items:
@@ -119,7 +119,7 @@ def _parse_local(items: list[str]) -> dict[str, str]:
 
 def check_arguments(args) -> dict[str, str]:
     """Every refusal before any file is read or written: the sources' names, the local files, the output folder."""
-    from .cli import refuse
+    from ..cli import refuse
 
     known = [*data.OFFLINE_TASKS, *sorted(data.SOURCES)]
     for flag, names in (("--train", [args.train]), ("--tests", args.tests)):
@@ -141,8 +141,8 @@ def check_arguments(args) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from .cli import Parser
-    from .cli_types import NamedFile, WriteDir
+    from ..cli import Parser
+    from ..cli_types import NamedFile, WriteDir
 
     known = [*data.OFFLINE_TASKS, *sorted(data.SOURCES)]
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -160,6 +160,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from .cli import run_command
+    from ..cli import run_command
 
     run_command(main)

@@ -1,8 +1,9 @@
 """verl 0.9.1 on a CPU: what verl lacks there, supplied through its own registries (verl's code is not edited).
 
 For smoke runs of a verl recipe and for this package's end-to-end test (``tests/test_verl_e2e.py``), not for
-speed. Importing this module in every verl process (``VERL_USE_EXTERNAL_MODULES=atr_llm.verl_cpu`` and
-``VERL_PLATFORM=cpu``; ``environment()`` gives both) registers:
+speed. ``register()``, called in every verl process (by a module named in ``VERL_USE_EXTERNAL_MODULES`` whose
+import calls it, with ``VERL_PLATFORM=cpu``; ``environment(hook_module)`` gives both; the end-to-end test's hook is
+``tests/verl_support/atr_grpo_verl_cpu_hook.py``) registers:
 
 - a ``cpu`` platform (``verl.plugin.platform.PlatformRegistry``): device ``cpu``, collective backend ``gloo``, and
   Ray's ``GPU`` resource as its accelerator slot, so that Ray started with ``num_gpus=N`` on a machine without GPUs
@@ -24,7 +25,6 @@ no CUDA IPC (weights travel through Ray's object store), no FlashAttention (use
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import types
 from contextlib import contextmanager
@@ -54,9 +54,12 @@ CPU_OVERRIDES: tuple[str, ...] = (
 """verl overrides a CPU run needs on top of a recipe (one worker, the ``transformers`` rollout, FSDP2, sdpa)."""
 
 
-def environment() -> dict[str, str]:
-    """The environment variables that make every verl process (driver and Ray workers) load this module."""
-    return {"VERL_USE_EXTERNAL_MODULES": __name__, "VERL_PLATFORM": PLATFORM}
+def environment(hook_module: str) -> dict[str, str]:
+    """The environment variables that make every verl process (driver and Ray workers) import ``hook_module`` and
+    run on the ``cpu`` platform. ``hook_module`` is a module whose import calls ``register()``: this package ships
+    none (importing an installed module must not patch a library); the end-to-end test's is
+    ``tests/verl_support/atr_grpo_verl_cpu_hook.py``, on the workers' ``PYTHONPATH``."""
+    return {"VERL_USE_EXTERNAL_MODULES": hook_module, "VERL_PLATFORM": PLATFORM}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -462,12 +465,9 @@ def _register_rollout() -> None:
 
 
 def register() -> None:
-    """Register the platform, the engine, the rollout backend and the backend-string fix (idempotent)."""
+    """Register the platform, the engine, the rollout backend and the backend-string fix (idempotent). Called by a
+    hook module in every verl process (``environment``); importing this module registers and patches nothing."""
     _register_platform()
     _patch_process_group()
     _register_engine()
     _register_rollout()
-
-
-if importlib.util.find_spec("verl") is not None:  # where verl is installed (its pure functions import without it)
-    register()

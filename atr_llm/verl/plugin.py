@@ -2,7 +2,7 @@
 
 Loading: verl imports every ``verl.plugins`` entry point when ``verl`` is imported, and this package declares
 one (``pyproject.toml``), so installing atr-grpo next to verl is enough; ``VERL_USE_EXTERNAL_MODULES=
-atr_llm.verl_plugin`` does the same explicitly. Then ``actor_rollout_ref.actor.policy_loss.loss_mode=atr_grpo_atr``
+atr_llm.verl.plugin`` does the same explicitly. Then ``actor_rollout_ref.actor.policy_loss.loss_mode=atr_grpo_atr``
 (or ``atr_grpo_<method>`` for any registered method) selects it, on every Ray worker that imports verl.
 
 What each call does: ``atr_theory.policy_loss`` computes the method's per-token objective (unchanged, validated);
@@ -17,8 +17,8 @@ GMPO's log-space bounds and CISPO's weight bounds too), ``clip_ratio_c`` -> ``du
 ``clip_ratio_low`` / ``clip_ratio_high`` / ``clip_ratio_c`` -> ``delta_low`` / ``delta_high`` / ``is_cap``,
 ``clip_cov_*`` / ``kl_cov_ratio`` / ``ppo_kl_coef`` -> Clip-Cov / KL-Cov's, ``tau_pos`` / ``tau_neg`` -> SAPO's. Parameters verl has no field for
 (``delta``, ``alpha``, ...) go in verl's own config, so that verl's config dump records them: the policy-loss
-config class ``atr_llm.verl_config.PolicyLossConfig`` (verl's, plus one field ``atr_params``) is selected by
-``_target_``, e.g. ``actor_rollout_ref.actor.policy_loss._target_=atr_llm.verl_config.PolicyLossConfig
+config class ``atr_llm.verl.config.PolicyLossConfig`` (verl's, plus one field ``atr_params``) is selected by
+``_target_``, e.g. ``actor_rollout_ref.actor.policy_loss._target_=atr_llm.verl.config.PolicyLossConfig
 '+actor_rollout_ref.actor.policy_loss.atr_params={delta:0.05}'``. The environment variable ``ATR_GRPO_PARAMS``
 (a JSON object, ``ATR_GRPO_PARAMS='{"delta": 0.05}'``, passed to the workers through Ray's ``runtime_env``) is the
 fallback when the config has none; both set and different is refused. A name the method does not take, or a value
@@ -61,7 +61,7 @@ def env_params() -> dict[str, Any]:
 
 
 CONFIG_PARAMS_FIELD = "atr_params"
-"""The field of ``atr_llm.verl_config.PolicyLossConfig`` (``actor.policy_loss.atr_params``) holding our parameters."""
+"""The field of ``atr_llm.verl.config.PolicyLossConfig`` (``actor.policy_loss.atr_params``) holding our parameters."""
 
 
 def config_params(config: Any) -> dict[str, Any]:
@@ -260,7 +260,7 @@ def make_verl_policy_loss(method: str):
         return pg_loss, metrics
 
     loss_fn.__name__ = f"atr_grpo_{method}_policy_loss"
-    loss_fn.__doc__ = f"verl policy loss: atr_theory.policy_loss(method={method!r}); see atr_llm.verl_plugin."
+    loss_fn.__doc__ = f"verl policy loss: atr_theory.policy_loss(method={method!r}); see atr_llm.verl.plugin."
     return loss_fn
 
 
