@@ -187,4 +187,3 @@ def _dual_clip(result: MethodResult, adv: torch.Tensor, c: float) -> MethodResul
         return _and_not(kept, capped), low, _or(high, capped)
 
     return MethodResult(objective, flags)
-

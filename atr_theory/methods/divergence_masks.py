@@ -26,13 +26,22 @@ from . import _reference as plain
 __all__ = ["binary_kl", "binary_tv", "dppo_kl", "dppo_tv"]
 
 _FORMS = ("min", "mask")
-DELTA_LOW = Param(0.2, gt=0, help="DPPO: divergence bound for a token whose probability fell (verl clip_ratio_low)",
+DELTA_LOW = Param(
+    0.2,
+    gt=0,
+    help="DPPO: divergence bound for a token whose probability fell (verl clip_ratio_low)",
     verl=(("actor", "clip_ratio_low"),),
 )
-DELTA_HIGH = Param(0.2, gt=0, help="DPPO: divergence bound for a token whose probability rose (verl clip_ratio_high)",
+DELTA_HIGH = Param(
+    0.2,
+    gt=0,
+    help="DPPO: divergence bound for a token whose probability rose (verl clip_ratio_high)",
     verl=(("actor", "clip_ratio_high"),),
 )
-IS_CAP = Param(20.0, gt=0, help="DPPO: the detached IS weight is min(w, is_cap) (verl clip_ratio_c)",
+IS_CAP = Param(
+    20.0,
+    gt=0,
+    help="DPPO: the detached IS weight is min(w, is_cap) (verl clip_ratio_c)",
     verl=(("actor", "clip_ratio_c"),),
 )
 _REFERENCE = "Qi et al. 2026 (DPPO, arXiv 2602.04879), sail-sg/Stable-RL; verl '{}'"

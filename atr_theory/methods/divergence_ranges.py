@@ -83,7 +83,9 @@ def dual_clip(batch: TokenBatch, epsilon: float, dual_clip_c: float) -> MethodRe
 def dual_clip_higher_reference(logp, old_logp, advantages, mask, *, epsilon_low, epsilon_high, dual_clip_c, form):
     """Clip-Higher's range with the dual clip: for ``A < 0`` the objective is at least ``c A``."""
     w, adv = plain.ratio_and_advantages(logp, old_logp, advantages, mask)
-    inner = clip_higher_reference(logp, old_logp, advantages, mask, epsilon_low=epsilon_low, epsilon_high=epsilon_high, form=form)
+    inner = clip_higher_reference(
+        logp, old_logp, advantages, mask, epsilon_low=epsilon_low, epsilon_high=epsilon_high, form=form
+    )
     return torch.where(adv < 0, torch.maximum(inner, dual_clip_c * adv), inner)
 
 

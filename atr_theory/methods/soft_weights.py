@@ -140,9 +140,7 @@ def vespo_log_weight(
     return lam + k * log_w - lam * torch.exp(log_w)
 
 
-def vespo_reference(
-    logp, old_logp, advantages, mask, *, vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg
-):
+def vespo_reference(logp, old_logp, advantages, mask, *, vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg):
     """VESPO: ``sg[phi(W)] A log pi`` with ``W = prod_t w_t`` (log clamped per token to [-20, 20], in total to
     [log 1e-8, 20]) and ``phi(W) = W^k exp(lambda (1 - W))``, ``(k, lambda)`` by the sign of ``A`` (``A >= 0``: pos)."""
     w, adv = plain.ratio_and_advantages(logp, old_logp, advantages, mask)

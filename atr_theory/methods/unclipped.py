@@ -60,4 +60,6 @@ def dro(batch: TokenBatch, dro_beta: float) -> MethodResult:
     penalty on the log-ratio instead of a clip (its gradient ``(A - beta log w) grad log pi``); every token is
     kept."""
     return _no_clip(batch.advantages * batch.logp - 0.5 * dro_beta * batch.log_ratio.square(), batch)
+
+
 # --8<-- [end:dro]
