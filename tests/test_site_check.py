@@ -44,7 +44,7 @@ def test_an_unshown_figure_and_a_missing_bundle_are_found(tmp_path):
     (site / "javascripts" / "mathjax" / "tex-svg.js").write_text("")
     (site / "index.html").write_text(GOOD + '<img src="figures/a.png">')
     fields = "".join(
-        f"atr_llm.trainer.ATRGRPOConfig.{f} "
+        f"atr_llm.config.ATRGRPOConfig.{f} "
         for f in ("divergence_delta", "epsilon_low", "method_seed", "fast_generation")
     )
     (site / "api" / "index.html").write_text(fields)

@@ -62,7 +62,7 @@ def site_findings(site: Path, docs: Path = Path("docs")) -> list[str]:
             found.append(f"{rel}: a figure under docs/ that no page shows")
     api = pages.get("api/index.html", "")
     for f in CONFIG_FIELDS:
-        if f"atr_llm.trainer.ATRGRPOConfig.{f}" not in api:
+        if f"atr_llm.config.ATRGRPOConfig.{f}" not in api:
             found.append(f"api/index.html: ATRGRPOConfig's field {f} is not documented")
     return found
 
