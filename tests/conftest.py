@@ -10,6 +10,10 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import Phase, settings
 
+# tests/verl_support/ holds modules verl's processes import (the CPU support's hook): they register into verl on
+# import, so --doctest-modules must not import them where verl is absent
+collect_ignore = ["verl_support"]
+
 # `make mutation` (mutmut): a first failing example kills a mutant; shrinking it would only cost time
 settings.register_profile("mutation", phases=[Phase.explicit, Phase.reuse, Phase.generate], database=None)
 
