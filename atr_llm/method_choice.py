@@ -59,13 +59,13 @@ def method_config_fields() -> dict[str, dict]:
     for name in at.method_names(aliases=False):
         for param, decl in at.METHODS[name].params.items():
             users.setdefault(param, []).append((name, decl))
-    out = {}
+    out, trl_fields = {}, shared_with_trl()
     for param, used_by in users.items():
         name = config_field(param)
-        if (name in _TRL_FIELDS) != (name in shared_with_trl()):
+        if (name in _TRL_FIELDS) != (name in trl_fields):
             raise ValueError(
                 f"method parameter {param!r} (config field {name!r}) is declared with trl_field="
-                f"{name in shared_with_trl()}, but TRL's GRPOConfig {'has' if name in _TRL_FIELDS else 'has no'} a "
+                f"{name in trl_fields}, but TRL's GRPOConfig {'has' if name in _TRL_FIELDS else 'has no'} a "
                 "field of that name: map it in CONFIG_FIELD, or declare its Param with trl_field=True if it means "
                 "the same"
             )
