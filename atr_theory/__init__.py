@@ -8,7 +8,7 @@ Examples
 (0.671, 1.422)
 """
 
-from . import layers, ranges, token_bounds  # noqa: F401  (submodules: at.ranges, at.token_bounds)
+from . import layers, methods, ranges, token_bounds  # noqa: F401  (submodules: at.methods, at.ranges, ...)
 from .divergence import (
     HeadScores,
     entropy_from_log_probs,
@@ -23,25 +23,7 @@ from .divergence import (
 )
 from .layers import RolloutCorrection, SequenceMask
 from .loss import AGGREGATIONS, LossOutput, aggregate, check_aggregation, policy_loss
-from .methods import (
-    FORM_DEFAULT_CHANGED,
-    FORMER_MASK_DEFAULTS,
-    FORMS,
-    METHODS,
-    READINGS,
-    MethodResult,
-    MethodSpec,
-    Param,
-    Relation,
-    ResolvedMethod,
-    TokenBatch,
-    get_method,
-    method_names,
-    ratio_objective,
-    register,
-    resolve,
-    unregister,
-)
+from .methods import *  # noqa: F403  (the registry's public names, listed once: methods.__all__)
 from .ranges import (
     dcpo_clip_range,
     is_kl3_clip_range,
@@ -57,33 +39,20 @@ from .ranges import (
 __version__ = "0.1.0"
 
 __all__ = [
+    *methods.__all__,
     "AGGREGATIONS",
-    "FORM_DEFAULT_CHANGED",
-    "FORMER_MASK_DEFAULTS",
-    "FORMS",
-    "READINGS",
-    "METHODS",
     "LossOutput",
-    "MethodResult",
     "RolloutCorrection",
     "SequenceMask",
-    "MethodSpec",
-    "TokenBatch",
     "aggregate",
     "check_aggregation",
     "entropy_from_log_probs",
     "kl3_from_log_ratio",
-    "Param",
-    "Relation",
-    "ResolvedMethod",
-    "resolve",
-    "unregister",
     "dcpo_clip_range",
     "full_kl",
     "head_kl_both_ways",
     "head_kl_chunked",
     "HeadScores",
-    "get_method",
     "is_kl3",
     "is_kl3_clip_range",
     "kl1",
@@ -94,10 +63,7 @@ __all__ = [
     "kl3_clip_log_range",
     "kl3_clip_range",
     "kl3_delta_from_bound",
-    "method_names",
     "policy_loss",
-    "ratio_objective",
-    "register",
     "trgppo_clip_range",
     "trgppo_kl_range",
 ]

@@ -833,3 +833,20 @@ def test_the_h100_byte_count_of_a_decode_step_is_the_files():
             f"{100 * moved / bandwidth * 1e3 / case['decode_ms_per_step']:.0f}% of the {case['decode_ms_per_step']:.1f} ms") in perf
     assert (f"Without the copy, {(weights + kv) / 1e9:.1f} GB, {(weights + kv) / bandwidth * 1e3:.2f} ms "
             f"({(weights + kv) / weights:.1f}x the weight floor)") in perf
+
+
+def test_the_committed_cpu_loss_timing_covers_every_rule_and_the_page_states_its_range():
+    """``figures/bench/cpu/loss_overhead_time.json`` times every registered per-token rule eagerly, and the performance
+    page's first paragraph states the range of those ratios and the slowest rule as that file has them (the page is
+    not edited by hand after a re-run without this failing)."""
+    import atr_theory as at
+
+    result = json.loads((ROOT / "figures/bench/cpu/loss_overhead_time.json").read_text())
+    eager = {name: rows[-1]["ratio"] for name, rows in result["part1_by_mode"]["eager"].items()}
+    per_token = {n for n in at.method_names(aliases=False) if not at.METHODS[n].needs_full_distributions}
+    assert set(eager) == per_token
+    page = (ROOT / "docs/performance.md").read_text()
+    answer = page[page.index("**Answer first.**") :].split("\n\n")[0]
+    slowest = max(eager, key=eager.get)
+    assert f"({min(eager.values()):.2f}-{eager[slowest]:.2f}x" in answer
+    assert f"{slowest} {eager[slowest]:.2f}x, the slowest" in answer

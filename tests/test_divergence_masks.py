@@ -16,8 +16,10 @@ from hypothesis import strategies as st
 
 import atr_theory as at
 from atr_theory.layers import RolloutCorrection, SequenceMask, high_entropy_mask, rollout_correction_weights
-from atr_theory.methods.divergence_masks import binary_kl, binary_tv
+from atr_theory.methods.divergence_masks import binary_kl, binary_kl_fast, binary_kl_fast_error_bound, binary_tv
+from atr_theory.ranges import trgppo_kl_log_range
 from tests.mp_reference import binary_kl as mp_binary_kl
+from tests.mp_reference import float32_log_p_grid
 
 mp.mp.dps = 50
 D = torch.float64
@@ -72,6 +74,73 @@ def test_binary_kl_per_unit_probability_tends_to_k3(w):
         )
         gaps.append(abs(kl / p - k3) / k3)
     assert gaps[1] < 1e-6 and gaps[1] < gaps[0] * 1e-3
+
+
+def _exact_binary_kl(y: float, old_logp: float) -> float:
+    """KL(Ber(p) || Ber(p e^y)) of the given floats, at 50 digits; ``+inf`` where ``p e^y >= 1``."""
+    p, w = mp.exp(mp.mpf(old_logp)), mp.exp(mp.mpf(y))
+    if p == 1 and y <= 0:
+        return -y
+    return math.inf if p * w >= 1 else float(mp_binary_kl(p, w))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    log_q=st.floats(-40.0, 0.0),
+    u=st.floats(-1.0, 1.0),
+    scale=st.sampled_from([1e-6, 1e-3, 0.1, 1.0, 5.0]),
+)
+def test_binary_kl_fast_is_within_its_bound_of_mpmath(dtype, log_q, u, scale):
+    """``binary_kl_fast`` is within ``binary_kl_fast_error_bound`` of the 50-digit KL of the very floats it was given,
+    in float32 and float64, for every ``p_old`` from ``1 - 1e-17`` down to ``e^-40``... (drawn through ``q = 1 - p``,
+    so ``p`` near 1 is as likely as ``p`` near 0) and ratios from ``w ~ 1`` to far beyond ``1 / p`` (infinite KL)."""
+    q = math.exp(log_q)
+    old = math.log1p(-q) if q < 1 else -40.0
+    y = scale * u if u < 0 else scale * u - old * min(1.0, scale)  # up to past p w = 1
+    y_t, old_t = torch.tensor(y, dtype=dtype), torch.tensor(old, dtype=dtype)
+    got = float(binary_kl_fast(y_t, old_t))
+    want = _exact_binary_kl(float(y_t), float(old_t))
+    if math.isinf(want):
+        assert got == math.inf
+        return
+    bound = float(binary_kl_fast_error_bound(y_t, old_t))
+    assert abs(got - want) <= bound, (dtype, float(old_t), float(y_t), got, want, bound)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_binary_kl_fast_is_exact_at_its_special_points(dtype):
+    """``y = 0``: exactly 0 (a token that did not move is never past any bound); ``p = 1``: ``-y``; new probability
+    exactly 1 (``logp = 0`` with ``p < 1``) or above it: ``+inf``; the padding (``old_logp = logp = 0``): 0."""
+    old = torch.tensor([-3.0, -1e-7, 0.0, 0.0, -0.0166, -0.5, 0.0], dtype=dtype)
+    logp = torch.tensor([-3.0, -1e-7, -0.25, 0.0, 0.0, 0.1, 0.0], dtype=dtype)
+    got = binary_kl_fast(logp - old, old)
+    assert got[0] == 0 and got[1] == 0
+    assert got[2] == 0.25 and got[3] == 0 and got[6] == 0
+    assert torch.isinf(got[4]) and torch.isinf(got[5])
+
+
+@pytest.mark.parametrize("delta", [1e-4, 0.07, 0.2, 1.0])
+def test_dppo_kl_decisions_differ_from_exact_ones_only_within_the_bound(delta):
+    """Tokens placed at TRGPPO's roots (where ``KL = delta``, the hardest place to decide) and 0.1% either side of
+    them in ``log w``, on the float32 grid of ``p_old``: DPPO-KL's float32 decision (``binary_kl_fast > delta``)
+    equals the one from the float64 KL (``binary_kl``) on every nudged token, and on the tokens at the roots differs
+    only where the KL is within ``binary_kl_fast_error_bound`` of ``delta`` (there the float32 rounding of ``y``
+    alone decides: about a third of them differ)."""
+    old = float32_log_p_grid()[1:]
+    roots = [torch.as_tensor(r, dtype=torch.float64) for r in trgppo_kl_log_range(old.double().exp().numpy(), delta)]
+    for nudge in (0.999, 1.0, 1.001):
+        y = torch.cat([(r * nudge).float() for r in roots])
+        olds = old.repeat(len(roots))
+        finite = torch.isfinite(y)  # the lower root underflows to w = 0 for p_old below ~e^-100
+        y, olds = y[finite], olds[finite]
+        exact = binary_kl(y.double(), olds.double())
+        differ = (binary_kl_fast(y, olds) > delta) != (exact > delta)
+        if nudge != 1.0:
+            assert not bool(differ.any()), (nudge, int(differ.sum()))
+        else:
+            bound = binary_kl_fast_error_bound(y, olds)
+            assert bool(((exact[differ] - delta).abs() <= bound[differ]).all())
 
 
 def test_binary_tv_is_a_per_token_ratio_range():

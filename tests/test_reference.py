@@ -125,13 +125,11 @@ def test_the_reference_forms_share_no_helper_with_the_fast_path():
     )
 
 
-@pytest.mark.xfail(strict=True, reason="known: dppo_kl decides from p_old e^y, which rounds below 1 (see the note)")
 def test_dppo_kl_drops_a_token_whose_new_probability_is_one():
-    """A found difference, kept visible: where the new probability is exactly 1 (``logp = 0``) the binary KL is
-    infinite (``log((1 - p_old) / 0)``), so DPPO-KL must drop a token whose probability rose there. The fast path
-    computes ``1 - p_new`` as ``1 - p_old e^y`` from ``y = logp - old_logp``, which rounds to ~1e-16 instead of 0: the
-    KL comes out ~0.5 (finite) and a bound above it keeps the token. The reference form (``1 - exp(logp)``) drops it.
-    Found by the domain-derived parameters (``delta_high`` up to 1; the hand-picked range stopped at 0.3)."""
+    """Where the new probability is exactly 1 (``logp = 0``) the binary KL is infinite (``log((1 - p_old) / 0)``), so
+    DPPO-KL must drop a token whose probability rose there, whatever the bound. Found by the domain-derived parameters
+    (``delta_high`` up to 1): the fast path once computed ``1 - p_new`` as ``1 - p_old e^y``, which rounds to ~1e-16
+    instead of 0, and kept the token (KL ~0.59). It now takes ``-expm1(old_logp + y)``, exactly 0 here."""
     old_logp = torch.tensor([[-0.01660750892818718]], dtype=torch.float64)
     logp = torch.zeros_like(old_logp)  # p_new = 1
     advantages, mask = torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 1, dtype=torch.bool)
@@ -146,4 +144,4 @@ def test_dppo_kl_drops_a_token_whose_new_probability_is_one():
     _, plain_grad = _objective_and_gradient(plain, logp, old_logp, advantages, mask)
     assert float(plain_grad) == 0.0  # the reference drops it: no gradient
     _, fast_grad = _objective_and_gradient(fast, logp, old_logp, advantages, mask)
-    assert float(fast_grad) == 0.0  # fails today: kept, gradient min(w, is_cap) A = 1.0167
+    assert float(fast_grad) == 0.0  # kept before: gradient min(w, is_cap) A = 1.0167

@@ -52,6 +52,8 @@ from ._params import COV_RATIO, DELTA, DUAL_CLIP_C, EPSILON, EPSILON_HIGH, EPSIL
 from ._ratio import ratio_objective, within_divergence_bound
 
 __all__ = [
+    "FORM_DEFAULT_CHANGED",
+    "FORMER_MASK_DEFAULTS",
     "FORMS",
     "METHODS",
     "READINGS",

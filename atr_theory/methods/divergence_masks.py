@@ -23,7 +23,7 @@ from ..divergence import _bernoulli_kl_and_slope
 from ..registry import MethodResult, Param, TokenBatch, register
 from . import _reference as plain
 
-__all__ = ["binary_kl", "binary_tv", "dppo_kl", "dppo_tv"]
+__all__ = ["binary_kl", "binary_kl_fast", "binary_kl_fast_error_bound", "binary_tv", "dppo_kl", "dppo_tv"]
 
 _FORMS = ("min", "mask")
 DELTA_LOW = Param(
@@ -69,14 +69,58 @@ def binary_kl(log_ratio: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(kl, nan=torch.inf)  # log1p of a negative number: p w > 1
 
 
-def _dppo(batch: TokenBatch, below: torch.Tensor, above: torch.Tensor, is_cap: float) -> MethodResult:
-    """DPPO's objective given where the token's probability fell past its bound (``below``) or rose past it
-    (``above``): see the module docstring."""
+def binary_kl_fast(log_ratio: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
+    r"""``KL(Ber(p) || Ber(p w))`` to a small *absolute* error, in a dozen elementwise passes with four
+    transcendental ones (``binary_kl``'s series take about forty): what a comparison with a bound ``delta`` needs,
+    and all DPPO-KL's fast path uses.
+
+    ``KL = q log(q / q') - p y`` with ``p = exp(old_logp)``, ``q = -expm1(old_logp)``, ``y = log w`` and the new probability's
+    complement ``q' = -expm1(old_logp + y)``. ``old_logp + y`` recovers ``logp`` exactly where ``logp = 0`` (the
+    subtraction that made ``y`` was exact there), so a token whose new probability is 1 has ``q' = 0`` and an
+    infinite KL; ``q' < 0`` (a new probability above 1, possible with a sequence-level ratio) counts as 0. At ``y = 0``
+    ``q' = q`` exactly and the KL is exactly 0. ``p = 1`` (``q = 0``) gives ``-y``: inside the log ``q`` is clamped to the
+    smallest normal number and ``q'`` replaced by 1 (the term is ``0 x finite`` either way; this keeps the padding,
+    where ``old_logp = logp = 0``, free of ``log(inf)``, which takes a slow path on CPU).
+
+    Not relative accuracy: for a tiny KL (``w`` near 1) the two terms cancel. The error is at most
+    ``binary_kl_fast_error_bound`` (a few ulps of ``p |y| + q |log q| + q |log q'| + 1``; measured against mpmath in
+    ``tests/test_divergence_masks.py``), so a decision ``KL > delta`` can differ from the exact one only for a token
+    that close to the bound."""
+    expm1_old = torch.expm1(old_logp)
+    p, q = torch.exp(old_logp), -expm1_old
+    q_new = torch.expm1(old_logp + log_ratio).neg_().clamp_min_(0.0).add_(expm1_old >= 0)
+    return q * torch.log_(torch.clamp(q, min=torch.finfo(q.dtype).tiny) / q_new) - p * log_ratio
+
+
+def binary_kl_fast_error_bound(log_ratio: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
+    r"""The absolute error ``binary_kl_fast`` is claimed (and tested) to stay within: ``8 eps (p |y| + q |log q| +
+    q |log q'| + 1)``, ``eps`` the dtype's machine epsilon. Each of the formula's few roundings is a relative error of
+    one ``eps`` in ``p``, ``q``, ``q'``, ``y`` or a product; ``q = 1 - p`` is off by ``eps`` absolute, which ``q log q``
+    turns into at most ``eps (1 + |log q|)``. Computed in float64 (a bound, not a value the rule needs)."""
+    y, old = log_ratio.double(), old_logp.double()
+    eps = torch.finfo(log_ratio.dtype).eps
+    p = torch.exp(old)
+    q = -torch.expm1(old)
+    q_new = -torch.expm1(old + y)
+    scale = p * y.abs() + q * (torch.log(q).abs() + torch.log(q_new).abs()) + 1.0
+    return 8 * eps * torch.nan_to_num(scale, nan=torch.inf, posinf=torch.inf)
+
+
+def _dppo_drop(batch: TokenBatch, divergence: torch.Tensor, delta_low: float, delta_high: float) -> torch.Tensor:
+    """Where DPPO drops a token, given its divergence (0 where the ratio is 1; NaN counts as past the bound): past
+    ``delta_high`` where its probability rose, past ``delta_low`` where it fell; ``form="min"`` only on the side the
+    advantage pushes towards (``A > 0``: rising; ``A <= 0``: falling)."""
+    rose = batch.log_ratio.detach() > 0
+    bound = delta_high if delta_low == delta_high else torch.where(rose, delta_high, delta_low)
+    past = ~(divergence <= bound)
+    if batch.form == "mask":
+        return past
+    return past & (rose == (batch.advantages > 0))
+
+
+def _dppo(batch: TokenBatch, drop: torch.Tensor, is_cap: float) -> MethodResult:
+    """DPPO's objective given where it drops a token (``_dppo_drop``): see the module docstring."""
     adv = batch.advantages
-    if batch.form == "min":
-        drop = torch.where(adv > 0, above, below)
-    else:
-        drop = below | above
     w = torch.exp(batch.log_ratio)
     weight = torch.clamp(w.detach(), max=is_cap)
     objective = torch.where(drop, torch.zeros_like(w), weight * adv * batch.logp)
@@ -124,8 +168,9 @@ def dppo_tv(batch: TokenBatch, delta_low: float, delta_high: float, is_cap: floa
     r"""DPPO-Binary-TV: keep a token while its probability change ``p w - p`` lies in ``[-delta_low, delta_high]``
     (``binary_tv``): a per-token ratio range ``[1 - delta_low / p, 1 + delta_high / p]``."""
     with torch.no_grad():
-        change = binary_tv(batch.log_ratio, batch.old_logp)
-    return _dppo(batch, change < -delta_low, change > delta_high, is_cap)
+        change = binary_tv(batch.log_ratio, batch.old_logp).abs()
+        drop = _dppo_drop(batch, change, delta_low, delta_high)
+    return _dppo(batch, drop, is_cap)
 
 
 def dppo_kl_reference(logp, old_logp, advantages, mask, *, delta_low, delta_high, is_cap, form):
@@ -148,9 +193,8 @@ def dppo_kl_reference(logp, old_logp, advantages, mask, *, delta_low, delta_high
     reference=_REFERENCE.format("dppo_kl"),
 )
 def dppo_kl(batch: TokenBatch, delta_low: float, delta_high: float, is_cap: float) -> MethodResult:
-    r"""DPPO-Binary-KL: keep a token while ``KL(Ber(p) || Ber(p w))`` (``binary_kl``) is at most ``delta_high``
+    r"""DPPO-Binary-KL: keep a token while ``KL(Ber(p) || Ber(p w))`` (``binary_kl_fast``) is at most ``delta_high``
     (probability rose) or ``delta_low`` (fell): TRGPPO's range ``[l_KL(p), u_KL(p)]`` with two bounds."""
     with torch.no_grad():
-        kl = binary_kl(batch.log_ratio, batch.old_logp)
-        y = batch.log_ratio.detach()
-    return _dppo(batch, (y < 0) & (kl > delta_low), (y > 0) & (kl > delta_high), is_cap)
+        drop = _dppo_drop(batch, binary_kl_fast(batch.log_ratio, batch.old_logp), delta_low, delta_high)
+    return _dppo(batch, drop, is_cap)
