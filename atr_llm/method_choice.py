@@ -12,10 +12,10 @@ from trl import GRPOConfig
 import atr_theory as at
 
 from .trl_options import (
-    TRL_DELTA_RANGES,
     TRL_LOSS_TYPES,
     TRL_METHOD,
     range_rule_with_trl_delta,
+    trl_delta_rules,
     trl_loss_type_rule,
     trl_rule,
     trl_rule_fields,
@@ -136,7 +136,7 @@ def _trl_delta_composes(args) -> bool:
     if args.method == TRL_METHOD or getattr(args, "delta", None) is None:
         return False
     spec = at.get_method(args.method)
-    return spec.name in TRL_DELTA_RANGES and (args.form or spec.default_form) == "min"
+    return spec.name in trl_delta_rules() and (args.form or spec.default_form) == "min"
 
 
 def configured_rule(args) -> tuple[str, dict[str, float]]:
@@ -188,7 +188,7 @@ def check_method_config(args) -> at.ResolvedMethod:
                 raise ValueError(
                     f"delta={args.delta!r} is set: TRL's two-sided clip acts on PPO's min with a ratio range; method="
                     f"{args.method!r} in form {form!r} has none. Use method='trl' (TRL's own clip), one of "
-                    f"{sorted(TRL_DELTA_RANGES)} in form 'min', or method='dual_clip_higher' with dual_clip_c (the "
+                    f"{sorted(trl_delta_rules())} in form 'min', or method='dual_clip_higher' with dual_clip_c (the "
                     "paper's divergence threshold is --divergence_delta)"
                 )
             at.resolve(spec.name, args.form, **given)  # the rule itself first, then TRL's delta on its range

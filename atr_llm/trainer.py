@@ -64,7 +64,6 @@ from .method_choice import (  # noqa: F401  (part of this module's API: configs,
 )
 from .model_parts import base_model, head_snapshot, last_hidden_states, output_head
 from .trl_options import (  # noqa: F401  (trl_rule: part of this module's API)
-    TRL_DELTA_RANGES,
     TRL_LOSS_TYPES,
     TRL_METHOD,
     EntropyBonus,

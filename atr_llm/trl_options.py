@@ -92,22 +92,18 @@ def two_sided_clip(epsilon_low: float, epsilon_high: float, delta: float) -> tup
     }
 
 
-TRL_DELTA_RANGES = {
-    "atr": at.ranges.kl3_clip_range,
-    "kl2": at.ranges.kl2_clip_range,
-    "is_kl3": at.ranges.is_kl3_clip_range,
-}
-"""Rules whose min form is PPO's min with a finite ratio range ``[l, u]`` (a function of ``delta``): TRL's ``delta``
-composes with them as it does with TRL's own clip (``range_rule_with_trl_delta``)."""
+def trl_delta_rules() -> tuple[str, ...]:
+    """Rules whose min form is PPO's min with a finite ratio range (``MethodSpec.ratio_range``, a function of their
+    parameters): TRL's ``delta`` composes with them as it does with TRL's own clip (``range_rule_with_trl_delta``)."""
+    return tuple(name for name in at.method_names(aliases=False) if at.METHODS[name].ratio_range is not None)
 
 
 def range_rule_with_trl_delta(rule: str, params: dict[str, float], delta: float) -> tuple[str, dict[str, float]]:
-    """``rule`` (of ``TRL_DELTA_RANGES``, in its min form, with ``params``) under TRL's ``delta``: TRL's two-sided clip
+    """``rule`` (of ``trl_delta_rules``, in its min form, with ``params``) under TRL's ``delta``: TRL's two-sided clip
     on the rule's range, ``two_sided_clip(1 - l, u - 1, delta)``."""
     spec = at.get_method(rule)
-    divergence = params.get("delta", spec.params["delta"].default)
-    lower, upper = TRL_DELTA_RANGES[spec.name](divergence)
-    return two_sided_clip(1.0 - lower, upper - 1.0, delta)
+    lower, upper = spec.ratio_range(**{**spec.defaults, **params})
+    return two_sided_clip(1.0 - float(lower), float(upper) - 1.0, delta)
 
 
 def trl_rule_fields() -> tuple[str, ...]:

@@ -224,6 +224,9 @@ class MethodSpec:
     compares the two; rules without one are pinned by brute force in ``tests/test_oracles.py``)."""
     trl: TRLPeer | None = None
     """Where TRL ships this rule as a ``loss_type`` of its own: how its config maps onto it (``TRLPeer``)."""
+    ratio_range: Callable[..., tuple[float, float]] | None = None
+    """A rule whose min form is PPO's min with a constant, finite ratio range: ``ratio_range(**params) -> (l, u)``
+    (TRL's ``delta`` composes with such a rule as with TRL's own clip: ``atr_llm.trl_options``)."""
 
     @property
     def defaults(self) -> dict[str, float]:
@@ -260,6 +263,7 @@ def register(
     ratio_mask_gradient: bool = False,
     reference_form: Callable[..., torch.Tensor] | None = None,
     trl: TRLPeer | None = None,
+    ratio_range: Callable[..., tuple[float, float]] | None = None,
 ) -> Callable[[Callable[..., MethodResult]], Callable[..., MethodResult]]:
     """Decorator: register ``fn`` under ``name`` (and ``aliases``) in ``METHODS``.
 
@@ -295,6 +299,7 @@ def register(
             ratio_mask_gradient,
             reference_form,
             trl,
+            ratio_range,
         )
         for key in (name, *aliases):
             if key in METHODS:

@@ -250,3 +250,30 @@ def test_the_full_distribution_flag_matches_what_the_method_reads(name):
             at.policy_loss(logp, old, adv, mask, method=name)
     else:
         assert torch.isfinite(at.policy_loss(logp, old, adv, mask, method=name).loss)
+
+
+def test_a_declared_ratio_range_is_what_the_min_form_trains():
+    """Every rule that declares ``ratio_range`` (TRL's ``delta`` composes with it through that range) trains, in its
+    min form, exactly Clip-Higher with ``(1 - l, u - 1)``: the same loss and gradient on a batch whose ratios reach
+    far past both ends, at its default parameters and at a second value of each."""
+    declared = [n for n in at.method_names(aliases=False) if at.METHODS[n].ratio_range is not None]
+    assert {"atr", "kl2", "is_kl3"} <= set(declared)
+    g = torch.Generator().manual_seed(3)
+    old = -torch.rand(8, 64, generator=g, dtype=torch.float64) * 3
+    logp0 = old + 0.6 * torch.randn(8, 64, generator=g, dtype=torch.float64)
+    adv = torch.randn(8, generator=g, dtype=torch.float64)
+    mask = torch.ones(8, 64, dtype=torch.bool)
+    for name in declared:
+        spec = at.METHODS[name]
+        for scale in (1.0, 2.0):
+            params = {k: v * scale for k, v in spec.defaults.items()}
+            lower, upper = spec.ratio_range(**params)
+            results = []
+            for rule, kw in ((name, params), ("clip_higher", {"epsilon_low": 1 - lower, "epsilon_high": upper - 1})):
+                logp = logp0.clone().requires_grad_(True)
+                loss = at.policy_loss(logp, old, adv, mask, method=rule, form="min", **kw).loss
+                (grad,) = torch.autograd.grad(loss, logp)
+                results.append((loss.detach(), grad))
+            (la, ga), (lb, gb) = results
+            assert torch.allclose(la, lb, rtol=1e-12, atol=0) and torch.allclose(ga, gb, rtol=1e-12, atol=1e-15), name
+            assert bool((ga == 0).any())  # the range acted

@@ -180,6 +180,7 @@ def atr_reference(logp, old_logp, advantages, mask, *, delta, form):
     "pure clip); Thm 3.2",
     aliases=("kl3",),
     ratio_mask_gradient=True,
+    ratio_range=ranges.kl3_clip_range,
 )
 def atr(batch: TokenBatch, delta: float) -> MethodResult:
     r"""ATR-based clipping: the general clip operator (paper Eq. 5) with ``C = k3 = w - 1 - log w <= delta``.
@@ -231,6 +232,7 @@ def kl2_reference(logp, old_logp, advantages, mask, *, delta, form):
     forms=("min", "mask"),
     reference="Schulman 2020, 'Approximating KL Divergence' (k2); paper Table 3",
     ratio_mask_gradient=True,
+    ratio_range=ranges.kl2_clip_range,
 )
 def kl2(batch: TokenBatch, delta: float) -> MethodResult:
     r"""Constraint ``k2 = (log w)^2 / 2 <= delta`` (symmetric in ``log w``): its ratio range inside PPO's min
@@ -251,6 +253,7 @@ def is_kl3_reference(logp, old_logp, advantages, mask, *, delta, form):
     forms=("min", "mask"),
     reference="paper Table 3 'IS-weighted KL3'; derivation in atr_theory.ranges.is_kl3_clip_range",
     ratio_mask_gradient=True,
+    ratio_range=ranges.is_kl3_clip_range,
 )
 def is_kl3(batch: TokenBatch, delta: float) -> MethodResult:
     r"""Constraint ``w k3(1/w) = 1 - w + w log w <= delta``: its ratio range inside PPO's min (default), or ``w A``
