@@ -12,11 +12,12 @@ from trl import GRPOConfig
 import atr_theory as at
 
 from .trl_options import (
-    TRL_LOSS_TYPES,
+    TRL_CLIP_FAMILY_LOSS_TYPES,
     TRL_METHOD,
     range_rule_with_trl_delta,
     trl_delta_rules,
     trl_loss_type_rule,
+    trl_loss_types,
     trl_rule,
     trl_rule_fields,
 )
@@ -164,11 +165,12 @@ def method_params(args) -> dict[str, float]:
 def check_method_config(args) -> at.ResolvedMethod:
     """Fail fast (before any model is loaded): the method choice through ``atr_theory.resolve``, the loss
     type, parameters set for a method that does not use them, and TRL loss options that cannot be honoured."""
-    if args.loss_type not in TRL_LOSS_TYPES:
-        raise ValueError(f"loss_type {args.loss_type!r} is not supported; use one of {list(TRL_LOSS_TYPES)}")
+    loss_types = trl_loss_types()
+    if args.loss_type not in loss_types:
+        raise ValueError(f"loss_type {args.loss_type!r} is not supported; use one of {list(loss_types)}")
     implied = trl_loss_type_rule(args.loss_type)
     if implied is not None and args.method != TRL_METHOD:
-        family = [name for name in TRL_LOSS_TYPES if trl_loss_type_rule(name) is None]
+        family = list(TRL_CLIP_FAMILY_LOSS_TYPES)
         raise ValueError(
             f"method={args.method!r} with loss_type={args.loss_type!r}: that loss type is TRL's {implied} rule with "
             f"TRL's parameters; leave method unset (or 'trl') for it, or pick the aggregation of {family} to train "

@@ -64,12 +64,12 @@ from .method_choice import (  # noqa: F401  (part of this module's API: configs,
 )
 from .model_parts import base_model, head_snapshot, last_hidden_states, output_head
 from .trl_options import (  # noqa: F401  (trl_rule: part of this module's API)
-    TRL_LOSS_TYPES,
     TRL_METHOD,
     EntropyBonus,
     EntropyBonusField,
     default_method,
     range_rule_with_trl_delta,
+    trl_loss_types,
     trl_metrics,
     trl_option_layers,
     trl_rule,
@@ -312,7 +312,7 @@ class ATRLossMixin:
         the same way. Returns the ``LossOutput``, the loss and the per-token KL (None without ``beta``)."""
         args, mask = self.args, batch["mask"]
         per_token_logps, old_per_token_logps = batch["logp"], batch["old_logp"]
-        aggregation = TRL_LOSS_TYPES[self.loss_type].aggregation
+        aggregation = trl_loss_types()[self.loss_type].aggregation
         max_length = self.max_completion_length if aggregation == "dr_grpo" else None  # only dr_grpo uses it
         layers = trl_option_layers(args)
         if "sequence_mask" in layers:  # OPSM reads the sampling policy's log-probs where vLLM gave them (as TRL)
@@ -351,7 +351,7 @@ class ATRLossMixin:
         args, mask = self.args, batch["mask"]
         mode = "train" if self.model.training else "eval"
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-        if TRL_LOSS_TYPES[self.loss_type].by_generation_tokens:  # TRL: token sum over the generation batch's count
+        if trl_loss_types()[self.loss_type].by_generation_tokens:  # TRL: token sum over the generation batch's count
             normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
             if mode == "train":
                 normalizer = normalizer * self.current_gradient_accumulation_steps / args.steps_per_generation

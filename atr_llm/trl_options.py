@@ -3,8 +3,8 @@
 
 The rule itself (``loss_type`` cispo / sapo / vespo, ``epsilon``, ``epsilon_high``, ``delta``) is mapped in
 ``trl_rule``: a loss type that is a rule of its own is declared where that rule is registered (``MethodSpec.trl``,
-an ``atr_theory.TRLPeer``: the fields TRL reads, the parameters they give, TRL's metrics). ``tests/test_trl_options.py``
-pins every option against TRL's own GRPOTrainer.
+an ``atr_theory.TRLPeer``: the fields TRL reads, the parameters they give, TRL's metrics and aggregation).
+``tests/test_trl_options.py`` pins every option against TRL's own GRPOTrainer.
 """
 
 from __future__ import annotations
@@ -23,24 +23,32 @@ from atr_theory.registry import rule_for_trl_loss_type
 @dataclass(frozen=True)
 class TRLLossType:
     """What one of TRL's ``loss_type`` values means here: an aggregation of ``atr_theory.AGGREGATIONS`` and whether
-    TRL divides the token sum by the generation batch's token count (``num_items_in_batch``) instead. The rule a
-    loss type is, where it is one (cispo, sapo, vespo), is declared with that rule (``trl_loss_type_rule``)."""
+    TRL divides the token sum by the generation batch's token count (``num_items_in_batch``) instead."""
 
     aggregation: str
     by_generation_tokens: bool = False
 
 
-# TRL 1.16's loss_type values (GRPOTrainer._compute_loss): each one's aggregation
-TRL_LOSS_TYPES = {
+# TRL 1.16's loss_type values that are only an aggregation (GRPOTrainer._compute_loss), for its PPO-clip family; a
+# loss type that is a rule of its own (cispo, sapo, vespo) is declared with that rule (``MethodSpec.trl``)
+TRL_CLIP_FAMILY_LOSS_TYPES = {
     "grpo": TRLLossType("seq_mean_token_mean"),
     "bnpo": TRLLossType("token_mean"),
     "dr_grpo": TRLLossType("dr_grpo"),
     "dapo": TRLLossType("token_mean", by_generation_tokens=True),
     "luspo": TRLLossType("seq_mean_token_sum"),
-    "cispo": TRLLossType("token_mean", by_generation_tokens=True),
-    "sapo": TRLLossType("seq_mean_token_mean"),
-    "vespo": TRLLossType("token_mean", by_generation_tokens=True),
 }
+
+
+def trl_loss_types() -> dict[str, TRLLossType]:
+    """Every TRL ``loss_type`` this package honours, with its aggregation: the PPO-clip family's, then each
+    registered rule's ``TRLPeer`` (in registration order)."""
+    peers = {
+        spec.trl.loss_type: TRLLossType(spec.trl.aggregation, spec.trl.by_generation_tokens)
+        for name in at.method_names(aliases=False)
+        if (spec := at.METHODS[name]).trl is not None
+    }
+    return {**TRL_CLIP_FAMILY_LOSS_TYPES, **peers}
 
 
 def trl_loss_type_rule(loss_type: str) -> str | None:

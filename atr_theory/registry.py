@@ -193,13 +193,17 @@ class TRLPeer:
     parameters from a config (``params(config) -> {name: value}``), and the loss metrics TRL logs for it under
     TRL's names (``metrics(out, advantages, log_ratio, params, mean) -> {name: value}``: ``out`` the
     ``LossOutput``, ``advantages`` (B, 1) or (B, T), ``log_ratio`` the token log-ratios, ``params`` the rule's
-    parameters, ``mean`` averaging a boolean (B, T) flag as TRL does). ``tests/test_trl_options.py`` pins each
-    against TRL's own loss and metrics on the same batch."""
+    parameters, ``mean`` averaging a boolean (B, T) flag as TRL does), and how TRL aggregates that loss type: an
+    ``atr_theory.AGGREGATIONS`` name, and whether TRL divides the token sum by the generation batch's token count
+    (``num_items_in_batch``) instead. ``tests/test_trl_options.py`` pins each against TRL's own loss and metrics on
+    the same batch."""
 
     loss_type: str
     fields: tuple[str, ...]
     params: Callable[[Any], dict[str, float]]
     metrics: Callable[..., dict[str, float]]
+    aggregation: str
+    by_generation_tokens: bool = False
 
 
 @dataclass(frozen=True)

@@ -393,3 +393,17 @@ def test_trls_adaptive_entropy_tests_pass_with_trls_entropy_coef_attribute(tmp_p
     assert saved["last_world_entropy"] == pytest.approx(ours._last_world_entropy)
     theirs = _adaptive_entropy_run(tmp_path / "theirs", tok, trl.GRPOTrainer, trl.GRPOConfig)
     assert ours.entropy_coef == pytest.approx(theirs.entropy_coef, abs=1e-12)
+
+
+def test_the_loss_types_honoured_are_exactly_the_ones_trl_documents():
+    """``trl_loss_types()`` (TRL's PPO-clip family plus each rule's ``TRLPeer``) lists every ``loss_type`` TRL's own
+    ``GRPOConfig`` documents as supported, and nothing else; the rules among them are exactly ``RULES``."""
+    import dataclasses
+    import re
+
+    from atr_llm.trl_options import trl_loss_type_rule, trl_loss_types
+
+    help_text = {f.name: f for f in dataclasses.fields(trl.GRPOConfig)}["loss_type"].metadata["help"]
+    supported = help_text[help_text.index("Supported values are") :].split(".")[0]
+    assert set(trl_loss_types()) == set(re.findall(r"'(\w+)'", supported))
+    assert {lt for lt in trl_loss_types() if trl_loss_type_rule(lt) is not None} == set(RULES)

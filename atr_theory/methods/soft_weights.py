@@ -45,7 +45,9 @@ def _no_trl_metrics(out, advantages, log_ratio, params, mean) -> dict[str, float
     },
     default_form="soft",
     forms=("soft",),
-    trl=TRLPeer("sapo", ("sapo_temperature_pos", "sapo_temperature_neg"), _sapo_from_trl, _no_trl_metrics),
+    trl=TRLPeer(
+        "sapo", ("sapo_temperature_pos", "sapo_temperature_neg"), _sapo_from_trl, _no_trl_metrics, "seq_mean_token_mean"
+    ),
     reference="Gao et al. 2025 (SAPO, arXiv 2511.20347); TRL loss_type 'sapo'; verl 'sapo'",
 )
 def sapo(batch: TokenBatch, tau_pos: float, tau_neg: float) -> MethodResult:
@@ -99,7 +101,7 @@ def _cispo_trl_metrics(out, advantages, log_ratio, params, mean) -> dict[str, fl
     },
     default_form="soft",
     forms=("soft",),
-    trl=TRLPeer("cispo", ("epsilon", "epsilon_high"), _cispo_from_trl, _cispo_trl_metrics),
+    trl=TRLPeer("cispo", ("epsilon", "epsilon_high"), _cispo_from_trl, _cispo_trl_metrics, "token_mean", True),
     reference="MiniMax 2025 (MiniMax-M1, arXiv 2506.13585), CISPO; TRL loss_type 'cispo' (cap only); verl 'cispo'",
 )
 def cispo(batch: TokenBatch, epsilon_low: float, epsilon_high: float) -> MethodResult:
@@ -179,7 +181,7 @@ def _vespo_trl_metrics(out, advantages, log_ratio, params, mean) -> dict[str, fl
     "vespo",
     reference_form=vespo_reference,
     params=_VESPO_PARAMS,
-    trl=TRLPeer("vespo", tuple(_VESPO_PARAMS), _vespo_from_trl, _vespo_trl_metrics),
+    trl=TRLPeer("vespo", tuple(_VESPO_PARAMS), _vespo_from_trl, _vespo_trl_metrics, "token_mean", True),
     default_form="soft",
     forms=("soft",),
     reference="VESPO (variational sequence-level soft policy optimisation); TRL loss_type 'vespo'",
