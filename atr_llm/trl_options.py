@@ -101,9 +101,14 @@ def two_sided_clip(epsilon_low: float, epsilon_high: float, delta: float) -> tup
 
 
 def trl_delta_rules() -> tuple[str, ...]:
-    """Rules whose min form is PPO's min with a finite ratio range (``MethodSpec.ratio_range``, a function of their
-    parameters): TRL's ``delta`` composes with them as it does with TRL's own clip (``range_rule_with_trl_delta``)."""
-    return tuple(name for name in at.method_names(aliases=False) if at.METHODS[name].ratio_range is not None)
+    """Rules whose min form is PPO's min with a finite ratio range (``MethodSpec.ratio_range``, at their defaults):
+    TRL's ``delta`` composes with them as it does with TRL's own clip (``range_rule_with_trl_delta``)."""
+    names = []
+    for name in at.method_names(aliases=False):
+        spec = at.METHODS[name]
+        if spec.ratio_range is not None and math.isfinite(float(spec.ratio_range(**spec.defaults)[1])):
+            names.append(name)
+    return tuple(names)
 
 
 def range_rule_with_trl_delta(rule: str, params: dict[str, float], delta: float) -> tuple[str, dict[str, float]]:

@@ -229,8 +229,10 @@ class MethodSpec:
     trl: TRLPeer | None = None
     """Where TRL ships this rule as a ``loss_type`` of its own: how its config maps onto it (``TRLPeer``)."""
     ratio_range: Callable[..., tuple[float, float]] | None = None
-    """A rule whose min form is PPO's min with a constant, finite ratio range: ``ratio_range(**params) -> (l, u)``
-    (TRL's ``delta`` composes with such a rule as with TRL's own clip: ``atr_llm.trl_options``)."""
+    """A rule whose min form is PPO's min ``min(w A, clip(w, l, u) A)`` with one constant ratio range:
+    ``ratio_range(**params) -> (l, u)`` (``u`` may be ``inf``). TRL's ``delta`` composes with such a rule, where ``u``
+    is finite, as with TRL's own clip (``atr_llm.trl_options``); ``tests/test_registry.py`` checks each declaration
+    against PPO's min written out."""
 
     @property
     def defaults(self) -> dict[str, float]:

@@ -253,27 +253,31 @@ def test_the_full_distribution_flag_matches_what_the_method_reads(name):
 
 
 def test_a_declared_ratio_range_is_what_the_min_form_trains():
-    """Every rule that declares ``ratio_range`` (TRL's ``delta`` composes with it through that range) trains, in its
-    min form, exactly Clip-Higher with ``(1 - l, u - 1)``: the same loss and gradient on a batch whose ratios reach
-    far past both ends, at its default parameters and at a second value of each."""
+    """Every rule that declares ``ratio_range`` trains, in its min form, PPO's own min objective
+    ``min(w A, clip(w, l, u) A)`` (Schulman et al. 2017, written out here) with the declared ``(l, u)``: the same
+    per-token value and gradient on float64 batches whose ratios reach past both ends (0.3 to 3, both signs of the
+    advantage), at the rule's defaults and at twice them. The rules that are not one constant range in PPO's min
+    (a dual clip's floor, per-token bounds, a covariance selection, GSPO's sequence ratios) declare none."""
     declared = [n for n in at.method_names(aliases=False) if at.METHODS[n].ratio_range is not None]
-    assert {"atr", "kl2", "is_kl3"} <= set(declared)
+    assert {"clip", "clip_higher", "atr", "kl1", "kl2", "is_kl3"} <= set(declared)
+    assert not {"dual_clip", "dual_clip_higher", "dcpo", "trgppo", "clip_cov", "gspo"} & set(declared)
     g = torch.Generator().manual_seed(3)
-    old = -torch.rand(8, 64, generator=g, dtype=torch.float64) * 3
-    logp0 = old + 0.6 * torch.randn(8, 64, generator=g, dtype=torch.float64)
-    adv = torch.randn(8, generator=g, dtype=torch.float64)
-    mask = torch.ones(8, 64, dtype=torch.bool)
+    w0 = torch.exp(torch.empty(16, 64, dtype=torch.float64).uniform_(-1.2, 1.1, generator=g))
+    adv = torch.randn(16, 64, generator=g, dtype=torch.float64)
+    mask = torch.ones(16, 64, dtype=torch.bool)
     for name in declared:
         spec = at.METHODS[name]
         for scale in (1.0, 2.0):
             params = {k: v * scale for k, v in spec.defaults.items()}
-            lower, upper = spec.ratio_range(**params)
-            results = []
-            for rule, kw in ((name, params), ("clip_higher", {"epsilon_low": 1 - lower, "epsilon_high": upper - 1})):
-                logp = logp0.clone().requires_grad_(True)
-                loss = at.policy_loss(logp, old, adv, mask, method=rule, form="min", **kw).loss
-                (grad,) = torch.autograd.grad(loss, logp)
-                results.append((loss.detach(), grad))
-            (la, ga), (lb, gb) = results
-            assert torch.allclose(la, lb, rtol=1e-12, atol=0) and torch.allclose(ga, gb, rtol=1e-12, atol=1e-15), name
-            assert bool((ga == 0).any())  # the range acted
+            lower, upper = (float(b) for b in spec.ratio_range(**params))
+            y = torch.log(w0).requires_grad_(True)
+            batch = at.TokenBatch(y, adv, mask, y.detach(), torch.zeros_like(y), form="min")
+            objective = spec.fn(batch, **params).objective
+            (grad,) = torch.autograd.grad(objective.sum(), y)
+            y_ref = torch.log(w0).requires_grad_(True)
+            w = torch.exp(y_ref)
+            ppo = torch.minimum(w * adv, torch.clamp(w, lower, upper) * adv)
+            (grad_ref,) = torch.autograd.grad(ppo.sum(), y_ref)
+            torch.testing.assert_close(objective.detach(), ppo.detach(), rtol=0, atol=1e-15, msg=name)
+            torch.testing.assert_close(grad, grad_ref, rtol=0, atol=1e-15, msg=name)
+            assert bool((grad == 0).any()) and bool((grad != 0).any()), name  # the range bites on these batches

@@ -131,18 +131,18 @@ def test_every_loss_type_and_option_equals_trls_own_loss(tmp_path, tok, loss_typ
         assert 0 < metrics["clip/frac_dropped_entropy_mask"] < 1
 
 
-@pytest.mark.parametrize("delta", [1.3, 3.0])  # below ATR's upper bound 1.422 (it caps A > 0) and above it
-def test_trls_delta_on_atrs_min_form_equals_trls_two_sided_clip_on_atrs_range(tmp_path, tok, delta):
-    """TRL's ``delta`` composes with ATR's min form as TRL applies it to its own clip: the same loss and gradient as
-    TRL's GRPOTrainer with epsilon = 1 - l, epsilon_high = u - 1 and that delta."""
-    import atr_theory as at
+def _trl_delta_rules():
+    from atr_llm.trl_options import trl_delta_rules
 
-    lower, upper = at.kl3_clip_range(0.07)
-    model = tiny.build_tiny_model(tok).double()
+    return trl_delta_rules()
+
+
+def _against_trls_clip(tmp_path, tok, model, delta, lower, upper, **ours_kw):
+    """Our trainer (``ours_kw``, TRL's ``delta``) and TRL's with its clip set to ``[lower, upper]`` and that delta, on
+    one batch: our loss and gradients, after asserting they equal TRL's (the tolerance of ``_assert_same``)."""
     ds = data.to_grpo_dataset(data.arithmetic_dataset(16))
     reward = rewards.CorrectnessReward()
-    ours = ATRGRPOConfig(**grpo_config_kwargs(tmp_path / "a", delta=delta), method="atr", divergence_delta=0.07)
-    assert ours.resolved_method.name == "dual_clip_higher" and ours.resolved_method.form == "min"
+    ours = ATRGRPOConfig(**grpo_config_kwargs(tmp_path / "a", delta=delta), **ours_kw)
     theirs = trl.GRPOConfig(
         **grpo_config_kwargs(tmp_path / "b", delta=delta, epsilon=1 - lower, epsilon_high=upper - 1)
     )
@@ -163,12 +163,41 @@ def test_trls_delta_on_atrs_min_form_equals_trls_two_sided_clip_on_atrs_range(tm
         if x is not None
     )
     assert worst <= 3e-5
+    return la, inputs
+
+
+@pytest.mark.parametrize("rule", _trl_delta_rules())
+def test_trls_delta_on_every_declared_range_equals_trls_own_clip_on_that_range(tmp_path, tok, rule):
+    """Every rule that TRL's ``delta`` composes with (a declared finite ``ratio_range``), at its default parameters:
+    the same loss and gradient as TRL's GRPOTrainer with epsilon = 1 - l, epsilon_high = u - 1 and that delta."""
+    import atr_theory as at
+
+    spec = at.get_method(rule)
+    lower, upper = (float(b) for b in spec.ratio_range(**spec.defaults))
+    model = tiny.build_tiny_model(tok).double()
+    _against_trls_clip(tmp_path, tok, model, 1.3, lower, upper, method=rule)
+
+
+@pytest.mark.parametrize("delta", [1.3, 3.0])  # below ATR's upper bound 1.422 (it caps A > 0) and above it
+def test_trls_delta_on_atrs_min_form_equals_trls_two_sided_clip_on_atrs_range(tmp_path, tok, delta):
+    """TRL's ``delta`` composes with ATR's min form as TRL applies it to its own clip: the same loss and gradient as
+    TRL's GRPOTrainer with epsilon = 1 - l, epsilon_high = u - 1 and that delta."""
+    import atr_theory as at
+
+    lower, upper = at.kl3_clip_range(0.07)
+    model = tiny.build_tiny_model(tok).double()
+    la, inputs = _against_trls_clip(tmp_path, tok, model, delta, lower, upper, method="atr", divergence_delta=0.07)
+    ours = ATRGRPOConfig(**grpo_config_kwargs(tmp_path / "d", delta=delta), method="atr", divergence_delta=0.07)
+    assert ours.resolved_method.name == "dual_clip_higher" and ours.resolved_method.form == "min"
     if delta > upper:
         return  # the cap on A < 0 tokens (w > 3) may not act on this batch; below u the cap on A > 0 tokens does
     plain = ATRGRPOConfig(**grpo_config_kwargs(tmp_path / "c"), method="atr", divergence_delta=0.07)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        c = ATRGRPOTrainer(model=model, reward_funcs=[reward], args=plain, train_dataset=ds, processing_class=tok)
+        ds = data.to_grpo_dataset(data.arithmetic_dataset(16))
+        c = ATRGRPOTrainer(
+            model=model, reward_funcs=[rewards.CorrectnessReward()], args=plain, train_dataset=ds, processing_class=tok
+        )
     c.beta = 0.0
     (lc, _), = _loss_grads_metrics(c, model, inputs)[0]
     assert abs(lc.item() - la.item()) > 1e-3 * abs(la.item())  # far beyond the tolerance above

@@ -13,6 +13,16 @@ from ._params import DELTA, DUAL_CLIP_C, EPSILON, EPSILON_HIGH, EPSILON_LOW
 from ._ratio import _clamp_objective, _divergence_rule, _dual_clip, ratio_objective
 
 
+def _clip_range(epsilon: float) -> tuple[float, float]:
+    """PPO's ratio range ``[1 - eps, 1 + eps]``."""
+    return 1.0 - epsilon, 1.0 + epsilon
+
+
+def _clip_higher_range(epsilon_low: float, epsilon_high: float) -> tuple[float, float]:
+    """Clip-Higher's ratio range ``[1 - eps_low, 1 + eps_high]``."""
+    return 1.0 - epsilon_low, 1.0 + epsilon_high
+
+
 def clip_reference(logp, old_logp, advantages, mask, *, epsilon, form):
     """PPO / GRPO: keep ``w`` in ``[1 - eps, 1 + eps]``."""
     w, adv = plain.ratio_and_advantages(logp, old_logp, advantages, mask)
@@ -29,10 +39,11 @@ def clip_reference(logp, old_logp, advantages, mask, *, epsilon, form):
     forms=("min", "mask"),
     reference="Schulman et al. 2017 (PPO); Shao et al. 2024 (GRPO); TRL loss_type grpo family",
     ratio_mask_gradient=True,
+    ratio_range=_clip_range,
 )
 def clip(batch: TokenBatch, epsilon: float) -> MethodResult:
     r"""Symmetric ratio clipping, ``w in [1 - eps, 1 + eps]``."""
-    return ratio_objective(batch, 1.0 - epsilon, 1.0 + epsilon)
+    return ratio_objective(batch, *_clip_range(epsilon))
 
 
 def clip_higher_reference(logp, old_logp, advantages, mask, *, epsilon_low, epsilon_high, form):
@@ -51,10 +62,11 @@ def clip_higher_reference(logp, old_logp, advantages, mask, *, epsilon_low, epsi
     forms=("min", "mask"),
     reference="Yu et al. 2025 (DAPO), Clip-Higher; TRL epsilon_high",
     ratio_mask_gradient=True,
+    ratio_range=_clip_higher_range,
 )
 def clip_higher(batch: TokenBatch, epsilon_low: float, epsilon_high: float) -> MethodResult:
     r"""Asymmetric ratio clipping, ``w in [1 - eps_low, 1 + eps_high]``."""
-    return ratio_objective(batch, 1.0 - epsilon_low, 1.0 + epsilon_high)
+    return ratio_objective(batch, *_clip_higher_range(epsilon_low, epsilon_high))
 
 
 def dual_clip_reference(logp, old_logp, advantages, mask, *, epsilon, dual_clip_c, form):
@@ -208,6 +220,7 @@ def kl1_reference(logp, old_logp, advantages, mask, *, delta, form):
     forms=("min", "mask"),
     reference="Schulman 2020, 'Approximating KL Divergence' (k1); paper Table 3",
     ratio_mask_gradient=True,
+    ratio_range=ranges.kl1_clip_range,
 )
 def kl1(batch: TokenBatch, delta: float) -> MethodResult:
     r"""Constraint ``k1 = -log w <= delta``: its ratio range inside PPO's min (default), or ``w A`` where it holds.

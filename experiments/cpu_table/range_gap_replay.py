@@ -6,7 +6,7 @@ loss values also differ on tokens clipped by both -- clamped to different consta
 either, and the optimizer sees only gradients). Training here is deterministic on one machine kind, so two such runs from the same SFT model stay equal bit
 for bit until the first such token (README, "Two declarations of one rule"). This script re-trains the first
 ``--steps`` steps of ``--run`` exactly as ``python -m experiments.cpu_table`` did (same config, arguments, seed and SFT
-model, one thread as its workers), with a read-only spy on ``atr_theory.methods.ratio_objective`` that records,
+model, one thread as its workers), with an observer on the rule's registry entry (``rule_observed``) that records,
 per loss call, every valid token in those slivers; it then checks that the replay's logged windows equal the
 original run's ``log_history.json`` (every value but the wall-clock ones), so the tokens found are the run's own.
 
@@ -61,44 +61,20 @@ def gap_tokens(batch, lower: float, upper: float, other: tuple[float, float]) ->
 
 
 def constant_range_in_min_form(choice) -> tuple[float, float] | None:
-    """The one constant ratio range ``(lower, upper)`` a resolved method applies in PPO's min form, read from the
-    method itself: it is called once on a small batch with a read-only spy on
-    ``atr_theory.methods.ratio_objective``, and it qualifies only when that was its single call, on the batch it
-    was given (token ratios, not GSPO's sequence ratios), with float bounds and no dual-clip floor, and it returned
-    that call's result unchanged (a constraint passed along is read only in the mask form). Then two such rules differ
-    exactly on ``gap_tokens``. None otherwise (the mask form, per-token bounds, a floor, a soft gate, sequence
-    ratios, a wrapped result): there other tokens differ too."""
-    import math
-
-    from atr_theory import methods
-
-    if choice.form != "min":
+    """The one constant ratio range ``(lower, upper)`` a resolved method applies in PPO's min form: its registered
+    ``ratio_range`` at its parameters (``tests/test_registry.py`` checks each declaration against PPO's min written
+    out). Then two such rules differ exactly on ``gap_tokens``. None in the mask form and for a rule that declares no
+    range (a dual-clip floor, per-token bounds, a soft gate, sequence ratios): there other tokens differ too."""
+    if choice.form != "min" or choice.spec.ratio_range is None:
         return None
-    original, calls = methods.ratio_objective, []
-
-    def spy(seen, lower, upper, constraint=None, negative_cap=math.inf):
-        calls.append((seen, lower, upper, negative_cap, original(seen, lower, upper, constraint, negative_cap)))
-        return calls[-1][-1]
-
-    g = torch.Generator().manual_seed(0)
-    logp = -torch.rand(2, 8, generator=g, dtype=torch.float64) - 0.1
-    old_logp = logp + 0.3 * torch.randn(2, 8, generator=g, dtype=torch.float64)
-    advantages, mask = torch.randn(2, 8, generator=g, dtype=torch.float64), torch.ones(2, 8, dtype=torch.bool)
-    batch = methods.TokenBatch(logp - old_logp, advantages, mask, logp, old_logp, form="min")
-    with ratio_objective_replaced_by(spy):
-        result = choice.spec.fn(batch, **choice.params)
-    if len(calls) != 1:
-        return None
-    seen, lower, upper, negative_cap, returned = calls[0]
-    if seen is not batch or not (isinstance(lower, float) and isinstance(upper, float)):
-        return None
-    return (lower, upper) if negative_cap == math.inf and result is returned else None
+    lower, upper = choice.spec.ratio_range(**choice.params)
+    return float(lower), float(upper)
 
 
-def check_replayable(run: str) -> None:
+def check_replayable(run: str) -> tuple[float, float]:
     """``run`` must be a cpu-table run whose rule is one constant ratio range in PPO's min form
-    (``constant_range_in_min_form``): in the mask form, with per-token bounds, a dual-clip floor or a soft gate
-    other tokens differ too, and ``gap_tokens`` would miss them."""
+    (``constant_range_in_min_form``), whose range it returns: in the mask form, with per-token bounds, a dual-clip
+    floor or a soft gate other tokens differ too, and ``gap_tokens`` would miss them."""
     from atr_theory import methods
     from experiments import cpu_table
 
@@ -106,58 +82,60 @@ def check_replayable(run: str) -> None:
         raise ValueError(f"--run: {run!r} is not a run of experiments.cpu_table.CPU_RUNS")
     spec = dict(cpu_table.CPU_RUNS[run])
     choice = methods.resolve(spec.pop("method"), spec.pop("form", None), **spec)
-    if constant_range_in_min_form(choice) is None:
+    found = constant_range_in_min_form(choice)
+    if found is None:
         raise ValueError(
             f"--run {run}: {choice.name} in the {choice.form} form is not one constant ratio range in the min form"
             " (the sliver test holds only there)"
         )
+    return found
 
 
 @contextlib.contextmanager
-def ratio_objective_replaced_by(spy):
-    """Within the block, every module of ``atr_theory.methods`` that calls ``ratio_objective`` calls ``spy``: the
-    family modules and ``_ratio`` itself (whose ``_divergence_rule`` calls it for atr, kl1, kl2, is_kl3). Each
-    imported the name, so each module's binding is replaced, and restored after."""
-    import importlib
+def rule_observed(name: str, observe):
+    """Within the block, the registry entry of rule ``name`` (and its aliases) calls ``observe(batch)`` before the
+    rule itself on every loss call; the entry is restored after. The registry is where every caller looks a rule up
+    (``atr_theory.resolve``), so nothing else is replaced."""
+    import dataclasses
 
     from atr_theory import methods
 
-    names = ["_ratio", *methods.family_modules()]
-    users = [importlib.import_module(f"{methods.__name__}.{name}") for name in names]
-    users = [module for module in users if getattr(module, "ratio_objective", None) is methods.ratio_objective]
-    for module in users:
-        module.ratio_objective = spy
+    spec = methods.get_method(name)
+
+    def observed(batch, **params):
+        observe(batch)
+        return spec.fn(batch, **params)
+
+    keys = (spec.name, *spec.aliases)
+    for key in keys:
+        methods.METHODS[key] = dataclasses.replace(spec, fn=observed)
     try:
         yield
     finally:
-        for module in users:
-            module.ratio_objective = methods.ratio_objective
+        for key in keys:
+            methods.METHODS[key] = spec
 
 
 def replay(run: str, seed: int, steps: int, runs_dir: Path, other: tuple[float, float]) -> dict:
     from atr_llm import train
-    from atr_theory import methods
     from experiments import cpu_table
 
-    check_replayable(run)
+    lower, upper = check_replayable(run)
 
     cpu_table.worker_init()  # one thread, as the driver's workers: the same floating-point reductions
-    original = methods.ratio_objective
     found: list[dict] = []
     calls = [0]
 
-    def spy(batch, lower, upper, *args, **kwargs):
+    def observe(batch):
         calls[0] += 1
-        if isinstance(lower, float) and isinstance(upper, float):
-            found.extend({"call": calls[0], **t} for t in gap_tokens(batch, lower, upper, other))
-        return original(batch, lower, upper, *args, **kwargs)
+        found.extend({"call": calls[0], **t} for t in gap_tokens(batch, lower, upper, other))
 
     run_dir = cpu_table.run_directory(runs_dir, run, seed)
     job = {"run": run, "seed": seed, "sft_dir": cpu_table.run_directory(runs_dir, "sft", seed)}
     job["learning_rate"] = json.loads((run_dir / "result.json").read_text()).get("learning_rate")  # the run's own
     with tempfile.TemporaryDirectory() as tmp:
         argv = cpu_table.train_argv(job, tmp, steps, 10**6)
-        with ratio_objective_replaced_by(spy):
+        with rule_observed(cpu_table.CPU_RUNS[run]["method"], observe):
             train.main(argv)
         mine = json.loads((Path(tmp) / "log_history.json").read_text())
     theirs = json.loads((run_dir / "log_history.json").read_text())
