@@ -228,6 +228,9 @@ class MethodSpec:
     compares the two; rules without one are pinned by brute force in ``tests/test_oracles.py``)."""
     trl: TRLPeer | None = None
     """Where TRL ships this rule as a ``loss_type`` of its own: how its config maps onto it (``TRLPeer``)."""
+    verl_loss_mode: str | None = None
+    """verl 0.9.1's own ``policy_loss.loss_mode`` that computes this rule, each parameter read from its ``Param.verl``
+    fields (``tests/test_verl_oracle.py`` compares verl's mode with ``policy_loss`` on the same batch and config)."""
     ratio_range: Callable[..., tuple[float, float]] | None = None
     """A rule whose min form is PPO's min ``min(w A, clip(w, l, u) A)`` with one constant ratio range:
     ``ratio_range(**params) -> (l, u)`` (``u`` may be ``inf``). TRL's ``delta`` composes with such a rule, where ``u``
@@ -270,6 +273,7 @@ def register(
     reference_form: Callable[..., torch.Tensor] | None = None,
     trl: TRLPeer | None = None,
     ratio_range: Callable[..., tuple[float, float]] | None = None,
+    verl_loss_mode: str | None = None,
 ) -> Callable[[Callable[..., MethodResult]], Callable[..., MethodResult]]:
     """Decorator: register ``fn`` under ``name`` (and ``aliases``) in ``METHODS``.
 
@@ -305,6 +309,7 @@ def register(
             ratio_mask_gradient,
             reference_form,
             trl,
+            verl_loss_mode,
             ratio_range,
         )
         for key in (name, *aliases):

@@ -422,26 +422,42 @@ def test_clip_through_the_plugin_equals_verls_vanilla(method, cfg, aggregation):
         assert mp_["actor/ppo_kl"] == pytest.approx(mv["actor/ppo_kl"], rel=1e-9, abs=1e-12)
 
 
-@pytest.mark.parametrize(
-    "method, verl_mode, cfg",
-    [
-        ("dppo_tv", "dppo_tv", dict(clip_ratio_low=0.05, clip_ratio_high=0.08, clip_ratio_c=3.0)),
-        ("dppo_kl", "dppo_kl", dict(clip_ratio_low=0.02, clip_ratio_high=0.05, clip_ratio_c=3.0)),
-        ("geo_mean", "geo_mean", dict(clip_ratio_low=0.1, clip_ratio_high=0.3)),
-        ("gpg", "gpg", {}),
-        ("dro", "dro", dict(dro_beta=0.3)),
-        ("cispo", "cispo", dict(clip_ratio_low=0.2, clip_ratio_high=0.28)),
-    ],
-)
-def test_verls_own_rules_through_the_plugin_read_verls_fields(method, verl_mode, cfg):
-    """``atr_grpo_<rule>`` with verl's config fields (no ``$ATR_GRPO_PARAMS``) equals verl's own loss mode; GMPO under
-    ``seq-mean-token-mean``, which verl's ``geo_mean`` uses whatever the mode."""
-    agg = "seq-mean-token-mean" if method == "geo_mean" else "token-mean"
-    for seed in range(6):
-        batch = _probability_batch(seed, per_token=seed % 2 == 1)
-        lp_, gp, _ = _plugin(*batch, method, agg, **cfg)
-        lv, gv, _ = _verl(*batch, verl_mode, agg, **cfg)
-        assert _close(lp_, lv, "seq_mean_token_mean") and _close(gp, gv, "seq_mean_token_mean"), seed
+def _verl_peers():
+    """The rules that declare verl's own loss mode (``MethodSpec.verl_loss_mode``)."""
+    return [n for n in at.method_names(aliases=False) if at.METHODS[n].verl_loss_mode is not None]
+
+
+def _verl_fields(method: str, scale: float = 1.0) -> dict:
+    """verl's config fields for ``method``'s parameters at ``scale`` times their defaults (``Param.verl``)."""
+    return {
+        field: p.default * scale for p in at.METHODS[method].params.values() for _section, field in p.verl
+    }
+
+
+@pytest.mark.parametrize("method", _verl_peers())
+def test_every_declared_verl_peer_is_verls_own_loss_mode(method):
+    """Each rule that declares ``verl_loss_mode``, with its parameters set only through verl's config fields (at the
+    defaults and at 1.5 times them): ``atr_grpo_<rule>`` through the plugin and verl's own mode give the same
+    gradient and loss as ``policy_loss`` on the same batches (seq-mean-token-mean, which geo_mean and sapo use
+    whatever the mode; clip_cov's loss value differs by design, its gradient does not:
+    ``test_clip_cov_drops_the_same_tokens_as_verl``)."""
+    spec = at.METHODS[method]
+    assert spec.verl_loss_mode in core_algos.POLICY_LOSS_REGISTRY
+    agg = "seq-mean-token-mean"
+    for scale in (1.0, 1.5):
+        cfg = _verl_fields(method, scale)
+        params = {k: p.default * scale for k, p in spec.params.items()}
+        for seed in range(6):
+            batch = _probability_batch(seed, per_token=seed % 2 == 1 and method != "gspo")
+            kw = {"generator": torch.Generator().manual_seed(seed)} if method == "clip_cov" else {}
+            lo, go = _ours(*batch, method, "seq_mean_token_mean", **kw, **params)
+            torch.manual_seed(seed)  # clip_cov draws from torch's global generator in verl and in the plugin
+            lv, gv, _ = _verl(*batch, spec.verl_loss_mode, agg, **cfg)
+            torch.manual_seed(seed)
+            lp_, gp, _ = _plugin(*batch, method, agg, **cfg)
+            assert _close(go, gv, "seq_mean_token_mean") and _close(gp, gv, "seq_mean_token_mean"), (scale, seed)
+            if method != "clip_cov":
+                assert _close(lo, lv, "seq_mean_token_mean") and _close(lp_, lv, "seq_mean_token_mean"), (scale, seed)
 
 
 def test_verls_global_batch_info_sets_the_normalisation():

@@ -158,6 +158,7 @@ def dppo_tv_reference(logp, old_logp, advantages, mask, *, delta_low, delta_high
 
 @register(
     "dppo_tv",
+    verl_loss_mode="dppo_tv",
     reference_form=dppo_tv_reference,
     params={"delta_low": DELTA_LOW, "delta_high": DELTA_HIGH, "is_cap": IS_CAP},
     default_form="min",
@@ -186,6 +187,7 @@ def dppo_kl_reference(logp, old_logp, advantages, mask, *, delta_low, delta_high
 
 @register(
     "dppo_kl",
+    verl_loss_mode="dppo_kl",
     reference_form=dppo_kl_reference,
     params={"delta_low": DELTA_LOW, "delta_high": DELTA_HIGH, "is_cap": IS_CAP},
     default_form="min",

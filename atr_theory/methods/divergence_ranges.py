@@ -78,6 +78,7 @@ def dual_clip_reference(logp, old_logp, advantages, mask, *, epsilon, dual_clip_
 
 @register(
     "dual_clip",
+    verl_loss_mode="vanilla",
     reference_form=dual_clip_reference,
     params={"epsilon": EPSILON, "dual_clip_c": DUAL_CLIP_C},
     default_form="min",
@@ -103,6 +104,7 @@ def dual_clip_higher_reference(logp, old_logp, advantages, mask, *, epsilon_low,
 
 @register(
     "dual_clip_higher",
+    verl_loss_mode="vanilla",
     reference_form=dual_clip_higher_reference,
     params={"epsilon_low": EPSILON_LOW, "epsilon_high": EPSILON_HIGH, "dual_clip_c": DUAL_CLIP_C},
     default_form="min",

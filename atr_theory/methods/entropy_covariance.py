@@ -31,6 +31,7 @@ def _top_k_indices(values: torch.Tensor, k: int) -> torch.Tensor:
 
 @register(
     "clip_cov",
+    verl_loss_mode="clip_cov",
     params={
         "epsilon": EPSILON,
         "cov_ratio": replace(COV_RATIO, verl=(("policy_loss", "clip_cov_ratio"),)),
@@ -98,6 +99,7 @@ def kl_cov_reference(logp, old_logp, advantages, mask, *, cov_ratio, kl_coef):
 
 @register(
     "kl_cov",
+    verl_loss_mode="kl_cov",
     reference_form=kl_cov_reference,
     params={
         "cov_ratio": replace(COV_RATIO, default=2e-3, verl=(("policy_loss", "kl_cov_ratio"),)),

@@ -42,6 +42,7 @@ def gspo_reference(logp, old_logp, advantages, mask, *, epsilon_low, epsilon_hig
 
 @register(
     "gspo",
+    verl_loss_mode="gspo",
     reference_form=gspo_reference,
     params={"epsilon_low": EPSILON_LOW.with_default(3e-4), "epsilon_high": EPSILON_HIGH.with_default(4e-4)},
     default_form="min",
@@ -78,6 +79,7 @@ def gmpo_reference(logp, old_logp, advantages, mask, *, epsilon_low, epsilon_hig
 
 @register(
     "gmpo",
+    verl_loss_mode="geo_mean",
     reference_form=gmpo_reference,
     params={
         "epsilon_low": Param(

@@ -38,6 +38,7 @@ def _no_trl_metrics(out, advantages, log_ratio, params, mean) -> dict[str, float
 
 @register(
     "sapo",
+    verl_loss_mode="sapo",
     reference_form=sapo_reference,
     params={
         "tau_pos": Param(1.0, gt=0, help="SAPO gate temperature for tokens with A > 0", verl=(("actor", "tau_pos"),)),
@@ -82,6 +83,7 @@ def _cispo_trl_metrics(out, advantages, log_ratio, params, mean) -> dict[str, fl
 
 @register(
     "cispo",
+    verl_loss_mode="cispo",
     reference_form=cispo_reference,
     params={
         "epsilon_low": Param(

@@ -17,6 +17,7 @@ def reinforce_reference(logp, old_logp, advantages, mask):
 
 @register(
     "reinforce",
+    verl_loss_mode="gpg",
     reference_form=reinforce_reference,
     params={},
     default_form="none",
@@ -42,6 +43,7 @@ def dro_reference(logp, old_logp, advantages, mask, *, dro_beta):
 
 @register(
     "dro",
+    verl_loss_mode="dro",
     reference_form=dro_reference,
     params={
         "dro_beta": Param(
