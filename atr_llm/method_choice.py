@@ -188,8 +188,8 @@ def check_method_config(args) -> at.ResolvedMethod:
             if not _trl_delta_composes(args):
                 form = args.form or spec.default_form
                 raise ValueError(
-                    f"delta={args.delta!r} is set: TRL's two-sided clip acts on PPO's min with a ratio range; method="
-                    f"{args.method!r} in form {form!r} has none. Use method='trl' (TRL's own clip), one of "
+                    f"delta={args.delta!r} is set: TRL's two-sided clip acts on PPO's min with a finite ratio range; "
+                    f"method={args.method!r} in form {form!r} has none. Use method='trl' (TRL's own clip), one of "
                     f"{sorted(trl_delta_rules())} in form 'min', or method='dual_clip_higher' with dual_clip_c (the "
                     "paper's divergence threshold is --divergence_delta)"
                 )
