@@ -154,6 +154,18 @@ def _masked_sequence_mean(flag: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
     return (flag.to(torch.float64) * m).sum(-1) / m.sum(-1)
 
 
+def _trl_clip_flags(out: at.LossOutput, adv: torch.Tensor, args) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens TRL 1.16 counts as clipped low / high for its PPO-clip family: those the registry's ``clip_higher``
+    (min form, TRL's ``epsilon`` / ``epsilon_high``) clips, evaluated on the ratio TRL compares, ``min(w, delta)``
+    (TRL reports the range's clipping, not the cap's: with ``delta < 1 + epsilon_high`` nothing counts as high)."""
+    eps_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
+    delta = getattr(args, "delta", None)
+    y = out.log_ratio if delta is None else torch.clamp(out.log_ratio, max=math.log(delta))
+    batch = at.TokenBatch(y, adv.expand_as(y), out.mask, y, torch.zeros_like(y), "min")
+    result = at.get_method("clip_higher").fn(batch, epsilon_low=args.epsilon, epsilon_high=eps_high)
+    return result.clipped_low, result.clipped_high
+
+
 def trl_metrics(out: at.LossOutput, advantages: torch.Tensor, token_log_ratio: torch.Tensor, args) -> dict[str, float]:
     """TRL 1.16's loss metrics under TRL's names: ``clip_ratio/{low_mean, high_mean, region_mean, low_min,
     high_max}`` (the PPO-clip family), ``cispo_clip_ratio``, ``vespo/phi_seq_mean``. With ``method='trl'`` each is
@@ -173,11 +185,8 @@ def trl_metrics(out: at.LossOutput, advantages: torch.Tensor, token_log_ratio: t
     spec = rule_for_trl_loss_type(args.loss_type)
     if spec is None:
         low, high = out.result.clipped_low, out.result.clipped_high
-        if args.method == TRL_METHOD:  # TRL's flags: on min(w, delta), against epsilon / epsilon_high
-            eps_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
-            w = torch.exp(out.log_ratio)
-            w = w if getattr(args, "delta", None) is None else torch.clamp(w, max=args.delta)
-            low, high = (w < 1 - args.epsilon) & (adv < 0), (w > 1 + eps_high) & (adv > 0)
+        if args.method == TRL_METHOD:  # TRL's flags: Clip-Higher's at TRL's epsilons, on the ratio capped at delta
+            low, high = _trl_clip_flags(out, adv, args)
         return {
             "clip_ratio/low_mean": mean(low),
             "clip_ratio/high_mean": mean(high),
