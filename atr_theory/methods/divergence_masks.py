@@ -95,8 +95,10 @@ def binary_kl_fast(log_ratio: torch.Tensor, old_logp: torch.Tensor) -> torch.Ten
 def binary_kl_fast_error_bound(log_ratio: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
     r"""The absolute error ``binary_kl_fast`` is claimed (and tested) to stay within: ``8 eps (p |y| + q |log q| +
     q |log q'| + 1)``, ``eps`` the dtype's machine epsilon. Each of the formula's few roundings is a relative error of
-    one ``eps`` in ``p``, ``q``, ``q'``, ``y`` or a product; ``q = 1 - p`` is off by ``eps`` absolute, which ``q log q``
-    turns into at most ``eps (1 + |log q|)``. Computed in float64 (a bound, not a value the rule needs)."""
+    one ``eps`` in ``p``, ``q``, ``q'`` (``exp`` and ``expm1`` are accurate to the last bit or so), ``y`` or a
+    product; the log of a ratio correct to a few ``eps`` is off by a few ``eps`` absolute, which the factor ``q``
+    keeps below ``q`` times that, and the ``+ 1`` covers the sum's own rounding. Computed in float64 (a bound, not a
+    value the rule needs)."""
     y, old = log_ratio.double(), old_logp.double()
     eps = torch.finfo(log_ratio.dtype).eps
     p = torch.exp(old)
