@@ -65,6 +65,18 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         kwargs.setdefault("prog", command_name())
         super().__init__(*args, **kwargs)
+        self.relations: list = []
+
+    def relate(self, *relations) -> None:
+        """Declare relations between this command's arguments (``atr_llm.cli_types``: ``Exclusive``, ``Requires``,
+        ``AtMost``), named by their ``dest``; ``parse_args`` refuses a command line that breaks one, naming the
+        option, and the fuzzer builds command lines that break each."""
+        known = {a.dest for a in self._actions}
+        for relation in relations:
+            unknown = [n for n in relation.names if n not in known]
+            if unknown:
+                raise ValueError(f"relation {relation!r} names {unknown}, which this parser does not declare")
+        self.relations.extend(relations)
 
     def add_argument(self, *args, **kwargs):  # noqa: D102 - argparse's, with the declared domain in --help
         declared = kwargs.get("type")  # a declared type (atr_llm.cli_types) describes its domain
@@ -76,7 +88,36 @@ class Parser(argparse.ArgumentParser):
         argv = sys.argv[1:] if args is None else list(args)
         self.typed = argv
         refuse_unknown_options(self, argv)
-        return super().parse_args(argv, namespace)
+        given = options_given(self, argv)
+        repeated = next((uses for uses in given.values() if len(uses) > 1 and not _collects(uses[0][0])), None)
+        if repeated is not None:
+            self.error(given_twice(repeated))
+        parsed = super().parse_args(argv, namespace)
+        for action in self._actions:  # an option that collects values (NAME=FILE): no name twice
+            keyed = getattr(action.type, "key", None)
+            values = getattr(parsed, action.dest, None) if _collects(action) and keyed else None
+            keys = [keyed(v) for v in values or []]
+            twice = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
+            if twice is not None:
+                typed = given[action.dest][0][1]
+                self.error(
+                    f"{typed} {twice}: given twice ({', '.join(v for v in values if keyed(v) == twice)}); give each name once"
+                )
+        from .cli_types import check_relations
+
+        flags = {dest: uses[0][1] for dest, uses in given.items()}
+        shown = lambda dest: flags.get(dest) or self._flag_of(dest)  # noqa: E731
+        broken = check_relations(self.relations, lambda d: d in given, lambda d: getattr(parsed, d, None), shown)
+        if broken is not None:
+            self.exit(EXIT_USAGE, f"error: {one_line(broken[1])}\n")
+        return parsed
+
+    def _flag_of(self, dest: str) -> str:
+        """How argument ``dest`` is spelled: its longest option string, or its name for a positional."""
+        for action in self._actions:
+            if action.dest == dest:
+                return max(action.option_strings, key=len) if action.option_strings else (action.metavar or dest)
+        return dest
 
     def error(self, message: str):  # noqa: D102 - argparse's hook
         self.exit(EXIT_USAGE, f"error: {reworded(message, getattr(self, 'typed', []))}\n")
@@ -100,6 +141,49 @@ def reworded(message: str, argv: list[str]) -> str:
 
 
 NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+(e[+-]?\d+)?$|^-inf$|^-nan$", re.I)
+
+
+def _collects(action: argparse.Action) -> bool:
+    """Whether an option is meant to be given several times (argparse's append / count / extend actions)."""
+    return isinstance(action, (argparse._AppendAction, argparse._CountAction, argparse._ExtendAction))
+
+
+def options_given(
+    parser: argparse.ArgumentParser, argv: list[str]
+) -> dict[str, list[tuple[argparse.Action, str, str]]]:
+    """``{dest: [(action, option as typed, value as typed), ...]}`` for every option of ``parser`` in ``argv``, in
+    order (``--x=v`` and ``--x v`` alike; a value is the tokens up to the next option). An option's aliases share
+    one dest, so ``--tiny-model A --tiny_model B`` gives it twice. Read before parsing, to refuse an option given
+    twice: argparse keeps the last value silently."""
+    by_option = {o: a for a in parser._actions for o in a.option_strings}
+    found: dict[str, list] = {}
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            break
+        name, eq, inline = token.partition("=")
+        action = by_option.get(name if token.startswith("--") else token)
+        if action is None:
+            i += 1
+            continue
+        if eq or action.nargs == 0:
+            value, i = inline, i + 1
+        else:
+            j = i + 1
+            while j < len(argv) and not (argv[j].startswith("-") and not NEGATIVE_NUMBER.match(argv[j])):
+                j += 1
+                if action.nargs in (None, "?"):
+                    break
+            value, i = " ".join(argv[i + 1 : j]), j
+        found.setdefault(action.dest, []).append((action, name if token.startswith("--") else token, value))
+    return found
+
+
+def given_twice(uses: list[tuple[argparse.Action, str, str]]) -> str:
+    """The refusal of one option given more than once: each place it was given, in order."""
+    shown = ", then ".join(f"{option} {value}".strip() for _, option, value in uses)
+    return f"{uses[0][1]}: given {len(uses)} times ({shown}); give it once"
 
 
 def refuse_unknown_options(parser: argparse.ArgumentParser, argv: list[str]) -> None:

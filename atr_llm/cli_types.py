@@ -162,6 +162,32 @@ class Real(Declared):
         return self.expected().removeprefix("expected ")
 
 
+MIN_SAMPLING_TEMPERATURE = 1e-5
+"""The smallest temperature a sampler divides logits by: vLLM samples greedily below it (``_SAMPLING_EPS`` of
+``vllm/v1/sample/sampler.py``), and transformers' ``logits / T`` overflows float32 to inf (``torch.multinomial``
+then fails on NaN probabilities) for a temperature as small as 1e-320."""
+
+
+class Temperature(Real):
+    """A sampling temperature a sampler can use: a finite number >= ``MIN_SAMPLING_TEMPERATURE`` (and 0, greedy
+    decoding, where ``greedy`` is True)."""
+
+    def __init__(self, *, greedy: bool = False):
+        super().__init__(MIN_SAMPLING_TEMPERATURE)
+        self.greedy = greedy
+        self.__name__ = "temperature"
+
+    def expected(self) -> str:
+        low = f"a finite number >= {MIN_SAMPLING_TEMPERATURE:g} (a smaller one overflows the logits)"
+        return f"expected 0 (greedy) or {low}" if self.greedy else f"expected {low}"
+
+    def inside(self, value: float) -> bool:
+        return (self.greedy and value == 0.0) or super().inside(value)
+
+    def bad_texts(self, scratch: Path) -> list[str]:
+        return super().bad_texts(scratch) + ["1e-320", "5e-6"] + ([] if self.greedy else ["0"])
+
+
 class Text(Declared):
     """Free text (a label, a name the command looks up itself): any non-empty text of at most ``max_length``
     characters on one line."""
@@ -333,6 +359,10 @@ class NamedFile(Declared):
             raise self.refusal(text, str(e).split(": ", 1)[-1]) from None
         return text
 
+    def key(self, value: str) -> str:
+        """The NAME of ``NAME=FILE``: an option collecting these refuses a name given twice."""
+        return str(value).partition("=")[0]
+
     def valid_text(self, scratch: Path) -> str:
         return f"mine={ReadFile().valid_text(scratch)}"
 
@@ -451,3 +481,111 @@ def undeclared_arguments(parser: argparse.ArgumentParser) -> list[str]:
         if not isinstance(action.type, Declared) and action.choices is None:
             missing.append(action.option_strings[0] if action.option_strings else action.dest)
     return missing
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# relations between arguments, declared once: checked on the parsed values, read by the fuzzer to break them
+# ---------------------------------------------------------------------------------------------------------------
+SET = object()
+"""``Requires``'s default condition: the needed argument is set (given, or away from its default)."""
+
+
+class Relation:
+    """A rule between arguments (an option that excludes or needs another, a value bounded by another's), declared
+    once where the entry point declares its arguments. ``violation(is_set, value)`` returns ``(name, text)`` of the
+    first argument it refuses and why, or None; ``is_set(name)`` says whether an argument was given (on a command
+    line) or differs from its default (a config built in Python), ``value(name)`` its value. ``names`` are the
+    arguments it involves (the fuzzer builds command lines that break each relation from them)."""
+
+    names: tuple[str, ...] = ()
+
+    def violation(self, is_set, value) -> tuple[str, str] | None:  # pragma: no cover - each subclass defines it
+        raise NotImplementedError
+
+
+class Exclusive(Relation):
+    """At most one of ``names`` may be set: with two, one would be ignored or contradict the other (``why`` says
+    which and how)."""
+
+    def __init__(self, *names: str, why: str = ""):
+        if len(names) < 2:
+            raise ValueError(f"Exclusive needs two or more arguments, got {names}")
+        self.names, self.why = names, why
+
+    def violation(self, is_set, value):
+        given = [n for n in self.names if is_set(n)]
+        if len(given) < 2:
+            return None
+        return given[1], f"cannot be used with {{{given[0]}}}{': ' + self.why if self.why else ''}; give one of them"
+
+    def __repr__(self) -> str:
+        return f"Exclusive{self.names}"
+
+
+class Requires(Relation):
+    """``name`` set needs ``needed`` set (``equals`` left out), or ``needed``'s value to be ``equals`` (one of them,
+    for a tuple): without it ``name`` would be ignored (``why`` says what it is for)."""
+
+    def __init__(self, name: str, needed: str, *, equals: Any = SET, why: str = ""):
+        self.name, self.needed, self.equals, self.why = name, needed, equals, why
+        self.names = (name, needed)
+
+    def satisfied(self, is_set, value) -> bool:
+        if self.equals is SET:
+            return is_set(self.needed)
+        allowed = self.equals if isinstance(self.equals, tuple) else (self.equals,)
+        return value(self.needed) in allowed
+
+    def needs(self) -> str:
+        """The condition in words, ``{needed}`` standing for the argument's name."""
+        if self.equals is SET:
+            return "{" + self.needed + "}"
+        allowed = self.equals if isinstance(self.equals, tuple) else (self.equals,)
+        return (
+            "{" + self.needed + "} " + " or ".join(str(a).lower() if isinstance(a, bool) else str(a) for a in allowed)
+        )
+
+    def violation(self, is_set, value):
+        if not is_set(self.name) or self.satisfied(is_set, value):
+            return None
+        return self.name, f"needs {self.needs()}{' (' + self.why + ')' if self.why else ''}; without it it is ignored"
+
+    def __repr__(self) -> str:
+        return f"Requires({self.name!r}, {self.needed!r})"
+
+
+class AtMost(Relation):
+    """``value(name) <= value(bound)`` whenever both are numbers (unset: not None); ``applies(value)`` narrows it to
+    the configurations where it means something."""
+
+    def __init__(self, name: str, bound: str, *, why: str = "", applies=None):
+        self.name, self.bound, self.why, self.applies = name, bound, why, applies
+        self.names = (name, bound)
+
+    def violation(self, is_set, value):
+        mine, theirs = value(self.name), value(self.bound)
+        if mine is None or theirs is None or (self.applies is not None and not self.applies(value)):
+            return None
+        if mine <= theirs:
+            return None
+        return self.name, f"exceeds {{{self.bound}}} {theirs}{': ' + self.why if self.why else ''}"
+
+    def __repr__(self) -> str:
+        return f"AtMost({self.name!r}, {self.bound!r})"
+
+
+def check_relations(relations, is_set, value, shown) -> tuple[str, str] | None:
+    """The first violated relation of ``relations`` as ``(name, one line)``: ``shown(name)`` is how an argument is
+    named to the user (``--flag``, a YAML key), ``{name}`` placeholders in a relation's text are replaced by it."""
+    for relation in relations:
+        found = relation.violation(is_set, value)
+        if found is None:
+            continue
+        name, text = found
+        for other in relation.names:
+            text = text.replace("{" + other + "}", shown(other))
+        shown_value = value(name)
+        if isinstance(shown_value, bool):
+            shown_value = str(shown_value).lower()
+        return name, f"{shown(name)} {shown_value}: {text}"
+    return None

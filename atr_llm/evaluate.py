@@ -330,7 +330,19 @@ def parse_args(argv=None):
     """The declaration of ``python -m atr_llm.evaluate``: each value's domain is checked while parsing
     (atr_llm.cli's types), the combinations by ``check_args``; both before a model loads or a file is written."""
     from .cli import Parser
-    from .cli_types import SEED, Integer, NamedFile, ReadDir, Real, Text, WriteDir
+    from .cli_types import (
+        SEED,
+        AtMost,
+        Exclusive,
+        Integer,
+        NamedFile,
+        ReadDir,
+        Real,
+        Requires,
+        Temperature,
+        Text,
+        WriteDir,
+    )
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Text(), default=None, help="base model: hub id or local folder")
@@ -364,7 +376,7 @@ def parse_args(argv=None):
     )
     ap.add_argument("--n", type=Integer(1), default=8, help="samples per problem")
     ap.add_argument("--k", type=Integer(1), default=None, help="K of the table (default: n)")
-    ap.add_argument("--temperature", type=Real(0), default=0.3)
+    ap.add_argument("--temperature", type=Temperature(greedy=True), default=0.3)
     ap.add_argument("--top_p", type=Real(0, 1, open_low=True), default=0.95)
     ap.add_argument("--max_tokens", type=Integer(1), default=32768)
     ap.add_argument(
@@ -380,6 +392,11 @@ def parse_args(argv=None):
     ap.add_argument("--label", type=Text(), default=None, help="row label of the table (default: the model/run name)")
     ap.add_argument("--output_dir", type=WriteDir(), default="runs/eval")
     ap.add_argument("--seed", type=SEED, default=0)
+    ap.relate(
+        Exclusive("model", "tiny_model", why="each names the base model"),
+        Requires("every", "checkpoints", why="it picks every Nth checkpoint of a run"),
+        AtMost("k", "n", why="Pass@k needs k <= n samples per problem"),
+    )
     args = ap.parse_args(argv)
     check_args(args)
     return args
@@ -433,8 +450,6 @@ def check_args(args) -> None:
         raise refuse("--model", None, "give --model (hub id or folder) or --tiny-model FOLDER")
     if args.checkpoints is not None and not _checkpoints(Path(args.checkpoints), 1):
         raise refuse("--checkpoints", args.checkpoints, "holds no complete checkpoint-* folder")
-    if args.k is not None and args.k > args.n:
-        raise refuse("--k", args.k, f"exceeds --n {args.n}: Pass@k needs k <= n samples per problem")
     names = [b for b in args.benchmarks.split(",") if b]
     if not names:
         raise refuse("--benchmarks", args.benchmarks, "expected a comma-separated list of benchmark names")

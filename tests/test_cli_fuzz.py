@@ -126,12 +126,10 @@ def joined(parts: list[tuple[argparse.Action, list[str]]]) -> list[str]:
 
 
 def with_mutation(parts, action: argparse.Action, tail: list[str]) -> list[str]:
-    """The baseline with ``tail`` in place of ``action``'s tokens (a positional) or after them (an option: argparse
-    keeps the last value given)."""
-    if action is not None and not action.option_strings:
-        return joined([(a, tail if a is action else tokens) for a, tokens in parts]) + (
-            [] if any(a is action for a, _ in parts) else tail
-        )
+    """The baseline with ``tail`` in place of ``action``'s tokens, or after them when the baseline does not give it (an
+    option given twice is a refusal of its own: ``test_an_option_given_twice_is_refused_naming_both``)."""
+    if action is not None and any(a is action for a, _ in parts):
+        return joined([(a, tail if a is action else tokens) for a, tokens in parts])
     return joined(parts) + tail
 
 
