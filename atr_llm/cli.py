@@ -103,13 +103,14 @@ class Parser(argparse.ArgumentParser):
                 self.error(
                     f"{typed} {twice}: given twice ({', '.join(v for v in values if keyed(v) == twice)}); give each name once"
                 )
-        from .cli_types import check_relations
+        from .cli_types import check_relations, shown_value
 
         flags = {dest: uses[0][1] for dest, uses in given.items()}
         shown = lambda dest: flags.get(dest) or self._flag_of(dest)  # noqa: E731
         broken = check_relations(self.relations, lambda d: d in given, lambda d: getattr(parsed, d, None), shown)
         if broken is not None:
-            self.exit(EXIT_USAGE, f"error: {one_line(broken[1])}\n")
+            name, why = broken
+            self.exit(EXIT_USAGE, f"error: {one_line(f'{shown(name)} {shown_value(getattr(parsed, name))}: {why}')}\n")
         return parsed
 
     def _flag_of(self, dest: str) -> str:

@@ -524,13 +524,16 @@ class Exclusive(Relation):
 
 class Requires(Relation):
     """``name`` set needs ``needed`` set (``equals`` left out), or ``needed``'s value to be ``equals`` (one of them,
-    for a tuple): without it ``name`` would be ignored (``why`` says what it is for)."""
+    for a tuple), or to pass ``test`` (described by ``words``, e.g. ``"> 0"``): without it ``name`` would be ignored or
+    contradicted (``why`` says which; ``{other}`` in it names another argument as the user knows it)."""
 
-    def __init__(self, name: str, needed: str, *, equals: Any = SET, why: str = ""):
-        self.name, self.needed, self.equals, self.why = name, needed, equals, why
+    def __init__(self, name: str, needed: str, *, equals: Any = SET, test=None, words: str = "", why: str = ""):
+        self.name, self.needed, self.equals, self.test, self.words, self.why = name, needed, equals, test, words, why
         self.names = (name, needed)
 
     def satisfied(self, is_set, value) -> bool:
+        if self.test is not None:
+            return bool(self.test(value(self.needed)))
         if self.equals is SET:
             return is_set(self.needed)
         allowed = self.equals if isinstance(self.equals, tuple) else (self.equals,)
@@ -538,17 +541,17 @@ class Requires(Relation):
 
     def needs(self) -> str:
         """The condition in words, ``{needed}`` standing for the argument's name."""
+        if self.test is not None:
+            return "{" + self.needed + "} " + self.words
         if self.equals is SET:
             return "{" + self.needed + "}"
         allowed = self.equals if isinstance(self.equals, tuple) else (self.equals,)
-        return (
-            "{" + self.needed + "} " + " or ".join(str(a).lower() if isinstance(a, bool) else str(a) for a in allowed)
-        )
+        return "{" + self.needed + "} " + " or ".join(str(a).lower() if isinstance(a, bool) else str(a) for a in allowed)
 
     def violation(self, is_set, value):
         if not is_set(self.name) or self.satisfied(is_set, value):
             return None
-        return self.name, f"needs {self.needs()}{' (' + self.why + ')' if self.why else ''}; without it it is ignored"
+        return self.name, f"needs {self.needs()}{' (' + self.why + ')' if self.why else ''}"
 
     def __repr__(self) -> str:
         return f"Requires({self.name!r}, {self.needed!r})"
@@ -575,8 +578,9 @@ class AtMost(Relation):
 
 
 def check_relations(relations, is_set, value, shown) -> tuple[str, str] | None:
-    """The first violated relation of ``relations`` as ``(name, one line)``: ``shown(name)`` is how an argument is
-    named to the user (``--flag``, a YAML key), ``{name}`` placeholders in a relation's text are replaced by it."""
+    """The first violated relation of ``relations`` as ``(name, why)``: the argument to name and the reason, its
+    ``{other}`` placeholders replaced by ``shown(other)``, how the user knows that argument (``--flag``, a YAML
+    key). A refusal reads ``<shown(name)> <value>: <why>``."""
     for relation in relations:
         found = relation.violation(is_set, value)
         if found is None:
@@ -584,8 +588,10 @@ def check_relations(relations, is_set, value, shown) -> tuple[str, str] | None:
         name, text = found
         for other in relation.names:
             text = text.replace("{" + other + "}", shown(other))
-        shown_value = value(name)
-        if isinstance(shown_value, bool):
-            shown_value = str(shown_value).lower()
-        return name, f"{shown(name)} {shown_value}: {text}"
+        return name, text
     return None
+
+
+def shown_value(value: Any) -> str:
+    """A value as a refusal shows it: ``true`` / ``false`` for a flag, else its text."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
