@@ -213,7 +213,7 @@ def environment(device: str) -> dict:
 
 def main(argv=None) -> dict:
     from atr_llm.cli import Parser, UsageError
-    from atr_llm.cli_types import CommaList, Device, Integer, WriteFile
+    from atr_llm.cli_types import CommaList, Device, Exclusive, Integer, Requires, WriteFile
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", type=Device(), default="cpu", help="cpu or cuda")
@@ -244,6 +244,16 @@ def main(argv=None) -> dict:
     )
     ap.add_argument("--quick", action="store_true", help="batch 2, one allowance: a smoke test")
     ap.add_argument("--out", type=WriteFile(), help="default: figures/bench/<machine>/decode_attention.json")
+    ap.relate(
+        Exclusive("quick", "batch", why="--quick decodes a batch of 2"),
+        Requires(
+            "generate_steps",
+            "generate_layers",
+            test=lambda layers: layers > 0,
+            words="> 0",
+            why="it counts the decode steps timed in those generations",
+        ),
+    )
     args = ap.parse_args(argv)
     if args.heads % args.kv_heads:
         raise UsageError(f"--heads {args.heads} is not a multiple of --kv-heads {args.kv_heads}")

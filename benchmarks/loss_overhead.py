@@ -306,7 +306,7 @@ def part1_result(r1: dict, sizes, repeats: int, device: str) -> dict:
 
 def main(argv: list[str] | None = None):
     from atr_llm.cli import Parser
-    from atr_llm.cli_types import Device, Integer, WriteFile
+    from atr_llm.cli_types import Device, Exclusive, Integer, Requires, WriteFile
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
@@ -342,6 +342,15 @@ def main(argv: list[str] | None = None):
         choices=("eager", "nosync", *COMPILE_MODES),
         default=None,
         help="with --time-only: the modes of part 1 (default eager and nosync, plus compiled with --compiled)",
+    )
+    ap.relate(
+        Exclusive("no_compile", "compiled", why="--compiled adds the compiled mode, --no-compile leaves it out"),
+        Requires("compiled", "time_only", why="the full run times the compiled mode already, unless --no-compile"),
+        Requires("modes", "time_only", why="the full run times eager, nosync and, unless --no-compile, compiled"),
+        Exclusive("modes", "compiled", why="--modes names every mode timed: add compiled to it"),
+        Exclusive("time_only", "no_compile", why="--time-only compiles only with --compiled or --modes"),
+        Exclusive("time_only", "quick", why="--time-only times its own size, (64, 4096)"),
+        Exclusive("quick", "repeats", why="--quick times 5 repeats"),
     )
     args = ap.parse_args(argv)
     methods = resolve_methods(args.methods)

@@ -131,7 +131,7 @@ def write_equivalences(rows: list[dict], path: Path, n: int, seed: int) -> None:
 
 def main(argv=None):
     from atr_llm.cli import Parser
-    from atr_llm.cli_types import Integer, WriteDir
+    from atr_llm.cli_types import Exclusive, Integer, WriteDir
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=Integer(1), default=10_000, help="instances per statement")
@@ -139,6 +139,7 @@ def main(argv=None):
     # torch.Generator.manual_seed takes a signed 64-bit integer
     ap.add_argument("--seed", type=Integer(0, 2**63 - 1), default=0)
     ap.add_argument("--out", type=WriteDir(), default="figures/paper")
+    ap.relate(Exclusive("quick", "n", why="--quick runs 1,000 instances per statement"))
     args = ap.parse_args(argv)
     n = 1000 if args.quick else args.n
     torch.set_default_dtype(torch.float64)

@@ -90,7 +90,7 @@ def slim(dest: Path) -> None:
 
 def main(argv=None) -> None:
     from atr_llm.cli import Parser
-    from atr_llm.cli_types import WriteDir
+    from atr_llm.cli_types import Exclusive, Requires, WriteDir
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--download", type=WriteDir(), metavar="DIR", help="fetch the wheels into DIR")
@@ -106,6 +106,12 @@ def main(argv=None) -> None:
         "--trl",
         action="store_true",
         help="the wheels of python -m benchmarks.gpu_step --backends trl (no unsloth)",
+    )
+    ap.relate(
+        Exclusive("table", "trl", why="each names the list of wheels"),
+        Requires("slim", "download", why="it repacks the downloaded unsloth and bitsandbytes wheels"),
+        Exclusive("table", "slim", why="--table's wheels hold neither unsloth nor bitsandbytes to slim"),
+        Exclusive("trl", "slim", why="--trl's wheels hold neither unsloth nor bitsandbytes to slim"),
     )
     args = ap.parse_args(argv)
     wheels = TABLE_WHEELS if args.table else TRL_WHEELS if args.trl else WHEELS

@@ -138,7 +138,7 @@ def check_setup(mutants_dir: Path, tests: list[str], pytest_args: list[str]) -> 
 
 def main(argv=None) -> None:
     from atr_llm.cli import Parser, UsageError
-    from atr_llm.cli_types import SEED, Integer, ReadDir, Real, Text, WriteFile
+    from atr_llm.cli_types import SEED, Exclusive, Integer, ReadDir, Real, Requires, Text, WriteFile
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -155,6 +155,10 @@ def main(argv=None) -> None:
         "--out", type=WriteFile(as_path=True), default=Path("figures/tools/mutation/mutation_fresh_process.txt")
     )
     ap.add_argument("--generate", action="store_true", help="write mutants/ first (mutmut's generator, no tests)")
+    ap.relate(
+        Exclusive("sample", "names", "functions", why="each picks the mutants to judge"),
+        Requires("seed", "sample", why="it seeds the draw of --sample"),
+    )
     args = ap.parse_args(argv)
     if args.generate:
         generate(args.root)

@@ -14,7 +14,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from atr_llm.cli import Parser, atomic_write_text, directory_written_whole, existing_directory, refuse
-from atr_llm.cli_types import SEED, Integer, Real, WriteDir
+from atr_llm.cli_types import SEED, AtMost, Integer, Real, WriteDir
 
 from .protocol import (
     _RUN_PROTOCOL_KEYS,
@@ -316,6 +316,10 @@ def main(argv=None) -> dict:
         "--rewrite",
         action="store_true",
         help="write the table in --out again from its own rows (after a change to its statistics); trains nothing",
+    )
+    ap.relate(
+        AtMost("save_steps", "max_steps", why="a run of --max-steps steps would save no checkpoint"),
+        AtMost("at_step", "max_steps", why="the runs stop at --max-steps, with no checkpoint beyond"),
     )
     args = ap.parse_args(argv)
     if args.rewrite:
