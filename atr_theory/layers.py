@@ -21,6 +21,7 @@ token from the loss. ``atr_theory.policy_loss`` applies them; they are plain fun
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,7 @@ __all__ = [
     "RATIO_LEVELS",
     "RolloutCorrection",
     "SequenceMask",
+    "check_top_entropy_quantile",
     "high_entropy_mask",
     "rollout_correction_weights",
     "sequence_log_ratio",
@@ -99,7 +101,8 @@ def sequence_mask_keep(
     r"""Which tokens ``SequenceMask`` ``spec`` keeps: (B, 1) bool per sequence, or (B, T) for
     ``reduction="token"`` or when ``spec.advantages == "negative"`` and ``advantages`` is (B, T) (a token with ``A_t >= 0`` is kept, as in TRL).
     ``log_ratio`` = ``log pi - log pi_behaviour`` per token (NaN counts as 0: a token the behaviour policy could not
-    score gives no evidence, as in TRL). No gradient."""
+    score gives no evidence, as in TRL; ``policy_loss`` refuses NaN in ``behaviour_logp`` before it gets here unless
+    ``validate=False``). No gradient."""
     with torch.no_grad():
         m = mask.bool()
         y = torch.where(m, torch.nan_to_num(log_ratio.detach(), nan=0.0), 0.0)
@@ -118,12 +121,21 @@ def sequence_mask_keep(
         return keep
 
 
+def check_top_entropy_quantile(value) -> float:
+    """``value`` if it is a real number in [0, 1] (not a bool: ``True`` would read as 1), else ValueError naming
+    ``top_entropy_quantile`` and the value."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"top_entropy_quantile must be in [0, 1], got {value!r} (a real number, not a bool)")
+    return value
+
+
 def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, top_quantile: float) -> torch.Tensor:
     r"""(B, T) bool: valid tokens whose entropy is ``>=`` the ``1 - top_quantile`` quantile (linear interpolation,
     ``torch.quantile``) of the valid tokens' entropies (Wang et al. 2025; TRL ``top_entropy_quantile``, one
-    process). ``top_quantile = 1`` keeps every valid token; ``0`` keeps the highest (and its ties)."""
-    if not 0.0 <= top_quantile <= 1.0:
-        raise ValueError(f"top_entropy_quantile must be in [0, 1], got {top_quantile!r}")
+    process). ``top_quantile = 1`` keeps every valid token; ``0`` keeps the highest (and its ties).
+    A NaN among the valid entropies makes the threshold NaN and drops every token, as in TRL: ``policy_loss``
+    refuses it first (``validate=True``)."""
+    check_top_entropy_quantile(top_quantile)
     m = mask.bool()
     valid = entropies.detach()[m]
     # the quantile in float32 (TRL's), or float64 for float64 entropies: a float32 quantile of float64 values can round
@@ -178,7 +190,9 @@ class RolloutCorrection:
 
 def rollout_correction_weights(log_rho: torch.Tensor, mask: torch.Tensor, spec: RolloutCorrection) -> torch.Tensor:
     r"""(B, T) detached weights of ``RolloutCorrection`` ``spec`` from ``log_rho = log pi_proximal - log
-    pi_behaviour`` per token, 0 on padding. Bounds are compared in log space (no overflow for any ``log_rho``)."""
+    pi_behaviour`` per token, 0 on padding. Bounds are compared in log space (no overflow for any ``log_rho``).
+    A NaN ``log_rho`` counts as 0, as in ``sequence_mask_keep``; ``policy_loss`` refuses NaN in ``behaviour_logp``
+    before it gets here unless ``validate=False``."""
     with torch.no_grad():
         m = mask.bool()
         y = torch.where(m, torch.nan_to_num(log_rho.detach(), nan=0.0), 0.0)  # NaN: no evidence, as in SequenceMask

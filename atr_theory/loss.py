@@ -14,9 +14,11 @@ Examples
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -26,6 +28,7 @@ from .layers import (
     RATIO_LEVELS,
     RolloutCorrection,
     SequenceMask,
+    check_top_entropy_quantile,
     high_entropy_mask,
     rollout_correction_weights,
     sequence_log_ratio,
@@ -170,13 +173,87 @@ def _check_tensor(name: str, t: Any, shape: tuple[int, ...] | None = None) -> to
     return t
 
 
-def _check_logp(name: str, t: torch.Tensor, mask: torch.Tensor) -> None:
-    bad = ~torch.isfinite(t) & mask
-    if bool(bad.any()):
-        vals = t[bad]
-        kind = "NaN" if bool(torch.isnan(vals).any()) else ("+inf" if bool((vals > 0).any()) else "-inf")
-        idx = tuple(int(i) for i in torch.nonzero(bad)[0])
-        raise ValueError(f"{name} has {kind} at valid position {idx}; log-probs on unmasked tokens must be finite")
+_WHY = {
+    "logp": "a sampled token's log-prob must be finite (its probability is > 0)",
+    "finite": "values on valid tokens must be finite",
+    "full": "a full distribution may hold -inf (probability 0) but not NaN or +inf",
+}
+"""Why each kind of tensor argument is refused, by its ``_ValueCheck.kind``: ``logp`` (log-probs of the sampled
+tokens: -inf refused too), ``finite`` (NaN and +-inf refused) and ``full`` ((B, T, V) distributions: -inf allowed)."""
+
+
+class _ValueCheck(NamedTuple):
+    """One tensor argument whose values ``policy_loss`` checks on valid positions, and the ``dtype`` the loss casts
+    it to (None: read as given; a finite float64 value can overflow float32)."""
+
+    name: str
+    tensor: torch.Tensor
+    kind: str
+    dtype: torch.dtype | None = None
+
+
+def _refuse_non_finite(check: _ValueCheck, mask: torch.Tensor) -> None:
+    """ValueError naming the argument, the kind (NaN, +inf, -inf) and the first valid position holding a refused
+    value, as given, then as cast to the loss's dtype; a (B,) tensor's position ``(b,)`` is valid where sequence
+    ``b`` has a valid token, a (B, T, V) one's ``(b, t, v)`` where ``mask[b, t]``. Reads values on the host: for
+    the error path only."""
+    t = check.tensor.detach()
+    valid = mask.any(-1) if t.ndim == 1 else (mask.unsqueeze(-1) if t.ndim == 3 else mask)
+    cast = [] if check.dtype in (None, t.dtype) else [(t.to(check.dtype), f"{check.name} cast to {check.dtype}")]
+    for values, name in [(t, check.name), *cast]:
+        bad = torch.isnan(values) | torch.isposinf(values)
+        if check.kind != "full":
+            bad = bad | torch.isneginf(values)
+        bad = bad & valid
+        if bool(bad.any()):
+            idx = tuple(int(i) for i in torch.nonzero(bad)[0])
+            v = float(values[idx])
+            kind = "NaN" if math.isnan(v) else ("+inf" if v > 0 else "-inf")
+            raise ValueError(f"{name} has {kind} at valid position {idx}; {_WHY[check.kind]}")
+        if check.kind == "full":
+            empty = torch.isneginf(values).all(-1) & mask
+            if bool(empty.any()):
+                idx = tuple(int(i) for i in torch.nonzero(empty)[0])
+                raise ValueError(
+                    f"{name} has -inf at every entry of valid position {idx}; a distribution needs an entry of "
+                    "probability > 0"
+                )
+
+
+def _finite_probe(check: _ValueCheck, mask: torch.Tensor, all_valid: bool) -> torch.Tensor:
+    """A 0-d tensor that is finite when ``check``'s tensor holds no refused value on a valid position (the converse
+    need not hold: a sum can overflow; the error path then finds nothing and the call goes on). No host read."""
+    t = check.tensor.detach()
+    t = t if check.dtype is None else t.to(check.dtype)
+    if check.kind == "full":  # per position: NaN or +inf anywhere in the row, or -inf everywhere, is not finite
+        t = t.amax(-1)
+    return (t if all_valid else torch.where(mask, t, 0.0)).sum()
+
+
+def _is_integer(value: Any) -> bool:
+    """An integer (Python's or numpy's) or an integral finite float such as ``512.0`` (a config may write one);
+    never a bool."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    return isinstance(value, numbers.Integral) or float(value).is_integer()  # False for inf and NaN
+
+
+def _check_scalars(
+    max_length: Any, aggregation: str, T: int, kl_chunk_size: Any, generator: Any, top_entropy_quantile: Any
+) -> None:
+    """The domain of ``policy_loss``'s scalar arguments, each refused by name with its value (either ``validate``)."""
+    if max_length is not None:
+        if not _is_integer(max_length) or max_length < T:
+            raise ValueError(f"max_length must be an integer >= T = {T}, got {max_length!r}")
+        if aggregation != "dr_grpo":
+            raise ValueError(f"max_length is used by aggregation 'dr_grpo' only, not by {aggregation!r}; leave it None")
+    if kl_chunk_size is not None and (not _is_integer(kl_chunk_size) or kl_chunk_size < 1):
+        raise ValueError(f"kl_chunk_size must be None or an integer >= 1, got {kl_chunk_size!r}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        kind = type(generator)
+        kind = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+        raise ValueError(f"generator must be None or a torch.Generator, got {kind}")
+    check_top_entropy_quantile(top_entropy_quantile)
 
 
 def _check_structure(
@@ -184,12 +261,10 @@ def _check_structure(
     old_logp: Any,
     advantages: Any,
     mask: Any,
-    token_weights: Any,
-    aggregation: str,
-    max_length: Any,
+    optional: dict[str, Any],
 ) -> tuple[int, int]:
-    """Types, shapes, dtypes, devices and ``max_length`` of ``policy_loss``'s inputs: metadata only,
-    no value is read (so no host synchronisation). Returns ``(B, T)``."""
+    """Types, shapes, dtypes and devices of ``policy_loss``'s tensors (``optional``: those that may be None, by
+    name): metadata only, no value is read (so no host synchronisation). Returns ``(B, T)``."""
     _check_tensor("logp", logp)
     if logp.ndim != 2:
         raise ValueError(f"logp must have shape (B, T), got {tuple(logp.shape)}")
@@ -201,21 +276,22 @@ def _check_structure(
     _check_tensor("advantages", advantages)
     if tuple(advantages.shape) not in ((shape[0],), shape):
         raise ValueError(f"advantages must have shape ({shape[0]},) or {shape}, got {tuple(advantages.shape)}")
-    if token_weights is not None:
-        _check_tensor("token_weights", token_weights, shape)
-    given = {"logp": logp, "old_logp": old_logp, "mask": mask, "advantages": advantages, "token_weights": token_weights}
+    given = {"logp": logp, "old_logp": old_logp, "mask": mask, "advantages": advantages}
+    for name, t in optional.items():
+        if t is None:
+            continue
+        if name in ("old_full_logp", "full_logp"):
+            _check_tensor(name, t)
+            if t.ndim != 3 or tuple(t.shape[:2]) != shape:
+                raise ValueError(f"{name} must have shape (B, T, V) with (B, T) = {shape}, got {tuple(t.shape)}")
+        else:
+            _check_tensor(name, t, shape)
+        given[name] = t
     for name, t in given.items():
-        if t is not None and t.device != logp.device:
+        if t.device != logp.device:
             raise ValueError(f"{name} is on {t.device}, logp on {logp.device}: put every tensor on one device")
-    for name in ("logp", "old_logp", "advantages", "token_weights"):
-        t = given[name]
-        if t is not None and not t.is_floating_point():
+        if name != "mask" and not t.is_floating_point():
             raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
-    if max_length is not None:
-        if isinstance(max_length, bool) or int(max_length) != max_length or max_length < shape[1]:
-            raise ValueError(f"max_length must be an integer >= T = {shape[1]}, got {max_length!r}")
-        if aggregation != "dr_grpo":
-            raise ValueError(f"max_length is used by aggregation 'dr_grpo' only, not by {aggregation!r}; leave it None")
     return shape
 
 
@@ -271,26 +347,39 @@ def policy_loss(
         ``dr_grpo`` (sum / (B max_length)), ``token_mean``, ``seq_mean_token_mean``, ``seq_mean_token_sum`` or
         ``token_sum``.
     max_length : int, optional
-        ``dr_grpo`` only: the generation budget (>= T; default T).
+        ``dr_grpo`` only: the generation budget, an integer >= T (default T). A float is taken only when it is
+        finite and integral (``512.0``, as a config may write it); a bool, ``2.5``, inf and NaN are refused.
     old_full_logp, full_logp : torch.Tensor, optional
-        (B, T, V), only for methods that need the full distributions.
+        (B, T, V), only for methods that need the full distributions (and read only when ``position_kl`` is not
+        given). An entry may be -inf (a vocabulary entry of probability 0; ``full_kl`` handles it), not NaN or
+        +inf, and not every entry of a valid position.
     generator : torch.Generator, optional
-        For stochastic methods (clip_cov).
+        For stochastic methods (clip_cov). Anything else than None or a ``torch.Generator`` is refused.
     token_weights : torch.Tensor, optional
         (B, T) constant multiplier of the per-token objective (e.g. TRL's vLLM importance-sampling correction).
     kl_chunk_size : int, optional
-        Positions per chunk when computing full KLs.
+        Positions per chunk when computing full KLs: None or an integer >= 1 (an integral float as for
+        ``max_length``).
     position_kl : torch.Tensor, optional
         (B, T) ``KL(pi_old || pi)`` per position, in place of ``old_full_logp`` / ``full_logp`` (e.g.
         ``atr_theory.head_kl_chunked``'s, which never holds the (B, T, V) tensors). truly_ppo differentiates
-        through it; values on padding are ignored.
+        through it; values on padding are ignored; finite on valid tokens.
     validate : bool
-        Check the *values* (finite log-probs and advantages on valid tokens, a 0/1 mask) and skip masking /
-        clamping work a batch does not need. ``False``: no value is read on the host, so the call never
+        Check the *values* and skip masking / clamping work a batch does not need: a 0/1 mask, and every tensor
+        this call reads free of NaN and +-inf on its valid positions, else a ValueError naming the argument, the
+        kind (NaN, +inf, -inf) and the first such position ``(b, t)`` (``(b,)`` for (B,) advantages, ``(b, t, v)``
+        for the full distributions). Read means: ``logp``, ``old_logp``, ``advantages`` and ``token_weights``
+        always; ``behaviour_logp`` with ``sequence_mask`` or ``rollout_correction``; ``position_kl``, or else
+        ``old_full_logp`` / ``full_logp``, for a method that needs the full distributions; ``entropies`` with
+        ``top_entropy_quantile < 1``. The full distributions may hold -inf (see above); the others may not (a
+        sampled token's log-prob is finite). A float64 value that overflows the loss's dtype is refused as the
+        cast's inf. One fused reduction decides whether anything needs a closer look, so a clean batch pays
+        one host read for all of them. ``False``: no value is read on the host, so the call never
         synchronises a GPU stream and compiles with ``torch.compile(fullgraph=True)`` for every method except
         ``clip_cov`` (its random token choice has a data-dependent size); padding is still ignored and log w still
         clamped, but NaN on a valid token gives a NaN loss instead of an error. Types, shapes, devices and
-        parameters are checked either way.
+        parameters are checked either way, and so are the scalars (``max_length``, ``kl_chunk_size``,
+        ``generator``, ``top_entropy_quantile``).
     ratio_level : str
         ``"token"`` or ``"sequence"``: every token sees its sequence's ratio ``exp(mean_t log w_t)``, with gradient
         through the mean (TRL ``importance_sampling_level``; ``atr_theory.layers.sequence_log_ratio``).
@@ -299,12 +388,15 @@ def policy_loss(
         ``SequenceMask("k1", "mean", delta, "negative")``; verl's ``rollout_rs`` options are the others); its ratio
         is ``pi / pi_behaviour``.
     behaviour_logp : torch.Tensor, optional
-        (B, T) log-probabilities of the policy that sampled (e.g. vLLM's); default ``old_logp``.
+        (B, T) log-probabilities of the policy that sampled (e.g. vLLM's); default ``old_logp``. Finite on valid
+        tokens (``validate=True``): a caller whose engine gives NaN for a token it could not score replaces it
+        first (the layers alone would read NaN as "no evidence", log ratio 0).
     entropies : torch.Tensor, optional
-        (B, T) per-token entropies, for ``top_entropy_quantile``.
+        (B, T) per-token entropies, for ``top_entropy_quantile`` (finite on valid tokens: a NaN would make the
+        quantile NaN and drop every token).
     top_entropy_quantile : float
         The fraction ``rho`` of highest-entropy valid tokens that keep their loss
-        (``atr_theory.layers.high_entropy_mask``; 1 = all).
+        (``atr_theory.layers.high_entropy_mask``; 1 = all): a real number in [0, 1], not a bool.
     rollout_correction : RolloutCorrection, optional
         Every token's objective is multiplied by its detached importance weight ``pi_old / pi_behaviour``
         (``behaviour_logp`` given) or ``sg[pi] / pi_old`` (not given: ``old_logp`` is the behaviour policy, verl's
@@ -334,11 +426,18 @@ def policy_loss(
         raise ValueError(f"sequence_mask must be a SequenceMask, got {type(sequence_mask).__name__}")
     if rollout_correction is not None and not isinstance(rollout_correction, RolloutCorrection):
         raise ValueError(f"rollout_correction must be a RolloutCorrection, got {type(rollout_correction).__name__}")
-    if not (isinstance(top_entropy_quantile, (int, float)) and 0.0 <= top_entropy_quantile <= 1.0):
-        raise ValueError(f"top_entropy_quantile must be in [0, 1], got {top_entropy_quantile!r}")
+    optional = {
+        "token_weights": token_weights,
+        "behaviour_logp": behaviour_logp,
+        "position_kl": position_kl,
+        "entropies": entropies,
+        "old_full_logp": old_full_logp,
+        "full_logp": full_logp,
+    }
+    shape = _check_structure(logp, old_logp, advantages, mask, optional)
+    _check_scalars(max_length, aggregation, shape[1], kl_chunk_size, generator, top_entropy_quantile)
     if top_entropy_quantile < 1.0 and entropies is None:
         raise ValueError("top_entropy_quantile < 1 needs the per-token entropies (entropies=, shape (B, T))")
-    shape = _check_structure(logp, old_logp, advantages, mask, token_weights, aggregation, max_length)
     if validate and mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
         bad = mask[(mask != 0) & (mask != 1)][0].item()
         raise ValueError(f"mask must be boolean or hold only 0 and 1, got the value {bad!r}")
@@ -352,6 +451,9 @@ def policy_loss(
     all_valid = validate and int(torch.count_nonzero(m)) == m.numel()  # count_nonzero: ~5x faster than all() here
     zero = torch.zeros((), dtype=dtype, device=logp.device)
     weights = None if token_weights is None else token_weights.detach().to(dtype)
+    behaviour = None if behaviour_logp is None else behaviour_logp.detach().to(dtype)
+    if position_kl is not None:  # truly_ppo differentiates through it: not detached
+        position_kl = position_kl.to(dtype) if all_valid else torch.where(m, position_kl.to(dtype), zero)
     if all_valid:
         lp, olp = logp.to(dtype), old_logp.detach().to(dtype)
     else:  # padding may hold anything (NaN, -inf): replace it before it can reach a value or a gradient
@@ -361,29 +463,42 @@ def policy_loss(
         weights = None if weights is None else torch.where(m, weights, zero)
     log_ratio = lp - olp
     if validate:
-        # one reduction validates every valid token (NaN and +-inf propagate into min/max) and decides
+        # every tensor the loss reads, checked on valid positions: log-probs and advantages always; the others
+        # only where a method or layer of this call reads them
+        checks = [
+            _ValueCheck("logp", logp, "logp"),
+            _ValueCheck("old_logp", old_logp, "logp", dtype),
+            _ValueCheck("advantages", advantages, "finite", dtype),
+        ]
+        extra = []
+        if token_weights is not None:
+            checks.append(_ValueCheck("token_weights", token_weights, "finite", dtype))
+        if behaviour_logp is not None and (sequence_mask is not None or rollout_correction is not None):
+            extra.append(_ValueCheck("behaviour_logp", behaviour_logp, "logp", dtype))
+        if choice.spec.needs_full_distributions and position_kl is not None:  # read in place of the full ones
+            extra.append(_ValueCheck("position_kl", optional["position_kl"], "finite", dtype))
+        elif choice.spec.needs_full_distributions:  # full_kl upcasts them itself: checked as given
+            extra += [
+                _ValueCheck(n, optional[n], "full") for n in ("old_full_logp", "full_logp") if optional[n] is not None
+            ]
+        if top_entropy_quantile < 1.0:
+            extra.append(_ValueCheck("entropies", entropies, "finite"))
+        checks += extra
+        # one reduction validates every valid token (NaN and +-inf propagate into min/max and sums) and decides
         # whether the clamp is needed; the detailed scan runs only on the error path
         y_min, y_max = torch.aminmax(log_ratio.detach())
         check = y_min + y_max + adv.sum() + (0.0 if weights is None else weights.sum())
+        for c in extra:
+            check = check + _finite_probe(c, m, all_valid)
         if not bool(torch.isfinite(check)):
-            _check_logp("logp", logp, m)
-            _check_logp("old_logp", old_logp, m)
-            if not bool(torch.isfinite(adv).all()):
-                raise ValueError("advantages must be finite on valid tokens")
-            if weights is not None and not bool(torch.isfinite(weights).all()):
-                raise ValueError("token_weights must be finite on valid tokens")
+            for c in checks:
+                _refuse_non_finite(c, m)
             if not bool(torch.isfinite(y_min + y_max)):
                 raise ValueError("log-ratio logp - old_logp overflows; log-probs must be finite and <= 0")
         if float(y_min) < -LOG_RATIO_CLAMP or float(y_max) > LOG_RATIO_CLAMP:
             log_ratio = torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     else:
         log_ratio = torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    if position_kl is not None:
-        _check_tensor("position_kl", position_kl, shape)
-        position_kl = position_kl if all_valid else torch.where(m, position_kl, zero)
-    for name, t in (("behaviour_logp", behaviour_logp), ("entropies", entropies)):
-        if t is not None:
-            _check_tensor(name, t, shape)
     rule_log_ratio = log_ratio if ratio_level == "token" else sequence_log_ratio(torch.where(m, log_ratio, zero), m)
     batch = TokenBatch(
         rule_log_ratio, adv, m, lp, olp, choice.form, generator, old_full_logp, full_logp, kl_chunk_size, position_kl
@@ -392,17 +507,17 @@ def policy_loss(
     objective = result.objective
     dropped: dict[str, torch.Tensor] = {}
     if sequence_mask is not None:
-        behaviour = olp if behaviour_logp is None else behaviour_logp.detach().to(dtype)
-        dropped["sequence_mask"] = ~sequence_mask_keep(lp.detach() - behaviour, adv, m, sequence_mask)
+        reference = olp if behaviour is None else behaviour
+        dropped["sequence_mask"] = ~sequence_mask_keep(lp.detach() - reference, adv, m, sequence_mask)
     if top_entropy_quantile < 1.0:
         dropped["entropy_mask"] = ~high_entropy_mask(entropies, m, float(top_entropy_quantile))
     for drop in dropped.values():
         objective = torch.where(drop, zero, objective)
     if rollout_correction is not None:
-        if behaviour_logp is None:  # bypass: old_logp is the behaviour policy, the proximal one is pi itself
+        if behaviour is None:  # bypass: old_logp is the behaviour policy, the proximal one is pi itself
             log_rho = lp.detach() - olp
         else:
-            log_rho = olp - behaviour_logp.detach().to(dtype)
+            log_rho = olp - behaviour
         rho = rollout_correction_weights(log_rho, m, rollout_correction)
         if rollout_correction.mode == "mask":
             dropped["rollout_correction"] = (rho == 0) & m

@@ -135,3 +135,34 @@ def test_a_bad_sequence_mask_is_refused_by_name():
     ):
         with pytest.raises(ValueError, match=match):
             SequenceMask(**kwargs)
+
+
+@pytest.mark.parametrize("value", [True, False, math.nan, -0.1, 1.5, "0.5", torch.tensor(0.5)])
+def test_the_entropy_mask_refuses_a_quantile_outside_0_1_or_not_a_real_number(value):
+    """A bool would read as 1 or 0: refused as policy_loss refuses it (one check, ``check_top_entropy_quantile``)."""
+    with pytest.raises(ValueError, match=r"^top_entropy_quantile must be in \[0, 1\], got "):
+        high_entropy_mask(torch.ones(1, 2), torch.ones(1, 2, dtype=torch.bool), value)
+
+
+def test_direct_callers_of_the_layers_still_read_a_nan_log_ratio_as_no_evidence():
+    """``sequence_mask_keep`` and ``rollout_correction_weights`` count a NaN log-ratio as 0 (TRL's reading of a token
+    the behaviour policy could not score); ``policy_loss`` refuses NaN in ``behaviour_logp`` before either is reached
+    (``validate=True``) and hands it on as they read it with ``validate=False``."""
+    mask = torch.tensor([[True, True, True, False]])
+    log_ratio = torch.tensor([[0.5, math.nan, -0.2, math.nan]])
+    zeroed = torch.nan_to_num(log_ratio, nan=0.0)
+    spec = SequenceMask("k3", "mean", 0.01, "all")
+    adv = -torch.ones(1)
+    assert torch.equal(sequence_mask_keep(log_ratio, adv, mask, spec), sequence_mask_keep(zeroed, adv, mask, spec))
+    correction = at.RolloutCorrection("geometric", "truncate", 1.5)
+    assert torch.equal(
+        at.layers.rollout_correction_weights(log_ratio, mask, correction),
+        at.layers.rollout_correction_weights(zeroed, mask, correction),
+    )
+    old = torch.log(torch.tensor([[0.5, 0.4, 0.3, 0.2]]))
+    behaviour = old - log_ratio  # NaN at (0, 1): refused
+    with pytest.raises(ValueError, match=r"^behaviour_logp has NaN at valid position \(0, 1\); "):
+        at.policy_loss(old, old, adv, mask, behaviour_logp=behaviour, rollout_correction=correction)
+    loose = at.policy_loss(old, old, adv, mask, behaviour_logp=behaviour, rollout_correction=correction, validate=False)
+    finite = at.policy_loss(old, old, adv, mask, behaviour_logp=old - zeroed, rollout_correction=correction)
+    assert torch.equal(loose.loss, finite.loss)

@@ -2,6 +2,7 @@
 finite differences; robustness; the registry."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -546,9 +547,29 @@ def _bad(**kw):
         (dict(logp=torch.zeros(3, 0), old_logp=torch.zeros(3, 0), mask=torch.ones(3, 0)), "logp is empty"),
         (dict(method="tr_ppo", position_kl=torch.zeros(3, 5)), r"^position_kl must have shape \(3, 6\), got \(3, 5\)$"),
         (dict(method="truly_ppo", position_kl=[0.0]), "^position_kl must be a torch.Tensor, got list$"),
-        # the constant messages whole (anchored): a search would also match them inside a garbled one
-        (dict(token_weights=torch.full((3, 6), math.nan)), "^token_weights must be finite on valid tokens$"),
-        (dict(advantages=torch.tensor([0.0, math.inf, 1.0])), "^advantages must be finite on valid tokens$"),
+        # the messages whole (anchored): a search would also match them inside a garbled one
+        (
+            dict(token_weights=torch.full((3, 6), math.nan)),
+            r"^token_weights has NaN at valid position \(0, 0\); values on valid tokens must be finite$",
+        ),
+        (
+            dict(advantages=torch.tensor([0.0, math.inf, 1.0])),
+            r"^advantages has \+inf at valid position \(1,\); values on valid tokens must be finite$",
+        ),
+        (  # finite as given, +inf once cast to the float32 loss
+            dict(logp=torch.zeros(3, 6, dtype=torch.float32), advantages=torch.tensor([0.0, 1.0, 1e300])),
+            r"^advantages cast to torch.float32 has \+inf at valid position \(2,\); ",
+        ),
+        (
+            dict(method="tr_ppo", old_full_logp=torch.full((3, 6, 4), -math.inf), full_logp=torch.zeros(3, 6, 4)),
+            r"^old_full_logp has -inf at every entry of valid position \(0, 0\); a distribution needs an entry of "
+            r"probability > 0$",
+        ),
+        (dict(method="tr_ppo", full_logp=torch.zeros(3, 6, 4, dtype=torch.long)), "full_logp must be a floating"),
+        (
+            dict(entropies=torch.zeros(3, 6), top_entropy_quantile=0.5, behaviour_logp=torch.zeros(3, 6).to("meta")),
+            "behaviour_logp is on meta, logp on cpu",
+        ),
         (dict(delta="0.07"), "delta must be a real number, got str"),
         (dict(delta=True), "delta must be a real number, got bool"),
         (dict(delta=torch.tensor(0.07)), "delta must be a real number, got Tensor"),
@@ -615,6 +636,191 @@ def test_non_finite_log_probs_on_valid_tokens_raise(value, kind, arg):
     t[1, 2] = value
     with pytest.raises(ValueError, match=rf"{arg} has {kind} at valid position \(1, 2\)"):
         _bad(**{arg: t})
+
+
+# --------------------------------------------------------------------------------------------
+# NaN / +-inf in every tensor argument: refused on a valid position (naming the argument, the kind and the
+# position), ignored on a padded one; each argument with the method or layer that reads it
+# --------------------------------------------------------------------------------------------
+_B, _T, _V = 3, 6, 5
+
+
+def _full_distributions(g):
+    old_full = torch.log_softmax(torch.randn(_B, _T, _V, generator=g), -1)
+    return old_full, torch.log_softmax(old_full + 0.3 * torch.randn(_B, _T, _V, generator=g), -1)
+
+
+# argument -> (its finite value, the options of the call that reads it); the value is a function of a generator
+_READERS = {
+    "logp": (lambda g, b: b[0].detach(), {}),
+    "old_logp": (lambda g, b: b[1], {}),
+    "advantages": (lambda g, b: torch.randn(_B, generator=g), {}),  # (B,): its position is (b,)
+    "advantages (B, T)": (lambda g, b: torch.randn(_B, _T, generator=g), {}),
+    "token_weights": (lambda g, b: torch.rand(_B, _T, generator=g) + 0.5, {}),
+    "behaviour_logp": (lambda g, b: b[1] - 0.05, dict(rollout_correction=at.RolloutCorrection("token", "truncate"))),
+    "behaviour_logp, sequence mask": (
+        lambda g, b: b[1] - 0.05,
+        dict(sequence_mask=at.SequenceMask("k3", "mean", 0.5, "all")),
+    ),
+    "old_full_logp": (lambda g, b: _full_distributions(g)[0], dict(method="tr_ppo")),
+    "full_logp": (lambda g, b: _full_distributions(g)[1], dict(method="tr_ppo")),
+    "position_kl": (lambda g, b: torch.rand(_B, _T, generator=g) * 0.1, dict(method="truly_ppo")),
+    "entropies": (lambda g, b: torch.rand(_B, _T, generator=g) * 3, dict(top_entropy_quantile=0.5)),
+}
+_KINDS = {"NaN": math.nan, "+inf": math.inf, "-inf": -math.inf}
+
+
+def _call_with(reader: str, value: torch.Tensor, mask: torch.Tensor, seed: int, **kw):
+    """policy_loss with ``reader``'s argument set to ``value`` (the other tensors finite, from ``seed``)."""
+    logp, old, adv, _ = _batch(seed, B=_B, T=_T)
+    g = torch.Generator().manual_seed(seed + 1)
+    name = reader.split(" ")[0].rstrip(",")
+    args = dict(logp=logp.detach(), old_logp=old, advantages=adv, mask=mask)
+    options = dict(_READERS[reader][1])
+    if options.get("method") == "tr_ppo":  # both distributions, one of them replaced below
+        args["old_full_logp"], args["full_logp"] = _full_distributions(g)
+    if options.get("method") == "truly_ppo":
+        args["position_kl"] = torch.rand(_B, _T, generator=g) * 0.1
+    if "top_entropy_quantile" in options:
+        args["entropies"] = torch.rand(_B, _T, generator=g) * 3
+    args[name] = value
+    return at.policy_loss(**args, **options, **kw)
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 10_000), data=st.data())
+@pytest.mark.parametrize("kind", sorted(_KINDS))
+@pytest.mark.parametrize("reader", sorted(_READERS))
+def test_a_non_finite_value_is_refused_at_a_valid_position_and_ignored_at_a_padded_one(reader, kind, seed, data):
+    """A NaN / +inf / -inf put at one random position of a random mask: valid -> ValueError naming the argument,
+    the kind and that position, except -inf in a full distribution (a vocabulary entry of probability 0), which is
+    taken; padded -> the same loss and per-token values as the finite batch; ``validate=False`` reads nothing."""
+    name = reader.split(" ")[0].rstrip(",")
+    g = torch.Generator().manual_seed(seed)
+    clean = _READERS[reader][0](g, _batch(seed, B=_B, T=_T))
+    mask = torch.tensor(data.draw(st.lists(st.booleans(), min_size=_B * _T, max_size=_B * _T))).reshape(_B, _T)
+    pos = tuple(data.draw(st.integers(0, n - 1)) for n in clean.shape)
+    valid = data.draw(st.booleans(), label="valid")
+    if clean.ndim == 1:  # (B,) advantages: position (b,) is valid where sequence b has a valid token
+        mask[pos[0]] = False
+        if valid:
+            mask[pos[0], data.draw(st.integers(0, _T - 1))] = True
+    else:
+        mask[pos[:2]] = valid
+    dirty = clean.clone()
+    dirty[pos] = _KINDS[kind]
+    if valid and not (kind == "-inf" and name in ("old_full_logp", "full_logp")):
+        where = ", ".join(map(str, pos)) + ("," if len(pos) == 1 else "")
+        with pytest.raises(ValueError, match=rf"^{name} has {re.escape(kind)} at valid position \({where}\); "):
+            _call_with(reader, dirty, mask, seed)
+        _call_with(reader, dirty, mask, seed, validate=False)  # nothing value-dependent is checked
+        return
+    want = _call_with(reader, clean, mask, seed)
+    got = _call_with(reader, dirty, mask, seed)
+    if valid:  # -inf in a full distribution: a probability 0, taken (TR-PPO's gate reads a KL, +inf at most)
+        assert torch.isfinite(got.loss)
+        return
+    assert torch.equal(got.loss, want.loss) and torch.equal(got.per_token, want.per_token)
+
+
+@pytest.mark.parametrize("kl_source", ["full distributions", "position_kl"])
+def test_the_detailed_scan_passes_over_padding_and_a_full_distributions_minus_inf(kl_source):
+    """Once one value starts the detailed scan (here the last argument scanned, entropies, NaN at (2, 1)), every
+    argument scanned before it is read on valid positions only and by its own rule: garbage on padding and a -inf
+    entry of a full distribution at a valid position (a probability 0) are passed over, the error names entropies."""
+    logp, old, _, _ = _batch(5, B=_B, T=_T)
+    g = torch.Generator().manual_seed(5)
+    mask = torch.ones(_B, _T, dtype=torch.bool)
+    mask[0, 4:] = False
+    tensors = dict(
+        logp=logp.detach().clone(),
+        old_logp=old.clone(),
+        advantages=torch.randn(_B, _T, generator=g),
+        token_weights=torch.ones(_B, _T),
+        behaviour_logp=old - 0.05,
+        entropies=torch.rand(_B, _T, generator=g),
+    )
+    if kl_source == "position_kl":
+        tensors["position_kl"] = torch.rand(_B, _T, generator=g)
+    else:
+        tensors["old_full_logp"], tensors["full_logp"] = _full_distributions(g)
+        tensors["old_full_logp"][1, 2, 0] = tensors["full_logp"][1, 3, 4] = -math.inf
+    for t in tensors.values():
+        t[0, 4], t[0, 5] = math.nan, -math.inf
+    tensors["entropies"][2, 1] = math.nan
+    options = dict(method="tr_ppo", top_entropy_quantile=0.5, sequence_mask=at.SequenceMask("k3", "mean", 0.5, "all"))
+    with pytest.raises(ValueError, match=r"^entropies has NaN at valid position \(2, 1\); "):
+        at.policy_loss(mask=mask, **tensors, **options)
+
+
+@pytest.mark.parametrize("reader", ["behaviour_logp", "old_full_logp", "position_kl", "entropies"])
+def test_a_tensor_this_call_does_not_read_is_not_checked(reader):
+    """behaviour_logp without a layer that reads it, the full distributions beside position_kl (or for a method
+    that needs neither), position_kl for a method that needs no KL, entropies with top_entropy_quantile = 1:
+    NaN there changes nothing."""
+    logp, old, adv, mask = _batch(0, B=_B, T=_T)
+    nan = torch.full((_B, _T, _V) if reader == "old_full_logp" else (_B, _T), math.nan)
+    want = at.policy_loss(logp, old, adv, mask, method="truly_ppo", position_kl=torch.zeros(_B, _T)).loss
+    options = dict(method="truly_ppo", position_kl=torch.zeros(_B, _T))
+    if reader == "old_full_logp":
+        options["full_logp"] = torch.zeros(_B, _T, _V)
+    elif reader == "position_kl":
+        options = dict(method="atr")
+        want = at.policy_loss(logp, old, adv, mask, method="atr").loss
+    got = at.policy_loss(logp, old, adv, mask, **{**options, reader: nan}).loss
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(max_length=math.inf), "^max_length must be an integer >= T = 6, got inf$"),
+        (dict(max_length=math.nan), "^max_length must be an integer >= T = 6, got nan$"),
+        (dict(max_length=8.5), "^max_length must be an integer >= T = 6, got 8.5$"),
+        (dict(max_length=True), "^max_length must be an integer >= T = 6, got True$"),
+        (dict(max_length="8"), "^max_length must be an integer >= T = 6, got '8'$"),
+        (dict(max_length=torch.tensor(8)), "^max_length must be an integer >= T = 6, got tensor"),
+        (dict(max_length=np.int64(5)), "^max_length must be an integer >= T = 6, got "),
+        (dict(top_entropy_quantile=True), r"^top_entropy_quantile must be in \[0, 1\], got True \(a real number"),
+        (dict(top_entropy_quantile=False), r"^top_entropy_quantile must be in \[0, 1\], got False"),
+        (dict(top_entropy_quantile=math.nan), r"^top_entropy_quantile must be in \[0, 1\], got nan"),
+        (dict(top_entropy_quantile=-0.1), r"^top_entropy_quantile must be in \[0, 1\], got -0.1"),
+        (dict(top_entropy_quantile="0.5"), r"^top_entropy_quantile must be in \[0, 1\], got '0.5'"),
+        (dict(kl_chunk_size=0), "^kl_chunk_size must be None or an integer >= 1, got 0$"),
+        (dict(kl_chunk_size=-1), "^kl_chunk_size must be None or an integer >= 1, got -1$"),
+        (dict(kl_chunk_size=2.5), "^kl_chunk_size must be None or an integer >= 1, got 2.5$"),
+        (dict(kl_chunk_size=True), "^kl_chunk_size must be None or an integer >= 1, got True$"),
+        (dict(kl_chunk_size=math.inf), "^kl_chunk_size must be None or an integer >= 1, got inf$"),
+        (dict(kl_chunk_size="4"), "^kl_chunk_size must be None or an integer >= 1, got '4'$"),
+        (dict(generator=0), "^generator must be None or a torch.Generator, got int$"),
+        (
+            dict(generator=np.random.default_rng(0)),
+            "^generator must be None or a torch.Generator, got numpy.random._generator.Generator$",
+        ),
+    ],
+)
+@pytest.mark.parametrize("validate", [True, False])
+def test_a_scalar_outside_its_domain_is_refused_naming_it_and_its_value(kwargs, match, validate):
+    with pytest.raises(ValueError, match=match):
+        _bad(**kwargs, validate=validate, entropies=torch.rand(3, 6))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(max_length=8),
+        dict(max_length=8.0),  # an integral float, as a config may write it
+        dict(max_length=np.int64(6)),
+        dict(top_entropy_quantile=0),
+        dict(top_entropy_quantile=np.float32(0.5)),
+        dict(kl_chunk_size=1, method="tr_ppo"),
+        dict(kl_chunk_size=4.0, method="tr_ppo"),
+        dict(generator=torch.Generator().manual_seed(0), method="clip_cov"),
+    ],
+)
+def test_a_scalar_inside_its_domain_is_taken(kwargs):
+    full = dict(old_full_logp=torch.zeros(3, 6, 4), full_logp=torch.zeros(3, 6, 4))
+    assert torch.isfinite(_bad(**kwargs, **full, entropies=torch.rand(3, 6)).loss)
 
 
 @pytest.mark.parametrize("dtype,expected", [(torch.bfloat16, torch.float32), (torch.float16, torch.float32)])
