@@ -9,8 +9,9 @@ A resumed run continues as the uninterrupted one would (``ExactResumeMixin``, a 
 sampler's order across epochs, and TRL's generation cycle (the micro-step counter and the buffered batch,
 ``save_cycle_state``) saved in every checkpoint.
 
-Every checkpoint and the final model also record the rule they trained (``METHOD_FILE``: name, form, parameters), so
-that a resume cannot switch forms silently (``check_resume_keeps_the_form``) and an evaluation names the form.
+Every checkpoint and the final model also record the rule they trained (``METHOD_FILE``: name, form, parameters), and
+the model it trains, so that a resume cannot switch rule, form, parameters or model silently
+(``check_resume_compatible``) and an evaluation names the form.
 """
 
 from __future__ import annotations
@@ -38,12 +39,30 @@ def checkpoint_step(path: Path) -> int | None:
 
 
 METHOD_FILE = "atr_method.json"
-"""Written into every checkpoint and into ``final/``: ``{"method", "form", "params"}`` of the rule the run trains."""
+"""Written into every checkpoint and into ``final/``: ``{"method", "form", "params", "model"}`` of the rule the run
+trains and the model it trains (``model_identity``)."""
 
-def write_method_record(folder: Path | str, resolved) -> Path:
-    """``folder/METHOD_FILE`` for ``resolved`` (an ``atr_theory.ResolvedMethod``)."""
+ARCHITECTURE_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+"""``config.json`` entries two models must share for one's weights to load into the other."""
+
+
+def model_identity(model) -> dict:
+    """What a checkpoint records of the model it trained: its config's ``ARCHITECTURE_KEYS`` and the name or path it
+    was loaded from (``_name_or_path``, empty for a model built from a config)."""
+    config = getattr(model, "config", None)
+    identity = {k: getattr(config, k) for k in ARCHITECTURE_KEYS if getattr(config, k, None) is not None}
+    name = getattr(config, "_name_or_path", "") or ""
+    return {**identity, **({"name_or_path": str(name)} if name else {})}
+
+
+def write_method_record(folder: Path | str, resolved, model=None) -> Path:
+    """``folder/METHOD_FILE`` for ``resolved`` (an ``atr_theory.ResolvedMethod``) and ``model`` (what
+    ``model_identity`` records; none without a model)."""
     path = Path(folder) / METHOD_FILE
-    path.write_text(json.dumps({"method": resolved.name, "form": resolved.form, "params": dict(resolved.params)}))
+    record = {"method": resolved.name, "form": resolved.form, "params": dict(resolved.params)}
+    if model is not None:
+        record["model"] = model_identity(model)
+    path.write_text(json.dumps(record))
     return path
 
 
@@ -82,18 +101,53 @@ def describe_recorded_method(record: dict | None) -> str | None:
     return text
 
 
-def check_resume_keeps_the_form(checkpoint: Path | str, resolved) -> None:
-    """Refuse to resume ``checkpoint`` with ``resolved`` (``atr_theory.ResolvedMethod``) when the checkpoint trained
-    the same rule in another form: a resume would switch forms mid-run. Naming ``--form`` keeps its meaning."""
+def checkpoint_model(checkpoint: Path | str) -> dict:
+    """What ``checkpoint`` says of the model it trained: its ``METHOD_FILE``'s ``model``, else the ``config.json`` of a
+    full-model checkpoint (``ARCHITECTURE_KEYS``), else a LoRA adapter's base model name; {} when nothing does."""
+    folder = Path(checkpoint)
+    record = recorded_method(folder) or {}
+    if record.get("model"):
+        return dict(record["model"])
+    for file, read in (
+        ("config.json", lambda d: {k: d[k] for k in ARCHITECTURE_KEYS if k in d}),
+        ("adapter_config.json", lambda d: {"name_or_path": d["base_model_name_or_path"]} if d.get("base_model_name_or_path") else {}),
+    ):
+        try:
+            return read(json.loads((folder / file).read_text()))
+        except (OSError, ValueError, AttributeError):
+            continue
+    return {}
+
+
+def check_resume_compatible(checkpoint: Path | str, resolved, model: dict | None = None, *, name=str) -> None:
+    """Refuse (ValueError) to resume ``checkpoint`` with a configuration that trains something else: another rule,
+    the same rule in another form, other parameter values (``resolved``, an ``atr_theory.ResolvedMethod``), or
+    another model (``model``: what is known of it, ``model_identity``'s keys; only keys both sides know are
+    compared). ``name(param)`` is the option a parameter is set by (``atr_llm.config.config_field``). A checkpoint
+    that recorded none of these is resumed as it is."""
     record = recorded_method(checkpoint)
-    if record is None or record.get("form") is None or record["method"] != resolved.name:
-        return
-    if record["form"] != resolved.form:
+    again = "to continue it as it was trained, or start a new run in another --output_dir"
+    if record is not None and record["method"] != resolved.name:
+        raise ValueError(
+            f"{checkpoint} trained {describe_recorded_method(record)}; this configuration trains {resolved.name}. "
+            f"Pass --method {record['method']} {again}"
+        )
+    if record is not None and record.get("form") is not None and record["form"] != resolved.form:
         raise ValueError(
             f"{checkpoint} trained {describe_recorded_method(record)}; this "
-            f"configuration trains {resolved.name} in the {resolved.form} form. Pass --form {record['form']} to "
-            "continue it as it was trained, or start a new run in another --output_dir"
+            f"configuration trains {resolved.name} in the {resolved.form} form. Pass --form {record['form']} {again}"
         )
+    for param, value in (record or {}).get("params", {}).items():
+        if param in resolved.params and float(resolved.params[param]) != float(value):
+            raise ValueError(
+                f"{checkpoint} trained {resolved.name} with {name(param)} {value:g}; this configuration sets "
+                f"{resolved.params[param]:g}. Pass --{name(param)} {value:g} {again}"
+            )
+    trained = checkpoint_model(checkpoint)
+    differ = [k for k in trained if k in (model or {}) and trained[k] != model[k]]
+    if differ:
+        shown = ", ".join(f"{k} {trained[k]!r} there, {model[k]!r} here" for k in differ)
+        raise ValueError(f"{checkpoint} trained another model ({shown}); resume it with the model it trained")
 
 
 def is_complete_checkpoint(path: str | Path) -> bool:
@@ -201,7 +255,7 @@ class ExactResumeMixin:
         folder.mkdir(parents=True, exist_ok=True)
         save_cycle_state(folder, self.accelerator.process_index, self._step, self._buffered_inputs)
         if self.accelerator.is_main_process:
-            write_method_record(folder, self.args.resolved_method)
+            write_method_record(folder, self.args.resolved_method, self.model)
         super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
@@ -230,6 +284,8 @@ class ExactResumeMixin:
             if checkpoint is None:
                 raise ValueError(f"--resume_from_checkpoint latest: no complete checkpoint in {self.args.output_dir}")
             checkpoint = str(checkpoint)
+        if checkpoint:  # the same check as the command line's (atr_llm.config.RunConfig), on the loaded model
+            check_resume_compatible(checkpoint, self.args.resolved_method, model_identity(self.model))
         self._epochs_before_resume = completed_epochs(checkpoint) if checkpoint else 0
         return super().train(checkpoint, *args, **kwargs)
 

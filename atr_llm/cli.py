@@ -22,15 +22,22 @@ EXIT_USAGE = 2
 
 
 class UsageError(ValueError):
-    """A bad command-line input (a ValueError, so library callers can catch it as one)."""
+    """A bad command-line input (a ValueError, so library callers can catch it as one): ``argument``, ``value`` and
+    what was ``expected``, when ``refuse`` made it."""
+
+    argument: str | None = None
+    value: Any = None
+    expected: str | None = None
 
 
 def refuse(argument: str, value: Any, expected: str) -> UsageError:
     """The refusal of ``argument = value``: ``"<argument> <value>: <expected>"``; raise what it returns."""
     shown = value if isinstance(value, (int, float)) and not isinstance(value, bool) else repr(value)
     if isinstance(value, str):
-        shown = value
-    return UsageError(f"{argument} {shown}: {expected}")
+        shown = value if value.strip() else repr(value)
+    error = UsageError(f"{argument} {shown}: {expected}")
+    error.argument, error.value, error.expected = argument, value, expected
+    return error
 
 
 def one_line(message: str) -> str:
@@ -103,14 +110,16 @@ class Parser(argparse.ArgumentParser):
                 self.error(
                     f"{typed} {twice}: given twice ({', '.join(v for v in values if keyed(v) == twice)}); give each name once"
                 )
-        from .cli_types import check_relations, shown_value
+        from .relations import check_relations, shown_value
 
         flags = {dest: uses[0][1] for dest, uses in given.items()}
         shown = lambda dest: flags.get(dest) or self._flag_of(dest)  # noqa: E731
         broken = check_relations(self.relations, lambda d: d in given, lambda d: getattr(parsed, d, None), shown)
         if broken is not None:
             name, why = broken
-            self.exit(EXIT_USAGE, f"error: {one_line(f'{shown(name)} {shown_value(getattr(parsed, name))}: {why}')}\n")
+            typed = given[name][0][2] if name in given else shown_value(getattr(parsed, name))
+            said = shown(name) if not typed else f"{shown(name)} {typed}"  # a flag: its name alone
+            self.exit(EXIT_USAGE, f"error: {one_line(f'{said}: {why}')}\n")
         return parsed
 
     def _flag_of(self, dest: str) -> str:

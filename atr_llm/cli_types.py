@@ -22,6 +22,7 @@ from .cli import (
     output_file,
     torch_device,
 )
+from .relations import SET, AtMost, Exclusive, Holds, Relation, Requires  # noqa: F401 - declared beside the types
 
 
 class Declared:
@@ -39,6 +40,12 @@ class Declared:
     def check(self, value: Any) -> Any:
         """An already-typed ``value`` (from a config file) checked against the same domain."""
         return self(str(value))
+
+    def parse(self, text: str) -> Any:
+        """``text`` turned into a value of this type, its domain not checked (an entry point whose config checks
+        it, ``python -m atr_llm.train``, parses with this); text that is no such value is refused as ``__call__``
+        refuses it."""
+        return str(text)
 
     def refusal(self, text: Any, expected: str) -> argparse.ArgumentTypeError:
         return argparse.ArgumentTypeError(f"{one_line(str(text))[:120]}: {expected}")
@@ -78,6 +85,11 @@ class Integer(Declared):
         if (self.low is not None and value < self.low) or value > self.high:
             raise self.refusal(text, self.expected(value))
         return value
+
+    def parse(self, text: str) -> int:
+        if not re.fullmatch(r"[+-]?\d+", str(text).strip()):
+            raise self.refusal(text, self.expected())
+        return int(str(text).strip())
 
     def check(self, value: Any) -> int:
         if isinstance(value, str):
@@ -131,6 +143,12 @@ class Real(Declared):
         if not self.inside(value):
             raise self.refusal(text, self.expected())
         return value
+
+    def parse(self, text: str) -> float:
+        try:
+            return float(str(text).strip())
+        except ValueError:
+            raise self.refusal(text, self.expected()) from None
 
     def check(self, value: Any) -> float:
         if isinstance(value, str):
@@ -471,6 +489,15 @@ SEED = Integer(0, 2**32 - 1)
 """A random seed: numpy's generators take seeds below 2^32 (torch's below 2^64), so every command declares this."""
 
 
+def declaration(action: argparse.Action) -> Declared | None:
+    """The declaration an argument parses with: its type, or the ``Declared`` whose ``parse`` it is (an entry point
+    whose config checks the domain, ``python -m atr_llm.train``); None for a library's own type."""
+    if isinstance(action.type, Declared):
+        return action.type
+    owner = getattr(action.type, "__self__", None)
+    return owner if isinstance(owner, Declared) else None
+
+
 def undeclared_arguments(parser: argparse.ArgumentParser) -> list[str]:
     """The options of ``parser`` that take a value but have neither a declared type nor ``choices`` (an entry point
     must declare each; tests/test_cli_fuzz.py holds every entry point to it)."""
@@ -478,120 +505,6 @@ def undeclared_arguments(parser: argparse.ArgumentParser) -> list[str]:
     for action in parser._actions:
         if action.nargs == 0 or isinstance(action, argparse._HelpAction):
             continue
-        if not isinstance(action.type, Declared) and action.choices is None:
+        if declaration(action) is None and action.choices is None:
             missing.append(action.option_strings[0] if action.option_strings else action.dest)
     return missing
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# relations between arguments, declared once: checked on the parsed values, read by the fuzzer to break them
-# ---------------------------------------------------------------------------------------------------------------
-SET = object()
-"""``Requires``'s default condition: the needed argument is set (given, or away from its default)."""
-
-
-class Relation:
-    """A rule between arguments (an option that excludes or needs another, a value bounded by another's), declared
-    once where the entry point declares its arguments. ``violation(is_set, value)`` returns ``(name, text)`` of the
-    first argument it refuses and why, or None; ``is_set(name)`` says whether an argument was given (on a command
-    line) or differs from its default (a config built in Python), ``value(name)`` its value. ``names`` are the
-    arguments it involves (the fuzzer builds command lines that break each relation from them)."""
-
-    names: tuple[str, ...] = ()
-
-    def violation(self, is_set, value) -> tuple[str, str] | None:  # pragma: no cover - each subclass defines it
-        raise NotImplementedError
-
-
-class Exclusive(Relation):
-    """At most one of ``names`` may be set: with two, one would be ignored or contradict the other (``why`` says
-    which and how)."""
-
-    def __init__(self, *names: str, why: str = ""):
-        if len(names) < 2:
-            raise ValueError(f"Exclusive needs two or more arguments, got {names}")
-        self.names, self.why = names, why
-
-    def violation(self, is_set, value):
-        given = [n for n in self.names if is_set(n)]
-        if len(given) < 2:
-            return None
-        return given[1], f"cannot be used with {{{given[0]}}}{': ' + self.why if self.why else ''}; give one of them"
-
-    def __repr__(self) -> str:
-        return f"Exclusive{self.names}"
-
-
-class Requires(Relation):
-    """``name`` set needs ``needed`` set (``equals`` left out), or ``needed``'s value to be ``equals`` (one of them,
-    for a tuple), or to pass ``test`` (described by ``words``, e.g. ``"> 0"``): without it ``name`` would be ignored or
-    contradicted (``why`` says which; ``{other}`` in it names another argument as the user knows it)."""
-
-    def __init__(self, name: str, needed: str, *, equals: Any = SET, test=None, words: str = "", why: str = ""):
-        self.name, self.needed, self.equals, self.test, self.words, self.why = name, needed, equals, test, words, why
-        self.names = (name, needed)
-
-    def satisfied(self, is_set, value) -> bool:
-        if self.test is not None:
-            return bool(self.test(value(self.needed)))
-        if self.equals is SET:
-            return is_set(self.needed)
-        allowed = self.equals if isinstance(self.equals, tuple) else (self.equals,)
-        return value(self.needed) in allowed
-
-    def needs(self) -> str:
-        """The condition in words, ``{needed}`` standing for the argument's name."""
-        if self.test is not None:
-            return "{" + self.needed + "} " + self.words
-        if self.equals is SET:
-            return "{" + self.needed + "}"
-        allowed = self.equals if isinstance(self.equals, tuple) else (self.equals,)
-        return "{" + self.needed + "} " + " or ".join(str(a).lower() if isinstance(a, bool) else str(a) for a in allowed)
-
-    def violation(self, is_set, value):
-        if not is_set(self.name) or self.satisfied(is_set, value):
-            return None
-        return self.name, f"needs {self.needs()}{' (' + self.why + ')' if self.why else ''}"
-
-    def __repr__(self) -> str:
-        return f"Requires({self.name!r}, {self.needed!r})"
-
-
-class AtMost(Relation):
-    """``value(name) <= value(bound)`` whenever both are numbers (unset: not None); ``applies(value)`` narrows it to
-    the configurations where it means something."""
-
-    def __init__(self, name: str, bound: str, *, why: str = "", applies=None):
-        self.name, self.bound, self.why, self.applies = name, bound, why, applies
-        self.names = (name, bound)
-
-    def violation(self, is_set, value):
-        mine, theirs = value(self.name), value(self.bound)
-        if mine is None or theirs is None or (self.applies is not None and not self.applies(value)):
-            return None
-        if mine <= theirs:
-            return None
-        return self.name, f"exceeds {{{self.bound}}} {theirs}{': ' + self.why if self.why else ''}"
-
-    def __repr__(self) -> str:
-        return f"AtMost({self.name!r}, {self.bound!r})"
-
-
-def check_relations(relations, is_set, value, shown) -> tuple[str, str] | None:
-    """The first violated relation of ``relations`` as ``(name, why)``: the argument to name and the reason, its
-    ``{other}`` placeholders replaced by ``shown(other)``, how the user knows that argument (``--flag``, a YAML
-    key). A refusal reads ``<shown(name)> <value>: <why>``."""
-    for relation in relations:
-        found = relation.violation(is_set, value)
-        if found is None:
-            continue
-        name, text = found
-        for other in relation.names:
-            text = text.replace("{" + other + "}", shown(other))
-        return name, text
-    return None
-
-
-def shown_value(value: Any) -> str:
-    """A value as a refusal shows it: ``true`` / ``false`` for a flag, else its text."""
-    return str(value).lower() if isinstance(value, bool) else str(value)

@@ -75,7 +75,7 @@ def preset(model_key: str, run: str) -> dict:
     (``delta`` -> ``divergence_delta``); the method choice is validated by ``atr_theory.resolve``."""
     import atr_theory as at
 
-    from .trainer import config_field
+    from .config import config_field
 
     method, params = RUNS[run]["method"], {k: v for k, v in RUNS[run].items() if k != "method"}
     at.resolve(method, **params)

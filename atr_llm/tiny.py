@@ -61,6 +61,10 @@ def build_tiny_tokenizer(vocab_size: int = 512, seed: int = 0):
     return fast
 
 
+TINY_ARCHITECTURE = {"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
+"""What ``build_tiny_model``'s defaults build, known before building it (a resume compares it with its checkpoint)."""
+
+
 def build_tiny_model(
     tokenizer, *, vocab_size: int | None = None, hidden_size: int = 64, layers: int = 2, seed: int = 0
 ):

@@ -15,66 +15,16 @@ before any model is loaded.
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import os
 import re
 import sys
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from .cli import atomic_write_text, directory_written_whole, output_directory, refuse, refuse_unknown_options
-
-
-@dataclass
-class ScriptArguments:
-    """Data, model source and stages."""
-
-    dataset_name: str = field(
-        default="arithmetic", metadata={"help": "arithmetic, dapo-math-17k, dapo-math-17k-processed, ..."}
-    )
-    dataset_path: str | None = field(default=None, metadata={"help": "local jsonl/parquet with the source's columns"})
-    dataset_limit: int | None = field(default=None, metadata={"help": "use the first N rows (arithmetic: generate N)"})
-    tiny: bool = field(default=False, metadata={"help": "build the offline tiny Qwen3 + local tokenizer"})
-    tiny_vocab: str = field(
-        default="toy",
-        metadata={
-            "help": "--tiny's vocabulary: 'toy' (a few hundred BPE tokens) or 'qwen3' (Qwen3's real tokenizer, 151,936 rows)"
-        },
-    )
-    backend: str = field(default="trl", metadata={"help": "'trl' or 'unsloth' (CUDA only)"})
-    sft_steps: int = field(default=0, metadata={"help": "formatting SFT steps before RL (0 = none)"})
-    sft_dataset_name: str | None = field(default=None, metadata={"help": "SFT data (default: dataset_name)"})
-    sft_dataset_path: str | None = field(default=None)
-    sft_learning_rate: float = field(default=3e-3)
-    sft_batch_size: int = field(default=32)
-    sft_implementation: str = field(
-        default="trl",
-        metadata={
-            "help": "'trl' (TRL's SFTTrainer) or 'plain' (a torch loop that scores only the completion positions: "
-            "several times cheaper at Qwen3's vocabulary on CPU; no PEFT)"
-        },
-    )
-    reward_timeout_seconds: int = field(default=5)
-    use_vllm_if_available: bool = field(
-        default=False,
-        metadata={
-            "help": "generate with TRL's colocated vLLM when vllm is importable and CUDA is present (the presets "
-            "set it); otherwise transformers' generate, with a warning about speed"
-        },
-    )
-    truncated_reward: float | None = field(
-        default=None,
-        metadata={
-            "help": "reward of a completion cut at max_completion_length (no eos), instead of its grade; "
-            "None grades it like any other (DAPO's overlong punishment: 0 makes not stopping wrong)"
-        },
-    )
-    overwrite: bool = field(
-        default=False,
-        metadata={"help": "train into an --output_dir that holds a finished run (its final/ model is replaced)"},
-    )
-
+from .cli import atomic_write_text, directory_written_whole, refuse, refuse_unknown_options
 
 USAGE = """\
 python -m atr_llm.train needs a config or arguments. To start:
@@ -86,45 +36,9 @@ python -m atr_llm.train needs a config or arguments. To start:
 Presets for every method of the paper's Tables 2-3: atr_llm/configs/qwen3-{1.7b,8b}-<run>.yaml."""
 
 
-def config_path(argv: list[str]) -> str | None:
-    """The FILE of ``--config FILE`` / ``--config=FILE`` in ``argv``, None without one."""
-    for i, arg in enumerate(argv):
-        if arg == "--config" and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith("--config="):
-            return arg.split("=", 1)[1]
-    return None
-
-
-def config_file_contents(argv: list[str] | None) -> dict | None:
-    """The mapping in ``--config FILE`` (or ``--config=FILE``), None without one; a file that is missing, a folder,
-    unreadable, not YAML or not a mapping is refused in one line (TRL's parser would raise FileNotFoundError /
-    IsADirectoryError / a YAML traceback)."""
-    import yaml
-
-    argv = sys.argv[1:] if argv is None else argv
-    for i, arg in enumerate(argv):
-        if arg == "--config" and i + 1 < len(argv):
-            path = argv[i + 1]
-        elif arg.startswith("--config="):
-            path = arg.split("=", 1)[1]
-        else:
-            continue
-        if not os.path.exists(path):
-            raise refuse("--config", path, "no such file")
-        if not os.path.isfile(path):
-            raise refuse("--config", path, "expected a YAML file, got a folder")
-        try:
-            with open(path, encoding="utf-8") as handle:
-                content = yaml.safe_load(handle)
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-            raise refuse("--config", path, f"not a readable YAML file ({type(e).__name__})") from None
-        if content is not None and not isinstance(content, dict):
-            raise refuse("--config", path, f"expected a YAML mapping of option: value, got a {type(content).__name__}")
-        return content
-    return None
-
-
+# ---------------------------------------------------------------------------------------------------------------
+# the command line and its --config file: text -> values (the configs check them, atr_llm.config)
+# ---------------------------------------------------------------------------------------------------------------
 NEGATIVE_NUMBER = re.compile(r"-(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|-inf(?:inity)?|-nan", re.IGNORECASE)
 
 
@@ -140,48 +54,210 @@ def negative_values_attached(argv: list[str]) -> list[str]:
     return out
 
 
-def parse(argv=None):
-    """Parse TRL-style arguments (``--config FILE.yaml`` and ``--field value``); configuration errors,
-    including a bf16 (GPU) preset on a machine without CUDA, come back as one ValueError naming the fix."""
-    from trl import ModelConfig, TrlParser
+class YamlKeyError(ValueError):
+    """A ``--config`` file's key that is not an option name, or a name given twice."""
 
-    from .trainer import ATRGRPOConfig
 
-    class OneLineTrlParser(TrlParser):
+def _strict_mapping(loader, node, deep=False):
+    """A YAML mapping whose keys are names (strings), each given once; else ``YamlKeyError`` naming the line(s)."""
+    import yaml
+
+    loader.flatten_mapping(node)
+    seen: dict[str, int] = {}
+    for key_node, _ in node.value:
+        key, line = loader.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+        if not isinstance(key, str):
+            raise YamlKeyError(f"key {key!r} (line {line}) is not an option name")
+        if key in seen:
+            raise YamlKeyError(f"key {key} is given twice (lines {seen[key]} and {line}); give it once")
+        seen[key] = line
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+def read_config_file(path: str) -> dict:
+    """The mapping of option: value in the YAML file ``path``; a file that is missing, a folder, unreadable, not YAML,
+    not a mapping, or with a key that is not a name or is given twice, is refused in one line naming it."""
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        pass
+
+    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _strict_mapping)
+    if not os.path.exists(path):
+        raise refuse("--config", path, "no such file")
+    if not os.path.isfile(path):
+        raise refuse("--config", path, "expected a YAML file, got a folder")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            content = yaml.load(handle, Loader=StrictLoader)  # noqa: S506 - a SafeLoader
+    except YamlKeyError as e:
+        raise refuse("--config", path, str(e)) from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise refuse("--config", path, f"not a readable YAML file ({type(e).__name__})") from None
+    if content is None:
+        return {}
+    if not isinstance(content, dict):
+        raise refuse("--config", path, f"expected a YAML mapping of option: value, got a {type(content).__name__}")
+    return content
+
+
+def config_path(argv: list[str]) -> str | None:
+    """The FILE of ``--config FILE`` / ``--config=FILE`` in ``argv``, None without one."""
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--config="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def build_parser():
+    """The declaration of ``python -m atr_llm.train``: an option per field of ``ScriptArguments``, ``ATRGRPOConfig``
+    and ``trl.ModelConfig`` (transformers' ``HfArgumentParser``, TRL's convention), plus ``--config FILE``. A field
+    with a declared domain (``atr_llm.config.fields``) parses its text with that declaration (``Declared.parse``:
+    text to value; the config checks the domain); every default is left out of the parsed values, so they hold what
+    was given and nothing else."""
+    from transformers import HfArgumentParser
+    from trl import ModelConfig
+
+    from .cli_types import ReadFile
+    from .config import ATRGRPOConfig, ScriptArguments
+    from .config.fields import MODEL_DOMAINS, script_domains, training_domains
+
+    class OneLineParser(HfArgumentParser):
         def error(self, message: str):  # argparse's hook: one ValueError (one line, exit 2), not the usage block
             raise ValueError(message)
 
-    argv = negative_values_attached(sys.argv[1:] if argv is None else list(argv))
-    # TRL's parser finds the config file only as "--config FILE": "--config=FILE" would be dropped silently
-    argv = [part for a in argv for part in (["--config", a.split("=", 1)[1]] if a.startswith("--config=") else [a])]
-    content = config_file_contents(argv) or {}
-    parser = OneLineTrlParser((ScriptArguments, ATRGRPOConfig, ModelConfig), allow_abbrev=False)
-    declare(parser)
-    try:
-        without_config = [a for i, a in enumerate(argv) if a != "--config" and (i == 0 or argv[i - 1] != "--config")]
-        refuse_unknown_options(parser, without_config)  # before TRL builds its configs (which may fail first)
-        _, unknown = parser.parse_known_args(without_config)
-        if unknown:
-            raise ValueError(f"unrecognized arguments: {' '.join(unknown)}")
-        return parser.parse_args_and_config(args=argv)
-    except ValueError as e:
-        config = config_path(argv)
-        unknown = re.match(r"Unknown arguments from config file: \[(.*)\]", str(e))
-        if unknown and config:  # TRL's message, reworded: the file and its keys
-            keys = [k.strip(" '\"").removeprefix("--") for k in unknown.group(1).split(",")]
-            keys = [k for k in keys if k in content]
-            raise refuse(
-                "--config", config, f"unknown key(s) {', '.join(keys)}: not an option of atr_llm.train"
-            ) from None
-        bad = re.match(r"argument (--[\w-]+)(?:/--[\w-]+)?: (.*)", str(e))
-        typed = bad and any(a == bad.group(1) or a.startswith(bad.group(1) + "=") for a in argv)
-        if bad and config and bad.group(1).removeprefix("--").replace("-", "_") in content and not typed:
-            key = bad.group(1).removeprefix("--").replace("-", "_")
-            raise refuse("--config", config, f"key {key}: {bad.group(2)}") from None
-        if str(e).startswith("argument "):  # a declared type's or argparse's refusal, as this package words them
-            from .cli import reworded
+    parser = OneLineParser((ScriptArguments, ATRGRPOConfig, ModelConfig), allow_abbrev=False)
+    parser.builds_run_config = True  # its values are checked when train.parse builds the configs (the fuzzer's cue)
+    parser.add_argument("--config", type=ReadFile(), help="a YAML file of option: value (the command line overrides it)")
+    declared = {**training_domains(), **script_domains(), **MODEL_DOMAINS}
+    parser.field_defaults = {}
+    for action in parser._actions:
+        if action.dest in declared:
+            action.type = declared[action.dest].parse
+        parser.field_defaults.setdefault(action.dest, action.default)
+        action.default = argparse.SUPPRESS
+    return parser
 
-            raise ValueError(reworded(str(e), argv)) from None
+
+def _yaml_value(parser, action, value, annotations: dict):
+    """A ``--config`` file's ``value`` for ``action``'s field, turned into its type as the command line turns text
+    (``action.type``, its choices), or ``ValueError`` saying what was expected: null only where the field's default is
+    None, a list only for a field of several values, a mapping only for a field that takes one."""
+    annotation = str(annotations.get(action.dest, ""))
+    if value is None:
+        if parser.field_defaults.get(action.dest) is None:
+            return None
+        raise ValueError("null: expected a value (the field has no 'unset')")
+    if isinstance(value, dict):
+        if "dict" in annotation:
+            return value
+        raise ValueError(f"a mapping: expected one value{_expected(action)}")
+    if isinstance(value, list):
+        if action.nargs not in ("+", "*") and "list" not in annotation:
+            raise ValueError(f"a list {value}: expected one value{_expected(action)}")
+        return [_yaml_scalar(action, item) for item in value]
+    return _yaml_scalar(action, value)
+
+
+def _expected(action) -> str:
+    describe = getattr(getattr(action.type, "__self__", None), "describe", None)
+    return f" ({describe()})" if describe else ""
+
+
+def _yaml_scalar(action, value):
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    if isinstance(value, (list, dict)):
+        raise ValueError(f"{text}: expected one value{_expected(action)}")
+    try:
+        converted = action.type(text) if action.type is not None else text
+    except argparse.ArgumentTypeError as e:
+        raise ValueError(str(e)) from None
+    except (TypeError, ValueError):
+        raise ValueError(f"{text}: expected a {getattr(action.type, '__name__', 'value')}") from None
+    if action.choices is not None and converted not in action.choices:
+        raise ValueError(f"{text}: expected one of {', '.join(str(c) for c in action.choices)}")
+    return converted
+
+
+def parse(argv=None):
+    """Build the run's configuration (``atr_llm.config.RunConfig``) from a command line: TRL-style ``--field value``
+    options and ``--config FILE.yaml``, whose keys are the same fields (the command line overrides a key). Parsing
+    only turns text into values; the configs' constructors check every value, domain and relation, and a refusal is
+    one ValueError naming the option as it was given (``--flag``, or ``--config FILE: key ...``). An option given
+    twice, a key written twice, a non-string key or an unknown one are refused here."""
+    import typing
+
+    from .cli import given_twice, options_given, reworded
+    from .config import ATRGRPOConfig, ConfigError, RunConfig, ScriptArguments
+    from .relations import shown_value
+
+    argv = negative_values_attached(sys.argv[1:] if argv is None else list(argv))
+    parser = build_parser()
+    refuse_unknown_options(parser, argv)
+    given = options_given(parser, argv)
+    repeated = next((uses for uses in given.values() if len(uses) > 1), None)
+    if repeated is not None:
+        raise ValueError(given_twice(repeated))
+    try:
+        cli_values = vars(parser.parse_args(argv))
+    except ValueError as e:
+        raise ValueError(reworded(str(e), argv)) from None
+    path = cli_values.pop("config", None)
+    file_values = read_config_file(path) if path is not None else {}
+    environment = file_values.pop("env", None)  # TRL's convention: variables to set for the run
+    dests = {}
+    for action in parser._actions:  # a flag's --no_<field> complement shares its dest: keep the field's own option
+        dests.setdefault(action.dest, action)
+    unknown = [k for k in file_values if k not in dests or k == "config"]
+    if unknown:
+        raise refuse("--config", path, f"unknown key(s) {', '.join(unknown)}: not an option of atr_llm.train")
+    from trl import ModelConfig
+
+    annotations = {}
+    for cls in (ScriptArguments, ATRGRPOConfig, ModelConfig):
+        annotations.update(typing.get_type_hints(cls))
+    values, where = {}, {}
+    for key, raw in file_values.items():
+        try:
+            values[key] = _yaml_value(parser, dests[key], raw, annotations)
+        except ValueError as e:
+            raise refuse("--config", path, f"key {key}: {e}") from None
+        where[key] = ("--config", path, f"key {key}: {shown_value(raw)}")
+    for dest, value in cli_values.items():
+        values[dest] = value
+        where[dest] = (given[dest][0][1], given[dest][0][2], None)
+
+    def option(name: str) -> str:  # how the user knows a field: the flag as typed, or the file's key
+        flag, _, key = where.get(name, (name if name.startswith("$") else f"--{name}", None, None))
+        return f"{key.split(':')[0]} (in {path})" if key is not None else flag
+
+    def named(error) -> ValueError:
+        flag, shown, key = where.get(error.name, (option(error.name), None, None))
+        expected = error.worded(option)
+        if key is not None:  # a key of the --config file
+            return refuse(flag, shown, f"{key}: {expected}")
+        return refuse(flag, shown if shown is not None else shown_value(error.value), expected)
+
+    saved_environment = dict(os.environ)
+    if environment is not None:
+        if not isinstance(environment, dict) or not all(isinstance(k, str) for k in environment):
+            raise refuse("--config", path, "key env: expected a mapping of variable: value")
+        os.environ.update({k: str(v) for k, v in environment.items()})
+    fields = {cls: {f.name for f in dataclasses.fields(cls)} for cls in (ScriptArguments, ATRGRPOConfig, ModelConfig)}
+    part = {cls: {k: v for k, v in values.items() if k in names} for cls, names in fields.items()}
+    try:
+        return RunConfig(
+            ScriptArguments(**part[ScriptArguments]), ATRGRPOConfig(**part[ATRGRPOConfig]), ModelConfig(**part[ModelConfig])
+        )
+    except ConfigError as e:
+        os.environ.clear()
+        os.environ.update(saved_environment)
+        raise named(e) from None
+    except ValueError as e:
+        os.environ.clear()
+        os.environ.update(saved_environment)
         if "bf16" in str(e) and "use_cpu" in str(e):  # transformers' check, reworded for this package
             raise ValueError(
                 "this configuration asks for bf16 on a GPU, and no CUDA device is available here: run it on a "
@@ -191,208 +267,17 @@ def parse(argv=None):
         raise
 
 
-def declared_fields() -> dict:
-    """``python -m atr_llm.train``'s declaration of the values that the configs do not check themselves: each field's
-    domain (atr_llm.cli's types), checked on the command line while parsing (the refusal names the flag) and again on
-    the parsed values (a YAML config's values reach the dataclasses already typed). TRL's and transformers' fields get
-    the domain their code needs, which they check only once training has started (after the SFT stage has run and
-    saved a model), or never: a NaN learning rate trains. The method's own fields are checked by the registry when
-    ``ATRGRPOConfig`` is built."""
-    from .cli_types import SEED, Integer, OneOf, ReadFile, Real
-    from .data import OFFLINE_TASKS, SOURCES
-    from .method_choice import trl_domains
-
-    datasets = OneOf([*OFFLINE_TASKS, *SOURCES])
-
-    return {
-        # TRL / transformers fields
-        "learning_rate": Real(0),
-        "weight_decay": Real(0),
-        "beta": Real(0),
-        "max_completion_length": Integer(1),
-        "max_prompt_length": Integer(1),
-        "per_device_train_batch_size": Integer(1),
-        "per_device_eval_batch_size": Integer(1),
-        "gradient_accumulation_steps": Integer(1),
-        "num_generations": Integer(2),
-        "num_iterations": Integer(1),
-        "steps_per_generation": Integer(1),
-        "seed": SEED,
-        "temperature": Real(0, open_low=True),
-        "top_p": Real(0, 1, open_low=True),
-        "repetition_penalty": Real(0, open_low=True),
-        "top_k": Integer(0),
-        "max_steps": Integer(-1),
-        "num_train_epochs": Real(0),
-        "save_steps": Real(0, open_low=True),
-        "logging_steps": Real(0, open_low=True),
-        "warmup_ratio": Real(0, 1),
-        "max_grad_norm": Real(0),
-        **trl_domains(),
-        # ScriptArguments
-        "dataset_name": datasets,
-        "sft_dataset_name": datasets,
-        "dataset_path": ReadFile(),
-        "sft_dataset_path": ReadFile(),
-        "dataset_limit": Integer(1),
-        "tiny_vocab": OneOf(("toy", "qwen3")),
-        "backend": OneOf(("trl", "unsloth")),
-        "sft_steps": Integer(0),
-        "sft_learning_rate": Real(0, open_low=True),
-        "sft_batch_size": Integer(1),
-        "sft_implementation": OneOf(("trl", "plain")),
-        "reward_timeout_seconds": Integer(1),
-        "truncated_reward": Real(),
-    }
-
-
-def declare(parser) -> None:
-    """Give each action of ``parser`` whose field is in ``declared_fields()`` that declaration as its type (TRL's
-    parser types a field by its annotation: ``int``, ``float``, ``str``)."""
-    declared = declared_fields()
-    for action in parser._actions:
-        if action.dest in declared:
-            action.type = declared[action.dest]
-
-
-def check_training_values(*namespaces) -> None:
-    """The parsed values (command line or YAML) against ``declared_fields()``, each refused by its flag; then the
-    combination a run of no steps (``max_steps`` 0, or -1 without epochs)."""
-    import argparse
-
-    from .cli import refuse
-    from .method_choice import trl_domains
-
-    # TRL's own domains were checked when ATRGRPOConfig was built (method_choice.check_trl_domains)
-    declared = {k: v for k, v in declared_fields().items() if k not in trl_domains()}
-    for namespace in namespaces:
-        for name, declaration in declared.items():
-            value = getattr(namespace, name, None)
-            if value is None or hasattr(value, "value"):  # an enum: the library's own type checked it
-                continue
-            for item in value if isinstance(value, (list, tuple)) else [value]:
-                try:
-                    declaration.check(str(item) if isinstance(item, os.PathLike) else item)
-                except argparse.ArgumentTypeError as e:
-                    raise refuse(f"--{name}", item, str(e).split(": ", 1)[-1]) from None
-    args = namespaces[0]
-    if args.max_steps == 0 or (args.max_steps < 0 and not args.num_train_epochs > 0):
-        raise refuse("--max_steps", args.max_steps, "expected an integer >= 1 (or -1 with --num_train_epochs > 0)")
-
-
-def check_before_loading(script_args, training_args, model_args=None) -> dict:
-    """Everything that can be checked without a model and that the configs do not check themselves: numbers, data
-    files (read and their rows checked), the checkpoint to resume from, the output folder, the backend. (The method,
-    its form and parameters were validated when ATRGRPOConfig was built.) A refusal names the argument. Returns the
-    local datasets it read, by flag (``--dataset_path``, ``--sft_dataset_path``), for the run to use as they are."""
-    from .checkpoints import LATEST, check_resume_keeps_the_form, is_complete_checkpoint, latest_complete_checkpoint
-    from .cli import refuse
-    from .data import load_source
-    from .sft import check_sft_implementation
-
-    loaded = {}
-    check_training_values(training_args, script_args)
-    for flag, name, path in (
-        ("--dataset_path", script_args.dataset_name, script_args.dataset_path),
-        ("--sft_dataset_path", script_args.sft_dataset_name or script_args.dataset_name, script_args.sft_dataset_path),
-    ):
-        if path is not None:  # read now: a malformed row stops the run before a model loads, naming its line
-            loaded[flag] = load_source(name, path, script_args.dataset_limit, argument=flag)
-    check_sft_implementation(script_args.sft_implementation, use_peft=bool(getattr(model_args, "use_peft", False)))
-    if model_args is not None:
-        check_model_options(model_args, training_args, backend=script_args.backend)
-
-    out = output_directory("--output_dir", training_args.output_dir)
-    resume = training_args.resume_from_checkpoint
-    if resume is not None:
-        if str(resume) in LATEST:
-            if latest_complete_checkpoint(out) is None:
-                raise refuse("--resume_from_checkpoint", resume, f"no complete checkpoint-* folder in {out}")
-        elif not Path(resume).is_dir():
-            raise refuse("--resume_from_checkpoint", resume, "no such checkpoint folder")
-        elif not is_complete_checkpoint(resume):
-            raise refuse(
-                "--resume_from_checkpoint", resume, "not a complete checkpoint (no readable trainer_state.json)"
-            )
-        checkpoint = latest_complete_checkpoint(out) if str(resume) in LATEST else Path(resume)
-        if hasattr(training_args, "resolved_method"):  # a resume never switches the rule's form silently
-            try:
-                check_resume_keeps_the_form(checkpoint, training_args.resolved_method)
-            except ValueError as e:
-                raise refuse("--resume_from_checkpoint", resume, str(e)) from None
-    elif finished_run(out) and not script_args.overwrite:
-        raise refuse("--output_dir", str(out), "holds a finished run (final/); pass --overwrite true to replace it")
-    if script_args.backend == "unsloth":
-        from .unsloth_backend import require_unsloth
-
-        require_unsloth()
-    return loaded
-
-
-UNSLOTH_MODEL_OPTIONS = ("model_name_or_path", "use_peft", "lora_r", "lora_alpha", "lora_target_modules")
-"""The trl.ModelConfig options --backend unsloth builds its model and LoRA from (``load_unsloth_model``)."""
-
-
-def _changed_model_options(model_args) -> list[str]:
-    """The trl.ModelConfig fields of ``model_args`` whose values differ from ModelConfig's defaults."""
-    import dataclasses
-
-    changed = []
-    for f in dataclasses.fields(type(model_args)):
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        if default is not dataclasses.MISSING and getattr(model_args, f.name) != default:
-            changed.append(f.name)
-    return changed
-
-
-def check_model_options(model_args, training_args, *, backend: str = "trl") -> None:
-    """trl.ModelConfig's loading options, each honoured or refused by name before a model loads:
-    ``--attn_implementation`` is passed to transformers (a name its attention registry knows, or a hub kernel
-    ``org/repo``; ``sdpa`` or unset with ``--fast_generation_attention packed_gqa``, which replaces SDPA's decode
-    step); ``--load_in_4bit`` / ``--load_in_8bit`` (bitsandbytes quantisation) are refused: quantised loading is not
-    tested here; with ``--backend unsloth`` every option beyond ``UNSLOTH_MODEL_OPTIONS`` is refused (Unsloth's
-    loader takes only those)."""
-    from .cli import refuse
-    from .compat import attention_implementations
-
-    for flag in ("load_in_4bit", "load_in_8bit"):
-        if getattr(model_args, flag, False):
-            raise refuse(
-                f"--{flag}",
-                "true",
-                "not supported: atr_llm.train loads models unquantised (bitsandbytes loading is "
-                "untested here); leave it false",
-            )
-    if backend == "unsloth":
-        dropped = [name for name in _changed_model_options(model_args) if name not in UNSLOTH_MODEL_OPTIONS]
-        if dropped:
-            name = dropped[0]
-            raise refuse(
-                f"--{name}",
-                getattr(model_args, name),
-                "not honoured by --backend unsloth, whose loader takes only "
-                + ", ".join(f"--{o}" for o in UNSLOTH_MODEL_OPTIONS)
-                + "; leave it at its default or use --backend trl",
-            )
-    attention = getattr(model_args, "attn_implementation", None)
-    if attention is None:
-        return
-    known = attention_implementations()
-    if attention not in known and "/" not in attention:
-        raise refuse("--attn_implementation", attention, f"one of {', '.join(sorted(known))} or a hub kernel org/repo")
-    if getattr(training_args, "fast_generation_attention", "sdpa") == "packed_gqa" and attention != "sdpa":
-        raise refuse(
-            "--attn_implementation",
-            attention,
-            "'sdpa' or unset with --fast_generation_attention packed_gqa, which replaces SDPA's decode step",
-        )
-
-
-def finished_run(output_dir: Path) -> bool:
-    """Whether ``output_dir`` holds a finished run: its ``final/`` model (renamed into place whole, so complete)."""
-    return (Path(output_dir) / "final" / "config.json").exists() or (
-        Path(output_dir) / "final" / "adapter_config.json"
-    ).exists()
+def requested_backend(argv=None) -> str:
+    """``--backend`` from the command line, else from the ``--config`` file, else 'trl' (read before anything imports
+    trl's trainer: Unsloth must be imported first to patch it)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for i, a in enumerate(argv):
+        if a == "--backend" and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith("--backend="):
+            return a.split("=", 1)[1]
+    path = config_path(argv)
+    return str((read_config_file(path) if path else {}).get("backend", "trl"))
 
 
 def load_model_and_tokenizer(script_args, model_args, training_args):
@@ -423,19 +308,8 @@ def load_model_and_tokenizer(script_args, model_args, training_args):
     return model, tok
 
 
-def requested_backend(argv=None) -> str:
-    """``--backend`` from the command line, else from the ``--config`` file, else 'trl' (read before anything imports
-    trl's trainer: Unsloth must be imported first to patch it)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    for i, a in enumerate(argv):
-        if a == "--backend" and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith("--backend="):
-            return a.split("=", 1)[1]
-    return str((config_file_contents(argv) or {}).get("backend", "trl"))
-
-
 def main(argv=None) -> dict:
+    """``python -m atr_llm.train``: build and check the run's configuration (``parse``), then ``run`` it."""
     from .runtime import enable_huge_pages_for_large_cpu_tensors
 
     enable_huge_pages_for_large_cpu_tensors()  # before any model is built: torch reads it once
@@ -443,24 +317,29 @@ def main(argv=None) -> dict:
         from .unsloth_backend import require_unsloth
 
         require_unsloth()
-    from .run_lock import output_dir_lock
     from .trainer import ATRGRPOTrainer  # noqa: F401  (TRL's trainer imported after Unsloth's check, as Unsloth needs)
 
     with warnings.catch_warnings(record=True) as deferred:  # a refusal is one line: the libraries' warnings wait
         warnings.simplefilter("always")
-        script_args, training_args, model_args = parse(argv)
-        loaded = check_before_loading(script_args, training_args, model_args)
+        config = parse(argv)
     for w in deferred:  # the checks passed: show what the libraries said while the configs were built
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    from .generators import _vllm_available
+    return run(config)
 
-    note = choose_generation(script_args, training_args, vllm_usable=_vllm_available())
+
+def run(config) -> dict:
+    """Train as ``config`` (an ``atr_llm.config.RunConfig``, checked whole when it was built) says: SFT (unless
+    resuming), GRPO, the final model and the summary, in its output folder, which one run at a time holds."""
+    from .generators import _vllm_available
+    from .run_lock import output_dir_lock
+
+    note = choose_generation(config.script, config.training, vllm_usable=_vllm_available())
     if note:
         warnings.warn(note, stacklevel=1)
-    out = Path(training_args.output_dir)
+    out = Path(config.training.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     with output_dir_lock(out):  # one run per folder: a second one is refused here, before any model loads
-        return _train(script_args, training_args, model_args, loaded, out)
+        return _train(config.script, config.training, config.model, config.datasets, out)
 
 
 def _train(script_args, training_args, model_args, loaded, out: Path) -> dict:
@@ -471,7 +350,7 @@ def _train(script_args, training_args, model_args, loaded, out: Path) -> dict:
     from .rewards import CorrectnessReward
     from .trainer import ATRGRPOTrainer
 
-    train_ds = loaded.get("--dataset_path") or load_source(  # a local file was read by the checks already
+    train_ds = loaded.get("dataset_path") or load_source(  # a local file was read by the checks already
         script_args.dataset_name, script_args.dataset_path, script_args.dataset_limit, seed=training_args.seed
     )
 
@@ -489,7 +368,7 @@ def _train(script_args, training_args, model_args, loaded, out: Path) -> dict:
     if script_args.sft_steps > 0 and not resuming:
         from .sft import run_sft
 
-        sft_ds = loaded.get("--sft_dataset_path") or load_source(
+        sft_ds = loaded.get("sft_dataset_path") or load_source(
             script_args.sft_dataset_name or script_args.dataset_name,
             script_args.sft_dataset_path,
             script_args.dataset_limit,
@@ -540,7 +419,7 @@ def save_final_model(trainer, out: Path) -> Path:
     with directory_written_whole(out / "final") as partial:
         trainer.save_model(str(partial))
         if hasattr(trainer.args, "resolved_method"):
-            write_method_record(partial, trainer.args.resolved_method)
+            write_method_record(partial, trainer.args.resolved_method, trainer.model)
     return out / "final"
 
 

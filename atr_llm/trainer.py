@@ -38,7 +38,7 @@ from .checkpoints import (  # noqa: F401  (completed_epochs, the cycle helpers: 
     save_cycle_state,
 )
 from .compat import check_supported_versions, logprob_tile_fitted_to_vocabulary, trl_logps_kernel_available  # noqa: F401
-from .config import ATRGRPOConfig, _add_fields_of_methods_registered_elsewhere  # noqa: F401  (part of this module's API)
+from .config import ATRGRPOConfig, clipping_is_inert, inert_clipping_message, trl_loss_types
 from .fast_generation import (
     PROMPT_ALLOWANCE,
     check_packed_gqa_model,
@@ -47,34 +47,8 @@ from .fast_generation import (
     resolve_mode,
     tensors_kept,
 )
-from .method_choice import (  # noqa: F401  (part of this module's API: configs, tests and users import them here)
-    CONFIG_FIELD,
-    TRL_IMPORTANCE_SAMPLING_LEVELS,
-    _is_set,
-    _unset_value,
-    check_method_config,
-    check_trl_domains,
-    clipping_is_inert,
-    config_field,
-    inert_clipping_message,
-    method_config_fields,
-    method_params,
-    rule_name,
-    shared_with_trl,
-)
 from .model_parts import base_model, head_snapshot, last_hidden_states, output_head
-from .trl_options import (  # noqa: F401  (trl_rule: part of this module's API)
-    TRL_METHOD,
-    EntropyBonus,
-    EntropyBonusField,
-    default_method,
-    range_rule_with_trl_delta,
-    trl_loss_types,
-    trl_metrics,
-    trl_option_layers,
-    trl_rule,
-    trl_rule_fields,
-)
+from .trl_options import EntropyBonus, EntropyBonusField, trl_metrics, trl_option_layers
 from .true_kl import true_kl_summary
 
 
@@ -316,7 +290,10 @@ class ATRLossMixin:
         max_length = self.max_completion_length if aggregation == "dr_grpo" else None  # only dr_grpo uses it
         layers = trl_option_layers(args)
         if "sequence_mask" in layers:  # OPSM reads the sampling policy's log-probs where vLLM gave them (as TRL)
-            layers["behaviour_logp"] = inputs.get("sampling_per_token_logps", old_per_token_logps)
+            behaviour = inputs.get("sampling_per_token_logps", old_per_token_logps)
+            # vLLM gives NaN for a token it could not score, which TRL counts as no evidence (its KL term 0,
+            # GRPOTrainer.get_off_policy_mask); the loss refuses NaN, so the token's log-ratio is made 0 here
+            layers["behaviour_logp"] = torch.where(torch.isnan(behaviour), per_token_logps.detach(), behaviour)
         if args.top_entropy_quantile < 1.0:
             layers.update(entropies=batch["entropies"], top_entropy_quantile=args.top_entropy_quantile)
         out = at.policy_loss(

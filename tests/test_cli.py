@@ -78,8 +78,8 @@ TRAIN_CASES = [
     (["--resume_from_checkpoint", "{missing}"], "--resume_from_checkpoint .*: no such checkpoint folder"),
     (["--resume_from_checkpoint", "{tmp}"], "not a complete checkpoint"),
     (["--resume_from_checkpoint", "latest"], "--resume_from_checkpoint latest: no complete checkpoint"),
-    (["--method", "atr", "--divergence_delta", "0"], "delta must be a finite number > 0"),
-    (["--method", "atr", "--divergence_delta", "inf"], "delta must be a finite number > 0"),
+    (["--method", "atr", "--divergence_delta", "0"], "--divergence_delta 0: expected a finite number > 0"),
+    (["--method", "atr", "--divergence_delta", "inf"], "--divergence_delta inf: expected a finite number > 0"),
     (["--method", "nope"], "unknown method 'nope'"),
     (["--no_such_option", "1"], "not used by the HfArgumentParser|no_such_option"),
     # what TRL / transformers / torch would refuse only after the SFT stage: refused before it, by flag
@@ -90,7 +90,8 @@ TRAIN_CASES = [
     (["--per_device_train_batch_size", "0"], "--per_device_train_batch_size 0: expected an integer >= 1"),
     (["--gradient_accumulation_steps", "0"], "--gradient_accumulation_steps 0"),
     (["--num_iterations", "0"], "--num_iterations 0"),
-    (["--temperature", "0"], "--temperature 0: expected a finite number > 0"),
+    (["--temperature", "0"], "--temperature 0: expected a finite number >= 1e-05"),
+    (["--temperature", "1e-320"], "--temperature 1e-320: expected a finite number >= 1e-05"),
     (["--top_p", "1.5"], "--top_p 1.5: expected a finite number > 0 and <= 1"),
     (["--weight_decay=-0.1"], "--weight_decay -0.1"),
     (["--beta=-0.1"], "--beta -0.1"),
@@ -102,15 +103,15 @@ TRAIN_CASES = [
     ),
     (["--top_entropy_quantile", "1.5"], "--top_entropy_quantile 1.5: expected a finite number >= 0 and <= 1"),
     (["--report_to", "nosuchlogger"], "--report_to nosuchlogger: expected one of none, all, "),
-    (["--true_kl_delta", "0"], "true_kl_delta must be a finite number > 0"),
-    (["--kl_chunk_size", "0"], "kl_chunk_size must be an integer >= 1, got 0"),
+    (["--true_kl_delta", "0"], "--true_kl_delta 0: expected a finite number > 0"),
+    (["--kl_chunk_size", "0"], "--kl_chunk_size 0: expected an integer >= 1"),
     # trl.ModelConfig's loading options: honoured (tests below) or refused by name
     (["--load_in_4bit", "true"], "--load_in_4bit true: not supported: atr_llm.train loads models unquantised"),
     (["--load_in_8bit", "true"], "--load_in_8bit true: not supported"),
     (["--attn_implementation", "flashy"], "--attn_implementation flashy: one of eager, .*sdpa or a hub kernel"),
     (
         ["--fast_generation_attention", "packed_gqa", "--attn_implementation", "eager"],
-        "--attn_implementation eager: 'sdpa' or unset with --fast_generation_attention packed_gqa",
+        "--attn_implementation eager: 'sdpa' or unset with fast_generation_attention packed_gqa",
     ),
 ]
 
@@ -141,7 +142,7 @@ def test_train_refuses_bad_input_before_any_model_or_file(tmp_path, monkeypatch,
         ("{tmp}/broken.yaml", "--config .*broken.yaml: not a readable YAML file"),
         ("{tmp}/list.yaml", "--config .*list.yaml: expected a YAML mapping of option: value, got a list"),
         ("{tmp}/unknown.yaml", "--config .*unknown.yaml: unknown key\\(s\\) max_stepz: not an option"),
-        ("{tmp}/wrong_type.yaml", "--config .*wrong_type.yaml: key logging_steps: often: expected a finite number > 0"),
+        ("{tmp}/wrong_type.yaml", "--config .*wrong_type.yaml: key warmup_steps: often: expected a finite number >= 0"),
     ],
 )
 @pytest.mark.parametrize("spelling", ["--config FILE", "--config=FILE"])
@@ -150,7 +151,7 @@ def test_train_refuses_a_bad_config_file_in_one_line(tmp_path, config, match, sp
     (tmp_path / "list.yaml").write_text("- method\n- atr\n")
     tiny = (CONFIGS / "cpu-tiny.yaml").read_text()
     (tmp_path / "unknown.yaml").write_text(tiny + "max_stepz: 3\n")
-    (tmp_path / "wrong_type.yaml").write_text(tiny + "logging_steps: often\n")
+    (tmp_path / "wrong_type.yaml").write_text(tiny + "warmup_steps: often\n")
     path = config.format(tmp=tmp_path)
     argv = ["--config", path] if spelling == "--config FILE" else [f"--config={path}"]
     with pytest.raises(UsageError, match=match):
@@ -177,7 +178,8 @@ EVALUATE_CASES = [
     (["--tiny-model", "{model}", "--n", "2", "--k", "4"], "--k 4: exceeds --n 2: Pass@k needs k <= n"),
     (["--tiny-model", "{model}", "--n", "0"], "--n 0: expected an integer >= 1"),
     (["--tiny-model", "{model}", "--k", "0"], "--k 0"),
-    (["--tiny-model", "{model}", "--temperature", "-1"], "--temperature -1: expected a finite number >= 0"),
+    (["--tiny-model", "{model}", "--temperature", "-1"], "--temperature -1: expected 0 \\(greedy\\) or a finite number >= 1e-05"),
+    (["--tiny-model", "{model}", "--temperature", "1e-320"], "--temperature 1e-320: expected 0 \\(greedy\\)"),
     (["--tiny-model", "{model}", "--temperature", "nan"], "--temperature nan"),
     (["--tiny-model", "{model}", "--top_p", "0"], "--top_p 0: expected a finite number > 0 and <= 1"),
     (["--tiny-model", "{model}", "--top_p", "1.5"], "--top_p 1.5"),
@@ -402,7 +404,7 @@ def test_both_spellings_of_config_apply_the_file(spelling):
 
     path = CONFIGS / "cpu-tiny.yaml"
     content = yaml.safe_load(path.read_text())
-    _, training_args, _ = train.parse([a.format(c=path) for a in spelling])
+    training_args = train.parse([a.format(c=path) for a in spelling]).training
     assert training_args.max_steps == content["max_steps"] and training_args.use_cpu is True
 
 
@@ -432,12 +434,14 @@ def test_train_honours_attn_implementation_for_a_local_model_and_the_tiny_one(tm
 def test_the_unsloth_backend_refuses_a_model_option_its_loader_does_not_take():
     from trl import ModelConfig
 
-    train.check_model_options(ModelConfig(model_name_or_path="m", lora_r=8, use_peft=True), None, backend="unsloth")
-    with pytest.raises(ValueError, match="--use_dora True: not honoured by --backend unsloth"):
-        train.check_model_options(ModelConfig(model_name_or_path="m", use_dora=True), None, backend="unsloth")
-    with pytest.raises(ValueError, match="--lora_dropout 0.1: not honoured by --backend unsloth"):
-        train.check_model_options(ModelConfig(lora_dropout=0.1), None, backend="unsloth")
-    train.check_model_options(ModelConfig(use_dora=True, lora_dropout=0.1), None, backend="trl")  # TRL takes them
+    from atr_llm.config.run import check_model_options
+
+    check_model_options(ModelConfig(model_name_or_path="m", lora_r=8, use_peft=True), None, backend="unsloth")
+    with pytest.raises(ValueError, match="use_dora=True: not honoured by backend 'unsloth'"):
+        check_model_options(ModelConfig(model_name_or_path="m", use_dora=True), None, backend="unsloth")
+    with pytest.raises(ValueError, match="lora_dropout=0.1: not honoured by backend 'unsloth'"):
+        check_model_options(ModelConfig(lora_dropout=0.1), None, backend="unsloth")
+    check_model_options(ModelConfig(use_dora=True, lora_dropout=0.1), None, backend="trl")  # TRL takes them
 
 
 def test_the_unsloth_loader_sizes_its_sequences_from_a_config_without_max_prompt_length(tmp_path, monkeypatch):

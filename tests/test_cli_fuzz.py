@@ -80,9 +80,7 @@ def own_actions(module_name: str, parser: argparse.ArgumentParser) -> list[argpa
     transformers' own fields (theirs keep the library's type; TRL's GRPOConfig is built while parsing)."""
     actions = [a for a in parser._actions if not isinstance(a, argparse._HelpAction)]
     if module_name == "atr_llm.train":
-        from atr_llm.train import declared_fields
-
-        actions = [a for a in actions if a.dest in declared_fields() or isinstance(a.type, cli_types.Declared)]
+        actions = [a for a in actions if cli_types.declaration(a) is not None]
     return actions
 
 
@@ -102,7 +100,7 @@ def typos(word: str) -> list[str]:
 
 def valid_tokens(action: argparse.Action, scratch: Path) -> list[str]:
     """Accepted values for ``action``, from its declaration (as many as its ``nargs`` asks for)."""
-    value = str(action.choices[0]) if action.choices else action.type.valid_text(scratch)
+    value = str(action.choices[0]) if action.choices else cli_types.declaration(action).valid_text(scratch)
     return [value] * (action.nargs if isinstance(action.nargs, int) else 1)
 
 
@@ -111,13 +109,20 @@ def baseline(parser: argparse.ArgumentParser, scratch: Path) -> list[tuple[argpa
     parts = []
     for action in parser._actions:
         if not action.required and (action.option_strings or action.nargs in ("?", "*")):
-            if action.option_strings and isinstance(action.type, cli_types.Declared) and isinstance(action.default, str):
+            declared = cli_types.declaration(action)
+            if action.option_strings and declared is not None and isinstance(action.default, str):
+                if action.default == argparse.SUPPRESS:  # a default the config fills in (atr_llm.train)
+                    continue
                 try:  # a default the declaration refuses here (a folder of this checkout's runs): give a good one
-                    action.type(action.default)
+                    declared(action.default)
                 except argparse.ArgumentTypeError:
                     parts.append((action, action.option_strings[:1] + valid_tokens(action, scratch)))
             continue
         parts.append((action, action.option_strings[:1] + valid_tokens(action, scratch)))
+    if getattr(parser, "builds_run_config", False):  # atr_llm.train builds its configs: a CPU run into scratch
+        chosen = {"use_cpu": "true", "bf16": "false", "report_to": "none", "output_dir": str(scratch / "run")}
+        by_dest = {a.dest: a for a in reversed(parser._actions)}  # a flag's own option, not its --no_ complement
+        parts += [(by_dest[dest], [by_dest[dest].option_strings[0], text]) for dest, text in chosen.items()]
     return parts
 
 
@@ -197,8 +202,8 @@ def mutations(parser: argparse.ArgumentParser, actions: list[argparse.Action], s
         if action.choices is not None:
             choices = [str(c) for c in action.choices]
             bad = [t for choice in choices[:3] for t in typos(choice) if t not in choices]
-        elif isinstance(action.type, cli_types.Declared):
-            bad = action.type.bad_texts(scratch)
+        elif cli_types.declaration(action) is not None:
+            bad = cli_types.declaration(action).bad_texts(scratch)
         elif action.type is int:  # a library's own integer field (train only)
             bad = ["abc", "1.5", ""]
         elif action.type is float:
@@ -213,12 +218,18 @@ def mutations(parser: argparse.ArgumentParser, actions: list[argparse.Action], s
 
 
 def refusal_of(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[int, str]:
-    """Exit status and stderr of parsing ``argv`` as the command would (run_command turns a ValueError, the
-    train parser's error, into ``error: ...`` and exit 2)."""
+    """Exit status and stderr of taking ``argv`` as the command would before any work: parsing, and for
+    ``python -m atr_llm.train`` building its configuration too (``train.parse``: the configs check the values).
+    ``run_command`` turns a ValueError into ``error: ...`` and exit 2."""
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         try:
-            parser.parse_args(argv)
+            if getattr(parser, "builds_run_config", False):
+                from atr_llm import train
+
+                train.parse(argv)
+            else:
+                parser.parse_args(argv)
         except SystemExit as e:
             return e.code, err.getvalue()
         except ValueError as e:

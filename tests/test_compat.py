@@ -2,6 +2,8 @@
 under each TRL release CI installs (make test: 1.16; make test-pins: 1.15 with unsloth_zoo); and a release outside
 the tested range is refused before any model loads, in one line naming it."""
 
+from pathlib import Path
+
 import pytest
 
 from atr_llm import compat
@@ -69,13 +71,19 @@ def test_the_config_refuses_an_untested_trl_before_any_model_loads(monkeypatch, 
     assert ATRGRPOConfig(allow_untested_versions=True, **kw).allow_untested_versions
 
 
-def test_the_config_method_fields_in_the_source_are_the_registry():
-    """ATRGRPOConfig's method fields are written in its source (IDEs, type checkers, help() see them); the block is
-    what the registry gives now (``python -m atr_llm.config_fields`` rewrites it)."""
-    from atr_llm import config_fields
+def test_the_configs_method_fields_are_the_registrys_and_nothing_else_declares_them():
+    """One source per field: ATRGRPOConfig's method fields are added from the registry when the module is imported
+    (``with_method_fields``); no other module or generated block declares them."""
+    import dataclasses
 
-    text = config_fields.TRAINER.read_text()
-    assert config_fields.with_fields(text) == text, "stale method fields: run `python -m atr_llm.config_fields`"
+    from atr_llm.config.method import method_fields
+    from atr_llm.trainer import ATRGRPOConfig
+
+    fields = {f.name: f for f in dataclasses.fields(ATRGRPOConfig)}
+    for name, spec in method_fields().items():
+        assert fields[name].default == spec["default"] and fields[name].metadata["help"] == spec["help"], name
+    for path in (Path(__file__).resolve().parents[1] / "atr_llm").rglob("*.py"):
+        assert "divergence_delta: float" not in path.read_text(), f"{path} declares a method field by hand"
 
 
 def test_help_of_the_config_shows_the_papers_delta_with_its_help():
@@ -135,20 +143,25 @@ def test_a_resolved_choice_is_not_resolved_again_and_takes_no_extra_parameters(m
         at.policy_loss(logp, old, adv, mask, method=choice, epsilon_high=0.5)
 
 
-def test_verl_parameters_are_parsed_and_resolved_once_per_worker(monkeypatch):
+def test_verl_parameters_are_parsed_and_resolved_once_per_process(monkeypatch):
+    """The loss's choice is resolved on the first call for a config (atr_theory.resolve runs once, the JSON is parsed
+    once), and every later call of the process reads it; another value of $ATR_GRPO_PARAMS is resolved anew."""
     import json
     from types import SimpleNamespace
 
+    import atr_theory
     from atr_llm.verl import plugin as verl_plugin
 
     monkeypatch.setenv(verl_plugin.PARAMS_ENV, '{"delta": 0.05}')
-    parsed = []
-    real = json.loads
-    monkeypatch.setattr(verl_plugin.json, "loads", lambda text: parsed.append(text) or real(text))
-    verl_plugin._RESOLVED.clear()
+    parsed, resolved = [], []
+    real_loads, real_resolve = json.loads, atr_theory.resolve
+    monkeypatch.setattr(verl_plugin.json, "loads", lambda text, **kw: parsed.append(text) or real_loads(text, **kw))
+    monkeypatch.setattr(atr_theory, "resolve", lambda *a, **k: resolved.append(a) or real_resolve(*a, **k))
+    verl_plugin._CHOICES.clear()
     config = SimpleNamespace(clip_ratio_low=None, clip_ratio_high=None, policy_loss=SimpleNamespace())
-    choices = [verl_plugin.resolved_once("atr", config) for _ in range(5)]
-    assert len(parsed) == 1 and all(c is choices[0] for c in choices) and choices[0].params["delta"] == 0.05
+    choices = [verl_plugin.choice_for("atr", config)[0] for _ in range(5)]
+    assert len(resolved) == 1 and len(parsed) == 2  # one resolution; the JSON read for the parameters and the layers
+    assert all(c is choices[0] for c in choices) and choices[0].params["delta"] == 0.05
     monkeypatch.setenv(verl_plugin.PARAMS_ENV, '{"delta": 0.06}')  # another value is resolved anew
-    assert verl_plugin.resolved_once("atr", config).params["delta"] == 0.06
-    verl_plugin._RESOLVED.clear()
+    assert verl_plugin.choice_for("atr", config)[0].params["delta"] == 0.06 and len(resolved) == 2
+    verl_plugin._CHOICES.clear()

@@ -23,8 +23,6 @@ from atr_llm.trainer import (  # noqa: E402
     ATRGRPOConfig,
     ATRGRPOTrainer,
     clipping_is_inert,
-    method_config_fields,
-    method_params,
     trl_logps_kernel_available,
 )
 
@@ -217,7 +215,7 @@ def test_training_without_gradient_checkpointing_gives_the_same_bits_as_with_it(
     assert any(not torch.equal(weights[False][k], start[k]) for k in start)  # it trained
     assert all(torch.equal(weights[True][k], weights[False][k]) for k in start)
     for config in ("cpu-table.yaml", "cpu-tiny.yaml"):
-        training_args = train.parse(["--config", str(CONFIGS / config), "--output_dir", str(tmp_path)])[1]
+        training_args = train.parse(["--config", str(CONFIGS / config), "--output_dir", str(tmp_path)]).training
         assert training_args.gradient_checkpointing is False, config
 
 
@@ -335,12 +333,13 @@ def test_every_preset_parses_validates_and_has_active_clipping():
     assert len(files) >= 2 * 7 + 1
     for f in files:
         cpu = ["--bf16", "false", "--use_cpu", "true"]  # the GPU presets ask for bf16; parse them on this CPU
-        script_args, training_args, model_args = train.parse(["--config", str(f), "--output_dir", "/tmp/unused", *cpu])
+        run = train.parse(["--config", str(f), "--output_dir", "/tmp/unused", *cpu])
+        training_args, model_args = run.training, run.model
         assert training_args.resolved_method.name == training_args.method
         assert not clipping_is_inert(training_args), f
         if f.name.startswith("qwen3"):
             assert model_args.lora_r == 32 and model_args.lora_alpha == 64 and training_args.learning_rate == 5e-6
-    _, a, _ = train.parse(
+    a = train.parse(
         [
             "--config",
             str(CONFIGS / "qwen3-1.7b-atr.yaml"),
@@ -351,30 +350,30 @@ def test_every_preset_parses_validates_and_has_active_clipping():
             "--use_cpu",
             "true",
         ]
-    )
-    assert a.method == "atr" and method_params(a) == {"delta": 0.07}
+    ).training
+    assert a.method == "atr" and dict(a.resolved_method.params) == {"delta": 0.07}
 
 
 @pytest.mark.parametrize(
     "extra,match",
     [
         (["--method", "nope"], "unknown method 'nope'"),
-        (["--method", "atr", "--divergence_delta", "0"], "divergence_delta must be a finite number > 0"),
-        (["--method", "atr", "--divergence_delta", "-0.1"], "divergence_delta must be a finite number > 0"),
-        (["--method", "atr", "--delta", "0.2"], "delta=0.2: TRL's two-sided clip.*--divergence_delta"),
-        (["--method", "atr", "--form", "mask", "--delta", "2"], "delta=2.0 is set.*form 'mask'.*--divergence_delta"),
-        (["--method", "atr", "--tau_pos", "2"], "tau_pos=2.0 set, but method 'atr' does not use it"),
-        (["--method", "clip", "--epsilon", "1.5"], "epsilon must be in \\[0, 1\\)"),
+        (["--method", "atr", "--divergence_delta", "0"], "--divergence_delta 0: expected a finite number > 0"),
+        (["--method", "atr", "--divergence_delta", "-0.1"], "--divergence_delta -0.1: expected a finite number > 0"),
+        (["--method", "atr", "--delta", "0.2"], "--delta 0.2: TRL's two-sided clip.*--divergence_delta"),
+        (["--method", "atr", "--form", "mask", "--delta", "2"], "--delta 2: TRL's two-sided clip.*form 'mask'"),
+        (["--method", "atr", "--tau_pos", "2"], "--tau_pos 2: set, but method 'atr' does not use it"),
+        (["--method", "clip", "--epsilon", "1.5"], "--epsilon 1.5: expected in \\[0, 1\\)"),
         (["--method", "clip_cov", "--cov_lb", "6"], "needs cov_lb < cov_ub"),
-        (["--loss_type", "cispo", "--method", "atr"], "method='atr' with loss_type='cispo'.*leave method unset"),
-        (["--method", "trl", "--delta", "0.9"], "delta=0.9.*expected delta > 1"),
-        (["--method", "trl"], "divergence_delta=0.07 set, but method 'trl' does not use it"),
+        (["--loss_type", "cispo", "--method", "atr"], "--method atr: loss_type='cispo' is TRL's cispo.*leave method"),
+        (["--method", "trl", "--delta", "0.9"], "--delta 0.9:.*expected delta > 1"),
+        (["--method", "trl"], "key divergence_delta: 0.07: set, but method 'trl' does not use it"),
         (["--bf16", "true", "--use_cpu", "false"], "bf16 on a GPU, and no CUDA device"),
         (["--dataset_name", "dapo-math-17k", "--dataset_path", "/nonexistent/file.parquet"], "no such file"),
-        (["--method", "sapo", "--form", "mask"], "form 'mask' is not available"),
+        (["--method", "sapo", "--form", "mask"], "--form mask: not available for method 'sapo'"),
         (["--backend", "unsloth"], "CUDA|unsloth"),
         (["--sft_implementation", "fast"], "--sft_implementation fast: expected one of trl, plain"),
-        (["--sft_implementation", "plain", "--use_peft", "true"], "'plain' trains every weight.*use_peft"),
+        (["--sft_implementation", "plain", "--use_peft", "true"], "--use_peft true: needs --sft_implementation trl"),
     ],
 )
 def test_bad_configs_fail_before_any_model_is_loaded(tmp_path, monkeypatch, extra, match):
@@ -826,7 +825,9 @@ def test_regenerating_the_presets_reproduces_the_committed_files_byte_for_byte()
 
 
 def test_every_method_parameter_is_a_config_field_with_the_registrys_help():
-    fields = method_config_fields()
+    from atr_llm.config.method import method_fields
+
+    fields = method_fields()
     for name in at.method_names(aliases=False):
         for param, decl in at.METHODS[name].params.items():
             field_name = "divergence_delta" if param == "delta" else param
@@ -849,7 +850,7 @@ def test_presets_generate_with_colocated_vllm_where_usable_and_warn_otherwise():
     assert case(True, use_vllm_if_available=False) == (None, SimpleNamespace(use_vllm=False, vllm_mode="server"))
     assert case(True, backend="unsloth")[1].use_vllm is False
     preset = ["--config", str(CONFIGS / "qwen3-1.7b-atr.yaml"), "--bf16", "false", "--use_cpu", "true"]
-    assert train.parse(preset)[0].use_vllm_if_available  # every paper preset asks for it
+    assert train.parse(preset).script.use_vllm_if_available  # every paper preset asks for it
 
 
 def test_the_cli_without_arguments_says_what_to_run():

@@ -134,12 +134,12 @@ def test_a_legacy_atr_checkpoint_without_a_form_is_named_as_the_mask_form_and_a_
     assert "mask form" in checkpoints.describe_recorded_method(record)
     kw = dict(output_dir=str(tmp_path / "run"), use_cpu=True, report_to="none")
     with pytest.raises(ValueError, match="--form mask"):
-        checkpoints.check_resume_keeps_the_form(old, ATRGRPOConfig(method="atr", **kw).resolved_method)
-    checkpoints.check_resume_keeps_the_form(old, ATRGRPOConfig(method="atr", form="mask", **kw).resolved_method)
+        checkpoints.check_resume_compatible(old, ATRGRPOConfig(method="atr", **kw).resolved_method)
+    checkpoints.check_resume_compatible(old, ATRGRPOConfig(method="atr", form="mask", **kw).resolved_method)
     # a legacy clip run trained the min form, its default then and now: nothing to refuse
     clip = _legacy_checkpoint(tmp_path / "c" / "checkpoint-2", method="clip")
     assert checkpoints.recorded_method(clip)["form"] is None
-    checkpoints.check_resume_keeps_the_form(clip, ATRGRPOConfig(method="clip", **kw).resolved_method)
+    checkpoints.check_resume_compatible(clip, ATRGRPOConfig(method="clip", **kw).resolved_method)
     # a checkpoint written now records its form; the record wins over training_args.bin
     checkpoints.write_method_record(old, ATRGRPOConfig(method="atr", **kw).resolved_method)
     assert checkpoints.recorded_method(old)["form"] == "min"

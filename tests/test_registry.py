@@ -75,11 +75,11 @@ def test_a_new_method_reaches_the_trainer_config_and_the_cli_unedited():
         from atr_llm import train
         from atr_llm.trainer import ATRGRPOConfig
         base = ["--output_dir", "/tmp/unused", "--use_cpu", "true", "--bf16", "false", "--loss_type", "dr_grpo"]
-        _, args, _ = train.parse(base + ["--method", "throwaway", "--sharpness", "3"])
+        args = train.parse(base + ["--method", "throwaway", "--sharpness", "3"]).training
         assert dict(args.resolved_method.params) == {"sharpness": 3.0}, args.resolved_method
         assert "throwaway sharpness" in HfArgumentParser(ATRGRPOConfig).format_help()
-        for argv, match in ((["--method", "throwaway", "--sharpness", "-1"], "sharpness must be a finite number > 0"),
-                            (["--method", "atr", "--sharpness", "3"], "sharpness=3.0 set, but method 'atr' does not")):
+        for argv, match in ((["--method", "throwaway", "--sharpness", "-1"], "--sharpness -1: expected a finite number > 0"),
+                            (["--method", "atr", "--sharpness", "3"], "--sharpness 3: set, but method 'atr' does not")):
             try:
                 train.parse(base + argv)
             except ValueError as e:
@@ -109,12 +109,12 @@ def test_a_rule_written_as_one_new_module_needs_no_other_edit(written_rule_modul
         assert torch.allclose(out.loss, -(torch.exp(logp - old) * adv[:, None] / 4.0).mean(), rtol=1e-12, atol=0)
         from atr_llm import train
         base = ["--output_dir", "/tmp/unused", "--use_cpu", "true", "--bf16", "false", "--loss_type", "dr_grpo"]
-        _, args, _ = train.parse(base + ["--method", "zz_written_rule", "--zz_sharpness", "3"])
+        args = train.parse(base + ["--method", "zz_written_rule", "--zz_sharpness", "3"]).training
         assert dict(args.resolved_method.params) == {"zz_sharpness": 3.0}, args.resolved_method
         try:
             train.parse(base + ["--method", "zz_written_rule", "--zz_sharpness", "0"])
         except ValueError as e:
-            assert "zz_sharpness must be a finite number > 0" in str(e), str(e)
+            assert "--zz_sharpness 0: expected a finite number > 0" in str(e), str(e)
         else:
             raise AssertionError("zz_sharpness 0 accepted")
         print("OK")

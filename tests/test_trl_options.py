@@ -132,7 +132,7 @@ def test_every_loss_type_and_option_equals_trls_own_loss(tmp_path, tok, loss_typ
 
 
 def _trl_delta_rules():
-    from atr_llm.trl_options import trl_delta_rules
+    from atr_llm.config.method import trl_delta_rules
 
     return trl_delta_rules()
 
@@ -220,13 +220,13 @@ def test_the_kl_penalty_with_each_ratio_level_equals_trls(tmp_path, tok, loss_ty
 @pytest.mark.parametrize(
     "options,match",
     [
-        ({"loss_type": "vespo", "use_vllm": True}, "vespo.*vllm_importance_sampling_correction"),
-        ({"loss_type": "cispo", "method": "clip"}, "method='clip' with loss_type='cispo'.*leave method unset"),
-        ({"method": "atr", "form": "mask", "delta": 3.0}, "delta=3.0 is set.*form 'mask'.*--divergence_delta"),
-        ({"method": "kl1", "delta": 3.0}, "delta=3.0 is set.*method='kl1'.*--divergence_delta"),
+        ({"loss_type": "vespo", "use_vllm": True}, "vllm_importance_sampling_correction=True: .*VESPO"),
+        ({"loss_type": "cispo", "method": "clip"}, "method='clip': loss_type='cispo' is TRL's cispo.*leave method unset"),
+        ({"method": "atr", "form": "mask", "delta": 3.0}, "delta=3.0: TRL's two-sided clip.*form 'mask'.*--divergence_delta"),
+        ({"method": "kl1", "delta": 3.0}, "delta=3.0: TRL's two-sided clip.*method='kl1'.*--divergence_delta"),
         ({"method": "trl", "delta": 1.0}, "delta=1.0.*expected delta > 1"),
-        ({"method": "trl", "tau_pos": 2.0}, "tau_pos=2.0 set, but method 'trl' does not use it"),
-        ({"loss_type": "nope"}, "loss_type 'nope' is not supported"),
+        ({"method": "trl", "tau_pos": 2.0}, "tau_pos=2.0: set, but method 'trl' does not use it"),
+        ({"loss_type": "nope"}, "loss_type='nope': expected one of grpo, "),
     ],
 )
 def test_what_cannot_be_honoured_is_refused_by_name_before_any_model_loads(tmp_path, options, match):
@@ -430,7 +430,7 @@ def test_the_loss_types_honoured_are_exactly_the_ones_trl_documents():
     import dataclasses
     import re
 
-    from atr_llm.trl_options import trl_loss_type_rule, trl_loss_types
+    from atr_llm.config.method import trl_loss_type_rule, trl_loss_types
 
     help_text = {f.name: f for f in dataclasses.fields(trl.GRPOConfig)}["loss_type"].metadata["help"]
     supported = help_text[help_text.index("Supported values are") :].split(".")[0]

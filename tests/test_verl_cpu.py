@@ -143,7 +143,7 @@ def test_config_parameters_must_be_a_mapping_and_name_the_methods_parameters(mon
 
 def test_config_layers_are_read_like_the_environments(monkeypatch):
     monkeypatch.delenv(verl_plugin.PARAMS_ENV, raising=False)
-    verl_plugin._LAYERS.clear()
-    layers = verl_plugin.layers_once(_actor({"sequence_mask": {"estimator": "k3", "threshold": 0.07}}))
+    verl_plugin._CHOICES.clear()
+    layers = verl_plugin.choice_for("atr", _actor({"sequence_mask": {"estimator": "k3", "threshold": 0.07}}))[1]
     assert set(layers) == {"sequence_mask"} and layers["sequence_mask"].threshold == 0.07
-    assert verl_plugin.layers_once(_actor()) == {}
+    assert verl_plugin.choice_for("atr", _actor())[1] == {}

@@ -50,7 +50,7 @@ def env_params() -> dict[str, Any]:
     if not raw:
         return {}
     try:
-        value = json.loads(raw)
+        value = json.loads(raw, object_pairs_hook=_refuse_a_key_twice)
     except json.JSONDecodeError as e:
         raise ValueError(
             f"{PARAMS_ENV} must be a JSON object such as '{{\"delta\": 0.05}}', got {raw!r}: {e}"
@@ -58,6 +58,15 @@ def env_params() -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"{PARAMS_ENV} must be a JSON object such as '{{\"delta\": 0.05}}', got {raw!r}")
     return value
+
+
+def _refuse_a_key_twice(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object of ``$ATR_GRPO_PARAMS`` as a dict, a key given twice refused (JSON keeps the last silently)."""
+    keys = [k for k, _ in pairs]
+    twice = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
+    if twice is not None:
+        raise ValueError(f"{PARAMS_ENV} gives the key {twice!r} twice ({dict(pairs)!r} keeps the last); give it once")
+    return dict(pairs)
 
 
 CONFIG_PARAMS_FIELD = "atr_params"
@@ -165,42 +174,26 @@ def layers_from_params(extra: Mapping[str, Any]) -> dict[str, Any]:
     return layers
 
 
-_LAYERS: dict[str, dict[str, Any]] = {}
-
-
-def _params_key(config: Any) -> str:
-    return json.dumps([config_params(config), os.environ.get(PARAMS_ENV, "").strip()], sort_keys=True, default=str)
-
-
-def layers_once(config: Any = None) -> dict[str, Any]:
-    """``layers_from_params`` of ``params_for(config)``, built once per distinct value of the config's
-    ``atr_params`` and ``$ATR_GRPO_PARAMS``."""
-    key = _params_key(config)
-    if key not in _LAYERS:
-        _LAYERS[key] = layers_from_params(params_for(config))
-    return _LAYERS[key]
-
-
 def config_fields_read() -> tuple[tuple[str, str], ...]:
     """Every verl config field ``method_params`` reads (each registered parameter's ``Param.verl``), sorted: with
     ``$ATR_GRPO_PARAMS`` they decide the resolved choice."""
     return tuple(sorted({f for spec in at.METHODS.values() for p in spec.params.values() for f in p.verl}))
 
-_RESOLVED: dict[tuple, at.ResolvedMethod] = {}
+
+_CHOICES: dict[tuple[str, int, str], tuple[Any, at.ResolvedMethod, dict[str, Any]]] = {}
 
 
-def resolved_once(method: str, config: Any) -> at.ResolvedMethod:
-    """``method_params`` of ``method``, computed once per worker for each distinct ``atr_params`` / ``$ATR_GRPO_PARAMS`` and
-    value of the config fields it reads (``config_fields_read``): the JSON is parsed and the choice validated on
-    the first loss call, not on every one."""
-    try:
-        key = (method, _params_key(config), tuple(_field(config, *f) for f in config_fields_read()))
-        hash(key)
-    except TypeError:  # a config value that cannot be a key (a list): resolve every call
-        return method_params(method, config)
-    if key not in _RESOLVED:
-        _RESOLVED[key] = method_params(method, config)
-    return _RESOLVED[key]
+def choice_for(method: str, config: Any) -> tuple[at.ResolvedMethod, dict[str, Any]]:
+    """``method``'s validated choice (``method_params``) and its layers (``layers_from_params``) for verl's actor
+    ``config``, resolved on the first loss call of a process and kept for that config object (and that value of
+    ``$ATR_GRPO_PARAMS``): verl passes the same actor config to every call, so the JSON is parsed and the choice
+    validated once per process, not per step."""
+    key = (method, id(config), os.environ.get(PARAMS_ENV, "").strip())
+    found = _CHOICES.get(key)
+    if found is None or found[0] is not config:  # the config is kept alive with its entry: its id is not reused
+        found = (config, method_params(method, config), layers_from_params(params_for(config)))
+        _CHOICES[key] = found
+    return found[1], found[2]
 
 
 def make_verl_policy_loss(method: str):
@@ -224,8 +217,7 @@ def make_verl_policy_loss(method: str):
 
         if config is None:
             raise ValueError(f"verl policy loss {PREFIX}{method!r} needs the actor config")
-        choice = resolved_once(method, config)
-        layers = layers_once(config)
+        choice, layers = choice_for(method, config)
         if rollout_is_weights is not None and "rollout_correction" in layers:
             raise ValueError(
                 f"verl passed rollout_is_weights (its rollout_is is set) and {PARAMS_ENV} sets rollout_correction: the "

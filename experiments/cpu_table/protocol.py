@@ -139,7 +139,7 @@ QUICK = dict(runs=["clip", "atr"], seeds=[0], sft_steps=20, max_steps=4, save_st
 
 def run_args(run: str) -> list[str]:
     """``python -m atr_llm.train`` arguments that select ``run``'s method and parameters."""
-    from atr_llm.trainer import config_field
+    from atr_llm.config import config_field
 
     spec = CPU_RUNS[run]
     args = ["--method", spec["method"]]

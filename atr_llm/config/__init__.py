@@ -1,0 +1,33 @@
+"""The trainer's configuration, in one place. Read it in this order:
+
+1. ``fields`` -- every value a run takes, declared once: each field's domain, the environment variables a run reads,
+   the relations between fields (``Exclusive``, ``Requires``, ``AtMost``), and ``ConfigError``, the one refusal.
+2. ``method`` -- which rule a configuration trains: the registry's parameters as fields, TRL's own loss options
+   mapped onto a registry rule, and ``resolve_method``, run once when the config is built.
+3. ``trainer_config`` -- ``ATRGRPOConfig``: TRL's ``GRPOConfig`` plus ours; its constructor is the one check.
+4. ``run`` -- a whole run: ``ScriptArguments`` (data, model source, stages), trl's ``ModelConfig`` and
+   ``ATRGRPOConfig`` in one ``RunConfig``, whose constructor checks what spans them (model options, resume
+   compatibility, the output folder, the data files) before any work.
+
+Every way in builds these objects and goes through their constructors: ``ATRGRPOConfig(...)`` in Python, ``python -m
+atr_llm.train`` (its command line and ``--config`` YAML file only turn text into values), ``--resume_from_checkpoint``
+(``RunConfig``), and the environment. A refusal is a ``ConfigError`` (a ValueError) naming the field; the command
+line words it with the place the value came from.
+"""
+
+from .fields import ConfigError
+from .method import TRL_METHOD, clipping_is_inert, config_field, inert_clipping_message, trl_loss_types
+from .run import RunConfig, ScriptArguments
+from .trainer_config import ATRGRPOConfig
+
+__all__ = [
+    "ATRGRPOConfig",
+    "ConfigError",
+    "RunConfig",
+    "ScriptArguments",
+    "TRL_METHOD",
+    "clipping_is_inert",
+    "config_field",
+    "inert_clipping_message",
+    "trl_loss_types",
+]

@@ -1,0 +1,316 @@
+"""Every value a training run takes, declared once: each field's domain, the environment variables the run reads, and
+the relations between fields. The configs' constructors (``ATRGRPOConfig``, ``ScriptArguments``, ``RunConfig``) check
+these and nothing else checks them again; the command line (``python -m atr_llm.train``) only turns text into values.
+
+The method's own parameters are not here: each is declared where its rule is registered (``atr_theory.Param``) and
+checked by ``atr_theory.resolve`` (``atr_llm.config.method``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import os
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+from ..cli_types import SEED, Declared, Integer, OneOf, PathDeclared, Real, Temperature, WriteDir
+from ..relations import AtMost, Exclusive, Holds, Relation, Requires, check_relations
+
+__all__ = [
+    "ConfigError",
+    "ENVIRONMENT",
+    "MODEL_DOMAINS",
+    "RUN_RELATIONS",
+    "script_domains",
+    "TRAINING_RELATIONS",
+    "check_environment",
+    "check_fields",
+    "check_relations_of",
+    "is_set",
+    "training_domains",
+]
+
+
+class ConfigError(ValueError):
+    """A refused configuration value: ``name`` (a config field, or an environment variable), the value and what was
+    ``expected``, where ``{field}`` names another field (a relation's). The message reads ``name=value: expected ...``
+    with the fields' names; the command line words it with the place each value came from (``worded``: ``--flag``,
+    a YAML file's key), so that one check speaks to every way in in its own words."""
+
+    def __init__(self, name: str, value: Any, expected: str, *, others: tuple[str, ...] = (), message: str | None = None):
+        self.name, self.value, self.template, self.others = name, value, expected, others
+        self.expected = self.worded(lambda other: other)
+        super().__init__(message or f"{name}={value!r}: {self.expected}")
+
+    def worded(self, shown) -> str:
+        """``expected`` with each other field named as ``shown(field)`` says."""
+        text = self.template
+        for other in self.others:
+            text = text.replace("{" + other + "}", shown(other))
+        return text
+
+
+def _report_to() -> OneOf:
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    return OneOf(["none", "all", *sorted(INTEGRATION_TO_CALLBACK)])
+
+
+def training_domains() -> dict[str, Declared]:
+    """The domain of each ``ATRGRPOConfig`` field that TRL, transformers or torch check only once training runs (after
+    the SFT stage has trained and saved a model), or never (a NaN learning rate trains), and of this package's own
+    fields. A field whose default is None may also be None."""
+    from ..fast_generation import ATTENTIONS, MODES
+
+    return {
+        # transformers' TrainingArguments
+        "output_dir": WriteDir(),
+        "learning_rate": Real(0),
+        "weight_decay": Real(0),
+        "adam_beta1": Real(0, 1, open_high=True),
+        "adam_beta2": Real(0, 1, open_high=True),
+        "adam_epsilon": Real(0, open_low=True),
+        "max_grad_norm": Real(0),
+        "per_device_train_batch_size": Integer(1),
+        "per_device_eval_batch_size": Integer(1),
+        "gradient_accumulation_steps": Integer(1),
+        "seed": SEED,
+        "data_seed": SEED,
+        "max_steps": Integer(-1),
+        "num_train_epochs": Real(0),
+        "save_steps": Real(0, open_low=True),
+        "logging_steps": Real(0, open_low=True),
+        "eval_steps": Real(0, open_low=True),
+        "warmup_steps": Real(0),
+        "save_total_limit": Integer(1),
+        "dataloader_num_workers": Integer(0),
+        "report_to": _report_to(),
+        # TRL's GRPOConfig
+        "beta": Real(0),
+        "max_completion_length": Integer(1),
+        "num_generations": Integer(2),
+        "num_iterations": Integer(1),
+        "steps_per_generation": Integer(1),
+        "generation_batch_size": Integer(1),
+        "temperature": Temperature(),
+        "top_p": Real(0, 1, open_low=True),
+        "top_k": Integer(0),
+        "min_p": Real(0, 1),
+        "repetition_penalty": Real(0, open_low=True),
+        "importance_sampling_level": OneOf(("token", "sequence")),
+        "top_entropy_quantile": Real(0, 1),
+        "off_policy_mask_threshold": Real(0),
+        "entropy_coef": Real(),
+        "entropy_target": Real(0),
+        "entropy_coef_delta": Real(0),
+        "entropy_coef_min": Real(0),
+        "entropy_coef_max": Real(0),
+        # this package's
+        "kl_chunk_size": Integer(1),
+        "true_kl_delta": Real(0, open_low=True),
+        "method_seed": Integer(0, 2**64 - 1),
+        "fast_generation": OneOf(MODES),
+        "fast_generation_attention": OneOf(ATTENTIONS),
+        "fast_generation_prompt_tokens": Integer(1),
+    }
+
+
+def script_domains() -> dict[str, Declared]:
+    """The domain of each ``ScriptArguments`` field (``atr_llm.config.run``)."""
+    from ..cli_types import ReadFile
+    from ..data import OFFLINE_TASKS, SOURCES
+
+    datasets = OneOf([*OFFLINE_TASKS, *SOURCES])
+    return {
+        "dataset_name": datasets,
+        "sft_dataset_name": datasets,
+        "dataset_path": ReadFile(),
+        "sft_dataset_path": ReadFile(),
+        "dataset_limit": Integer(1),
+        "tiny_vocab": OneOf(("toy", "qwen3")),
+        "backend": OneOf(("trl", "unsloth")),
+        "sft_steps": Integer(0),
+        "sft_learning_rate": Real(0, open_low=True),
+        "sft_batch_size": Integer(1),
+        "sft_implementation": OneOf(("trl", "plain")),
+        "reward_timeout_seconds": Integer(1),
+        "truncated_reward": Real(),
+    }
+
+
+MODEL_DOMAINS = {
+    "lora_r": Integer(1),
+    "lora_alpha": Integer(1),
+    "lora_dropout": Real(0, 1, open_high=True),
+}
+"""trl.ModelConfig's numbers (TRL hands them to PEFT, which checks them when the adapter is built, after SFT)."""
+
+
+ENVIRONMENT: dict[str, Declared] = {
+    "RANK": Integer(0),
+    "LOCAL_RANK": Integer(-1),
+    "WORLD_SIZE": Integer(1),
+    "LOCAL_WORLD_SIZE": Integer(1),
+}
+"""The environment variables a run reads (``accelerate launch`` and ``torchrun`` set them): ``RANK`` decides which
+process takes the output folder's lock (``atr_llm.run_lock``); transformers reads ``LOCAL_RANK`` and ``WORLD_SIZE``
+when the config is built (``int()`` of ``"abc"`` failed there, naming nothing). Unset or empty: not given.
+``THP_MEM_ALLOC_ENABLE`` (``atr_llm.runtime``) is checked by the entry points that set it."""
+
+
+def check_environment(environ: Mapping[str, str] | None = None) -> None:
+    """Each variable of ``ENVIRONMENT`` that is set, against its domain; a refusal names the variable
+    (``ConfigError``)."""
+    environ = os.environ if environ is None else environ
+    for name, declaration in ENVIRONMENT.items():
+        text = environ.get(name, "")
+        if text.strip():
+            try:
+                declaration(text)
+            except argparse.ArgumentTypeError as e:
+                raise ConfigError(f"${name}", text, str(e).split(": ", 1)[-1]) from None
+
+
+def field_default(config: Any, name: str) -> Any:
+    """The default of dataclass field ``name`` of ``config``'s class (its factory's value for a mutable default)."""
+    f = {f.name: f for f in dataclasses.fields(config)}[name]
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
+def is_set(config: Any, name: str) -> bool:
+    """Whether field ``name`` of ``config`` was given: its value differs from the field's default (the same answer
+    whether it came from the command line, a YAML file or Python)."""
+    return getattr(config, name) != field_default(config, name)
+
+
+@functools.cache
+def flag_fields(cls: type) -> tuple[str, ...]:
+    """The fields of dataclass ``cls`` annotated ``bool`` (read from the annotations: transformers'
+    ``HfArgumentParser`` rewrites ``Field.type`` in place)."""
+    hints = typing.get_type_hints(cls)
+    return tuple(f.name for f in dataclasses.fields(cls) if hints.get(f.name) is bool)
+
+
+def check_fields(config: Any, domains: Mapping[str, Declared]) -> None:
+    """Each field of ``config`` named in ``domains`` against its declaration (a list item by item); None passes where
+    it is the field's default. A refusal is a ``ConfigError`` naming the field, the value and what was expected."""
+    fields = {f.name: f for f in dataclasses.fields(config)}
+    for name in flag_fields(type(config)):  # a flag is a bool: the text "false" is true
+        if not isinstance(getattr(config, name), bool):
+            raise ConfigError(name, getattr(config, name), "expected true or false")
+    for name, declaration in domains.items():
+        if name not in fields:
+            continue
+        value = getattr(config, name)
+        if value is None and field_default(config, name) is None:
+            continue
+        if name == "report_to" and isinstance(value, (list, tuple)):
+            items = list(value)
+        elif isinstance(value, (list, tuple, dict, set)):
+            raise ConfigError(name, value, f"expected {_words(declaration)}, got {_kind(value)}")
+        else:
+            items = [value]
+        for item in items:
+            if not _of_its_type(declaration, item):  # a text "0.5" for a number, 3 for a path: the libraries fail late
+                raise ConfigError(name, item, f"expected {_words(declaration)}, got {_kind(item)}")
+            try:
+                declaration.check(str(item) if isinstance(item, os.PathLike) else item)
+            except argparse.ArgumentTypeError as e:
+                raise ConfigError(name, item, str(e).split(": ", 1)[-1]) from None
+
+
+def _words(declaration: Declared) -> str:
+    """The domain of ``declaration`` after "expected"."""
+    text = declaration.describe()
+    return text if text.startswith(("a ", "an ", "one of", "0 ", "text")) else f"a {text}"
+
+
+def _kind(value: Any) -> str:
+    """What ``value`` is, in words (a refusal of a value of the wrong type)."""
+    kinds = {type(None): "None", bool: "a flag", str: "a text", int: "an integer", float: "a number", list: "a list"}
+    return kinds.get(type(value), "a mapping" if isinstance(value, dict) else f"a {type(value).__name__}")
+
+
+def _of_its_type(declaration: Declared, value: Any) -> bool:
+    """Whether ``value`` has the Python type a config field of ``declaration`` holds: a number (not a bool) for a
+    number, a text or path for a path, a text for the rest."""
+    if isinstance(declaration, (Integer, Real)):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(declaration, PathDeclared):
+        return isinstance(value, (str, os.PathLike))
+    return isinstance(value, str)
+
+
+TRAINING_RELATIONS: tuple[Relation, ...] = (
+    Requires("true_kl_delta", "measure_true_kl", equals=True, why="it is the threshold of true_kl/frac_above_delta*"),
+    Requires(
+        "fast_generation_prompt_tokens",
+        "fast_generation",
+        equals="compiled",
+        why="the prompt room of the compiled path's static KV cache",
+    ),
+    Requires(
+        "use_vllm",
+        "fast_generation",
+        equals=("off", "merged_lora", "auto"),
+        why="fast_generation='compiled' compiles transformers' generate, which vLLM replaces",
+    ),
+    Requires(
+        "use_transformers_continuous_batching",
+        "fast_generation",
+        equals=("off", "merged_lora", "auto"),
+        why="fast_generation='compiled' compiles transformers' generate, which continuous batching replaces",
+    ),
+    Holds("max_steps", holds=lambda value: value("max_steps") != 0, why="expected an integer >= 1, or -1 (epochs)"),
+    Holds(
+        "num_train_epochs",
+        "max_steps",
+        holds=lambda value: value("max_steps") > 0 or value("num_train_epochs") > 0,
+        why="a run of no steps: {max_steps} is -1, so the epochs decide; expected a number > 0",
+    ),
+    Holds(
+        "cache_implementation",
+        "fast_generation",
+        holds=lambda value: value("fast_generation") != "compiled" or value("cache_implementation") in (None, "static"),
+        why="{fast_generation} compiled uses a static KV cache; leave it unset",
+    ),
+    AtMost("entropy_coef_min", "entropy_coef_max", why="the adaptive entropy coefficient moves between them"),
+    *(
+        Requires(name, "use_adaptive_entropy", equals=True, why="it steers the adaptive entropy coefficient")
+        for name in ("entropy_target", "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max")
+    ),
+)
+"""Relations between ``ATRGRPOConfig``'s fields (the method's are ``atr_llm.config.method``'s)."""
+
+
+RUN_RELATIONS: tuple[Relation, ...] = (
+    Exclusive("tiny", "model_name_or_path", why="each names the model to train"),
+    Requires("tiny_vocab", "tiny", equals=True, why="it is the vocabulary of the tiny model"),
+    Requires("use_vllm_if_available", "backend", equals="trl", why="Unsloth generates with its own fast_inference"),
+    Requires("use_peft", "sft_implementation", equals="trl", why="the 'plain' SFT loop trains every weight"),
+)
+"""Relations between fields of a run's three configs (``ScriptArguments``, ``ATRGRPOConfig``, ``trl.ModelConfig``)."""
+
+
+def check_relations_of(relations, configs: tuple[Any, ...]) -> None:
+    """The first relation of ``relations`` the fields of ``configs`` break, as a ``ConfigError`` naming the field (a
+    field is looked up in the first config that has it)."""
+    owners = {}
+    for config in configs:
+        for f in dataclasses.fields(config):
+            owners.setdefault(f.name, config)
+
+    def value(name: str) -> Any:
+        return getattr(owners[name], name)
+
+    keep = lambda name: "{" + name + "}"  # noqa: E731 - the way in names the other fields (ConfigError.worded)
+    for relation in relations:
+        broken = check_relations((relation,), lambda name: is_set(owners[name], name), value, keep)
+        if broken is not None:
+            name, why = broken
+            raise ConfigError(name, value(name), why, others=tuple(n for n in relation.names if n != name))

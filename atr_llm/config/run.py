@@ -1,0 +1,239 @@
+"""A whole training run: ``ScriptArguments`` (data, model source, stages), trl's ``ModelConfig`` and ``ATRGRPOConfig``
+in one ``RunConfig``. Each config checks its own fields when it is built; ``RunConfig`` checks what spans them before
+any work (no model loads, no SFT runs, no file or lock is written until it is built): the model options a backend
+honours, the relations between the three (``fields.RUN_RELATIONS``), the data files (read, so a malformed row stops the
+run here), the output folder, and a resume's compatibility with the checkpoint it continues.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .fields import MODEL_DOMAINS, RUN_RELATIONS, ConfigError, check_fields, check_relations_of, script_domains
+from .trainer_config import ATRGRPOConfig
+
+__all__ = ["RunConfig", "ScriptArguments", "UNSLOTH_MODEL_OPTIONS", "finished_run", "model_to_train"]
+
+
+@dataclass
+class ScriptArguments:
+    """Data, model source and stages."""
+
+    dataset_name: str = field(
+        default="arithmetic", metadata={"help": "arithmetic, dapo-math-17k, dapo-math-17k-processed, ..."}
+    )
+    dataset_path: str | None = field(default=None, metadata={"help": "local jsonl/parquet with the source's columns"})
+    dataset_limit: int | None = field(default=None, metadata={"help": "use the first N rows (arithmetic: generate N)"})
+    tiny: bool = field(default=False, metadata={"help": "build the offline tiny Qwen3 + local tokenizer"})
+    tiny_vocab: str = field(
+        default="toy",
+        metadata={
+            "help": "--tiny's vocabulary: 'toy' (a few hundred BPE tokens) or 'qwen3' (Qwen3's real tokenizer, 151,936 rows)"
+        },
+    )
+    backend: str = field(default="trl", metadata={"help": "'trl' or 'unsloth' (CUDA only)"})
+    sft_steps: int = field(default=0, metadata={"help": "formatting SFT steps before RL (0 = none)"})
+    sft_dataset_name: str | None = field(default=None, metadata={"help": "SFT data (default: dataset_name)"})
+    sft_dataset_path: str | None = field(default=None)
+    sft_learning_rate: float = field(default=3e-3)
+    sft_batch_size: int = field(default=32)
+    sft_implementation: str = field(
+        default="trl",
+        metadata={
+            "help": "'trl' (TRL's SFTTrainer) or 'plain' (a torch loop that scores only the completion positions: "
+            "several times cheaper at Qwen3's vocabulary on CPU; no PEFT)"
+        },
+    )
+    reward_timeout_seconds: int = field(default=5)
+    use_vllm_if_available: bool = field(
+        default=False,
+        metadata={
+            "help": "generate with TRL's colocated vLLM when vllm is importable and CUDA is present (the presets "
+            "set it); otherwise transformers' generate, with a warning about speed"
+        },
+    )
+    truncated_reward: float | None = field(
+        default=None,
+        metadata={
+            "help": "reward of a completion cut at max_completion_length (no eos), instead of its grade; "
+            "None grades it like any other (DAPO's overlong punishment: 0 makes not stopping wrong)"
+        },
+    )
+    overwrite: bool = field(
+        default=False,
+        metadata={"help": "train into an --output_dir that holds a finished run (its final/ model is replaced)"},
+    )
+
+    def __post_init__(self):
+        check_fields(self, script_domains())
+
+
+UNSLOTH_MODEL_OPTIONS = ("model_name_or_path", "use_peft", "lora_r", "lora_alpha", "lora_target_modules")
+"""The trl.ModelConfig options --backend unsloth builds its model and LoRA from (``load_unsloth_model``)."""
+
+
+def _changed_model_options(model_args) -> list[str]:
+    """The trl.ModelConfig fields of ``model_args`` whose values differ from ModelConfig's defaults."""
+    changed = []
+    for f in dataclasses.fields(type(model_args)):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if default is not dataclasses.MISSING and getattr(model_args, f.name) != default:
+            changed.append(f.name)
+    return changed
+
+
+def check_model_options(model_args, training_args, *, backend: str = "trl") -> None:
+    """trl.ModelConfig's loading options, each honoured or refused by name (a ``ConfigError``) before a model loads:
+    ``attn_implementation`` is passed to transformers (a name its attention registry knows, or a hub kernel
+    ``org/repo``; ``sdpa`` or unset with ``fast_generation_attention='packed_gqa'``, which replaces SDPA's decode
+    step); ``load_in_4bit`` / ``load_in_8bit`` (bitsandbytes quantisation) are refused: quantised loading is not
+    tested here; with ``backend='unsloth'`` every option beyond ``UNSLOTH_MODEL_OPTIONS`` is refused (Unsloth's
+    loader takes only those)."""
+    from ..compat import attention_implementations
+
+    check_fields(model_args, MODEL_DOMAINS)
+    for flag in ("load_in_4bit", "load_in_8bit"):
+        if getattr(model_args, flag, False):
+            raise ConfigError(
+                flag,
+                True,
+                "not supported: atr_llm.train loads models unquantised (bitsandbytes loading is untested here); "
+                "leave it false",
+            )
+    if backend == "unsloth":
+        dropped = [name for name in _changed_model_options(model_args) if name not in UNSLOTH_MODEL_OPTIONS]
+        if dropped:
+            name = dropped[0]
+            raise ConfigError(
+                name,
+                getattr(model_args, name),
+                "not honoured by backend 'unsloth', whose loader takes only "
+                + ", ".join(UNSLOTH_MODEL_OPTIONS)
+                + "; leave it at its default or use backend 'trl'",
+            )
+    attention = getattr(model_args, "attn_implementation", None)
+    if attention is None:
+        return
+    known = attention_implementations()
+    if attention not in known and "/" not in attention:
+        raise ConfigError(
+            "attn_implementation", attention, f"one of {', '.join(sorted(known))} or a hub kernel org/repo"
+        )
+    if getattr(training_args, "fast_generation_attention", "sdpa") == "packed_gqa" and attention != "sdpa":
+        raise ConfigError(
+            "attn_implementation",
+            attention,
+            "'sdpa' or unset with fast_generation_attention packed_gqa, which replaces SDPA's decode step",
+        )
+
+
+def finished_run(output_dir: Path) -> bool:
+    """Whether ``output_dir`` holds a finished run: its ``final/`` model (renamed into place whole, so complete)."""
+    return (Path(output_dir) / "final" / "config.json").exists() or (
+        Path(output_dir) / "final" / "adapter_config.json"
+    ).exists()
+
+
+def model_to_train(script, model_args) -> dict[str, Any]:
+    """What can be known of the model a run will train before it loads (``atr_llm.checkpoints.model_identity``'s
+    keys): the tiny model's architecture, a local folder's ``config.json``, or a hub id's name."""
+    from ..checkpoints import ARCHITECTURE_KEYS
+    from ..tiny import TINY_ARCHITECTURE
+
+    if script.tiny:
+        return dict(TINY_ARCHITECTURE)
+    name = getattr(model_args, "model_name_or_path", None)
+    if not name:
+        return {}
+    config = Path(name) / "config.json"
+    if config.is_file():
+        import json
+
+        try:
+            values = json.loads(config.read_text())
+        except (OSError, ValueError):
+            return {}
+        return {k: values[k] for k in ARCHITECTURE_KEYS if k in values}
+    return {"name_or_path": str(name)}
+
+
+def _named(name: str, call, *args, **kwargs):
+    """``call(*args, **kwargs)``, a ``UsageError`` it raises turned into a ``ConfigError`` naming field ``name``."""
+    from ..cli import UsageError
+
+    try:
+        return call(*args, **kwargs)
+    except UsageError as e:
+        if e.expected is None:
+            raise
+        raise ConfigError(name, e.value, e.expected) from None
+
+
+@dataclass
+class RunConfig:
+    """One training run's configuration, checked whole when it is built: ``python -m atr_llm.train`` builds one from
+    its command line and ``--config`` file, a Python caller from the three configs. ``datasets`` holds the local data
+    files it read (``{"dataset_path": Dataset, "sft_dataset_path": Dataset}``), for the run to use as they are, and
+    ``checkpoint`` the folder a resume continues (``resume_from_checkpoint`` resolved: ``latest`` is the newest
+    complete one). A refusal is a ``ConfigError`` naming the field."""
+
+    script: ScriptArguments
+    training: ATRGRPOConfig
+    model: Any
+    datasets: dict = field(default_factory=dict, init=False, repr=False)
+    checkpoint: Path | None = field(default=None, init=False)
+
+    def __post_init__(self):
+        from ..data import load_source
+
+        script, training, model = self.script, self.training, self.model
+        for name, config, cls in (("script", script, ScriptArguments), ("training", training, ATRGRPOConfig)):
+            if not isinstance(config, cls):
+                raise ConfigError(name, type(config).__name__, f"expected a {cls.__name__}")
+        check_model_options(model, training, backend=script.backend)
+        check_relations_of(RUN_RELATIONS, (script, training, model))
+        for name, source, path in (
+            ("dataset_path", script.dataset_name, script.dataset_path),
+            ("sft_dataset_path", script.sft_dataset_name or script.dataset_name, script.sft_dataset_path),
+        ):
+            if path is not None:  # read now: a malformed row stops the run before a model loads, naming its line
+                self.datasets[name] = _named(name, load_source, source, path, script.dataset_limit, argument=name)
+        self.checkpoint = self._checkpoint_to_resume()
+        if self.checkpoint is None and finished_run(Path(training.output_dir)) and not script.overwrite:
+            raise ConfigError(
+                "output_dir", training.output_dir, "holds a finished run (final/); set overwrite true (--overwrite true) to replace it"
+            )
+        if script.backend == "unsloth":
+            from ..unsloth_backend import require_unsloth
+
+            require_unsloth()
+
+    def _checkpoint_to_resume(self) -> Path | None:
+        """The folder ``resume_from_checkpoint`` names (``latest``: the newest complete one of ``output_dir``),
+        complete and compatible with this run (``atr_llm.checkpoints.check_resume_compatible``); None without one."""
+        from ..checkpoints import LATEST, check_resume_compatible, is_complete_checkpoint, latest_complete_checkpoint
+        from .method import config_field
+
+        resume, out = self.training.resume_from_checkpoint, Path(self.training.output_dir)
+        if resume is None:
+            return None
+        if str(resume) in LATEST:
+            checkpoint = latest_complete_checkpoint(out)
+            if checkpoint is None:
+                raise ConfigError("resume_from_checkpoint", resume, f"no complete checkpoint-* folder in {out}")
+        elif not Path(resume).is_dir():
+            raise ConfigError("resume_from_checkpoint", resume, "no such checkpoint folder")
+        elif not is_complete_checkpoint(resume):
+            raise ConfigError("resume_from_checkpoint", resume, "not a complete checkpoint (no readable trainer_state.json)")
+        else:
+            checkpoint = Path(resume)
+        try:
+            check_resume_compatible(
+                checkpoint, self.training.resolved_method, model_to_train(self.script, self.model), name=config_field
+            )
+        except ValueError as e:
+            raise ConfigError("resume_from_checkpoint", resume, str(e)) from None
+        return checkpoint

@@ -1,0 +1,342 @@
+"""One way in: every way a value reaches a training run (the Python constructors, the command line, a ``--config``
+YAML file, the environment, ``--resume_from_checkpoint``) goes through the one check of ``atr_llm.config``, and is
+refused before any work, naming the argument as the user gave it. The method is resolved once per config."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("trl")
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from trl import ModelConfig  # noqa: E402
+
+import atr_theory as at  # noqa: E402
+from atr_llm import checkpoints, train  # noqa: E402
+from atr_llm.cli import UsageError  # noqa: E402
+from atr_llm.config import ATRGRPOConfig, ConfigError, RunConfig, ScriptArguments  # noqa: E402
+from atr_llm.config import fields as config_fields  # noqa: E402
+from atr_llm.config.method import method_fields  # noqa: E402
+from tests.fuzzing import as_text, bad_values, breaking_assignment, candidates  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "atr_llm" / "configs" / "cpu-tiny.yaml"
+CPU = dict(use_cpu=True, bf16=False, report_to="none")
+
+
+def _training(tmp_path, **kw) -> ATRGRPOConfig:
+    return ATRGRPOConfig(**{"output_dir": str(tmp_path / "run"), **CPU, **kw})
+
+
+# ---------------------------------------------------------------------------------------------------- resolved once
+def test_the_method_is_resolved_once_per_config_and_reading_it_resolves_nothing(tmp_path, monkeypatch):
+    calls = []
+    real = at.resolve
+    monkeypatch.setattr(at, "resolve", lambda *a, **k: calls.append(a) or real(*a, **k))
+    config = _training(tmp_path, method="atr", divergence_delta=0.05)
+    assert len(calls) == 1
+    for _ in range(10):
+        assert config.resolved_method.params["delta"] == 0.05
+    assert len(calls) == 1  # reads do not resolve again
+    config.divergence_delta = 0.06  # a write of a field the rule depends on resolves (and checks) again
+    assert len(calls) == 2 and config.resolved_method.params["delta"] == 0.06
+    with pytest.raises(ConfigError, match="divergence_delta"):
+        config.divergence_delta = 0.0
+    assert config.divergence_delta == 0.06 and config.resolved_method.params["delta"] == 0.06  # left as it was
+    config.logging_steps = 3  # a field the rule does not read: nothing is resolved
+    assert len(calls) == 2
+    copy = pickle.loads(pickle.dumps(_training(tmp_path, method="clip")))  # training_args.bin holds no spec
+    assert copy.resolved_method.name == "clip" and copy.resolved_method is copy.resolved_method
+
+
+def test_the_command_line_resolves_the_method_once(tmp_path, monkeypatch):
+    calls = []
+    real = at.resolve
+    monkeypatch.setattr(at, "resolve", lambda *a, **k: calls.append(a) or real(*a, **k))
+    run = train.parse(["--config", str(TINY), "--output_dir", str(tmp_path / "run"), "--divergence_delta", "0.05"])
+    assert len(calls) == 1 and run.training.resolved_method.params["delta"] == 0.05
+    assert len(calls) == 1
+
+
+# ------------------------------------------------------------------------------------------ the Python constructor
+def _field_cases() -> list[tuple[str, str, object]]:
+    """``(config, field, bad value)`` for every declared field of the three configs and every method field."""
+    cases = []
+    defaults = {f.name: f.default for f in dataclasses.fields(ATRGRPOConfig)}
+    for name, declared in config_fields.training_domains().items():
+        if name in defaults:
+            cases += [("training", name, bad) for bad in bad_values(declared, defaults[name])]
+    script_defaults = {f.name: f.default for f in dataclasses.fields(ScriptArguments)}
+    for name, declared in config_fields.script_domains().items():
+        cases += [("script", name, bad) for bad in bad_values(declared, script_defaults[name])]
+    for name, declared in config_fields.MODEL_DOMAINS.items():
+        cases += [("model", name, bad) for bad in bad_values(declared, 0)]
+    for name in method_fields():
+        cases += [("method", name, bad) for bad in ("0.5", True, float("nan"), float("inf"), [0.1])]
+    for name in config_fields.flag_fields(ATRGRPOConfig)[:20]:
+        cases += [("training", name, bad) for bad in ("false", 0, None)]
+    return cases
+
+
+FIELD_CASES = _field_cases()
+
+
+def _user_of(param_field: str) -> dict:
+    """A method that takes the parameter behind config field ``param_field`` (then its value is checked, not
+    refused as stray)."""
+    param = "delta" if param_field == "divergence_delta" else param_field
+    name = next(n for n in at.method_names(aliases=False) if param in at.METHODS[n].params)
+    return {"method": name}
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(case=st.sampled_from(FIELD_CASES))
+def test_every_fields_bad_value_is_refused_by_its_constructor_naming_it(case, tmp_path_factory):
+    where, name, bad = case
+    tmp = tmp_path_factory.mktemp("c")
+    with pytest.raises(ValueError) as refused:
+        if where == "training":
+            _training(tmp, **{name: bad})
+        elif where == "method":
+            _training(tmp, **_user_of(name), **{name: bad})
+        elif where == "script":
+            ScriptArguments(**{name: bad})
+        else:
+            RunConfig(ScriptArguments(), _training(tmp), ModelConfig(**{name: bad}))
+    assert name in str(refused.value) and "\n" not in str(refused.value), str(refused.value)
+
+
+def test_the_field_cases_cover_every_way_a_value_can_be_wrong():
+    assert len(FIELD_CASES) > 400
+    kinds = {type(bad).__name__ for _, _, bad in FIELD_CASES}
+    assert {"list", "dict", "str", "float", "bool", "NoneType", "int"} <= kinds
+
+
+# ------------------------------------------------------------------------------------------------ the YAML file
+def _yaml_cases() -> list[tuple[str, str]]:
+    """``(text appended to cpu-tiny.yaml, what the refusal must name)`` for each declared field: a list, a mapping, a
+    text for a number, null for a field without 'unset'; and a key written twice, a non-string key, an unknown key."""
+    cases = [
+        ("method: kl2\n", "method"),  # cpu-tiny.yaml sets method already: a key written twice
+        ("1: 2\n", "key 1"),
+        ("true: 1\n", "key True"),
+        ("[a, b]: 1\n", "key"),
+        ("max_stepz: 3\n", "max_stepz"),
+        ("env: [RANK]\n", "env"),
+    ]
+    tiny = (TINY.read_text()).split("\n")
+    present = {line.split(":")[0] for line in tiny if line and not line.startswith((" ", "#"))}
+    domains = {**config_fields.training_domains(), **config_fields.script_domains(), **config_fields.MODEL_DOMAINS}
+    for name, declared in domains.items():
+        if name in present:
+            continue
+        cases += [(f"{name}: [1, 2]\n", name), (f"{name}: {{a: 1}}\n", name)]
+        if isinstance(declared, (config_fields.Integer, config_fields.Real)):
+            cases += [(f"{name}: abc\n", name), (f"{name}: .nan\n", name), (f"{name}: true\n", name)]
+        if name in ("max_steps", "seed", "learning_rate", "per_device_train_batch_size"):
+            cases.append((f"{name}: null\n", name))
+    return cases
+
+
+YAML_CASES = _yaml_cases()
+
+
+@pytest.mark.parametrize("extra,named", YAML_CASES, ids=[c[0].strip()[:40] for c in YAML_CASES])
+def test_a_bad_value_or_key_in_the_yaml_file_is_refused_naming_file_and_key(tmp_path, extra, named):
+    config = tmp_path / "bad.yaml"
+    config.write_text(TINY.read_text() + extra)
+    with pytest.raises(ValueError) as refused:
+        train.parse(["--config", str(config), "--output_dir", str(tmp_path / "run")])
+    text = str(refused.value)
+    assert text.startswith(f"--config {config}") and named in text and "\n" not in text, text
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_yaml_cases_cover_every_declared_field_not_in_the_preset():
+    assert len(YAML_CASES) > 150
+
+
+def test_a_yaml_value_and_the_same_command_line_value_meet_the_same_check(tmp_path):
+    """learning_rate nan from the file and from the command line: the same rule, each named where it came from."""
+    config = tmp_path / "nan.yaml"
+    config.write_text(TINY.read_text().replace("learning_rate: 0.0001", "learning_rate: .nan"))
+    with pytest.raises(UsageError) as from_file:
+        train.parse(["--config", str(config), "--output_dir", str(tmp_path / "a")])
+    with pytest.raises(UsageError) as from_line:
+        train.parse(["--config", str(TINY), "--output_dir", str(tmp_path / "b"), "--learning_rate", "nan"])
+    with pytest.raises(ConfigError) as from_python:
+        _training(tmp_path, learning_rate=float("nan"))
+    assert from_line.value.expected == from_python.value.expected == "expected a finite number >= 0"
+    assert str(from_file.value).endswith("key learning_rate: nan: expected a finite number >= 0"), from_file.value
+
+
+# ------------------------------------------------------------------------------------- options given twice, pairs
+@pytest.mark.parametrize(
+    "extra,named",
+    [
+        (["--method", "atr", "--method", "kl2"], "--method: given 2 times (--method atr, then --method kl2)"),
+        (["--config", str(TINY)], "--config: given 2 times"),
+        (["--tiny", "--tiny", "true"], "--tiny: given 2 times"),
+        (["--gradient_checkpointing", "true", "--no_gradient_checkpointing"], "--gradient_checkpointing: given 2 times"),
+        (["--divergence_delta=0.05", "--divergence-delta", "0.06"], "--divergence_delta: given 2 times"),
+    ],
+)
+def test_an_option_given_twice_is_refused_naming_both(tmp_path, extra, named):
+    with pytest.raises(ValueError, match=named.replace("(", r"\(").replace(")", r"\)")):
+        train.parse(["--config", str(TINY), "--output_dir", str(tmp_path / "run"), *extra])
+
+
+def _run_values(run: RunConfig):
+    owners = [run.script, run.training, run.model]
+
+    def value(name):
+        return next(getattr(o, name) for o in owners if any(f.name == name for f in dataclasses.fields(o)))
+
+    def default(name):
+        owner = next(o for o in owners if any(f.name == name for f in dataclasses.fields(o)))
+        return config_fields.field_default(owner, name)
+
+    return value, default
+
+
+RELATIONS = [*config_fields.TRAINING_RELATIONS, *config_fields.RUN_RELATIONS]
+
+
+@pytest.mark.parametrize("relation", RELATIONS, ids=[repr(r) for r in RELATIONS])
+def test_every_declared_relation_of_the_trainer_is_refused_when_broken(tmp_path, relation):
+    """For each relation the configs declare, a command line that breaks it (found from the candidates of its
+    arguments) is refused before any work, naming an argument of the relation."""
+    base = ["--config", str(TINY), "--output_dir", str(tmp_path / "run")]
+    value, default = _run_values(train.parse(base))
+    domains = {**config_fields.training_domains(), **config_fields.script_domains(), **config_fields.MODEL_DOMAINS}
+    hints = {**typing.get_type_hints(ATRGRPOConfig), **typing.get_type_hints(ScriptArguments)}
+    hints.update(typing.get_type_hints(ModelConfig))
+    options = {n: candidates(domains.get(n), hints.get(n), tmp_path) for n in relation.names}
+    assigned = breaking_assignment(relation, options, value, default)
+    assert assigned is not None, f"no candidate breaks {relation!r}"
+    argv = base + [t for n, v in assigned.items() for t in (f"--{n}", as_text(v))]
+    with pytest.raises(ValueError) as refused:
+        train.parse(argv)
+    assert any(f"--{n}" in str(refused.value) or f"key {n}" in str(refused.value) for n in relation.names)
+    assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------------------------------------ the environment
+@pytest.mark.parametrize(
+    "variable,value",
+    [("RANK", "abc"), ("RANK", "-1"), ("LOCAL_RANK", "x"), ("WORLD_SIZE", "0"), ("LOCAL_WORLD_SIZE", "1.5")],
+)
+def test_a_bad_environment_variable_is_refused_by_name_before_any_work(tmp_path, monkeypatch, variable, value):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValueError, match=rf"^\${variable} {value}: expected an integer"):
+        train.parse(["--config", str(TINY), "--output_dir", str(tmp_path / "run")])
+    with pytest.raises(ConfigError, match=rf"\${variable}"):
+        _training(tmp_path)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_process_with_a_bad_rank_writes_nothing(tmp_path):
+    """RANK=abc used to fail after the output folder (and its lock) were made."""
+    out = tmp_path / "run"
+    env = {**os.environ, "RANK": "abc"}
+    done = subprocess.run(
+        [sys.executable, "-m", "atr_llm.train", "--config", str(TINY), "--output_dir", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and lines == ["error: $RANK abc: expected an integer >= 0"], done.stderr[-2000:]
+    assert not out.exists()
+
+
+def test_the_yaml_files_env_is_checked_like_the_environment(tmp_path, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    config = tmp_path / "env.yaml"
+    config.write_text(TINY.read_text() + "env:\n  RANK: abc\n")
+    with pytest.raises(ValueError, match=r"\$RANK abc"):
+        train.parse(["--config", str(config), "--output_dir", str(tmp_path / "run")])
+    assert "RANK" not in os.environ  # a refused run leaves the environment as it found it
+
+
+@pytest.mark.parametrize(
+    "params,match",
+    [
+        ('{"delta": 0.05', "must be a JSON object"),
+        ('{"delta": 0.05, "delta": 0.06}', "gives the key 'delta' twice"),
+        ('{"delta": NaN}', "delta must be a finite number > 0"),
+        ('{"delta": Infinity}', "delta must be a finite number > 0"),
+        ('{"delta": "0.05"}', "delta must be a real number"),
+        ('{"tau_pos": 2}', r"sets \['tau_pos'\], which method 'atr' does not take"),
+        ("[0.05]", "must be a JSON object"),
+        ('{"form": "bogus"}', "form 'bogus' is not available"),
+    ],
+)
+def test_atr_grpo_params_meets_the_registrys_check(monkeypatch, params, match):
+    from types import SimpleNamespace
+
+    from atr_llm.verl import plugin as verl_plugin
+
+    monkeypatch.setenv(verl_plugin.PARAMS_ENV, params)
+    verl_plugin._CHOICES.clear()
+    config = SimpleNamespace(clip_ratio_low=None, clip_ratio_high=None, policy_loss=SimpleNamespace())
+    with pytest.raises(ValueError, match=match):
+        verl_plugin.choice_for("atr", config)
+    verl_plugin._CHOICES.clear()
+
+
+# ------------------------------------------------------------------------------------------------------ resume
+def _checkpoint(folder: Path, resolved, model=None) -> Path:
+    folder.mkdir(parents=True)
+    (folder / checkpoints.STATE_FILE).write_text("{}")
+    checkpoints.write_method_record(folder, resolved, model)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "extra,match",
+    [
+        (["--method", "kl2"], "trained atr, min form; this configuration trains kl2. Pass --method atr"),
+        (["--form", "mask"], "trains atr in the mask form. Pass --form min"),
+        (["--divergence_delta", "0.05"], "with divergence_delta 0.07; this configuration sets 0.05"),
+        ([], None),
+    ],
+)
+def test_a_resume_that_would_train_something_else_is_refused_before_any_model_loads(tmp_path, extra, match):
+    run = tmp_path / "run"
+    _checkpoint(run / "checkpoint-2", at.resolve("atr"))
+    argv = ["--config", str(TINY), "--output_dir", str(run), "--resume_from_checkpoint", "latest", *extra]
+    if match is None:
+        assert train.parse(argv).checkpoint == run / "checkpoint-2"
+        return
+    with pytest.raises(UsageError, match=rf"^--resume_from_checkpoint latest: .*{match}"):
+        train.parse(argv)
+
+
+def test_a_resume_with_another_model_is_refused(tmp_path):
+    run = tmp_path / "run"
+    from types import SimpleNamespace
+
+    other = SimpleNamespace(config=SimpleNamespace(model_type="qwen3", hidden_size=128, num_hidden_layers=2))
+    _checkpoint(run / "checkpoint-2", at.resolve("atr"), other)
+    argv = ["--config", str(TINY), "--output_dir", str(run), "--resume_from_checkpoint", "latest"]
+    with pytest.raises(UsageError, match=r"trained another model \(hidden_size 128 there, 64 here\)"):
+        train.parse(argv)
+
+
+def test_the_tiny_architecture_declared_is_the_one_built():
+    from atr_llm import tiny
+
+    model = tiny.build_tiny_model(tiny.build_tiny_tokenizer())
+    assert {k: getattr(model.config, k) for k in tiny.TINY_ARCHITECTURE} == tiny.TINY_ARCHITECTURE
