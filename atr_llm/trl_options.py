@@ -2,7 +2,7 @@
 onto a layer of ``atr_theory.policy_loss``, TRL's entropy bonus (static and adaptive), and TRL's metric names.
 
 Which rule a config trains (``loss_type`` cispo / sapo / vespo, ``epsilon``, ``epsilon_high``, ``delta``) is decided
-once, when the config is built (``atr_llm.config.method``). ``tests/test_trl_options.py`` pins every option against
+once, when the config is built (``atr_llm.config.trainer_config``). ``tests/test_trl_options.py`` pins every option against
 TRL's own GRPOTrainer.
 """
 
@@ -17,7 +17,7 @@ import atr_theory as at
 from atr_theory.layers import SequenceMask
 from atr_theory.registry import rule_for_trl_loss_type
 
-from .config.method import TRL_METHOD
+from .config.trainer_config import TRL_METHOD
 
 
 def trl_option_layers(args) -> dict[str, Any]:
@@ -80,7 +80,7 @@ def trl_metrics(out: at.LossOutput, advantages: torch.Tensor, token_log_ratio: t
             "clip_ratio/low_min": float(_masked_sequence_mean(low, m).nan_to_num(math.inf).min()),
             "clip_ratio/high_max": float(_masked_sequence_mean(high, m).nan_to_num(-math.inf).max()),
         }
-    # a loss type that is a rule always trains TRL's rule with TRL's parameters (atr_llm.config.method.resolve_method)
+    # a loss type that is a rule always trains TRL's rule with TRL's parameters (atr_llm.config.trainer_config.resolve_method)
     return spec.trl.metrics(out, adv, token_log_ratio, spec.trl.params(args), mean)
 
 

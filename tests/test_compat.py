@@ -76,7 +76,7 @@ def test_the_configs_method_fields_are_the_registrys_and_nothing_else_declares_t
     (``with_method_fields``); no other module or generated block declares them."""
     import dataclasses
 
-    from atr_llm.config.method import method_fields
+    from atr_llm.config.trainer_config import method_fields
     from atr_llm.trainer import ATRGRPOConfig
 
     fields = {f.name: f for f in dataclasses.fields(ATRGRPOConfig)}

@@ -25,7 +25,7 @@ from atr_llm import checkpoints, train  # noqa: E402
 from atr_llm.cli import UsageError  # noqa: E402
 from atr_llm.config import ATRGRPOConfig, ConfigError, RunConfig, ScriptArguments  # noqa: E402
 from atr_llm.config import fields as config_fields  # noqa: E402
-from atr_llm.config.method import method_fields  # noqa: E402
+from atr_llm.config.trainer_config import method_fields  # noqa: E402
 from tests.fuzzing import as_text, bad_values, breaking_assignment, candidates  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -825,7 +825,7 @@ def test_regenerating_the_presets_reproduces_the_committed_files_byte_for_byte()
 
 
 def test_every_method_parameter_is_a_config_field_with_the_registrys_help():
-    from atr_llm.config.method import method_fields
+    from atr_llm.config.trainer_config import method_fields
 
     fields = method_fields()
     for name in at.method_names(aliases=False):

@@ -132,7 +132,7 @@ def test_every_loss_type_and_option_equals_trls_own_loss(tmp_path, tok, loss_typ
 
 
 def _trl_delta_rules():
-    from atr_llm.config.method import trl_delta_rules
+    from atr_llm.config.trainer_config import trl_delta_rules
 
     return trl_delta_rules()
 
@@ -430,7 +430,7 @@ def test_the_loss_types_honoured_are_exactly_the_ones_trl_documents():
     import dataclasses
     import re
 
-    from atr_llm.config.method import trl_loss_type_rule, trl_loss_types
+    from atr_llm.config.trainer_config import trl_loss_type_rule, trl_loss_types
 
     help_text = {f.name: f for f in dataclasses.fields(trl.GRPOConfig)}["loss_type"].metadata["help"]
     supported = help_text[help_text.index("Supported values are") :].split(".")[0]

@@ -1,11 +1,12 @@
 """The trainer's configuration, in one place. Read it in this order:
 
 1. ``fields`` -- every value a run takes, declared once: each field's domain, the environment variables a run reads,
-   the relations between fields (``Exclusive``, ``Requires``, ``AtMost``), and ``ConfigError``, the one refusal.
-2. ``method`` -- which rule a configuration trains: the registry's parameters as fields, TRL's own loss options
-   mapped onto a registry rule, and ``resolve_method``, run once when the config is built.
-3. ``trainer_config`` -- ``ATRGRPOConfig``: TRL's ``GRPOConfig`` plus ours; its constructor is the one check.
-4. ``run`` -- a whole run: ``ScriptArguments`` (data, model source, stages), trl's ``ModelConfig`` and
+   the relations between fields (``atr_llm.relations``: ``Exclusive``, ``Requires``, ``AtMost``, ``Holds``), and
+   ``ConfigError``, the one refusal.
+2. ``trainer_config`` -- ``ATRGRPOConfig``: TRL's ``GRPOConfig`` plus ours, and which registry rule a config trains
+   (the registry's parameters as fields, TRL's own loss options mapped onto a rule, ``resolve_method``, run once when
+   the config is built). Its constructor is the one check.
+3. ``run`` -- a whole run: ``ScriptArguments`` (data, model source, stages), trl's ``ModelConfig`` and
    ``ATRGRPOConfig`` in one ``RunConfig``, whose constructor checks what spans them (model options, resume
    compatibility, the output folder, the data files) before any work.
 
@@ -16,9 +17,15 @@ line words it with the place the value came from.
 """
 
 from .fields import ConfigError
-from .method import TRL_METHOD, clipping_is_inert, config_field, inert_clipping_message, trl_loss_types
 from .run import RunConfig, ScriptArguments
-from .trainer_config import ATRGRPOConfig
+from .trainer_config import (
+    TRL_METHOD,
+    ATRGRPOConfig,
+    clipping_is_inert,
+    config_field,
+    inert_clipping_message,
+    trl_loss_types,
+)
 
 __all__ = [
     "ATRGRPOConfig",

@@ -3,7 +3,7 @@ the relations between fields. The configs' constructors (``ATRGRPOConfig``, ``Sc
 these and nothing else checks them again; the command line (``python -m atr_llm.train``) only turns text into values.
 
 The method's own parameters are not here: each is declared where its rule is registered (``atr_theory.Param``) and
-checked by ``atr_theory.resolve`` (``atr_llm.config.method``).
+checked by ``atr_theory.resolve`` (``atr_llm.config.trainer_config``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ class ConfigError(ValueError):
     with the fields' names; the command line words it with the place each value came from (``worded``: ``--flag``,
     a YAML file's key), so that one check speaks to every way in in its own words."""
 
-    def __init__(self, name: str, value: Any, expected: str, *, others: tuple[str, ...] = (), message: str | None = None):
+    def __init__(
+        self, name: str, value: Any, expected: str, *, others: tuple[str, ...] = (), message: str | None = None
+    ):
         self.name, self.value, self.template, self.others = name, value, expected, others
         self.expected = self.worded(lambda other: other)
         super().__init__(message or f"{name}={value!r}: {self.expected}")
@@ -285,7 +287,7 @@ TRAINING_RELATIONS: tuple[Relation, ...] = (
         for name in ("entropy_target", "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max")
     ),
 )
-"""Relations between ``ATRGRPOConfig``'s fields (the method's are ``atr_llm.config.method``'s)."""
+"""Relations between ``ATRGRPOConfig``'s fields (the method's are ``atr_llm.config.trainer_config``'s)."""
 
 
 RUN_RELATIONS: tuple[Relation, ...] = (

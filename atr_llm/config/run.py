@@ -204,7 +204,9 @@ class RunConfig:
         self.checkpoint = self._checkpoint_to_resume()
         if self.checkpoint is None and finished_run(Path(training.output_dir)) and not script.overwrite:
             raise ConfigError(
-                "output_dir", training.output_dir, "holds a finished run (final/); set overwrite true (--overwrite true) to replace it"
+                "output_dir",
+                training.output_dir,
+                "holds a finished run (final/); set overwrite true (--overwrite true) to replace it",
             )
         if script.backend == "unsloth":
             from ..unsloth_backend import require_unsloth
@@ -215,7 +217,7 @@ class RunConfig:
         """The folder ``resume_from_checkpoint`` names (``latest``: the newest complete one of ``output_dir``),
         complete and compatible with this run (``atr_llm.checkpoints.check_resume_compatible``); None without one."""
         from ..checkpoints import LATEST, check_resume_compatible, is_complete_checkpoint, latest_complete_checkpoint
-        from .method import config_field
+        from .trainer_config import config_field
 
         resume, out = self.training.resume_from_checkpoint, Path(self.training.output_dir)
         if resume is None:
@@ -227,7 +229,9 @@ class RunConfig:
         elif not Path(resume).is_dir():
             raise ConfigError("resume_from_checkpoint", resume, "no such checkpoint folder")
         elif not is_complete_checkpoint(resume):
-            raise ConfigError("resume_from_checkpoint", resume, "not a complete checkpoint (no readable trainer_state.json)")
+            raise ConfigError(
+                "resume_from_checkpoint", resume, "not a complete checkpoint (no readable trainer_state.json)"
+            )
         else:
             checkpoint = Path(resume)
         try:
