@@ -60,17 +60,17 @@ def candidates(declared: cli_types.Declared | None, annotation: Any, scratch: Pa
     return ["x"]
 
 
-def breaking_assignment(relation: Relation, options: dict[str, list[Any]], value, default) -> dict[str, Any] | None:
+def breaking_assignment(relation: Relation, options: dict[str, list[Any]], value, is_set) -> dict[str, Any] | None:
     """Values for some of ``relation``'s arguments (each from ``options[name]``, or left as it is: ``value(name)``)
-    that break it, ``default(name)`` deciding what counts as set; the fewest arguments first. None if no combination
-    of the candidates breaks it."""
+    that break it, ``is_set(name, get, assigned)`` deciding what counts as set (``get`` reads a value with the
+    assignment applied); the fewest arguments first. None if no combination of the candidates breaks it."""
     names = relation.names
     for size in range(1, len(names) + 1):
         for chosen in itertools.combinations(names, size):
             for values in itertools.product(*(options[n] for n in chosen)):
                 assigned = dict(zip(chosen, values))
                 get = lambda n: assigned.get(n, value(n))  # noqa: E731
-                if relation.violation(lambda n: get(n) != default(n), get) is not None:
+                if relation.violation(lambda n: is_set(n, get, assigned), get) is not None:
                     return assigned
     return None
 

@@ -355,3 +355,49 @@ def test_a_sample_of_mutations_as_real_processes(tmp_path, argv, name):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and name in lines[0] and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert snapshot(tmp_path) == before
+
+
+def test_every_declared_relation_of_every_command_is_refused_when_broken(tmp_path, monkeypatch):
+    """Pairs of options: for each relation a command declares (``Parser.relate``), a command line that breaks it is
+    found from its options' declarations (tests/fuzzing.py) and must be refused while parsing: exit 2, one line
+    naming an option of the relation, nothing written."""
+    from tests.fuzzing import as_text, breaking_assignment, candidates
+
+    monkeypatch.chdir(tmp_path)
+    checked = 0
+    for module_name in ENTRY_POINTS:
+        parser = declared_parser(module_name)
+        scratch = tmp_path / module_name
+        scratch.mkdir()
+        parts = baseline(parser, scratch)
+        namespace = vars(parser.parse_args(joined(parts))) if not getattr(parser, "builds_run_config", False) else {}
+        given = {a.dest for a, _ in parts}
+        actions = {a.dest: a for a in parser._actions}
+        for relation in getattr(parser, "relations", []):
+            options = {}
+            for name in relation.names:
+                action = actions[name]
+                if action.nargs == 0:
+                    options[name] = [action.const if action.const is not None else True]
+                else:
+                    options[name] = [action.choices[0]] if action.choices else candidates(
+                        cli_types.declaration(action), None, scratch
+                    )
+            assigned = breaking_assignment(
+                relation, options, namespace.get, lambda n, get, chosen: n in chosen or n in given
+            )
+            assert assigned is not None, f"{module_name}: no candidate breaks {relation!r}"
+            tail = []
+            for name, value in assigned.items():
+                action = actions[name]
+                tail += [action.option_strings[0]] + ([] if action.nargs == 0 else [as_text(value)])
+            argv = joined([(a, t) for a, t in parts if a.dest not in assigned]) + tail
+            before = snapshot(tmp_path)
+            code, text = refusal_of(parser, argv)
+            flags = [o for n in relation.names for o in actions[n].option_strings]
+            assert code == 2 and len(text.strip().splitlines()) == 1, (module_name, argv, code, text)
+            assert any(f in text for f in flags), (module_name, relation, text)
+            assert snapshot(tmp_path) == before
+            checked += 1
+    assert checked >= 20, checked
+

@@ -221,7 +221,7 @@ def test_every_declared_relation_of_the_trainer_is_refused_when_broken(tmp_path,
     hints = {**typing.get_type_hints(ATRGRPOConfig), **typing.get_type_hints(ScriptArguments)}
     hints.update(typing.get_type_hints(ModelConfig))
     options = {n: candidates(domains.get(n), hints.get(n), tmp_path) for n in relation.names}
-    assigned = breaking_assignment(relation, options, value, default)
+    assigned = breaking_assignment(relation, options, value, lambda n, get, _: get(n) != default(n))
     assert assigned is not None, f"no candidate breaks {relation!r}"
     argv = base + [t for n, v in assigned.items() for t in (f"--{n}", as_text(v))]
     with pytest.raises(ValueError) as refused:
@@ -233,11 +233,18 @@ def test_every_declared_relation_of_the_trainer_is_refused_when_broken(tmp_path,
 # ------------------------------------------------------------------------------------------------ the environment
 @pytest.mark.parametrize(
     "variable,value",
-    [("RANK", "abc"), ("RANK", "-1"), ("LOCAL_RANK", "x"), ("WORLD_SIZE", "0"), ("LOCAL_WORLD_SIZE", "1.5")],
+    [
+        ("RANK", "abc"),
+        ("RANK", "-1"),
+        ("LOCAL_RANK", "x"),
+        ("WORLD_SIZE", "0"),
+        ("LOCAL_WORLD_SIZE", "1.5"),
+        ("THP_MEM_ALLOC_ENABLE", "yes"),
+    ],
 )
 def test_a_bad_environment_variable_is_refused_by_name_before_any_work(tmp_path, monkeypatch, variable, value):
     monkeypatch.setenv(variable, value)
-    with pytest.raises(ValueError, match=rf"^\${variable} {value}: expected an integer"):
+    with pytest.raises(ValueError, match=rf"^\${variable} {value}: expected (an integer|one of 0, 1)"):
         train.parse(["--config", str(TINY), "--output_dir", str(tmp_path / "run")])
     with pytest.raises(ConfigError, match=rf"\${variable}"):
         _training(tmp_path)
@@ -340,3 +347,27 @@ def test_the_tiny_architecture_declared_is_the_one_built():
 
     model = tiny.build_tiny_model(tiny.build_tiny_tokenizer())
     assert {k: getattr(model.config, k) for k in tiny.TINY_ARCHITECTURE} == tiny.TINY_ARCHITECTURE
+
+
+def test_the_python_trainer_refuses_a_resume_of_another_rule_before_training(tmp_path):
+    """The same check as the command line's, on the trainer's own way in (``trainer.train(resume_from_checkpoint=)``),
+    with the model loaded: nothing is trained or written."""
+    from atr_llm import data, rewards, tiny
+    from atr_llm.trainer import ATRGRPOTrainer
+
+    tok = tiny.build_tiny_tokenizer()
+    model = tiny.build_tiny_model(tok)
+    config = _training(tmp_path, method="clip", max_steps=1, per_device_train_batch_size=8, num_generations=8)
+    trainer = ATRGRPOTrainer(
+        model=model,
+        reward_funcs=[rewards.CorrectnessReward()],
+        args=config,
+        train_dataset=data.to_grpo_dataset(data.arithmetic_dataset(8)),
+        processing_class=tok,
+    )
+    checkpoint = _checkpoint(tmp_path / "run" / "checkpoint-1", at.resolve("atr"), model)
+    before = sorted(p.name for p in (tmp_path / "run").iterdir())
+    with pytest.raises(ValueError, match="trained atr, min form; this configuration trains clip"):
+        trainer.train(resume_from_checkpoint=str(checkpoint))
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == before and trainer.state.global_step == 0
+

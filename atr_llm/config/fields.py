@@ -156,11 +156,13 @@ ENVIRONMENT: dict[str, Declared] = {
     "LOCAL_RANK": Integer(-1),
     "WORLD_SIZE": Integer(1),
     "LOCAL_WORLD_SIZE": Integer(1),
+    "THP_MEM_ALLOC_ENABLE": OneOf(("0", "1")),
 }
 """The environment variables a run reads (``accelerate launch`` and ``torchrun`` set them): ``RANK`` decides which
 process takes the output folder's lock (``atr_llm.run_lock``); transformers reads ``LOCAL_RANK`` and ``WORLD_SIZE``
-when the config is built (``int()`` of ``"abc"`` failed there, naming nothing). Unset or empty: not given.
-``THP_MEM_ALLOC_ENABLE`` (``atr_llm.runtime``) is checked by the entry points that set it."""
+when the config is built (``int()`` of ``"abc"`` failed there, naming nothing); torch reads
+``THP_MEM_ALLOC_ENABLE`` (``atr_llm.runtime``: 1 unless the user set it) and ignores a value other than 0 or 1 with a
+warning. Unset or empty: not given."""
 
 
 def check_environment(environ: Mapping[str, str] | None = None) -> None:
