@@ -394,7 +394,10 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=SEED, default=0)
     ap.relate(
         Exclusive("model", "tiny_model", why="each names the base model"),
-        Requires("every", "checkpoints", why="it picks every Nth checkpoint of a run; without {checkpoints} it is ignored"),
+        Exclusive("adapter", "checkpoints", why="each names the weights to evaluate on the base model"),
+        Requires(
+            "every", "checkpoints", why="it picks every Nth checkpoint of a run; without {checkpoints} it is ignored"
+        ),
         AtMost("k", "n", why="Pass@k needs k <= n samples per problem"),
     )
     args = ap.parse_args(argv)

@@ -69,7 +69,9 @@ class Requires(Relation):
         if self.equals is SET:
             return "{" + self.needed + "}"
         allowed = self.equals if isinstance(self.equals, tuple) else (self.equals,)
-        return "{" + self.needed + "} " + " or ".join(str(a).lower() if isinstance(a, bool) else str(a) for a in allowed)
+        return (
+            "{" + self.needed + "} " + " or ".join(str(a).lower() if isinstance(a, bool) else str(a) for a in allowed)
+        )
 
     def violation(self, is_set, value):
         if not is_set(self.name) or self.satisfied(is_set, value):
@@ -101,15 +103,17 @@ class AtMost(Relation):
 
 
 class Holds(Relation):
-    """A condition between arguments of no other shape: ``holds(value)`` False refuses ``name`` with ``why`` (its
-    ``{other}`` placeholders name the others)."""
+    """A condition between arguments of no other shape: ``holds(value)`` False refuses ``name`` with ``why`` (a text,
+    or a function of ``value`` giving one; its ``{other}`` placeholders name the others)."""
 
-    def __init__(self, name: str, *others: str, holds, why: str):
+    def __init__(self, name: str, *others: str, holds, why):
         self.name, self.holds, self.why = name, holds, why
         self.names = (name, *others)
 
     def violation(self, is_set, value):
-        return None if self.holds(value) else (self.name, self.why)
+        if self.holds(value):
+            return None
+        return self.name, self.why(value) if callable(self.why) else self.why
 
     def __repr__(self) -> str:
         return f"Holds{self.names}"

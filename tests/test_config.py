@@ -208,7 +208,7 @@ def _run_values(run: RunConfig):
     return value, default
 
 
-RELATIONS = [*config_fields.TRAINING_RELATIONS, *config_fields.RUN_RELATIONS]
+RELATIONS = [*config_fields.GENERATION_RELATIONS, *config_fields.TRAINING_RELATIONS, *config_fields.RUN_RELATIONS]
 
 
 @pytest.mark.parametrize("relation", RELATIONS, ids=[repr(r) for r in RELATIONS])

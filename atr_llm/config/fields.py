@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import math
 import os
 import typing
 from collections.abc import Mapping
@@ -22,6 +23,7 @@ from ..relations import AtMost, Exclusive, Holds, Relation, Requires, check_rela
 __all__ = [
     "ConfigError",
     "ENVIRONMENT",
+    "GENERATION_RELATIONS",
     "MODEL_DOMAINS",
     "RUN_RELATIONS",
     "script_domains",
@@ -92,6 +94,9 @@ def training_domains() -> dict[str, Declared]:
         "report_to": _report_to(),
         # TRL's GRPOConfig
         "beta": Real(0),
+        "delta": Real(1, open_low=True),
+        "sapo_temperature_pos": Real(0, open_low=True),
+        "sapo_temperature_neg": Real(0, open_low=True),
         "max_completion_length": Integer(1),
         "num_generations": Integer(2),
         "num_iterations": Integer(1),
@@ -200,6 +205,19 @@ def flag_fields(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls) if hints.get(f.name) is bool)
 
 
+@functools.cache
+def number_fields(cls: type) -> dict[str, tuple[bool, bool]]:
+    """``{field: (integer, optional)}`` for the fields of dataclass ``cls`` annotated ``int`` or ``float`` (or either
+    with None): what any such field must hold, a domain declared or not (NaN trained; a text failed late)."""
+    hints, out = typing.get_type_hints(cls), {}
+    for f in dataclasses.fields(cls):
+        args = typing.get_args(hints.get(f.name)) or (hints.get(f.name),)
+        kinds = {a for a in args if a is not type(None)}
+        if kinds and kinds <= {int, float}:
+            out[f.name] = (kinds == {int}, type(None) in args)
+    return out
+
+
 def check_fields(config: Any, domains: Mapping[str, Declared]) -> None:
     """Each field of ``config`` named in ``domains`` against its declaration (a list item by item); None passes where
     it is the field's default. A refusal is a ``ConfigError`` naming the field, the value and what was expected."""
@@ -207,6 +225,14 @@ def check_fields(config: Any, domains: Mapping[str, Declared]) -> None:
     for name in flag_fields(type(config)):  # a flag is a bool: the text "false" is true
         if not isinstance(getattr(config, name), bool):
             raise ConfigError(name, getattr(config, name), "expected true or false")
+    for name, (integer, optional) in number_fields(type(config)).items():  # a library's number without a domain
+        value = getattr(config, name)
+        if name in domains or (value is None and optional):
+            continue
+        kinds = (int,) if integer else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):
+            expected = "expected an integer" if integer else "expected a finite number"
+            raise ConfigError(name, value, expected + (" or None" if optional else ""))
     for name, declaration in domains.items():
         if name not in fields:
             continue
@@ -248,6 +274,35 @@ def _of_its_type(declaration: Declared, value: Any) -> bool:
     if isinstance(declaration, PathDeclared):
         return isinstance(value, (str, os.PathLike))
     return isinstance(value, str)
+
+
+def generation_batch(value) -> int:
+    """The completions TRL's GRPOConfig generates at once (its ``generation_batch_size``), from the fields as given:
+    ``generation_batch_size``, else ``per_device_train_batch_size x processes x steps_per_generation`` (default
+    ``gradient_accumulation_steps``), the processes from ``$WORLD_SIZE`` (1 unset)."""
+    if value("generation_batch_size") is not None:
+        return value("generation_batch_size")
+    steps = value("steps_per_generation") or value("gradient_accumulation_steps")
+    return value("per_device_train_batch_size") * int(os.environ.get("WORLD_SIZE", "") or 1) * steps
+
+
+GENERATION_RELATIONS: tuple[Relation, ...] = (
+    Holds(
+        "per_device_train_batch_size",
+        "num_generations",
+        "steps_per_generation",
+        "generation_batch_size",
+        "gradient_accumulation_steps",
+        holds=lambda value: generation_batch(value) % value("num_generations") == 0,
+        why=lambda value: (
+            f"TRL generates {generation_batch(value)} completions at once (per_device_train_batch_size x "
+            "processes x steps_per_generation, or generation_batch_size), not whole groups of {num_generations} "
+            f"{value('num_generations')}"
+        ),
+    ),
+)
+"""Relations ``ATRGRPOConfig`` checks before TRL's own ``__post_init__``, which checks them too but names none of
+the fields it reads (``generation_batch_size (12) must be divisible by num_generations (8)``)."""
 
 
 TRAINING_RELATIONS: tuple[Relation, ...] = (

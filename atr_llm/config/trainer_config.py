@@ -31,6 +31,7 @@ from atr_theory.registry import rule_for_trl_loss_type
 from ..compat import check_supported_versions
 from ..fast_generation import PROMPT_ALLOWANCE
 from .fields import (
+    GENERATION_RELATIONS,
     TRAINING_RELATIONS,
     ConfigError,
     check_environment,
@@ -288,6 +289,14 @@ def resolve_method(args) -> at.ResolvedMethod:
         own = set(trl_rule_fields())
         name, given = trl_rule(args)
         spec = at.get_method(name)
+        fields = spec.trl.fields if spec.trl is not None else ("epsilon", "epsilon_high", "delta")
+        for param, value in given.items():  # a TRL field's value, refused under the TRL fields the rule reads
+            try:
+                spec.params[param].check(param, value, spec.name)
+            except ValueError as e:
+                raise ConfigError(
+                    fields[0], getattr(args, fields[0]), f"{e} (read from TRL's {', '.join(fields)})"
+                ) from None
     else:
         spec = _rule(args.method)
         given, own = _checked_params(spec, args), {config_field(p) for p in spec.params}
@@ -452,6 +461,7 @@ class ATRGRPOConfig(GRPOConfig):
         check_environment()  # transformers reads LOCAL_RANK / WORLD_SIZE in the next line but one
         check_supported_versions(self.allow_untested_versions)  # before TRL's own checks and before any model loads
         check_fields(self, training_domains())  # before TRL and transformers read them
+        check_relations_of(GENERATION_RELATIONS, (self,))  # TRL's own check names none of the fields it reads
         super().__post_init__()
         self.method = default_method(self.method, self.loss_type)
         self._resolved_method = resolve_method(self)
