@@ -119,11 +119,16 @@ def checkpoint_model(checkpoint: Path | str) -> dict:
     return {}
 
 
+def _a_path(name: str | None) -> bool:
+    """Whether a model's ``name_or_path`` is a folder (absolute, relative, or present here) rather than a hub id."""
+    return bool(name) and (Path(name).is_absolute() or name.startswith(".") or Path(name).exists())
+
+
 def check_resume_compatible(checkpoint: Path | str, resolved, model: dict | None = None, *, name=str) -> None:
     """Refuse (ValueError) to resume ``checkpoint`` with a configuration that trains something else: another rule,
     the same rule in another form, other parameter values (``resolved``, an ``atr_theory.ResolvedMethod``), or
     another model (``model``: what is known of it, ``model_identity``'s keys; only keys both sides know are
-    compared). ``name(param)`` is the option a parameter is set by (``atr_llm.config.config_field``). A checkpoint
+    compared, and a name only when both are hub ids: a run's folder may move). ``name(param)`` is the option a parameter is set by (``atr_llm.config.config_field``). A checkpoint
     that recorded none of these is resumed as it is."""
     record = recorded_method(checkpoint)
     again = "to continue it as it was trained, or start a new run in another --output_dir"
@@ -143,8 +148,10 @@ def check_resume_compatible(checkpoint: Path | str, resolved, model: dict | None
                 f"{checkpoint} trained {resolved.name} with {name(param)} {value:g}; this configuration sets "
                 f"{resolved.params[param]:g}. Pass --{name(param)} {value:g} {again}"
             )
-    trained = checkpoint_model(checkpoint)
-    differ = [k for k in trained if k in (model or {}) and trained[k] != model[k]]
+    trained, model = checkpoint_model(checkpoint), dict(model or {})
+    if any(_a_path(side.get("name_or_path")) for side in (trained, model)):  # a folder may move with its run
+        trained.pop("name_or_path", None), model.pop("name_or_path", None)
+    differ = [k for k in trained if k in model and trained[k] != model[k]]
     if differ:
         shown = ", ".join(f"{k} {trained[k]!r} there, {model[k]!r} here" for k in differ)
         raise ValueError(f"{checkpoint} trained another model ({shown}); resume it with the model it trained")

@@ -115,8 +115,7 @@ def build_parser():
     """The declaration of ``python -m atr_llm.train``: an option per field of ``ScriptArguments``, ``ATRGRPOConfig``
     and ``trl.ModelConfig`` (transformers' ``HfArgumentParser``, TRL's convention), plus ``--config FILE``. A field
     with a declared domain (``atr_llm.config.fields``) parses its text with that declaration (``Declared.parse``:
-    text to value; the config checks the domain); every default is left out of the parsed values, so they hold what
-    was given and nothing else."""
+    text to value; the config checks the domain)."""
     from transformers import HfArgumentParser
     from trl import ModelConfig
 
@@ -132,12 +131,9 @@ def build_parser():
     parser.builds_run_config = True  # its values are checked when train.parse builds the configs (the fuzzer's cue)
     parser.add_argument("--config", type=ReadFile(), help="a YAML file of option: value (the command line overrides it)")
     declared = {**training_domains(), **script_domains(), **MODEL_DOMAINS}
-    parser.field_defaults = {}
     for action in parser._actions:
         if action.dest in declared:
             action.type = declared[action.dest].parse
-        parser.field_defaults.setdefault(action.dest, action.default)
-        action.default = argparse.SUPPRESS
     return parser
 
 
@@ -147,7 +143,7 @@ def _yaml_value(parser, action, value, annotations: dict):
     None, a list only for a field of several values, a mapping only for a field that takes one."""
     annotation = str(annotations.get(action.dest, ""))
     if value is None:
-        if parser.field_defaults.get(action.dest) is None:
+        if action.default is None:
             return None
         raise ValueError("null: expected a value (the field has no 'unset')")
     if isinstance(value, dict):
@@ -201,9 +197,10 @@ def parse(argv=None):
     if repeated is not None:
         raise ValueError(given_twice(repeated))
     try:
-        cli_values = vars(parser.parse_args(argv))
+        parsed = vars(parser.parse_args(argv))
     except ValueError as e:
         raise ValueError(reworded(str(e), argv)) from None
+    cli_values = {dest: value for dest, value in parsed.items() if dest in given}  # what was given, nothing else
     path = cli_values.pop("config", None)
     file_values = read_config_file(path) if path is not None else {}
     environment = file_values.pop("env", None)  # TRL's convention: variables to set for the run

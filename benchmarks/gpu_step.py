@@ -293,9 +293,11 @@ def parse_kind(kind: str) -> tuple[str, dict]:
     allowances = [f for f in flags if len(f) > 1 and f[0] == "p" and f[1:].isdigit() and int(f[1:]) >= 1]
     unknown = [f for f in flags if f not in MODES and f not in ("cb", "packed") and f not in allowances]
     repeated = len(modes) > 1 or len(allowances) > 1 or flags.count("cb") > 1 or flags.count("packed") > 1
-    if unknown or repeated:
+    compiled = modes[:1] == ["compiled"]  # +pN sizes the compiled path's cache, which +cb would bypass (ATRGRPOConfig)
+    if unknown or repeated or (allowances and not compiled) or ("cb" in flags and compiled):
         raise ValueError(
-            f"{kind!r}: expected method[+MODE][+cb][+packed][+pN] with MODE in {', '.join(MODES)} and N >= 1"
+            f"{kind!r}: expected method[+MODE][+cb][+packed][+pN] with MODE in {', '.join(MODES)} and N >= 1 (+pN "
+            "with +compiled only, +cb without it)"
         )
     fields = {"fast_generation": modes[0] if modes else "off"}
     if "cb" in flags:

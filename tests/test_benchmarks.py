@@ -678,7 +678,7 @@ def test_gpu_step_reads_a_kind_as_method_mode_continuous_batching_attention_allo
                 "fast_generation_prompt_tokens": 128},
     )
     for bad in ("atr+turbo", "atr+compiled+merged_lora", "atr+cb+cb", "atr+p0", "atr+p", "atr+p64+p128",
-                "atr+packed+packed"):
+                "atr+packed+packed", "atr+p128", "atr+compiled+cb"):
         with pytest.raises(ValueError, match="expected method"):
             gs.parse_kind(bad)
     assert gs.split_steps("atr+compiled:4", 1) == ("atr+compiled", 4)

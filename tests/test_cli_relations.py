@@ -87,7 +87,7 @@ def test_a_command_line_that_breaks_a_relation_is_refused_naming_the_option(
     assert refused.value.code == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1, err
-    assert err.startswith(f"error: {option} "), err
+    assert err.startswith((f"error: {option} ", f"error: {option}: ")), err
     assert "Traceback" not in err
 
 

@@ -107,7 +107,7 @@ def test_auto_is_merged_lora_only_on_cuda_for_a_lora_model_without_vllm(tok):
 
 
 def test_a_bad_fast_generation_value_is_refused_when_the_config_is_built(tmp_path):
-    with pytest.raises(ValueError, match="fast_generation must be one of .* got 'turbo'"):
+    with pytest.raises(ValueError, match="fast_generation='turbo': expected one of off, merged_lora, compiled, auto"):
         ATRGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", fast_generation="turbo")
 
 
@@ -239,7 +239,7 @@ def test_compiled_generation_gives_the_eager_greedy_tokens_for_any_prompt_length
      ({"cache_implementation": "dynamic"}, "cache_implementation='dynamic'")],
 )
 def test_compiled_is_refused_with_another_generation_path(tmp_path, extra, name):
-    with pytest.raises(ValueError, match=f"fast_generation='compiled'.*{name}"):
+    with pytest.raises(ValueError, match=f"{name}.*fast_generation.*compiled"):
         ATRGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", fast_generation="compiled", **extra)
 
 
@@ -266,7 +266,7 @@ def test_training_with_compiled_generation_ends_with_the_weights_of_plain_genera
         hooks.clear()
         trainer = _train_lora_grpo(
             tok, tmp_path / attention, mode, max_steps=4, callbacks=[CountHooks()], gradient_checkpointing=True,
-            fast_generation_attention=attention, fast_generation_prompt_tokens=32,
+            fast_generation_attention=attention, **({"fast_generation_prompt_tokens": 32} if mode == "compiled" else {}),
         )
         assert trainer.fast_generation_mode == mode
         assert hooks[2] > hooks[0]  # the hooks grow with every generation (steps 1 and 3 generate)
@@ -373,9 +373,9 @@ def test_packed_gqa_is_used_while_generating_only_and_refuses_a_model_without_sd
 
 @pytest.mark.parametrize(
     "field, value, message",
-    [("fast_generation_attention", "flash", "fast_generation_attention must be one of .* got 'flash'"),
-     ("fast_generation_prompt_tokens", 0, "fast_generation_prompt_tokens must be a whole number >= 1, got 0"),
-     ("fast_generation_prompt_tokens", 1.5, "fast_generation_prompt_tokens must be a whole number >= 1, got 1.5")],
+    [("fast_generation_attention", "flash", "fast_generation_attention='flash': expected one of sdpa, packed_gqa"),
+     ("fast_generation_prompt_tokens", 0, "fast_generation_prompt_tokens=0: expected an integer >= 1"),
+     ("fast_generation_prompt_tokens", 1.5, "fast_generation_prompt_tokens=1.5: expected an integer >= 1")],
 )
 def test_a_bad_generation_attention_or_prompt_allowance_is_refused_when_the_config_is_built(
     tmp_path, field, value, message

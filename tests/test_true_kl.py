@@ -103,7 +103,7 @@ def test_a_bad_threshold_is_refused_by_name(tmp_path):
     pytest.importorskip("trl")
     from atr_llm.trainer import ATRGRPOConfig
 
-    with pytest.raises(ValueError, match="true_kl_delta must be a finite number > 0, got 0"):
+    with pytest.raises(ValueError, match="true_kl_delta=0: expected a finite number > 0"):
         ATRGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", true_kl_delta=0)
 
 

@@ -190,7 +190,13 @@ class RunConfig:
         from ..data import load_source
 
         script, training, model = self.script, self.training, self.model
-        for name, config, cls in (("script", script, ScriptArguments), ("training", training, ATRGRPOConfig)):
+        from trl import ModelConfig
+
+        for name, config, cls in (
+            ("script", script, ScriptArguments),
+            ("training", training, ATRGRPOConfig),
+            ("model", model, ModelConfig),
+        ):
             if not isinstance(config, cls):
                 raise ConfigError(name, type(config).__name__, f"expected a {cls.__name__}")
         check_model_options(model, training, backend=script.backend)
