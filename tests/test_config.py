@@ -371,3 +371,25 @@ def test_the_python_trainer_refuses_a_resume_of_another_rule_before_training(tmp
         trainer.train(resume_from_checkpoint=str(checkpoint))
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == before and trainer.state.global_step == 0
 
+
+
+@pytest.mark.parametrize(
+    "name,value,match",
+    [
+        ("learning_rate", float("nan"), "learning_rate=nan: expected a finite number >= 0"),
+        ("use_cpu", "false", "use_cpu='false': expected true or false"),
+        ("num_generations", 7, "not whole groups of num_generations 7"),
+        ("eval_accumulation_steps", 1.5, "eval_accumulation_steps=1.5: expected an integer or None"),
+        ("divergence_delta", -1.0, "divergence_delta must be a finite number > 0"),
+    ],
+)
+def test_a_field_written_after_the_config_was_built_meets_the_same_check(tmp_path, name, value, match):
+    """Writing a field is one more way in (``config.learning_rate = nan``): the constructor's check, and a refused
+    value leaves the config as it was."""
+    config = _training(tmp_path, method="atr")
+    before = getattr(config, name)
+    with pytest.raises(ConfigError, match=match):
+        setattr(config, name, value)
+    assert getattr(config, name) == before or (before != before)
+    config.learning_rate = 3e-4  # a good value is taken
+    assert config.learning_rate == 3e-4

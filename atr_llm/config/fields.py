@@ -63,6 +63,7 @@ def _report_to() -> OneOf:
     return OneOf(["none", "all", *sorted(INTEGRATION_TO_CALLBACK)])
 
 
+@functools.cache
 def training_domains() -> dict[str, Declared]:
     """The domain of each ``ATRGRPOConfig`` field that TRL, transformers or torch check only once training runs (after
     the SFT stage has trained and saved a model), or never (a NaN learning rate trains), and of this package's own
@@ -94,7 +95,6 @@ def training_domains() -> dict[str, Declared]:
         "report_to": _report_to(),
         # TRL's GRPOConfig
         "beta": Real(0),
-        "delta": Real(1, open_low=True),
         "sapo_temperature_pos": Real(0, open_low=True),
         "sapo_temperature_neg": Real(0, open_low=True),
         "max_completion_length": Integer(1),
@@ -218,16 +218,18 @@ def number_fields(cls: type) -> dict[str, tuple[bool, bool]]:
     return out
 
 
-def check_fields(config: Any, domains: Mapping[str, Declared]) -> None:
-    """Each field of ``config`` named in ``domains`` against its declaration (a list item by item); None passes where
-    it is the field's default. A refusal is a ``ConfigError`` naming the field, the value and what was expected."""
-    fields = {f.name: f for f in dataclasses.fields(config)}
+def check_fields(config: Any, domains: Mapping[str, Declared], only: str | None = None) -> None:
+    """Each field of ``config`` named in ``domains`` against its declaration (a list item by item), every flag a bool
+    and every other number a finite one of its kind; None passes where it is the field's default. ``only``: that
+    field alone (one written after the config was built). A refusal is a ``ConfigError`` naming the field, the value
+    and what was expected."""
+    fields = {f.name: f for f in dataclasses.fields(config) if only is None or f.name == only}
     for name in flag_fields(type(config)):  # a flag is a bool: the text "false" is true
-        if not isinstance(getattr(config, name), bool):
+        if name in fields and not isinstance(getattr(config, name), bool):
             raise ConfigError(name, getattr(config, name), "expected true or false")
     for name, (integer, optional) in number_fields(type(config)).items():  # a library's number without a domain
-        value = getattr(config, name)
-        if name in domains or (value is None and optional):
+        value = getattr(config, name, None)
+        if name not in fields or name in domains or (value is None and optional):
             continue
         kinds = (int,) if integer else (int, float)
         if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):

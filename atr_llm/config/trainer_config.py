@@ -37,6 +37,8 @@ from .fields import (
     check_environment,
     check_fields,
     check_relations_of,
+    flag_fields,
+    number_fields,
     training_domains,
 )
 
@@ -476,14 +478,21 @@ class ATRGRPOConfig(GRPOConfig):
         return self._resolved_method
 
     def __setattr__(self, name, value):
-        if name not in _METHOD_INPUTS or "_resolved_method" not in self.__dict__:  # building, or not the rule's
+        """A field written after the config was built meets the constructor's checks again: its domain, the
+        relations it takes part in, and the method (resolved again when the field is one the rule reads); a refused
+        value leaves the config as it was."""
+        if "_resolved_method" not in self.__dict__ or name not in _CHECKED_AFTER_BUILD:  # building, or unchecked
             return super().__setattr__(name, value)
-        before = getattr(self, name)  # written after the config was built: resolved (and checked) again
+        before = getattr(self, name)
         super().__setattr__(name, value)
         try:
-            self._resolved_method = resolve_method(self)
+            check_fields(self, training_domains(), only=name)
+            if name in _RELATED:
+                check_relations_of((*GENERATION_RELATIONS, *TRAINING_RELATIONS), (self,))
+            if name in _METHOD_INPUTS:
+                self._resolved_method = resolve_method(self)
         except ValueError:
-            super().__setattr__(name, before)  # a refused value leaves the config as it was
+            super().__setattr__(name, before)
             raise
 
     def __getstate__(self):
@@ -493,3 +502,7 @@ class ATRGRPOConfig(GRPOConfig):
 
 
 _METHOD_INPUTS = method_inputs()
+_RELATED = frozenset(n for relation in (*GENERATION_RELATIONS, *TRAINING_RELATIONS) for n in relation.names)
+_CHECKED_AFTER_BUILD = frozenset(
+    {*_METHOD_INPUTS, *_RELATED, *training_domains(), *flag_fields(ATRGRPOConfig), *number_fields(ATRGRPOConfig)}
+)
