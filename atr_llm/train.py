@@ -129,7 +129,9 @@ def build_parser():
 
     parser = OneLineParser((ScriptArguments, ATRGRPOConfig, ModelConfig), allow_abbrev=False)
     parser.builds_run_config = True  # its values are checked when train.parse builds the configs (the fuzzer's cue)
-    parser.add_argument("--config", type=ReadFile(), help="a YAML file of option: value (the command line overrides it)")
+    parser.add_argument(
+        "--config", type=ReadFile(), help="a YAML file of option: value (the command line overrides it)"
+    )
     declared = {**training_domains(), **script_domains(), **MODEL_DOMAINS}
     for action in parser._actions:
         if action.dest in declared:
@@ -137,7 +139,7 @@ def build_parser():
     return parser
 
 
-def _yaml_value(parser, action, value, annotations: dict):
+def _yaml_value(action, value, annotations: dict):
     """A ``--config`` file's ``value`` for ``action``'s field, turned into its type as the command line turns text
     (``action.type``, its choices), or ``ValueError`` saying what was expected: null only where the field's default is
     None, a list only for a field of several values, a mapping only for a field that takes one."""
@@ -183,14 +185,19 @@ def parse(argv=None):
     only turns text into values; the configs' constructors check every value, domain and relation, and a refusal is
     one ValueError naming the option as it was given (``--flag``, or ``--config FILE: key ...``). An option given
     twice, a key written twice, a non-string key or an unknown one are refused here."""
-    import typing
-
-    from .cli import given_twice, options_given, reworded
-    from .config import ATRGRPOConfig, ConfigError, RunConfig, ScriptArguments
-    from .relations import shown_value
-
-    argv = negative_values_attached(sys.argv[1:] if argv is None else list(argv))
     parser = build_parser()
+    values, where = command_line_values(parser, negative_values_attached(sys.argv[1:] if argv is None else list(argv)))
+    path = values.pop("config", None)
+    where.pop("config", None)
+    from_file, file_where, environment = file_values(parser, path) if path is not None else ({}, {}, None)
+    return build_run({**from_file, **values}, {**file_where, **where}, path, environment)
+
+
+def command_line_values(parser, argv: list[str]) -> tuple[dict, dict]:
+    """The values ``argv`` gives, by field (what was given, nothing else), and where each came from: ``(option as
+    typed, text as typed, None)``."""
+    from .cli import given_twice, options_given, reworded
+
     refuse_unknown_options(parser, argv)
     given = options_given(parser, argv)
     repeated = next((uses for uses in given.values() if len(uses) > 1), None)
@@ -200,61 +207,78 @@ def parse(argv=None):
         parsed = vars(parser.parse_args(argv))
     except ValueError as e:
         raise ValueError(reworded(str(e), argv)) from None
-    cli_values = {dest: value for dest, value in parsed.items() if dest in given}  # what was given, nothing else
-    path = cli_values.pop("config", None)
-    file_values = read_config_file(path) if path is not None else {}
-    environment = file_values.pop("env", None)  # TRL's convention: variables to set for the run
+    values = {dest: value for dest, value in parsed.items() if dest in given}
+    return values, {dest: (given[dest][0][1], given[dest][0][2], None) for dest in values}
+
+
+def file_values(parser, path: str) -> tuple[dict, dict, dict | None]:
+    """The values of the ``--config`` file ``path``, each typed as the command line types its text
+    (``_yaml_value``), where each came from (``("--config", path, "key NAME: VALUE")``), and its ``env:`` mapping
+    (TRL's convention: variables to set for the run; None without one)."""
+    import typing
+
+    from trl import ModelConfig
+
+    from .config import ATRGRPOConfig, ScriptArguments
+    from .relations import shown_value
+
+    content = read_config_file(path)
+    environment = content.pop("env", None)
+    if environment is not None and (
+        not isinstance(environment, dict) or not all(isinstance(k, str) for k in environment)
+    ):
+        raise refuse("--config", path, "key env: expected a mapping of variable: value")
     dests = {}
     for action in parser._actions:  # a flag's --no_<field> complement shares its dest: keep the field's own option
         dests.setdefault(action.dest, action)
-    unknown = [k for k in file_values if k not in dests or k == "config"]
+    unknown = [k for k in content if k not in dests or k == "config"]
     if unknown:
         raise refuse("--config", path, f"unknown key(s) {', '.join(unknown)}: not an option of atr_llm.train")
-    from trl import ModelConfig
-
     annotations = {}
     for cls in (ScriptArguments, ATRGRPOConfig, ModelConfig):
         annotations.update(typing.get_type_hints(cls))
     values, where = {}, {}
-    for key, raw in file_values.items():
+    for key, raw in content.items():
         try:
-            values[key] = _yaml_value(parser, dests[key], raw, annotations)
+            values[key] = _yaml_value(dests[key], raw, annotations)
         except ValueError as e:
             raise refuse("--config", path, f"key {key}: {e}") from None
         where[key] = ("--config", path, f"key {key}: {shown_value(raw)}")
-    for dest, value in cli_values.items():
-        values[dest] = value
-        where[dest] = (given[dest][0][1], given[dest][0][2], None)
+    return values, where, environment
+
+
+def build_run(values: dict, where: dict, path: str | None, environment: dict | None):
+    """``RunConfig`` of the three configs built from ``values`` (the file's ``environment`` set first, as TRL does,
+    and restored when the build is refused); a ``ConfigError`` worded with where each value came from."""
+    from trl import ModelConfig
+
+    from .config import ATRGRPOConfig, ConfigError, RunConfig, ScriptArguments
+    from .relations import shown_value
 
     def option(name: str) -> str:  # how the user knows a field: the flag as typed, or the file's key
         flag, _, key = where.get(name, (name if name.startswith("$") else f"--{name}", None, None))
         return f"{key.split(':')[0]} (in {path})" if key is not None else flag
 
-    def named(error) -> ValueError:
-        flag, shown, key = where.get(error.name, (option(error.name), None, None))
-        expected = error.worded(option)
-        if key is not None:  # a key of the --config file
-            return refuse(flag, shown, f"{key}: {expected}")
-        return refuse(flag, shown if shown is not None else shown_value(error.value), expected)
-
     saved_environment = dict(os.environ)
-    if environment is not None:
-        if not isinstance(environment, dict) or not all(isinstance(k, str) for k in environment):
-            raise refuse("--config", path, "key env: expected a mapping of variable: value")
-        os.environ.update({k: str(v) for k, v in environment.items()})
-    fields = {cls: {f.name for f in dataclasses.fields(cls)} for cls in (ScriptArguments, ATRGRPOConfig, ModelConfig)}
-    part = {cls: {k: v for k, v in values.items() if k in names} for cls, names in fields.items()}
+    os.environ.update({k: str(v) for k, v in (environment or {}).items()})
+    part = {
+        cls: {k: v for k, v in values.items() if k in {f.name for f in dataclasses.fields(cls)}}
+        for cls in (ScriptArguments, ATRGRPOConfig, ModelConfig)
+    }
     try:
         return RunConfig(
-            ScriptArguments(**part[ScriptArguments]), ATRGRPOConfig(**part[ATRGRPOConfig]), ModelConfig(**part[ModelConfig])
+            ScriptArguments(**part[ScriptArguments]),
+            ATRGRPOConfig(**part[ATRGRPOConfig]),
+            ModelConfig(**part[ModelConfig]),
         )
-    except ConfigError as e:
-        os.environ.clear()
-        os.environ.update(saved_environment)
-        raise named(e) from None
     except ValueError as e:
         os.environ.clear()
         os.environ.update(saved_environment)
+        if isinstance(e, ConfigError):
+            flag, shown, key = where.get(e.name, (option(e.name), None, None))
+            if key is not None:  # a key of the --config file
+                raise refuse(flag, shown, f"{key}: {e.worded(option)}") from None
+            raise refuse(flag, shown if shown is not None else shown_value(e.value), e.worded(option)) from None
         if "bf16" in str(e) and "use_cpu" in str(e):  # transformers' check, reworded for this package
             raise ValueError(
                 "this configuration asks for bf16 on a GPU, and no CUDA device is available here: run it on a "

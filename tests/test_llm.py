@@ -360,7 +360,7 @@ def test_every_preset_parses_validates_and_has_active_clipping():
         (["--method", "nope"], "unknown method 'nope'"),
         (["--method", "atr", "--divergence_delta", "0"], "--divergence_delta 0: expected a finite number > 0"),
         (["--method", "atr", "--divergence_delta", "-0.1"], "--divergence_delta -0.1: expected a finite number > 0"),
-        (["--method", "atr", "--delta", "0.2"], "--delta 0.2: TRL's two-sided clip.*--divergence_delta"),
+        (["--method", "atr", "--delta", "0.2"], "--delta 0.2: expected delta > 1.*--divergence_delta"),
         (["--method", "atr", "--form", "mask", "--delta", "2"], "--delta 2: TRL's two-sided clip.*form 'mask'"),
         (["--method", "atr", "--tau_pos", "2"], "--tau_pos 2: set, but method 'atr' does not use it"),
         (["--method", "clip", "--epsilon", "1.5"], "--epsilon 1.5: expected in \\[0, 1\\)"),

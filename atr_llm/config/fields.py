@@ -218,18 +218,18 @@ def number_fields(cls: type) -> dict[str, tuple[bool, bool]]:
     return out
 
 
-def check_fields(config: Any, domains: Mapping[str, Declared], only: str | None = None) -> None:
+def check_fields(config: Any, domains: Mapping[str, Declared], only: str | None = None, others=frozenset()) -> None:
     """Each field of ``config`` named in ``domains`` against its declaration (a list item by item), every flag a bool
     and every other number a finite one of its kind; None passes where it is the field's default. ``only``: that
-    field alone (one written after the config was built). A refusal is a ``ConfigError`` naming the field, the value
-    and what was expected."""
+    field alone (one written after the config was built); ``others``: fields another check owns (the method's
+    parameters: their ``Param``). A refusal is a ``ConfigError`` naming the field, the value and what was expected."""
     fields = {f.name: f for f in dataclasses.fields(config) if only is None or f.name == only}
     for name in flag_fields(type(config)):  # a flag is a bool: the text "false" is true
         if name in fields and not isinstance(getattr(config, name), bool):
             raise ConfigError(name, getattr(config, name), "expected true or false")
     for name, (integer, optional) in number_fields(type(config)).items():  # a library's number without a domain
         value = getattr(config, name, None)
-        if name not in fields or name in domains or (value is None and optional):
+        if name not in fields or name in domains or name in others or (value is None and optional):
             continue
         kinds = (int,) if integer else (int, float)
         if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):

@@ -174,13 +174,13 @@ def two_sided_clip(epsilon_low: float, epsilon_high: float, delta: float) -> tup
     """TRL's ``delta`` (INTELLECT-2's two-sided clipping) on PPO's min with the range ``[1 - epsilon_low, 1 +
     epsilon_high]``: ``min(min(w, delta) A, clip(w) A)``, which is ``dual_clip_higher`` with ``c = delta`` when
     ``delta >= 1 + epsilon_high``, and with the upper bound ``delta`` and ``c = 1 + epsilon_high`` below it."""
-    if delta <= 1.0:
+    if not (math.isfinite(delta) and delta > 1.0):
         raise ConfigError(
             "delta",
             delta,
-            "TRL's two-sided clip caps every ratio at delta, so delta <= 1 caps each token's ratio at or below 1 (no "
-            "trust region around w = 1); expected delta > 1 (INTELLECT-2 uses delta > 1 + epsilon_high; the paper's "
-            "divergence threshold is --divergence_delta)",
+            "expected delta > 1 and finite: TRL's two-sided clip caps every ratio at delta, so delta <= 1 leaves no "
+            "trust region around w = 1 (INTELLECT-2 uses delta > 1 + epsilon_high; the paper's divergence threshold "
+            "is --divergence_delta)",
         )
     if delta >= 1.0 + epsilon_high:
         return "dual_clip_higher", {"epsilon_low": epsilon_low, "epsilon_high": epsilon_high, "dual_clip_c": delta}
@@ -462,7 +462,7 @@ class ATRGRPOConfig(GRPOConfig):
     def __post_init__(self):
         check_environment()  # transformers reads LOCAL_RANK / WORLD_SIZE in the next line but one
         check_supported_versions(self.allow_untested_versions)  # before TRL's own checks and before any model loads
-        check_fields(self, training_domains())  # before TRL and transformers read them
+        check_fields(self, training_domains(), others=_METHOD_INPUTS)  # before TRL and transformers read them
         check_relations_of(GENERATION_RELATIONS, (self,))  # TRL's own check names none of the fields it reads
         super().__post_init__()
         self.method = default_method(self.method, self.loss_type)
@@ -486,7 +486,7 @@ class ATRGRPOConfig(GRPOConfig):
         before = getattr(self, name)
         super().__setattr__(name, value)
         try:
-            check_fields(self, training_domains(), only=name)
+            check_fields(self, training_domains(), only=name, others=_METHOD_INPUTS)
             if name in _RELATED:
                 check_relations_of((*GENERATION_RELATIONS, *TRAINING_RELATIONS), (self,))
             if name in _METHOD_INPUTS:
