@@ -103,15 +103,15 @@ class AtMost(Relation):
 
 
 class Holds(Relation):
-    """A condition between arguments of no other shape: ``holds(value)`` False refuses ``name`` with ``why`` (a text,
-    or a function of ``value`` giving one; its ``{other}`` placeholders name the others)."""
+    """A condition between arguments of no other shape: ``holds(value, is_set)`` False refuses ``name`` with ``why`` (a
+    text, or a function of ``value`` giving one; its ``{other}`` placeholders name the others)."""
 
     def __init__(self, name: str, *others: str, holds, why):
         self.name, self.holds, self.why = name, holds, why
         self.names = (name, *others)
 
     def violation(self, is_set, value):
-        if self.holds(value):
+        if self.holds(value, is_set):
             return None
         return self.name, self.why(value) if callable(self.why) else self.why
 

@@ -295,7 +295,7 @@ GENERATION_RELATIONS: tuple[Relation, ...] = (
         "steps_per_generation",
         "generation_batch_size",
         "gradient_accumulation_steps",
-        holds=lambda value: generation_batch(value) % value("num_generations") == 0,
+        holds=lambda value, is_set: generation_batch(value) % value("num_generations") == 0,
         why=lambda value: (
             f"TRL generates {generation_batch(value)} completions at once (per_device_train_batch_size x "
             "processes x steps_per_generation, or generation_batch_size), not whole groups of {num_generations} "
@@ -327,17 +327,17 @@ TRAINING_RELATIONS: tuple[Relation, ...] = (
         equals=("off", "merged_lora", "auto"),
         why="fast_generation='compiled' compiles transformers' generate, which continuous batching replaces",
     ),
-    Holds("max_steps", holds=lambda value: value("max_steps") != 0, why="expected an integer >= 1, or -1 (epochs)"),
+    Holds("max_steps", holds=lambda value, is_set: value("max_steps") != 0, why="expected an integer >= 1, or -1 (epochs)"),
     Holds(
         "num_train_epochs",
         "max_steps",
-        holds=lambda value: value("max_steps") > 0 or value("num_train_epochs") > 0,
+        holds=lambda value, is_set: value("max_steps") > 0 or value("num_train_epochs") > 0,
         why="a run of no steps: {max_steps} is -1, so the epochs decide; expected a number > 0",
     ),
     Holds(
         "cache_implementation",
         "fast_generation",
-        holds=lambda value: value("fast_generation") != "compiled" or value("cache_implementation") in (None, "static"),
+        holds=lambda value, is_set: value("fast_generation") != "compiled" or value("cache_implementation") in (None, "static"),
         why="{fast_generation} compiled uses a static KV cache; leave it unset",
     ),
     AtMost("entropy_coef_min", "entropy_coef_max", why="the adaptive entropy coefficient moves between them"),
