@@ -48,11 +48,10 @@ ARCHITECTURE_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_laye
 
 def model_identity(model) -> dict:
     """What a checkpoint records of the model it trained: its config's ``ARCHITECTURE_KEYS`` and the name or path it
-    was loaded from (``_name_or_path``, empty for a model built from a config)."""
+    was loaded from (``_name_or_path``; empty for a model built from a config, as the tiny one)."""
     config = getattr(model, "config", None)
     identity = {k: getattr(config, k) for k in ARCHITECTURE_KEYS if getattr(config, k, None) is not None}
-    name = getattr(config, "_name_or_path", "") or ""
-    return {**identity, **({"name_or_path": str(name)} if name else {})}
+    return {**identity, "name_or_path": str(getattr(config, "_name_or_path", "") or "")}
 
 
 def write_method_record(folder: Path | str, resolved, model=None) -> Path:
@@ -110,7 +109,10 @@ def checkpoint_model(checkpoint: Path | str) -> dict:
         return dict(record["model"])
     for file, read in (
         ("config.json", lambda d: {k: d[k] for k in ARCHITECTURE_KEYS if k in d}),
-        ("adapter_config.json", lambda d: {"name_or_path": d["base_model_name_or_path"]} if d.get("base_model_name_or_path") else {}),
+        (
+            "adapter_config.json",
+            lambda d: {"name_or_path": d["base_model_name_or_path"]} if d.get("base_model_name_or_path") else {},
+        ),
     ):
         try:
             return read(json.loads((folder / file).read_text()))
@@ -153,7 +155,8 @@ def check_resume_compatible(checkpoint: Path | str, resolved, model: dict | None
         trained.pop("name_or_path", None), model.pop("name_or_path", None)
     differ = [k for k in trained if k in model and trained[k] != model[k]]
     if differ:
-        shown = ", ".join(f"{k} {trained[k]!r} there, {model[k]!r} here" for k in differ)
+        said = lambda k, v: "a model built from a config (the tiny one)" if k == "name_or_path" and not v else repr(v)  # noqa: E731
+        shown = ", ".join(f"{k} {said(k, trained[k])} there, {said(k, model[k])} here" for k in differ)
         raise ValueError(f"{checkpoint} trained another model ({shown}); resume it with the model it trained")
 
 

@@ -155,7 +155,10 @@ class Real(Declared):
             return self(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.refusal(value, self.expected())
-        return self(repr(float(value)))
+        try:
+            return self(repr(float(value)))
+        except OverflowError:  # an integer beyond any float (10**400)
+            raise self.refusal(value, self.expected()) from None
 
     def valid_text(self, scratch: Path) -> str:
         lo = self.low if self.low is not None else (self.high - 1.0 if self.high is not None else 0.0)
@@ -204,6 +207,26 @@ class Temperature(Real):
 
     def bad_texts(self, scratch: Path) -> list[str]:
         return super().bad_texts(scratch) + ["1e-320", "5e-6"] + ([] if self.greedy else ["0"])
+
+
+class Steps(Real):
+    """A number of steps as transformers reads it: a fraction of the run in (0, 1), or a whole number of steps >= 1
+    (transformers refuses 2.5 save / logging / eval steps late, and truncates 2.5 warm-up steps to 2); 0 too where
+    ``zero`` (no warm-up)."""
+
+    def __init__(self, *, zero: bool = False):
+        super().__init__(0, open_low=not zero)
+        self.zero = zero
+        self.__name__ = "steps"
+
+    def expected(self) -> str:
+        return f"expected {'0, ' if self.zero else ''}a fraction of the run in (0, 1) or a whole number of steps >= 1"
+
+    def inside(self, value: float) -> bool:
+        return super().inside(value) and (value < 1 or float(value).is_integer())
+
+    def bad_texts(self, scratch: Path) -> list[str]:
+        return super().bad_texts(scratch) + ["2.5", "1.5"]
 
 
 class Text(Declared):

@@ -329,7 +329,7 @@ THINKING = {"on": True, "off": False, "template": None}
 def parse_args(argv=None):
     """The declaration of ``python -m atr_llm.evaluate``: each value's domain is checked while parsing
     (atr_llm.cli's types), the combinations by ``check_args``; both before a model loads or a file is written."""
-    from .cli import Parser
+    from .cli import Parser, options_given
     from .cli_types import (
         SEED,
         AtMost,
@@ -401,7 +401,7 @@ def parse_args(argv=None):
         AtMost("k", "n", why="Pass@k needs k <= n samples per problem"),
     )
     args = ap.parse_args(argv)
-    check_args(args)
+    check_args(args, given=options_given(ap, ap.typed))
     return args
 
 
@@ -444,18 +444,29 @@ def check_same_architecture(argument: str, checkpoint: Path, base_argument: str,
         raise refuse(argument, str(checkpoint), f"another architecture than {base_argument} {base}: {shown}")
 
 
-def check_args(args) -> None:
+def check_args(args, given=()) -> None:
     """The combinations of arguments (each value's own domain was checked by its declaration in ``parse_args``),
-    checked before a model loads or a file is written; a refusal names the argument."""
+    checked before a model loads or a file is written; a refusal names the argument. ``given``: the arguments typed
+    (their dests; a default is not typed)."""
     from .cli import refuse
 
     if args.model is None and args.tiny_model is None:
         raise refuse("--model", None, "give --model (hub id or folder) or --tiny-model FOLDER")
+    # not a declared relation (ap.relate): the fuzzer's candidate temperatures (tests/fuzzing.py) hold no 0 to break it
+    if args.temperature == 0 and "top_p" in given:
+        raise refuse(
+            "--top_p",
+            args.top_p,
+            "greedy decoding (--temperature 0) ignores top-p; leave --top_p out or give a temperature > 0",
+        )
     if args.checkpoints is not None and not _checkpoints(Path(args.checkpoints), 1):
         raise refuse("--checkpoints", args.checkpoints, "holds no complete checkpoint-* folder")
     names = [b for b in args.benchmarks.split(",") if b]
     if not names:
         raise refuse("--benchmarks", args.benchmarks, "expected a comma-separated list of benchmark names")
+    twice = next((b for i, b in enumerate(names) if b in names[:i]), None)
+    if twice is not None:  # its samples would be generated twice and its rows would count twice in the average
+        raise refuse("--benchmarks", args.benchmarks, f"names {twice!r} twice; give each benchmark once")
     for spec in args.benchmark_path:
         name = spec.partition("=")[0]
         if name not in names:
@@ -479,6 +490,16 @@ def check_args(args) -> None:
         if args.checkpoints is not None:
             for _, checkpoint in _checkpoints(Path(args.checkpoints), args.every):
                 check_same_architecture("--checkpoints", checkpoint, flag, Path(base))
+
+
+def table_ks(n: int, k: int) -> list[int]:
+    """The K at which Mean@K and Pass@K are computed: the powers of two up to ``n`` (the figure's curve), the table's
+    ``k`` and ``n`` itself, in order.
+
+    >>> table_ks(8, 8), table_ks(4, 3), table_ks(6, 6)
+    ([1, 2, 4, 8], [1, 2, 3, 4], [1, 2, 4, 6])
+    """
+    return sorted({2**i for i in range(int(math.log2(n)) + 1)} | {k, n})
 
 
 def trained_rule(checkpoints: str | None, runs: list[tuple[int, Path | None]]) -> str | None:
@@ -506,7 +527,7 @@ def main(argv=None) -> dict:
     names = [b for b in args.benchmarks.split(",") if b]
     benchmarks = {b: load_benchmark(b, paths.get(b), argument=f"--benchmark_path {b}=") for b in names}
     k = args.k or args.n
-    ks = [2**i for i in range(int(math.log2(args.n)) + 1)]
+    ks = table_ks(args.n, k)
     out = Path(args.output_dir)
     runs = _checkpoints(Path(args.checkpoints), args.every) if args.checkpoints else [(0, None)]
     if args.checkpoints and not runs:

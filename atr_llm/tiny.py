@@ -63,6 +63,18 @@ def build_tiny_tokenizer(vocab_size: int = 512, seed: int = 0):
 
 TINY_ARCHITECTURE = {"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
 """What ``build_tiny_model``'s defaults build, known before building it (a resume compares it with its checkpoint)."""
+TOY_VOCAB_ROWS = 334
+"""Rows of the toy tokenizer's vocabulary (``len(build_tiny_tokenizer())``, its BPE trained with seed 0), the tiny
+model's embedding rows with ``--tiny_vocab toy`` (tests/test_config.py builds it and compares)."""
+
+
+def tiny_model_identity(vocab: str) -> dict:
+    """What a checkpoint records of the tiny model (``atr_llm.checkpoints.model_identity``), known before building
+    it: its architecture, its vocabulary's rows and an empty name (a model built from a config)."""
+    from .tokenizer import QWEN3_VOCAB_ROWS
+
+    rows = {"toy": TOY_VOCAB_ROWS, "qwen3": QWEN3_VOCAB_ROWS}[vocab]
+    return {**TINY_ARCHITECTURE, "vocab_size": rows, "name_or_path": ""}
 
 
 def build_tiny_model(

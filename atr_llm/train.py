@@ -238,6 +238,8 @@ def file_values(parser, path: str) -> tuple[dict, dict, dict | None]:
     for cls in (ScriptArguments, ATRGRPOConfig, ModelConfig):
         annotations.update(typing.get_type_hints(cls))
     values, where = {}, {}
+    for variable, raw in (environment or {}).items():  # a refused variable is named as the file's key
+        where[f"${variable}"] = ("--config", path, f"key env: {variable}: {shown_value(raw)}")
     for key, raw in content.items():
         try:
             values[key] = _yaml_value(dests[key], raw, annotations)
@@ -248,44 +250,68 @@ def file_values(parser, path: str) -> tuple[dict, dict, dict | None]:
 
 
 def build_run(values: dict, where: dict, path: str | None, environment: dict | None):
-    """``RunConfig`` of the three configs built from ``values`` (the file's ``environment`` set first, as TRL does,
-    and restored when the build is refused); a ``ConfigError`` worded with where each value came from."""
+    """``RunConfig`` of the three configs built from ``values`` (every one counted as given, ``fields_given``; the
+    file's ``environment`` set first, as TRL does, and restored when the build is refused); a ``ConfigError`` worded
+    with where each value came from. The command line overrides the file: a file's key that an option typed on the
+    command line makes unused (a relation ``Requires`` or ``Exclusive`` between them, e.g. the file's
+    ``sft_batch_size`` with ``--sft_steps 0``) is left out with a warning naming it, instead of refused."""
+    import warnings
+
     from trl import ModelConfig
 
     from .config import ATRGRPOConfig, ConfigError, RunConfig, ScriptArguments
-    from .relations import shown_value
+    from .config.fields import fields_given
+    from .relations import Exclusive, Requires, shown_value
 
     def option(name: str) -> str:  # how the user knows a field: the flag as typed, or the file's key
         flag, _, key = where.get(name, (name if name.startswith("$") else f"--{name}", None, None))
         return f"{key.split(':')[0]} (in {path})" if key is not None else flag
 
-    saved_environment = dict(os.environ)
+    def from_file(name: str) -> bool:
+        return name in where and where[name][2] is not None and not name.startswith("$")
+
+    saved_environment, notes = dict(os.environ), []
     os.environ.update({k: str(v) for k, v in (environment or {}).items()})
-    part = {
-        cls: {k: v for k, v in values.items() if k in {f.name for f in dataclasses.fields(cls)}}
-        for cls in (ScriptArguments, ATRGRPOConfig, ModelConfig)
-    }
-    try:
-        return RunConfig(
-            ScriptArguments(**part[ScriptArguments]),
-            ATRGRPOConfig(**part[ATRGRPOConfig]),
-            ModelConfig(**part[ModelConfig]),
-        )
-    except ValueError as e:
-        os.environ.clear()
-        os.environ.update(saved_environment)
-        if isinstance(e, ConfigError):
-            flag, shown, key = where.get(e.name, (option(e.name), None, None))
-            if key is not None:  # a key of the --config file
-                raise refuse(flag, shown, f"{key}: {e.worded(option)}") from None
-            raise refuse(flag, shown if shown is not None else shown_value(e.value), e.worded(option)) from None
-        if "bf16" in str(e) and "use_cpu" in str(e):  # transformers' check, reworded for this package
-            raise ValueError(
-                "this configuration asks for bf16 on a GPU, and no CUDA device is available here: run it on a "
-                "CUDA machine, or on CPU with --bf16 false --use_cpu true (slow at Qwen3 scale; the CPU demo is "
-                "--config atr_llm/configs/cpu-tiny.yaml)"
-            ) from None
-        raise
+    while True:
+        part = {
+            cls: {k: v for k, v in values.items() if k in {f.name for f in dataclasses.fields(cls)}}
+            for cls in (ScriptArguments, ATRGRPOConfig, ModelConfig)
+        }
+        try:
+            with fields_given(values):
+                script, training = ScriptArguments(**part[ScriptArguments]), ATRGRPOConfig(**part[ATRGRPOConfig])
+                run = RunConfig(script, training, ModelConfig(**part[ModelConfig]))
+            break
+        except ConfigError as e:
+            involved = [e.name, *(n for n in e.others if n != e.name)]
+            unused = []
+            if isinstance(e.relation, Requires) and from_file(e.name) and not from_file(e.relation.needed):
+                unused = [e.name]
+            elif isinstance(e.relation, Exclusive) and any(n in where and not from_file(n) for n in involved):
+                unused = [n for n in involved if from_file(n)]
+            if not unused:
+                os.environ.clear()
+                os.environ.update(saved_environment)
+                flag, shown, key = where.get(e.name, (option(e.name), None, None))
+                if key is not None:  # a key of the --config file
+                    raise refuse(flag, shown, f"{key}: {e.worded(option)}") from None
+                raise refuse(flag, shown if shown is not None else shown_value(e.value), e.worded(option)) from None
+            for name in unused:  # the command line overrides the file: its key is left out, and said so
+                notes.append(f"--config {path}: key {name} is not used: {e.worded(option)}")
+                values.pop(name), where.pop(name)
+        except ValueError as e:
+            os.environ.clear()
+            os.environ.update(saved_environment)
+            if "bf16" in str(e) and "use_cpu" in str(e):  # transformers' check, reworded for this package
+                raise ValueError(
+                    "this configuration asks for bf16 on a GPU, and no CUDA device is available here: run it on a "
+                    "CUDA machine, or on CPU with --bf16 false --use_cpu true (slow at Qwen3 scale; the CPU demo is "
+                    "--config atr_llm/configs/cpu-tiny.yaml)"
+                ) from None
+            raise
+    for note in notes:
+        warnings.warn(note, UserWarning, stacklevel=2)
+    return run
 
 
 def requested_backend(argv=None) -> str:
@@ -309,6 +335,11 @@ def load_model_and_tokenizer(script_args, model_args, training_args):
         tok, model = build_tokenizer_and_model(script_args.tiny_vocab, seed=training_args.seed)
         if attention is not None:
             model.set_attn_implementation(attention)
+        dtype = getattr(model_args, "dtype", None)
+        if dtype not in (None, "auto"):  # trl.ModelConfig's dtype, honoured for the tiny model too
+            import torch
+
+            model = model.to(getattr(torch, dtype))
         return model, tok
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -331,8 +362,13 @@ def load_model_and_tokenizer(script_args, model_args, training_args):
 
 def main(argv=None) -> dict:
     """``python -m atr_llm.train``: build and check the run's configuration (``parse``), then ``run`` it."""
+    from .config.fields import ConfigError, check_environment
     from .runtime import enable_huge_pages_for_large_cpu_tensors
 
+    try:  # before torch is imported: it reads THP_MEM_ALLOC_ENABLE then (and warns on a bad value)
+        check_environment()
+    except ConfigError as e:
+        raise refuse(e.name, e.value, e.expected) from None
     enable_huge_pages_for_large_cpu_tensors()  # before any model is built: torch reads it once
     if requested_backend(argv) == "unsloth":  # before trl's GRPOTrainer / GRPOConfig are imported anywhere
         from .unsloth_backend import require_unsloth

@@ -438,6 +438,8 @@ def policy_loss(
     _check_scalars(max_length, aggregation, shape[1], kl_chunk_size, generator, top_entropy_quantile)
     if top_entropy_quantile < 1.0 and entropies is None:
         raise ValueError("top_entropy_quantile < 1 needs the per-token entropies (entropies=, shape (B, T))")
+    if not isinstance(validate, bool):
+        raise ValueError(f"validate must be True or False, got {validate!r}")
     full = choice.spec.needs_full_distributions
     for name, given, reader in (  # an argument nothing reads is refused, not dropped
         ("behaviour_logp", behaviour_logp, sequence_mask is not None or rollout_correction is not None),
@@ -445,12 +447,14 @@ def policy_loss(
         ("position_kl", position_kl, full),
         ("old_full_logp", old_full_logp, full and position_kl is None),
         ("full_logp", full_logp, full and position_kl is None),
+        ("kl_chunk_size", kl_chunk_size, full and position_kl is None),
     ):
         if given is not None and not reader:
             raise ValueError(
                 f"{name} is given, but nothing in this call reads it (behaviour_logp: sequence_mask or "
                 "rollout_correction; entropies: top_entropy_quantile < 1; position_kl and the full distributions: a "
-                f"method that needs them, not {choice.name!r}; the full distributions: without position_kl)"
+                f"method that needs them, not {choice.name!r}; the full distributions and kl_chunk_size: without "
+                "position_kl)"
             )
     if validate and mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
         bad = mask[(mask != 0) & (mask != 1)][0].item()

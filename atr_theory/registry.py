@@ -169,13 +169,17 @@ class Param:
         where = f"(method {method!r})"
         if isinstance(value, bool) or not isinstance(value, (numbers.Real, np.floating, np.integer)):
             raise ValueError(f"{name} must be a real number, got {type(value).__name__} {value!r} {where}")
-        v = float(value)
+        try:
+            v = float(value)
+        except OverflowError:  # an integer beyond any float (10**400)
+            v = math.inf
         ok = math.isfinite(v)
         ok = ok and (self.gt is None or v > self.gt) and (self.ge is None or v >= self.ge)
         ok = ok and (self.lt is None or v < self.lt) and (self.le is None or v <= self.le)
         if not ok:
             what = f" ({self.help})" if self.help else ""
-            raise ValueError(f"{name} must be {self.domain}{what}, got {value!r} {where}")
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+            raise ValueError(f"{name} must be {self.domain}{what}, got {shown} {where}")
         return v
 
 
@@ -237,6 +241,10 @@ class MethodSpec:
     is finite, as with TRL's own clip (``atr_llm.trl_options``); ``tests/test_registry.py`` checks each declaration
     against PPO's min written out."""
 
+    stochastic: bool = False
+    """The rule draws from ``TokenBatch.generator`` (Clip-Cov's random token choice): the trainer's ``method_seed``
+    seeds it, and is refused for a rule that draws nothing."""
+
     @property
     def defaults(self) -> dict[str, float]:
         """``{parameter: default}``."""
@@ -274,6 +282,7 @@ def register(
     trl: TRLPeer | None = None,
     ratio_range: Callable[..., tuple[float, float]] | None = None,
     verl_loss_mode: str | None = None,
+    stochastic: bool = False,
 ) -> Callable[[Callable[..., MethodResult]], Callable[..., MethodResult]]:
     """Decorator: register ``fn`` under ``name`` (and ``aliases``) in ``METHODS``.
 
@@ -311,6 +320,7 @@ def register(
             trl,
             verl_loss_mode,
             ratio_range,
+            stochastic,
         )
         for key in (name, *aliases):
             if key in METHODS:

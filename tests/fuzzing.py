@@ -60,13 +60,18 @@ def candidates(declared: cli_types.Declared | None, annotation: Any, scratch: Pa
     return ["x"]
 
 
-def breaking_assignment(relation: Relation, options: dict[str, list[Any]], value, is_set) -> dict[str, Any] | None:
+def breaking_assignment(
+    relation: Relation, options: dict[str, list[Any]], value, is_set, required=()
+) -> dict[str, Any] | None:
     """Values for some of ``relation``'s arguments (each from ``options[name]``, or left as it is: ``value(name)``)
     that break it, ``is_set(name, get, assigned)`` deciding what counts as set (``get`` reads a value with the
-    assignment applied); the fewest arguments first. None if no combination of the candidates breaks it."""
+    assignment applied), the names of ``required`` always among them; the fewest arguments first. None if no
+    combination of the candidates breaks it."""
     names = relation.names
     for size in range(1, len(names) + 1):
         for chosen in itertools.combinations(names, size):
+            if not set(required) <= set(chosen):
+                continue
             for values in itertools.product(*(options[n] for n in chosen)):
                 assigned = dict(zip(chosen, values))
                 get = lambda n: assigned.get(n, value(n))  # noqa: E731

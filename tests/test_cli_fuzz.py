@@ -121,6 +121,7 @@ def baseline(parser: argparse.ArgumentParser, scratch: Path) -> list[tuple[argpa
         parts.append((action, action.option_strings[:1] + valid_tokens(action, scratch)))
     if getattr(parser, "builds_run_config", False):  # atr_llm.train builds its configs: a CPU run into scratch
         chosen = {"use_cpu": "true", "bf16": "false", "report_to": "none", "output_dir": str(scratch / "run")}
+        chosen["tiny"] = "true"  # a model to train (the offline tiny one)
         by_dest = {a.dest: a for a in reversed(parser._actions)}  # a flag's own option, not its --no_ complement
         parts += [(by_dest[dest], [by_dest[dest].option_strings[0], text]) for dest, text in chosen.items()]
     return parts

@@ -26,6 +26,7 @@ from atr_llm.cli import UsageError  # noqa: E402
 from atr_llm.config import ATRGRPOConfig, ConfigError, RunConfig, ScriptArguments  # noqa: E402
 from atr_llm.config import fields as config_fields  # noqa: E402
 from atr_llm.config.trainer_config import method_fields  # noqa: E402
+from atr_llm.relations import Exclusive, Requires  # noqa: E402
 from tests.fuzzing import as_text, bad_values, breaking_assignment, candidates  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -186,7 +187,10 @@ def test_a_yaml_value_and_the_same_command_line_value_meet_the_same_check(tmp_pa
         (["--method", "atr", "--method", "kl2"], "--method: given 2 times (--method atr, then --method kl2)"),
         (["--config", str(TINY)], "--config: given 2 times"),
         (["--tiny", "--tiny", "true"], "--tiny: given 2 times"),
-        (["--gradient_checkpointing", "true", "--no_gradient_checkpointing"], "--gradient_checkpointing: given 2 times"),
+        (
+            ["--gradient_checkpointing", "true", "--no_gradient_checkpointing"],
+            "--gradient_checkpointing: given 2 times",
+        ),
         (["--divergence_delta=0.05", "--divergence-delta", "0.06"], "--divergence_delta: given 2 times"),
     ],
 )
@@ -208,7 +212,7 @@ def _run_values(run: RunConfig):
     return value, default
 
 
-RELATIONS = [*config_fields.GENERATION_RELATIONS, *config_fields.TRAINING_RELATIONS, *config_fields.RUN_RELATIONS]
+RELATIONS = [*config_fields.GENERATION_RELATIONS, *config_fields.training_relations(), *config_fields.RUN_RELATIONS]
 
 
 @pytest.mark.parametrize("relation", RELATIONS, ids=[repr(r) for r in RELATIONS])
@@ -221,7 +225,18 @@ def test_every_declared_relation_of_the_trainer_is_refused_when_broken(tmp_path,
     hints = {**typing.get_type_hints(ATRGRPOConfig), **typing.get_type_hints(ScriptArguments)}
     hints.update(typing.get_type_hints(ModelConfig))
     options = {n: candidates(domains.get(n), hints.get(n), tmp_path) for n in relation.names}
-    assigned = breaking_assignment(relation, options, value, lambda n, get, _: get(n) != default(n))
+    # the command line overrides the file (a key it makes unused is left out, with a warning): type what the relation
+    # names, all of them for an exclusion
+    required = (
+        relation.names
+        if isinstance(relation, Exclusive)
+        else relation.names[:1]
+        if isinstance(relation, Requires)
+        else ()
+    )
+    assigned = breaking_assignment(
+        relation, options, value, lambda n, get, chosen: n in chosen or get(n) != default(n), required
+    )
     assert assigned is not None, f"no candidate breaks {relation!r}"
     argv = base + [t for n, v in assigned.items() for t in (f"--{n}", as_text(v))]
     with pytest.raises(ValueError) as refused:
@@ -272,7 +287,7 @@ def test_the_yaml_files_env_is_checked_like_the_environment(tmp_path, monkeypatc
     monkeypatch.delenv("RANK", raising=False)
     config = tmp_path / "env.yaml"
     config.write_text(TINY.read_text() + "env:\n  RANK: abc\n")
-    with pytest.raises(ValueError, match=r"\$RANK abc"):
+    with pytest.raises(ValueError, match=r"^--config .*env.yaml: key env: RANK: abc: expected an integer >= 0$"):
         train.parse(["--config", str(config), "--output_dir", str(tmp_path / "run")])
     assert "RANK" not in os.environ  # a refused run leaves the environment as it found it
 
@@ -282,12 +297,13 @@ def test_the_yaml_files_env_is_checked_like_the_environment(tmp_path, monkeypatc
     [
         ('{"delta": 0.05', "must be a JSON object"),
         ('{"delta": 0.05, "delta": 0.06}', "gives the key 'delta' twice"),
-        ('{"delta": NaN}', "delta must be a finite number > 0"),
-        ('{"delta": Infinity}', "delta must be a finite number > 0"),
-        ('{"delta": "0.05"}', "delta must be a real number"),
+        ('{"delta": NaN}', r"^\$ATR_GRPO_PARAMS key 'delta': delta must be a finite number > 0"),
+        ('{"delta": Infinity}', r"^\$ATR_GRPO_PARAMS key 'delta': delta must be a finite number > 0"),
+        ('{"delta": "0.05"}', r"^\$ATR_GRPO_PARAMS key 'delta': delta must be a real number"),
+        ('{"rollout_correction": {"level": "tokens"}}', r"^\$ATR_GRPO_PARAMS key 'rollout_correction': .*'tokens'"),
         ('{"tau_pos": 2}', r"sets \['tau_pos'\], which method 'atr' does not take"),
         ("[0.05]", "must be a JSON object"),
-        ('{"form": "bogus"}', "form 'bogus' is not available"),
+        ('{"form": "bogus"}', r"^\$ATR_GRPO_PARAMS key 'form': 'bogus' is not a form of method 'atr'"),
     ],
 )
 def test_atr_grpo_params_meets_the_registrys_check(monkeypatch, params, match):
@@ -372,7 +388,6 @@ def test_the_python_trainer_refuses_a_resume_of_another_rule_before_training(tmp
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == before and trainer.state.global_step == 0
 
 
-
 @pytest.mark.parametrize(
     "name,value,match",
     [
@@ -393,3 +408,97 @@ def test_a_field_written_after_the_config_was_built_meets_the_same_check(tmp_pat
     assert getattr(config, name) == before or (before != before)
     config.learning_rate = 3e-4  # a good value is taken
     assert config.learning_rate == 3e-4
+
+
+# ------------------------------------------------------------------- what a fresh audit found (tools/audit_one_way_in)
+AUDIT_CASES = [
+    (["--kl_chunk_size", "32"], r"^--kl_chunk_size 32: rule 'atr' computes no full-vocabulary KL to chunk"),
+    (["--method_seed", "7"], r"^--method_seed 7: rule 'atr' draws nothing to seed"),
+    (["--lora_r", "8", "--lora_alpha", "16"], r"^--lora_r 8: needs --use_peft true"),
+    (["--save_steps", "2.5"], r"^--save_steps 2.5: expected a fraction of the run in \(0, 1\) or a whole number"),
+    (["--warmup_steps", "2.5"], r"^--warmup_steps 2.5: expected 0, a fraction"),
+    (["--bf16", "true", "--fp16", "true"], r"^--fp16 true: at most one of half precisions"),
+    (["--steps_per_generation", "2", "--generation_batch_size", "64"], r"--generation_batch_size 64: cannot be used"),
+    (["--num_train_epochs", "3"], r"^--num_train_epochs 3: needs key max_steps \(in .*\) -1"),
+    (["--vllm_mode", "server"], r"^--vllm_mode server: needs --use_vllm true"),
+    (["--use_vllm", "true"], r"^--use_vllm true: needs the package vllm"),
+    (["--use_liger_kernel", "true"], r"^--use_liger_kernel true: needs the package liger_kernel"),
+    (["--report_to", "wandb"], r"^--report_to wandb: the wandb integration is not installed"),
+    (["--optim", "adamw_bnb_8bit"], r"^--optim adamw_bnb_8bit: .*bitsandbytes"),
+    (["--dataset_limit", "2000000000"], r"^--dataset_limit 2000000000: expected an integer in \[1, 10000000\]"),
+    (["--tiny", "false"], r"^--model_name_or_path None: no model to train"),
+    (["--tiny", "false", "--model_name_or_path", "/no/such/model"], r"^--model_name_or_path /no/such/model: no such"),
+    (["--sft_steps", "0", "--sft_batch_size", "16"], r"^--sft_batch_size 16: needs --sft_steps > 0"),
+]
+
+
+@pytest.mark.parametrize("extra,match", AUDIT_CASES, ids=[" ".join(c[0]) for c in AUDIT_CASES])
+def test_an_option_that_would_be_ignored_or_fail_after_work_is_refused_naming_it(tmp_path, extra, match):
+    if extra == ["--use_vllm", "true"] and __import__("importlib.util").util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here")
+    with pytest.raises(UsageError, match=match):
+        train.parse(["--config", str(TINY), "--output_dir", str(tmp_path / "run"), *extra])
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_command_line_overrides_the_file_and_says_which_keys_it_leaves_unused(tmp_path):
+    """--sft_steps 0 over cpu-tiny.yaml (which sets the SFT stage's rate and batch): the file's keys are left out with
+    a warning naming each, not refused; typed on the command line, the same option is refused."""
+    with pytest.warns(UserWarning) as warned:
+        run = train.parse(["--config", str(TINY), "--output_dir", str(tmp_path / "run"), "--sft_steps", "0"])
+    said = [str(w.message) for w in warned if "is not used" in str(w.message)]
+    assert {m.split("key ")[1].split(" ")[0] for m in said} == {"sft_learning_rate", "sft_batch_size"}, said
+    assert run.script.sft_steps == 0 and run.script.sft_batch_size == ScriptArguments().sft_batch_size
+
+
+@pytest.mark.parametrize(
+    "variables,match",
+    [
+        ({"RANK": "1"}, r"^\$RANK 1: a distributed launch's rank, set without \$WORLD_SIZE"),
+        ({"RANK": "2", "WORLD_SIZE": "2"}, r"^\$RANK 2: expected a rank below \$WORLD_SIZE 2"),
+        ({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "1"}, r"^\$LOCAL_RANK 1: expected a rank below \$LOCAL_WORLD_SIZE 1"),
+        ({"WORLD_SIZE": "2"}, r"^\$WORLD_SIZE 2: a launch of 2 processes needs \$MASTER_ADDR"),
+    ],
+)
+def test_launch_variables_that_do_not_fit_together_are_refused(tmp_path, monkeypatch, variables, match):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(UsageError, match=match):
+        train.parse(["--config", str(TINY), "--output_dir", str(tmp_path / "run")])
+
+
+def test_a_bad_huge_pages_variable_is_refused_before_torch_reads_it(tmp_path):
+    """torch warns on import about a THP_MEM_ALLOC_ENABLE it cannot read: the command refuses it before, in one line."""
+    done = subprocess.run(
+        [sys.executable, "-m", "atr_llm.train", "--config", str(TINY), "--output_dir", str(tmp_path / "run")],
+        cwd=ROOT,
+        env={**os.environ, "THP_MEM_ALLOC_ENABLE": "yes"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and lines == ["error: $THP_MEM_ALLOC_ENABLE yes: expected one of 0, 1"], done.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_resume_under_trls_delta_names_delta_and_a_tiny_checkpoint_refuses_another_model(tmp_path):
+    run = tmp_path / "run"
+    from atr_llm import tiny
+
+    model = tiny.build_tiny_model(tiny.build_tiny_tokenizer())
+    _checkpoint(run / "checkpoint-2", at.resolve("atr"), model)
+    base = ["--config", str(TINY), "--output_dir", str(run), "--resume_from_checkpoint", "latest"]
+    with pytest.raises(UsageError, match=r"^--delta 1.5: .*trained atr without TRL's delta"):
+        train.parse([*base, "--delta", "1.5"])
+    with pytest.raises(UsageError, match=r"trained another model \(vocab_size 334 there, 151936 here\)"):
+        train.parse([*base, "--tiny_vocab", "qwen3"])
+    assert train.parse(base).checkpoint == run / "checkpoint-2"  # the same tiny model resumes
+
+
+def test_the_toy_vocabulary_declared_is_the_one_built():
+    from atr_llm import tiny
+
+    assert len(tiny.build_tiny_tokenizer()) == tiny.TOY_VOCAB_ROWS

@@ -232,3 +232,63 @@ def test_a_local_benchmark_is_named_as_the_user_named_it_and_its_size_is_not_com
     assert "benchmark mine: 12 problems" in capsys.readouterr().out
     with pytest.warns(UserWarning, match="amc23-40 has 40 problems, this file/hub copy has 12"):
         ev.load_benchmark("amc23-40", str(tmp_path / "mine.jsonl"))
+
+
+def _brute_pass_at_k(n: int, c: int, k: int) -> float:
+    """Chen et al.'s unbiased Pass@k, 1 - C(n - c, k) / C(n, k), with exact binomials (independent of ``pass_at_k``)."""
+    return 1 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def test_the_table_k_and_n_are_computed_whatever_they_are():
+    """K of the table (--k) and n are computed beside the powers of two of the figure's curve: --n 4 --k 3 used to
+    give an empty table (K = 3 was never computed)."""
+    assert ev.table_ks(4, 3) == [1, 2, 3, 4]
+    assert ev.table_ks(6, 6) == [1, 2, 4, 6]
+    assert ev.table_ks(8, 8) == [1, 2, 4, 8]
+    assert ev.table_ks(5, 1) == [1, 2, 4, 5]
+    rows = [  # 6 samples of 3 problems, with 0, 2 and 5 right
+        {"benchmark": "b", "problem_id": p, "sample_index": s, "correct": s < c, "status": "x"}
+        for p, c in enumerate((0, 2, 5))
+        for s in range(6)
+    ]
+    summary = ev.summarise_samples(rows, ev.table_ks(6, 3))
+    for k in (3, 6):
+        assert summary["b"][f"pass@{k}"] == pytest.approx(100 * sum(_brute_pass_at_k(6, c, k) for c in (0, 2, 5)) / 3)
+        assert summary["b"][f"mean@{k}"] == pytest.approx(100 * (0 + 2 + 5) / 18)
+    assert summary["average"]["pass@3"] == summary["b"]["pass@3"]
+
+
+def test_k_that_is_no_power_of_two_fills_the_table_with_the_brute_force_pass_at_k(tmp_path, monkeypatch):
+    """``--n 4 --k 3`` end to end (a stub generator, real grading): the table's Mean@3 and Pass@3 are the averages over
+    the problems of c / n and of 1 - C(n - c, 3) / C(n, 3) (math.comb), c read back from samples.jsonl."""
+    from atr_llm.data import format_prompt
+
+    questions = [(f"What is {p} + 10?", str(p + 10)) for p in range(7)]
+    (tmp_path / "mine.jsonl").write_text("".join(json.dumps({"question": q, "answer": a}) + "\n" for q, a in questions))
+    problems = {json.dumps(format_prompt(q)): (pid, a) for pid, (q, a) in enumerate(questions)}
+    drawn = {}
+
+    def generate(prompts):  # problem p gets p % 5 right answers of its 4: c = 0, 1, 2, 3, 4, 0, 1
+        out = []
+        for prompt in prompts:
+            pid, answer = problems[json.dumps(prompt)]
+            s = drawn[pid] = drawn.get(pid, -1) + 1
+            out.append(f"\\boxed{{{answer}}}" if s < pid % 5 else "\\boxed{-1000}")
+        return out
+
+    monkeypatch.setattr(ev, "build_generator", lambda args, checkpoint: generate)
+    monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)  # set by main for torch; restored afterwards
+    argv = ["--model", "stub/m", "--benchmarks", "mine", "--benchmark_path", f"mine={tmp_path / 'mine.jsonl'}"]
+    res = ev.main([*argv, "--n", "4", "--k", "3", "--output_dir", str(tmp_path / "ev")])
+    samples = ev.read_samples(tmp_path / "ev" / "model" / "samples.jsonl")
+    right = [sum(r["correct"] for r in samples if r["problem_id"] == p) for p in range(len(questions))]
+    assert right == [0, 1, 2, 3, 4, 0, 1] and len(samples) == 4 * len(questions)
+    brute_pass = 100 * sum(_brute_pass_at_k(4, c, 3) for c in right) / len(right)
+    brute_mean = 100 * sum(c / 4 for c in right) / len(right)
+    assert res[0]["mine"]["pass@3"] == pytest.approx(brute_pass, abs=1e-9)
+    assert res[0]["mine"]["mean@3"] == pytest.approx(brute_mean, abs=1e-9)
+    md = (tmp_path / "ev" / "table2.md").read_text()
+    assert "Pass@3 (%)" in md and "Mean@3 (%)" in md
+    row = md.strip().splitlines()[-1]
+    assert f"{brute_mean:.2f} ({brute_mean:.2f})" in row and f"{brute_pass:.2f} ({brute_pass:.2f})" in row
+    assert " - " not in row  # every cell filled

@@ -1081,3 +1081,12 @@ def test_metrics_quantiles_are_the_nearest_ranks_of_the_valid_ratios():
     n = w.numel()
     for key, f in (("ratio_p05", 0.05), ("ratio_p50", 0.5), ("ratio_p95", 0.95)):
         assert out.metrics[key] == float(w[round(f * (n - 1))])
+
+
+def test_a_chunk_size_nothing_reads_and_a_validate_that_is_not_a_bool_are_refused():
+    logp, old, adv, mask = _batch(0, B=_B, T=_T)
+    with pytest.raises(ValueError, match=r"^kl_chunk_size is given, but nothing in this call reads it"):
+        at.policy_loss(logp, old, adv, mask, method="atr", kl_chunk_size=16)
+    for bad in ("false", 0, None):
+        with pytest.raises(ValueError, match=r"^validate must be True or False"):
+            at.policy_loss(logp, old, adv, mask, method="atr", validate=bad)

@@ -74,7 +74,7 @@ def test_a_new_method_reaches_the_trainer_config_and_the_cli_unedited():
         from transformers import HfArgumentParser
         from atr_llm import train
         from atr_llm.trainer import ATRGRPOConfig
-        base = ["--output_dir", "/tmp/unused", "--use_cpu", "true", "--bf16", "false", "--loss_type", "dr_grpo"]
+        base = ["--output_dir", "/tmp/unused", "--use_cpu", "true", "--bf16", "false", "--loss_type", "dr_grpo", "--tiny", "true"]
         args = train.parse(base + ["--method", "throwaway", "--sharpness", "3"]).training
         assert dict(args.resolved_method.params) == {"sharpness": 3.0}, args.resolved_method
         assert "throwaway sharpness" in HfArgumentParser(ATRGRPOConfig).format_help()
@@ -108,7 +108,7 @@ def test_a_rule_written_as_one_new_module_needs_no_other_edit(written_rule_modul
         out = at.policy_loss(logp, old, adv, mask, method="zz_written_rule", zz_sharpness=4.0, aggregation="token_mean")
         assert torch.allclose(out.loss, -(torch.exp(logp - old) * adv[:, None] / 4.0).mean(), rtol=1e-12, atol=0)
         from atr_llm import train
-        base = ["--output_dir", "/tmp/unused", "--use_cpu", "true", "--bf16", "false", "--loss_type", "dr_grpo"]
+        base = ["--output_dir", "/tmp/unused", "--use_cpu", "true", "--bf16", "false", "--loss_type", "dr_grpo", "--tiny", "true"]
         args = train.parse(base + ["--method", "zz_written_rule", "--zz_sharpness", "3"]).training
         assert dict(args.resolved_method.params) == {"zz_sharpness": 3.0}, args.resolved_method
         try:

@@ -17,24 +17,29 @@ line words it with the place the value came from.
 """
 
 from .fields import ConfigError
-from .run import RunConfig, ScriptArguments
-from .trainer_config import (
-    TRL_METHOD,
-    ATRGRPOConfig,
-    clipping_is_inert,
-    config_field,
-    inert_clipping_message,
-    trl_loss_types,
-)
 
-__all__ = [
-    "ATRGRPOConfig",
-    "ConfigError",
-    "RunConfig",
-    "ScriptArguments",
-    "TRL_METHOD",
-    "clipping_is_inert",
-    "config_field",
-    "inert_clipping_message",
-    "trl_loss_types",
-]
+_LAZY = {
+    "ATRGRPOConfig": "trainer_config",
+    "TRL_METHOD": "trainer_config",
+    "clipping_is_inert": "trainer_config",
+    "config_field": "trainer_config",
+    "inert_clipping_message": "trainer_config",
+    "trl_loss_types": "trainer_config",
+    "RunConfig": "run",
+    "ScriptArguments": "run",
+}
+"""Names imported on first use: ``atr_llm.config.fields`` (the declarations and the environment's check) stays
+importable without TRL, so an entry point checks the environment before torch reads it."""
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["ConfigError", *_LAZY]

@@ -9,15 +9,17 @@ checked by ``atr_theory.resolve`` (``atr_llm.config.trainer_config``).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import math
 import os
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ..cli_types import SEED, Declared, Integer, OneOf, PathDeclared, Real, Temperature, WriteDir
+from ..cli_types import SEED, Declared, Integer, OneOf, PathDeclared, Real, Steps, Temperature, WriteDir
 from ..relations import AtMost, Exclusive, Holds, Relation, Requires, check_relations
 
 __all__ = [
@@ -27,7 +29,7 @@ __all__ = [
     "MODEL_DOMAINS",
     "RUN_RELATIONS",
     "script_domains",
-    "TRAINING_RELATIONS",
+    "training_relations",
     "check_environment",
     "check_fields",
     "check_relations_of",
@@ -46,6 +48,7 @@ class ConfigError(ValueError):
         self, name: str, value: Any, expected: str, *, others: tuple[str, ...] = (), message: str | None = None
     ):
         self.name, self.value, self.template, self.others = name, value, expected, others
+        self.relation = None  # the relation that refused it (check_relations_of), if one did
         self.expected = self.worded(lambda other: other)
         super().__init__(message or f"{name}={value!r}: {self.expected}")
 
@@ -86,10 +89,10 @@ def training_domains() -> dict[str, Declared]:
         "data_seed": SEED,
         "max_steps": Integer(-1),
         "num_train_epochs": Real(0),
-        "save_steps": Real(0, open_low=True),
-        "logging_steps": Real(0, open_low=True),
-        "eval_steps": Real(0, open_low=True),
-        "warmup_steps": Real(0),
+        "save_steps": Steps(),
+        "logging_steps": Steps(),
+        "eval_steps": Steps(),
+        "warmup_steps": Steps(zero=True),
         "save_total_limit": Integer(1),
         "dataloader_num_workers": Integer(0),
         "report_to": _report_to(),
@@ -136,7 +139,7 @@ def script_domains() -> dict[str, Declared]:
         "sft_dataset_name": datasets,
         "dataset_path": ReadFile(),
         "sft_dataset_path": ReadFile(),
-        "dataset_limit": Integer(1),
+        "dataset_limit": Integer(1, 10**7),
         "tiny_vocab": OneOf(("toy", "qwen3")),
         "backend": OneOf(("trl", "unsloth")),
         "sft_steps": Integer(0),
@@ -171,16 +174,41 @@ warning. Unset or empty: not given."""
 
 
 def check_environment(environ: Mapping[str, str] | None = None) -> None:
-    """Each variable of ``ENVIRONMENT`` that is set, against its domain; a refusal names the variable
-    (``ConfigError``)."""
+    """Each variable of ``ENVIRONMENT`` that is set, against its domain, and what a launch sets together: a rank
+    below the world size (``RANK`` > 0 or ``LOCAL_RANK`` >= 0 means a distributed launch, which needs ``WORLD_SIZE``),
+    ``LOCAL_RANK`` below ``LOCAL_WORLD_SIZE``, and a world of several processes its rendezvous (``MASTER_ADDR``,
+    ``MASTER_PORT``, which ``accelerate launch`` and ``torchrun`` set; torch's ``env://`` needs them). A refusal is a
+    ``ConfigError`` naming the variable (``$RANK``)."""
     environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
     for name, declaration in ENVIRONMENT.items():
         text = environ.get(name, "")
         if text.strip():
             try:
-                declaration(text)
+                values[name] = declaration(text)
             except argparse.ArgumentTypeError as e:
                 raise ConfigError(f"${name}", text, str(e).split(": ", 1)[-1]) from None
+    world = values.get("WORLD_SIZE")
+    for rank, size in (("RANK", "WORLD_SIZE"), ("LOCAL_RANK", "LOCAL_WORLD_SIZE"), ("LOCAL_RANK", "WORLD_SIZE")):
+        value = values.get(rank)
+        launched = value is not None and (value > 0 if rank == "RANK" else value >= 0)
+        if launched and values.get(size) is None and size == "WORLD_SIZE":
+            raise ConfigError(
+                f"${rank}",
+                value,
+                "a distributed launch's rank, set without $WORLD_SIZE; launch with "
+                "accelerate launch or torchrun, which set both",
+            )
+        if value is not None and values.get(size) is not None and value >= values[size]:
+            raise ConfigError(f"${rank}", value, f"expected a rank below ${size} {values[size]}")
+    if world is not None and world > 1:
+        missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not environ.get(v, "").strip()]
+        if missing:
+            raise ConfigError(
+                "$WORLD_SIZE",
+                world,
+                f"a launch of {world} processes needs ${missing[0]} (accelerate launch and torchrun set it)",
+            )
 
 
 def field_default(config: Any, name: str) -> Any:
@@ -191,10 +219,25 @@ def field_default(config: Any, name: str) -> Any:
     return f.default
 
 
+GIVEN: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("atr_llm_given_fields", default=frozenset())
+"""The fields a way in that knows what was typed (the command line, a YAML file: ``atr_llm.train.build_run``) gave,
+while it builds the configs: a value typed equal to its default counts as given there too."""
+
+
+@contextlib.contextmanager
+def fields_given(names) -> Iterator[None]:
+    """Within the block, ``is_set`` counts every field of ``names`` as given (``GIVEN``)."""
+    token = GIVEN.set(frozenset(names))
+    try:
+        yield
+    finally:
+        GIVEN.reset(token)
+
+
 def is_set(config: Any, name: str) -> bool:
-    """Whether field ``name`` of ``config`` was given: its value differs from the field's default (the same answer
-    whether it came from the command line, a YAML file or Python)."""
-    return getattr(config, name) != field_default(config, name)
+    """Whether field ``name`` of ``config`` was given: typed on the command line or in a YAML file (``GIVEN``), or
+    its value differs from the field's default (the one answer a config built in Python can give)."""
+    return name in GIVEN.get() or getattr(config, name) != field_default(config, name)
 
 
 @functools.cache
@@ -278,6 +321,44 @@ def _of_its_type(declaration: Declared, value: Any) -> bool:
     return isinstance(value, str)
 
 
+def vllm_options() -> tuple[str, ...]:
+    """TRL's GRPOConfig fields that configure its vLLM generation (``vllm_*``), read only with ``use_vllm``."""
+    from trl import GRPOConfig
+
+    return tuple(f.name for f in dataclasses.fields(GRPOConfig) if f.name.startswith("vllm_"))
+
+
+def check_installed(config: Any) -> None:
+    """The packages ``config`` asks for are installed (the libraries import them only once training runs, after
+    the SFT stage has trained and saved a model): ``use_vllm`` (vllm), ``use_liger_kernel`` (liger_kernel),
+    ``deepspeed`` (deepspeed), each ``report_to`` integration (transformers' ``get_available_reporting_integrations``)
+    and the optimizer ``optim`` names (transformers' ``Trainer.get_optimizer_cls_and_kwargs``). A refusal is a
+    ``ConfigError`` naming the field and the package."""
+    import importlib.util
+
+    for name, package in (("use_vllm", "vllm"), ("use_liger_kernel", "liger_kernel"), ("deepspeed", "deepspeed")):
+        if getattr(config, name, None) and importlib.util.find_spec(package) is None:
+            raise ConfigError(name, getattr(config, name), f"needs the package {package}, which is not installed")
+    from transformers.integrations.integration_utils import get_available_reporting_integrations
+
+    available = set(get_available_reporting_integrations())
+    for item in config.report_to or []:
+        if item not in ("none", "all") and item not in available:
+            raise ConfigError(
+                "report_to",
+                item,
+                f"the {item} integration is not installed (installed: {', '.join(sorted(available)) or 'none'})",
+            )
+    from transformers import Trainer
+
+    try:
+        Trainer.get_optimizer_cls_and_kwargs(config)
+    except ImportError as e:
+        raise ConfigError("optim", str(getattr(config.optim, "value", config.optim)), str(e).split("\n")[0]) from None
+    except (ValueError, TypeError, AttributeError):  # an optimizer that needs the model to say more: it says later
+        pass
+
+
 def generation_batch(value) -> int:
     """The completions TRL's GRPOConfig generates at once (its ``generation_batch_size``), from the fields as given:
     ``generation_batch_size``, else ``per_device_train_batch_size x processes x steps_per_generation`` (default
@@ -289,6 +370,17 @@ def generation_batch(value) -> int:
 
 
 GENERATION_RELATIONS: tuple[Relation, ...] = (
+    Exclusive(
+        "steps_per_generation",
+        "generation_batch_size",
+        why="each sets how many completions TRL generates at once (the other follows from it)",
+    ),
+    Holds(
+        "fp16",
+        "bf16",
+        holds=lambda value, is_set: not (value("fp16") and value("bf16")),
+        why="at most one of half precisions: bf16 is TRL's default, so pass {bf16} false with {fp16} true",
+    ),
     Holds(
         "per_device_train_batch_size",
         "num_generations",
@@ -307,50 +399,106 @@ GENERATION_RELATIONS: tuple[Relation, ...] = (
 the fields it reads (``generation_batch_size (12) must be divisible by num_generations (8)``)."""
 
 
-TRAINING_RELATIONS: tuple[Relation, ...] = (
-    Requires("true_kl_delta", "measure_true_kl", equals=True, why="it is the threshold of true_kl/frac_above_delta*"),
-    Requires(
-        "fast_generation_prompt_tokens",
-        "fast_generation",
-        equals="compiled",
-        why="the prompt room of the compiled path's static KV cache",
-    ),
-    Requires(
-        "use_vllm",
-        "fast_generation",
-        equals=("off", "merged_lora", "auto"),
-        why="fast_generation='compiled' compiles transformers' generate, which vLLM replaces",
-    ),
-    Requires(
-        "use_transformers_continuous_batching",
-        "fast_generation",
-        equals=("off", "merged_lora", "auto"),
-        why="fast_generation='compiled' compiles transformers' generate, which continuous batching replaces",
-    ),
-    Holds("max_steps", holds=lambda value, is_set: value("max_steps") != 0, why="expected an integer >= 1, or -1 (epochs)"),
-    Holds(
-        "num_train_epochs",
-        "max_steps",
-        holds=lambda value, is_set: value("max_steps") > 0 or value("num_train_epochs") > 0,
-        why="a run of no steps: {max_steps} is -1, so the epochs decide; expected a number > 0",
-    ),
-    Holds(
-        "cache_implementation",
-        "fast_generation",
-        holds=lambda value, is_set: value("fast_generation") != "compiled" or value("cache_implementation") in (None, "static"),
-        why="{fast_generation} compiled uses a static KV cache; leave it unset",
-    ),
-    AtMost("entropy_coef_min", "entropy_coef_max", why="the adaptive entropy coefficient moves between them"),
-    *(
-        Requires(name, "use_adaptive_entropy", equals=True, why="it steers the adaptive entropy coefficient")
-        for name in ("entropy_target", "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max")
-    ),
-)
-"""Relations between ``ATRGRPOConfig``'s fields (the method's are ``atr_llm.config.trainer_config``'s)."""
+@functools.cache
+def training_relations() -> tuple[Relation, ...]:
+    """Relations between ``ATRGRPOConfig``'s fields (TRL's own fields among them: built when first asked for, so
+    that importing this module does not import TRL)."""
+    return (
+        Requires(
+            "true_kl_delta", "measure_true_kl", equals=True, why="it is the threshold of true_kl/frac_above_delta*"
+        ),
+        Requires(
+            "fast_generation_prompt_tokens",
+            "fast_generation",
+            equals="compiled",
+            why="the prompt room of the compiled path's static KV cache",
+        ),
+        Requires(
+            "use_vllm",
+            "fast_generation",
+            equals=("off", "merged_lora", "auto"),
+            why="fast_generation='compiled' compiles transformers' generate, which vLLM replaces",
+        ),
+        Requires(
+            "use_transformers_continuous_batching",
+            "fast_generation",
+            equals=("off", "merged_lora", "auto"),
+            why="fast_generation='compiled' compiles transformers' generate, which continuous batching replaces",
+        ),
+        Holds(
+            "max_steps",
+            holds=lambda value, is_set: value("max_steps") != 0,
+            why="expected an integer >= 1, or -1 (epochs)",
+        ),
+        Holds(
+            "num_train_epochs",
+            "max_steps",
+            holds=lambda value, is_set: value("max_steps") > 0 or value("num_train_epochs") > 0,
+            why="a run of no steps: {max_steps} is -1, so the epochs decide; expected a number > 0",
+        ),
+        Holds(
+            "cache_implementation",
+            "fast_generation",
+            holds=lambda value, is_set: (
+                value("fast_generation") != "compiled" or value("cache_implementation") in (None, "static")
+            ),
+            why="{fast_generation} compiled uses a static KV cache; leave it unset",
+        ),
+        Requires(
+            "num_train_epochs",
+            "max_steps",
+            equals=-1,
+            why="a max_steps above 0 ends the run whatever the epochs; -1 trains by epochs",
+        ),
+        *(
+            Requires(name, "use_vllm", equals=True, why="it configures TRL's vLLM generation")
+            for name in vllm_options()
+        ),
+        AtMost("entropy_coef_min", "entropy_coef_max", why="the adaptive entropy coefficient moves between them"),
+        *(
+            Requires(name, "use_adaptive_entropy", equals=True, why="it steers the adaptive entropy coefficient")
+            for name in ("entropy_target", "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max")
+        ),
+    )
 
 
 RUN_RELATIONS: tuple[Relation, ...] = (
-    Exclusive("tiny", "model_name_or_path", why="each names the model to train"),
+    Holds(
+        "model_name_or_path",
+        "tiny",
+        holds=lambda value, is_set: not (value("tiny") and value("model_name_or_path")),
+        why="{tiny} true builds the tiny model, and this names another one to train; give one of them",
+    ),
+    Holds(
+        "model_name_or_path",
+        "tiny",
+        holds=lambda value, is_set: value("tiny") or value("model_name_or_path"),
+        why="no model to train: give a hub id or a folder, or {tiny} true",
+    ),
+    *(
+        Requires(name, "sft_steps", test=lambda steps: steps > 0, words="> 0", why="it configures the SFT stage")
+        for name in (
+            "sft_dataset_name",
+            "sft_dataset_path",
+            "sft_learning_rate",
+            "sft_batch_size",
+            "sft_implementation",
+        )
+    ),
+    *(
+        Requires(name, "use_peft", equals=True, why="it configures the LoRA adapter, which use_peft builds")
+        for name in (
+            "lora_r",
+            "lora_alpha",
+            "lora_dropout",
+            "lora_target_modules",
+            "lora_target_parameters",
+            "lora_modules_to_save",
+            "lora_task_type",
+            "use_rslora",
+            "use_dora",
+        )
+    ),
     Requires("tiny_vocab", "tiny", equals=True, why="it is the vocabulary of the tiny model"),
     Requires("use_vllm_if_available", "backend", equals="trl", why="Unsloth generates with its own fast_inference"),
     Requires("use_peft", "sft_implementation", equals="trl", why="the 'plain' SFT loop trains every weight"),
@@ -374,4 +522,6 @@ def check_relations_of(relations, configs: tuple[Any, ...]) -> None:
         broken = check_relations((relation,), lambda name: is_set(owners[name], name), value, keep)
         if broken is not None:
             name, why = broken
-            raise ConfigError(name, value(name), why, others=tuple(n for n in relation.names if n != name))
+            error = ConfigError(name, value(name), why, others=relation.names)
+            error.relation = relation
+            raise error

@@ -130,6 +130,30 @@ def check_model_options(model_args, training_args, *, backend: str = "trl") -> N
         )
 
 
+def check_model_source(name: str | None) -> None:
+    """``model_name_or_path`` names a model that can load: a folder (absolute, ``./``, ``~`` or present here) must hold
+    a ``config.json`` (or an adapter's ``adapter_config.json``); a hub id must be in the local cache when the hub is
+    off (``HF_HUB_OFFLINE=1``). A refusal is a ``ConfigError`` naming the field."""
+    import os
+
+    if not name:
+        return
+    folder = Path(os.path.expanduser(name))
+    if folder.is_absolute() or name.startswith((".", "~")) or folder.exists():
+        if not folder.is_dir():
+            raise ConfigError("model_name_or_path", name, "no such model folder (a hub id is ORG/NAME)")
+        if not any((folder / f).is_file() for f in ("config.json", "adapter_config.json")):
+            raise ConfigError("model_name_or_path", name, "not a model folder: it has no config.json")
+        return
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(name, "config.json"), str):
+            raise ConfigError(
+                "model_name_or_path", name, "not in the local hub cache, and HF_HUB_OFFLINE forbids downloading it"
+            )
+
+
 def finished_run(output_dir: Path) -> bool:
     """Whether ``output_dir`` holds a finished run: its ``final/`` model (renamed into place whole, so complete)."""
     return (Path(output_dir) / "final" / "config.json").exists() or (
@@ -141,10 +165,10 @@ def model_to_train(script, model_args) -> dict[str, Any]:
     """What can be known of the model a run will train before it loads (``atr_llm.checkpoints.model_identity``'s
     keys): the tiny model's architecture, a local folder's ``config.json``, or a hub id's name."""
     from ..checkpoints import ARCHITECTURE_KEYS
-    from ..tiny import TINY_ARCHITECTURE
+    from ..tiny import tiny_model_identity
 
     if script.tiny:
-        return dict(TINY_ARCHITECTURE)
+        return tiny_model_identity(script.tiny_vocab)
     name = getattr(model_args, "model_name_or_path", None)
     if not name:
         return {}
@@ -200,6 +224,7 @@ class RunConfig:
             if not isinstance(config, cls):
                 raise ConfigError(name, type(config).__name__, f"expected a {cls.__name__}")
         check_model_options(model, training, backend=script.backend)
+        check_model_source(getattr(model, "model_name_or_path", None))
         check_relations_of(RUN_RELATIONS, (script, training, model))
         for name, source, path in (
             ("dataset_path", script.dataset_name, script.dataset_path),
@@ -240,10 +265,18 @@ class RunConfig:
             )
         else:
             checkpoint = Path(resume)
-        try:
-            check_resume_compatible(
-                checkpoint, self.training.resolved_method, model_to_train(self.script, self.model), name=config_field
+        from ..checkpoints import recorded_method
+
+        record, resolved, delta = recorded_method(checkpoint), self.training.resolved_method, self.training.delta
+        if record is not None and delta is not None and record["method"] == self.training.method != resolved.name:
+            raise ConfigError(
+                "delta",
+                delta,
+                f"{checkpoint} trained {record['method']} without TRL's delta, which makes this run {resolved.name} "
+                f"(TRL's two-sided clip on {record['method']}'s range); leave delta unset to continue it",
             )
+        try:
+            check_resume_compatible(checkpoint, resolved, model_to_train(self.script, self.model), name=config_field)
         except ValueError as e:
             raise ConfigError("resume_from_checkpoint", resume, str(e)) from None
         return checkpoint

@@ -30,16 +30,18 @@ from atr_theory.registry import rule_for_trl_loss_type
 
 from ..compat import check_supported_versions
 from ..fast_generation import PROMPT_ALLOWANCE
+from ..relations import Exclusive
 from .fields import (
     GENERATION_RELATIONS,
-    TRAINING_RELATIONS,
     ConfigError,
     check_environment,
     check_fields,
+    check_installed,
     check_relations_of,
     flag_fields,
     number_fields,
     training_domains,
+    training_relations,
 )
 
 __all__ = ["ATRGRPOConfig", "CONFIG_FIELD", "TRL_METHOD", "config_field", "resolve_method", "trl_rule"]
@@ -118,7 +120,10 @@ def method_inputs() -> frozenset[str]:
     """Every config field the resolved method depends on: writing one of them after the config is built resolves
     the method again (``ATRGRPOConfig.__setattr__``)."""
     peers = [f for spec in at.METHODS.values() if spec.trl is not None for f in spec.trl.fields]
-    return frozenset(("method", "form", "loss_type", "delta", "epsilon", "epsilon_high", *method_fields(), *peers))
+    rule_options = ("method_seed", "kl_chunk_size", "measure_true_kl")  # read only by some rules (rule_options_read)
+    return frozenset(
+        ("method", "form", "loss_type", "delta", "epsilon", "epsilon_high", *rule_options, *method_fields(), *peers)
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -333,7 +338,29 @@ def resolve_method(args) -> at.ResolvedMethod:
             "TRL folds vLLM's importance ratios into VESPO's sequence weight, which ATRGRPOTrainer does not "
             "(untested without vLLM); set it to false or use another loss type",
         )
+    rule_options_read(args, resolved)
     return resolved
+
+
+def rule_options_read(args, resolved: at.ResolvedMethod) -> None:
+    """Refuse an option only some rules read, set for one that does not: ``method_seed`` seeds the random choice of
+    a stochastic rule (``MethodSpec.stochastic``: clip_cov); ``kl_chunk_size`` chunks the full-vocabulary KL of a
+    rule that needs the full distributions (tr_ppo, truly_ppo) or of ``measure_true_kl``."""
+    from .fields import is_set
+
+    if is_set(args, "method_seed") and not resolved.spec.stochastic:
+        stochastic = sorted(n for n in at.method_names(aliases=False) if at.METHODS[n].stochastic)
+        raise ConfigError(
+            "method_seed",
+            args.method_seed,
+            f"rule {resolved.name!r} draws nothing to seed (the rules that draw: {', '.join(stochastic)})",
+        )
+    if is_set(args, "kl_chunk_size") and not (resolved.spec.needs_full_distributions or args.measure_true_kl):
+        raise ConfigError(
+            "kl_chunk_size",
+            args.kl_chunk_size,
+            f"rule {resolved.name!r} computes no full-vocabulary KL to chunk (tr_ppo, truly_ppo or measure_true_kl do)",
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -467,7 +494,8 @@ class ATRGRPOConfig(GRPOConfig):
         super().__post_init__()
         self.method = default_method(self.method, self.loss_type)
         self._resolved_method = resolve_method(self)
-        check_relations_of(TRAINING_RELATIONS, (self,))
+        check_relations_of(training_relations(), (self,))
+        check_installed(self)
 
     @property
     def resolved_method(self) -> at.ResolvedMethod:
@@ -488,7 +516,7 @@ class ATRGRPOConfig(GRPOConfig):
         try:
             check_fields(self, training_domains(), only=name, others=_METHOD_INPUTS)
             if name in _RELATED:
-                check_relations_of((*GENERATION_RELATIONS, *TRAINING_RELATIONS), (self,))
+                check_relations_of(_AFTER_TRL, (self,))
             if name in _METHOD_INPUTS:
                 self._resolved_method = resolve_method(self)
         except ValueError:
@@ -502,7 +530,10 @@ class ATRGRPOConfig(GRPOConfig):
 
 
 _METHOD_INPUTS = method_inputs()
-_RELATED = frozenset(n for relation in (*GENERATION_RELATIONS, *TRAINING_RELATIONS) for n in relation.names)
+_AFTER_TRL = (*(r for r in GENERATION_RELATIONS if not isinstance(r, Exclusive)), *training_relations())
+"""The relations a field written after the config was built meets (TRL sets both steps_per_generation and
+generation_batch_size when the config is built: their exclusion holds for what was given only)."""
+_RELATED = frozenset(n for relation in _AFTER_TRL for n in relation.names)
 _CHECKED_AFTER_BUILD = frozenset(
     {*_METHOD_INPUTS, *_RELATED, *training_domains(), *flag_fields(ATRGRPOConfig), *number_fields(ATRGRPOConfig)}
 )

@@ -44,6 +44,7 @@ import atr_theory as at
 PREFIX = "atr_grpo_"
 PARAMS_ENV = "ATR_GRPO_PARAMS"
 
+
 def env_params() -> dict[str, Any]:
     """The JSON object in ``$ATR_GRPO_PARAMS`` ({} when unset); a malformed value raises naming the variable."""
     raw = os.environ.get(PARAMS_ENV, "").strip()
@@ -118,33 +119,51 @@ def _field(config: Any, where: str, name: str) -> Any:
     return None if holder is None else getattr(holder, name, None)
 
 
+def params_source(config: Any) -> str:
+    """Where our parameters come from, as a refusal names it: ``actor.policy_loss.atr_params`` when verl's config has
+    them, else ``$ATR_GRPO_PARAMS``."""
+    return f"actor.policy_loss.{CONFIG_PARAMS_FIELD}" if config_params(config) else f"${PARAMS_ENV}"
+
+
 def method_params(method: str, config: Any, extra: Mapping[str, Any] | None = None) -> at.ResolvedMethod:
     """Our parameters of ``method`` from verl's ``config`` (an ``ActorConfig``) and ``extra`` (default
     ``params_for(config)``: ``actor.policy_loss.atr_params``, else ``$ATR_GRPO_PARAMS``), validated by
     ``atr_theory.resolve``; ``extra``'s ``"form"`` picks the form (``{"form": "mask"}``: the Section 4 pure-clip
-    objective), else the method's default (PPO's min for every rule with a ratio range)."""
+    objective), else the method's default (PPO's min for every rule with a ratio range). A refusal names where the
+    value came from (the key of ``params_source``, or verl's field)."""
     spec = at.get_method(method)
+    source = params_source(config)
     extra = {k: v for k, v in (params_for(config) if extra is None else extra).items() if k not in LAYER_KEYS}
     form = extra.pop("form", None)  # "min" (every range rule's default, atr included) or "mask"
+    if form is not None and form not in spec.forms:
+        raise ValueError(
+            f"{source} key 'form': {form!r} is not a form of method {spec.name!r}; its forms: {list(spec.forms)}"
+        )
     params: dict[str, Any] = {}
     for name, declared in spec.params.items():
         if name in extra:
+            where = f"{source} key {name!r}"
             params[name] = extra.pop(name)
-            continue
-        values = [_field(config, *f) for f in declared.verl]  # the fields atr_theory declares for it (Param.verl)
-        given = [v for v in values if v is not None]
-        if len(set(given)) > 1:  # one symmetric range from two fields: verl's low and high must agree
-            shown = " and ".join(f"{f[1]}={v!r}" for f, v in zip(declared.verl, values))
-            raise ValueError(
-                f"method {spec.name!r} has one parameter {name} for verl's {len(values)} fields, but {shown} differ; "
-                f"set them equal, or use a rule with a bound for each ({PREFIX}clip_higher)"
-            )
-        if given:
+        else:
+            values = [_field(config, *f) for f in declared.verl]  # the fields atr_theory declares for it (Param.verl)
+            given = [v for v in values if v is not None]
+            if len(set(given)) > 1:  # one symmetric range from two fields: verl's low and high must agree
+                shown = " and ".join(f"{f[1]}={v!r}" for f, v in zip(declared.verl, values))
+                raise ValueError(
+                    f"method {spec.name!r} has one parameter {name} for verl's {len(values)} fields, but {shown} "
+                    f"differ; set them equal, or use a rule with a bound for each ({PREFIX}clip_higher)"
+                )
+            if not given:
+                continue
+            where = " / ".join(f"actor.{'policy_loss.' if sec == 'policy_loss' else ''}{f}" for sec, f in declared.verl)
             params[name] = given[0]
+        try:
+            declared.check(name, params[name], spec.name)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
     if extra:
         raise ValueError(
-            f"{PARAMS_ENV} / actor.policy_loss.{CONFIG_PARAMS_FIELD} sets {sorted(extra)}, which method {spec.name!r} "
-            "does not take "
+            f"{source} sets {sorted(extra)}, which method {spec.name!r} does not take "
             f"(its parameters: {sorted(spec.params) or 'none'})"
         )
     return at.resolve(spec.name, form, **params)
@@ -154,7 +173,7 @@ LAYER_KEYS = ("rollout_correction", "sequence_mask")
 """Keys of ``$ATR_GRPO_PARAMS`` that configure a layer of ``atr_theory.layers`` instead of a method parameter."""
 
 
-def layers_from_params(extra: Mapping[str, Any]) -> dict[str, Any]:
+def layers_from_params(extra: Mapping[str, Any], source: str = f"${PARAMS_ENV}") -> dict[str, Any]:
     """The ``atr_theory.policy_loss`` layer keywords in ``$ATR_GRPO_PARAMS``: ``"rollout_correction"`` (the
     fields of ``atr_theory.RolloutCorrection``, e.g. ``{"level": "sequence", "mode": "mask", "upper": 2.0}``)
     and ``"sequence_mask"`` (those of ``atr_theory.SequenceMask``, e.g. ``{"estimator": "k3", "reduction":
@@ -166,11 +185,11 @@ def layers_from_params(extra: Mapping[str, Any]) -> dict[str, Any]:
             continue
         fields = extra[key]
         if not isinstance(fields, dict):
-            raise ValueError(f"{PARAMS_ENV} key {key!r} must be a JSON object of {cls.__name__} fields, got {fields!r}")
+            raise ValueError(f"{source} key {key!r} must be a JSON object of {cls.__name__} fields, got {fields!r}")
         try:
             layers[key] = cls(**fields)
-        except TypeError as e:
-            raise ValueError(f"{PARAMS_ENV} key {key!r}: {e}") from None
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{source} key {key!r}: {e}") from None
     return layers
 
 
@@ -191,7 +210,7 @@ def choice_for(method: str, config: Any) -> tuple[at.ResolvedMethod, dict[str, A
     key = (method, id(config), os.environ.get(PARAMS_ENV, "").strip())
     found = _CHOICES.get(key)
     if found is None or found[0] is not config:  # the config is kept alive with its entry: its id is not reused
-        found = (config, method_params(method, config), layers_from_params(params_for(config)))
+        found = (config, method_params(method, config), layers_from_params(params_for(config), params_source(config)))
         _CHOICES[key] = found
     return found[1], found[2]
 

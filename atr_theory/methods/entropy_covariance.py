@@ -32,6 +32,7 @@ def _top_k_indices(values: torch.Tensor, k: int) -> torch.Tensor:
 @register(
     "clip_cov",
     verl_loss_mode="clip_cov",
+    stochastic=True,
     params={
         "epsilon": EPSILON,
         "cov_ratio": replace(COV_RATIO, verl=(("policy_loss", "clip_cov_ratio"),)),
