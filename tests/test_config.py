@@ -502,3 +502,17 @@ def test_the_toy_vocabulary_declared_is_the_one_built():
     from atr_llm import tiny
 
     assert len(tiny.build_tiny_tokenizer()) == tiny.TOY_VOCAB_ROWS
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(lr_scheduler_type="cosine_warmup"), r"^lr_scheduler_type='cosine_warmup': expected one of linear, "),
+        (dict(optim="adamw_torchx"), r"^optim='adamw_torchx': expected one of "),
+        (dict(learning_rate=10**400), r"^learning_rate=1000.*\.\.\.: expected a finite number >= 0"),
+        (dict(eval_accumulation_steps=10**400), r"^eval_accumulation_steps=1000.*\.\.\.: expected an integer or None"),
+    ],
+)
+def test_a_library_choice_or_a_number_beyond_any_float_is_refused_naming_the_field(tmp_path, kw, match):
+    with pytest.raises(ConfigError, match=match):
+        _training(tmp_path, **kw)

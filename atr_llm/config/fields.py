@@ -50,7 +50,8 @@ class ConfigError(ValueError):
         self.name, self.value, self.template, self.others = name, value, expected, others
         self.relation = None  # the relation that refused it (check_relations_of), if one did
         self.expected = self.worded(lambda other: other)
-        super().__init__(message or f"{name}={value!r}: {self.expected}")
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        super().__init__(message or f"{name}={shown}: {self.expected}")
 
     def worded(self, shown) -> str:
         """``expected`` with each other field named as ``shown(field)`` says."""
@@ -248,6 +249,29 @@ def flag_fields(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls) if hints.get(f.name) is bool)
 
 
+def _finite(value: float) -> bool:
+    """``math.isfinite``, False for an integer beyond any float (10**400) instead of an OverflowError."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+@functools.cache
+def choice_fields(cls: type) -> dict[str, tuple[str, ...]]:
+    """``{field: its values}`` for the fields of dataclass ``cls`` annotated with an ``Enum`` (transformers'
+    ``lr_scheduler_type``, ``optim``, the strategies): a config built in Python meets the choices the command line
+    offers (transformers' own refusal names no field)."""
+    import enum
+
+    hints, out = typing.get_type_hints(cls), {}
+    for f in dataclasses.fields(cls):
+        for kind in typing.get_args(hints.get(f.name)) or (hints.get(f.name),):
+            if isinstance(kind, type) and issubclass(kind, enum.Enum):
+                out[f.name] = tuple(str(member.value) for member in kind)
+    return out
+
+
 @functools.cache
 def number_fields(cls: type) -> dict[str, tuple[bool, bool]]:
     """``{field: (integer, optional)}`` for the fields of dataclass ``cls`` annotated ``int`` or ``float`` (or either
@@ -275,9 +299,13 @@ def check_fields(config: Any, domains: Mapping[str, Declared], only: str | None 
         if name not in fields or name in domains or name in others or (value is None and optional):
             continue
         kinds = (int,) if integer else (int, float)
-        if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, kinds) or not _finite(value):
             expected = "expected an integer" if integer else "expected a finite number"
             raise ConfigError(name, value, expected + (" or None" if optional else ""))
+    for name, choices in choice_fields(type(config)).items():
+        value = getattr(config, name, None)
+        if name in fields and value is not None and str(getattr(value, "value", value)) not in choices:
+            raise ConfigError(name, value, f"expected one of {', '.join(choices)}")
     for name, declaration in domains.items():
         if name not in fields:
             continue
