@@ -285,9 +285,10 @@ def build_run(values: dict, where: dict, path: str | None, environment: dict | N
         except ConfigError as e:
             involved = [e.name, *(n for n in e.others if n != e.name)]
             unused = []
-            if isinstance(e.relation, Requires) and from_file(e.name) and not from_file(e.relation.needed):
+            typed = lambda name: name in where and not from_file(name)  # noqa: E731 - on the command line
+            if isinstance(e.relation, Requires) and from_file(e.name) and typed(e.relation.needed):
                 unused = [e.name]
-            elif isinstance(e.relation, Exclusive) and any(n in where and not from_file(n) for n in involved):
+            elif isinstance(e.relation, Exclusive) and any(typed(n) for n in involved):
                 unused = [n for n in involved if from_file(n)]
             if not unused:
                 os.environ.clear()

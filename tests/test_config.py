@@ -516,3 +516,12 @@ def test_the_toy_vocabulary_declared_is_the_one_built():
 def test_a_library_choice_or_a_number_beyond_any_float_is_refused_naming_the_field(tmp_path, kw, match):
     with pytest.raises(ConfigError, match=match):
         _training(tmp_path, **kw)
+
+
+def test_a_files_key_the_file_itself_makes_unused_is_refused_not_left_out(tmp_path):
+    """Only an option typed on the command line overrides the file: a LoRA key in a file without use_peft is refused,
+    naming the file and the key (nothing on the command line asked for it to go unused)."""
+    config = tmp_path / "lora.yaml"
+    config.write_text(TINY.read_text() + "lora_target_modules: [q_proj]\n")
+    with pytest.raises(UsageError, match=r"^--config .*lora.yaml: key lora_target_modules: .*needs --use_peft true"):
+        train.parse(["--config", str(config), "--output_dir", str(tmp_path / "run")])
