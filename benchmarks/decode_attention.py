@@ -211,9 +211,21 @@ def environment(device: str) -> dict:
     return env
 
 
+def allowance_count(value) -> int:
+    """How many allowances ``value`` names: a parsed list, or its comma text (the fuzzer's candidate value)."""
+    return len(value.split(",")) if isinstance(value, str) else len(value)
+
+
 def main(argv=None) -> dict:
     from atr_llm.cli import Parser, UsageError
-    from atr_llm.cli_types import CommaList, Device, Exclusive, Integer, Requires, WriteFile
+    from atr_llm.cli_types import CommaList, Device, Exclusive, Holds, Integer, Requires, WriteFile
+
+    class Allowances(CommaList):
+        """Prompt allowances: a comma list of integers >= 1, whose example has two (the default's shape), so the
+        fuzzer can break the relation of --quick and --allowances with it."""
+
+        def valid_text(self, scratch) -> str:
+            return "512,128"
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", type=Device(), default="cpu", help="cpu or cuda")
@@ -225,7 +237,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--completion", type=Integer(1), default=1536, help="max_completion_length (Table 4: 1536)")
     ap.add_argument(
         "--allowances",
-        type=CommaList(item=Integer(1)),
+        type=Allowances(item=Integer(1)),
         default=[512, 128],
         help="prompt allowances of the static cache, comma list (default 512,128)",
     )
@@ -246,6 +258,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", type=WriteFile(), help="default: figures/bench/<machine>/decode_attention.json")
     ap.relate(
         Exclusive("quick", "batch", why="--quick decodes a batch of 2"),
+        Holds(
+            "allowances",
+            "quick",
+            holds=lambda value, is_set: (
+                not value("quick") or not is_set("allowances") or allowance_count(value("allowances")) == 1
+            ),
+            why="{quick} measures one allowance (it would keep the first and drop the others); give one, or leave "
+            "{quick} out",
+        ),
         Requires(
             "generate_steps",
             "generate_layers",

@@ -718,6 +718,25 @@ def environment() -> dict:
     return env
 
 
+def refuse_unsloth(args) -> None:
+    """Refuse ``unsloth`` in ``--backends`` where Unsloth cannot run (``atr_llm.unsloth_backend.require_unsloth``'s
+    conditions, found without importing it: importing unsloth patches trl and transformers): with ``--tiny`` (its
+    model and trainer stay on the CPU), without a CUDA GPU, or without the package."""
+    import importlib.util
+
+    import torch
+
+    from atr_llm.cli import refuse
+
+    backends = ",".join(args.backends)
+    if args.tiny:
+        raise refuse("--backends", backends, "Unsloth needs a CUDA GPU and --tiny runs on the CPU; use --backends trl")
+    if not torch.cuda.is_available():
+        raise refuse("--backends", backends, "Unsloth needs a CUDA GPU (none found here); use --backends trl")
+    if importlib.util.find_spec("unsloth") is None:
+        raise refuse("--backends", backends, "Unsloth is not installed: pip install 'atr-grpo[gpu]'; or --backends trl")
+
+
 def check_arguments(args) -> None:
     """Every refusal before a model loads: counts, the kinds and backends, the timeout, the output path, the GPU."""
     import atr_theory as at
@@ -743,6 +762,8 @@ def check_arguments(args) -> None:
                 f"{', '.join(MODES)}; cb: continuous batching; packed: packed_gqa attention; pN: N prompt tokens "
                 "in compiled's static cache)",
             )
+    if "unsloth" in args.backends:
+        refuse_unsloth(args)
     if not args.tiny:
         import torch
 

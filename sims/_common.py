@@ -30,14 +30,19 @@ plt.rcParams.update(
 )
 
 
-def parse_args(doc: str, argv: Sequence[str] | None = None, extra=None, check=None) -> argparse.Namespace:
-    """``--quick`` (small, < 1 min, for CI), ``--seed``, ``--out`` (default figures/paper/)."""
+def parse_args(
+    doc: str, argv: Sequence[str] | None = None, extra=None, check=None, *, seed: bool = True
+) -> argparse.Namespace:
+    """``--quick`` (small, < 1 min, for CI), ``--seed`` (``seed=False``: not declared, for a script that draws
+    nothing, so ``--seed`` is refused as an unknown option instead of being ignored), ``--out`` (default
+    figures/paper/)."""
     from atr_llm.cli import Parser
     from atr_llm.cli_types import SEED, WriteDir
 
     ap = Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a small version that runs in well under a minute")
-    ap.add_argument("--seed", type=SEED, default=0)
+    if seed:
+        ap.add_argument("--seed", type=SEED, default=0)
     ap.add_argument("--out", type=WriteDir(), default="figures/paper", help="output folder (default: figures/paper/)")
     if extra:
         extra(ap)

@@ -297,7 +297,12 @@ def main(argv=None) -> None:
 
     ap = Parser(description=__doc__.split("\n\n")[0])
     ap.add_argument("names", type=Text(), nargs="*", help="mutant names as mutmut prints them")
-    ap.add_argument("--mutants-dir", type=ReadDir(), default=Path("mutants"), help="mutmut's mutants/ directory")
+    ap.add_argument(
+        "--mutants-dir",
+        type=ReadDir(holding="atr_theory/__init__.py", what="mutmut's mutants folder (make mutation writes one)"),
+        default="mutants",  # a text: argparse checks it with the type too
+        help="mutmut's mutants/ directory (its mutated copy of atr_theory is imported)",
+    )
     ap.add_argument("--from-file", type=ReadFile(), help="a file of mutant names, one per line")
     ap.add_argument("--out", type=WriteFile(), help="also write the lines here")
     args = ap.parse_args(argv)

@@ -35,6 +35,9 @@ from pathlib import Path
 
 from scipy.stats import binomtest
 
+from atr_llm.cli import refuse
+from atr_llm.cli_types import ReadDir
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -136,13 +139,68 @@ def check_setup(mutants_dir: Path, tests: list[str], pytest_args: list[str]) -> 
     return seconds
 
 
+MUTMUT_KEYS = ("pytest_add_cli_args", "pytest_add_cli_args_test_selection")
+"""The settings of ``[tool.mutmut]`` this script reads from the project's ``pyproject.toml``."""
+
+
+def mutmut_settings(root: Path) -> dict:
+    """``root``'s ``[tool.mutmut]`` table (``pyproject.toml``), holding ``MUTMUT_KEYS``; else a ValueError saying
+    what is missing."""
+    try:
+        conf = tomllib.loads((root / "pyproject.toml").read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"its pyproject.toml is not TOML ({e})") from None
+    tool = conf.get("tool")
+    table = tool.get("mutmut") if isinstance(tool, dict) else None
+    if not isinstance(table, dict):
+        raise ValueError("its pyproject.toml has no [tool.mutmut] table: not a project mutmut is set up for")
+    missing = [key for key in MUTMUT_KEYS if not isinstance(table.get(key), list)]
+    if missing:
+        raise ValueError(f"its pyproject.toml's [tool.mutmut] has no list {', '.join(missing)}")
+    return table
+
+
+class ProjectRoot(ReadDir):
+    """The declared type of ``--root``: a folder whose ``pyproject.toml`` sets mutmut up (``mutmut_settings``), refused
+    while parsing, as ``ReadDir`` refuses a folder without ``pyproject.toml``."""
+
+    def __init__(self):
+        super().__init__(holding="pyproject.toml", what="the project's root", as_path=True)
+
+    def check_path(self, text: str) -> None:
+        super().check_path(text)
+        try:
+            mutmut_settings(Path(text))
+        except ValueError as e:
+            raise refuse("", text, str(e)) from None
+
+    def valid_text(self, scratch: Path) -> str:
+        folder = scratch / "mutmut_project"
+        folder.mkdir(exist_ok=True)
+        keys = "\n".join(f"{key} = []" for key in MUTMUT_KEYS)
+        (folder / "pyproject.toml").write_text(f"[tool.mutmut]\n{keys}\n")
+        return str(folder)
+
+    def bad_texts(self, scratch: Path) -> list[str]:
+        other = scratch / "other_project"  # the pyproject.toml of a project without mutmut's settings
+        other.mkdir(exist_ok=True)
+        (other / "pyproject.toml").write_text('[project]\nname = "other"\n')
+        return [*super().bad_texts(scratch), str(other)]
+
+    def describe(self) -> str:
+        return "a project folder whose pyproject.toml holds [tool.mutmut]"
+
+
 def main(argv=None) -> None:
     from atr_llm.cli import Parser, UsageError
-    from atr_llm.cli_types import SEED, Exclusive, Integer, ReadDir, Real, Requires, Text, WriteFile
+    from atr_llm.cli_types import SEED, Exclusive, Integer, Real, Requires, Text, WriteFile
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
-        "--root", type=ReadDir(holding="pyproject.toml", what="the project's root", as_path=True), default=Path(".")
+        "--root",
+        type=ProjectRoot(),
+        default=".",  # a text: argparse checks it with the type too (a folder of another project is refused)
+        help="the project mutmut ran in (its mutants/ is judged)",
     )
     ap.add_argument(
         "--functions", type=Text(), nargs="+", default=IMPORT_TIME, help="judge every mutant of these functions"
@@ -162,7 +220,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.generate:
         generate(args.root)
-    conf = tomllib.loads((args.root / "pyproject.toml").read_text())["tool"]["mutmut"]
+    conf = mutmut_settings(args.root)
     mutants_dir = args.root / "mutants"
     if not (mutants_dir / "atr_theory").exists():
         raise UsageError(f"{mutants_dir} holds no mutated atr_theory: run `make mutation` (mutmut 3.8.1) first")

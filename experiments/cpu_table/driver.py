@@ -14,7 +14,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from atr_llm.cli import Parser, atomic_write_text, directory_written_whole, existing_directory, refuse
-from atr_llm.cli_types import SEED, AtMost, Integer, Real, WriteDir
+from atr_llm.cli_types import SEED, AtMost, Holds, Integer, Real, WriteDir
 
 from .protocol import (
     _RUN_PROTOCOL_KEYS,
@@ -258,6 +258,24 @@ def _sft_and_evaluate(seed: int, settings: dict, runs_dir: str) -> dict:
     return {"job": job, "result": evaluate_sft(job)}
 
 
+def run_max_steps(value) -> int:
+    """The steps the runs will have: ``--max-steps``, else those of ``--quick``'s settings or of the full ones
+    (``value(dest)``: the parsed arguments)."""
+    return value("max_steps") or (QUICK if value("quick") else FULL)["max_steps"]
+
+
+def save_steps_beyond_the_runs(value) -> str:
+    """Why a ``--save-steps`` above the runs' steps is refused, naming where those steps come from."""
+    steps = run_max_steps(value)
+    if value("max_steps"):
+        return f"exceeds {{max_steps}} {steps}: a run of {steps} steps would save no checkpoint"
+    settings = "{quick}'s runs" if value("quick") else "the full runs"
+    return (
+        f"exceeds the {steps} steps of {settings}: a run of {steps} steps would save no checkpoint (give "
+        "{max_steps} for longer runs)"
+    )
+
+
 def main(argv=None) -> dict:
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="2 runs x 1 seed x a few steps (CI)")
@@ -318,7 +336,13 @@ def main(argv=None) -> dict:
         help="write the table in --out again from its own rows (after a change to its statistics); trains nothing",
     )
     ap.relate(
-        AtMost("save_steps", "max_steps", why="a run of --max-steps steps would save no checkpoint"),
+        Holds(  # the steps the runs will have: --max-steps, or --quick's or the full settings' when it is not given
+            "save_steps",
+            "max_steps",
+            "quick",
+            holds=lambda value, is_set: value("save_steps") is None or value("save_steps") <= run_max_steps(value),
+            why=save_steps_beyond_the_runs,
+        ),
         AtMost("at_step", "max_steps", why="the runs stop at --max-steps, with no checkpoint beyond"),
     )
     args = ap.parse_args(argv)
@@ -336,6 +360,9 @@ def main(argv=None) -> dict:
         return summary
     settings = dict(QUICK if args.quick else FULL)
     if args.runs:
+        twice = [run for i, run in enumerate(args.runs) if run in args.runs[:i]]
+        if twice:
+            raise refuse("--runs", " ".join(args.runs), f"lists {twice[0]} twice")
         settings["runs"] = args.runs
     if args.seeds is not None:
         if len(set(args.seeds)) != len(args.seeds):
