@@ -35,7 +35,8 @@ def refuse(argument: str, value: Any, expected: str) -> UsageError:
     shown = value if isinstance(value, (int, float)) and not isinstance(value, bool) else repr(value)
     if isinstance(value, str):
         shown = value if value.strip() else repr(value)
-    shown = str(shown) if len(str(shown)) <= 80 else str(shown)[:77] + "..."
+    if not isinstance(value, str) and len(str(shown)) > 80:  # a huge number or list; a path or name is kept whole
+        shown = str(shown)[:77] + "..."
     error = UsageError(f"{argument} {shown}: {expected}")
     error.argument, error.value, error.expected = argument, value, expected
     return error

@@ -49,7 +49,7 @@ def candidates(declared: cli_types.Declared | None, annotation: Any, scratch: Pa
         low = declared.low if declared.low is not None else 0
         return [v for v in dict.fromkeys((low, low + 1, 2, 8, 1000)) if v <= declared.high]
     if isinstance(declared, cli_types.Real):
-        values = (declared.low or 0.0, 1e-5, 0.5, 1.0, 2.0, 10.0, 1000.0)
+        values = (declared.low or 0.0, 0.0, 1e-5, 0.5, 1.0, 2.0, 10.0, 1000.0)  # 0 too: a greedy temperature
         return [v for v in dict.fromkeys(values) if declared.inside(v)]
     if isinstance(declared, cli_types.OneOf):
         return list(declared.choices)
