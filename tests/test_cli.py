@@ -431,6 +431,21 @@ def test_train_honours_attn_implementation_for_a_local_model_and_the_tiny_one(tm
         assert small.config._attn_implementation == attention
 
 
+def test_train_honours_the_model_configs_dtype_for_the_tiny_model_too():
+    """trl.ModelConfig's dtype reached transformers for a hub or folder model only; the tiny model was float32
+    whatever it said (found by tools/audit_one_way_in, cases C08 and P16)."""
+    from types import SimpleNamespace
+
+    import torch
+    from trl import ModelConfig
+
+    script = SimpleNamespace(tiny=True, tiny_vocab="toy")
+    model, _ = train.load_model_and_tokenizer(script, ModelConfig(dtype="bfloat16"), SimpleNamespace(seed=0))
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    model, _ = train.load_model_and_tokenizer(script, ModelConfig(), SimpleNamespace(seed=0))
+    assert {p.dtype for p in model.parameters()} == {torch.float32}  # ModelConfig's default
+
+
 def test_the_unsloth_backend_refuses_a_model_option_its_loader_does_not_take():
     from trl import ModelConfig
 
