@@ -525,3 +525,17 @@ def test_a_files_key_the_file_itself_makes_unused_is_refused_not_left_out(tmp_pa
     config.write_text(TINY.read_text() + "lora_target_modules: [q_proj]\n")
     with pytest.raises(UsageError, match=r"^--config .*lora.yaml: key lora_target_modules: .*needs --use_peft true"):
         train.parse(["--config", str(config), "--output_dir", str(tmp_path / "run")])
+
+
+def test_the_reliability_page_states_the_audits_counts_from_its_file():
+    import json
+    import re
+
+    audit = json.loads((ROOT / "figures" / "tools" / "cli_audit" / "one_way_in_audit.json").read_text())
+    counts = audit["counts"]
+    page = (ROOT / "docs" / "reliability.md").read_text()
+    stated = re.search(r"\*\*(\d+) clean, (\d+) unclear, (\d+) bad\*\*", page)
+    assert stated and tuple(map(int, stated.groups())) == (counts["clean"], counts["unclear"], counts["bad"])
+    assert f"{counts['cases']} bad inputs" in page
+    for name, per in counts["per_class"].items():
+        assert f"({per['cases']})" in page, name
