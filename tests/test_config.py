@@ -534,6 +534,7 @@ def test_the_reliability_page_states_the_audits_counts_from_its_file():
     audit = json.loads((ROOT / "figures" / "tools" / "cli_audit" / "one_way_in_audit.json").read_text())
     counts = audit["counts"]
     page = (ROOT / "docs" / "reliability.md").read_text()
+    page = " ".join(page.split())
     stated = re.search(r"\*\*(\d+) clean, (\d+) unclear, (\d+) bad\*\*", page)
     assert stated and tuple(map(int, stated.groups())) == (counts["clean"], counts["unclear"], counts["bad"])
     assert f"{counts['cases']} bad inputs" in page
