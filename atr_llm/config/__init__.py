@@ -16,7 +16,20 @@ atr_llm.train`` (its command line and ``--config`` YAML file only turn text into
 line words it with the place the value came from.
 """
 
+from typing import TYPE_CHECKING
+
 from .fields import ConfigError
+
+if TYPE_CHECKING:  # what the names below are, for readers and tools (they are imported on first use, __getattr__)
+    from .run import RunConfig, ScriptArguments
+    from .trainer_config import (
+        TRL_METHOD,
+        ATRGRPOConfig,
+        clipping_is_inert,
+        config_field,
+        inert_clipping_message,
+        trl_loss_types,
+    )
 
 _LAZY = {
     "ATRGRPOConfig": "trainer_config",
@@ -42,4 +55,14 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["ConfigError", *_LAZY]
+__all__ = [
+    "ATRGRPOConfig",
+    "ConfigError",
+    "RunConfig",
+    "ScriptArguments",
+    "TRL_METHOD",
+    "clipping_is_inert",
+    "config_field",
+    "inert_clipping_message",
+    "trl_loss_types",
+]
