@@ -547,6 +547,8 @@ def check_relations_of(relations, configs: tuple[Any, ...]) -> None:
 
     keep = lambda name: "{" + name + "}"  # noqa: E731 - the way in names the other fields (ConfigError.worded)
     for relation in relations:
+        if any(name not in owners for name in relation.names):  # a field this TRL release does not have
+            continue
         broken = check_relations((relation,), lambda name: is_set(owners[name], name), value, keep)
         if broken is not None:
             name, why = broken
