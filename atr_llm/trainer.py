@@ -282,8 +282,9 @@ class ATRLossMixin:
 
     def _policy_loss(self, inputs, batch: dict):
         """``atr_theory.policy_loss`` with the rule resolved when the config was built, TRL's loss type's aggregation
-        and TRL's loss options as layers; plus TRL's k3 penalty towards the reference model (``beta``), aggregated
-        the same way. Returns the ``LossOutput``, the loss and the per-token KL (None without ``beta``)."""
+        and TRL's loss options as layers; plus the penalty towards the reference model (``beta``; the config's
+        ``kl_estimator``, TRL's k3 by default: ``atr_theory.reference_kl``), aggregated the same way. Returns the
+        ``LossOutput``, the loss and the per-token KL (None without ``beta``)."""
         args, mask = self.args, batch["mask"]
         per_token_logps, old_per_token_logps = batch["logp"], batch["old_logp"]
         aggregation = trl_loss_types()[self.loss_type].aggregation
@@ -311,9 +312,9 @@ class ATRLossMixin:
         )
         loss = out.loss
         per_token_kl = None
-        if self.beta != 0.0:  # TRL's k3 penalty towards the reference model, aggregated the same way
+        if self.beta != 0.0:  # the penalty towards the reference model (kl_estimator), aggregated the same way
             ref = inputs["ref_per_token_logps"]
-            per_token_kl = at.kl3_from_log_ratio(ref - per_token_logps)  # k3 with w = pi_ref / pi
+            per_token_kl = at.reference_kl(per_token_logps, ref, getattr(args, "kl_estimator", "trl_k3"))
             if getattr(args, "use_bias_correction_kl", False):  # TRL >= 1.16: weighted by the loss's ratio pi / pi_old
                 log_ratio = (per_token_logps - old_per_token_logps) * mask
                 if args.importance_sampling_level == "sequence":

@@ -10,6 +10,7 @@ Examples
 
 from . import layers, methods, ranges, token_bounds  # noqa: F401  (submodules: at.methods, at.ranges, ...)
 from .divergence import (
+    REFERENCE_KL_ESTIMATORS,
     HeadScores,
     entropy_from_log_probs,
     full_kl,
@@ -20,6 +21,7 @@ from .divergence import (
     kl2,
     kl3,
     kl3_from_log_ratio,
+    reference_kl,
 )
 from .layers import RolloutCorrection, SequenceMask
 from .loss import AGGREGATIONS, LossOutput, aggregate, check_aggregation, policy_loss
@@ -41,6 +43,8 @@ __version__ = "0.1.0"
 __all__ = [
     *methods.__all__,
     "AGGREGATIONS",
+    "REFERENCE_KL_ESTIMATORS",
+    "reference_kl",
     "LossOutput",
     "RolloutCorrection",
     "SequenceMask",

@@ -36,6 +36,8 @@ __all__ = [
     "HeadScores",
     "head_kl_chunked",
     "head_kl_both_ways",
+    "REFERENCE_KL_ESTIMATORS",
+    "reference_kl",
 ]
 
 # numpy: below |y| < 0.5 the estimators are summed as Taylor series (no cancellation in e^y - 1 - y)
@@ -378,3 +380,66 @@ def bernoulli_kl_of_log_ratio(y: Any, p_old: Any) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         kl, _ = _bernoulli_kl_and_slope(y, p, 1.0 - p)
     return np.where(p < 1.0, kl, -y)
+
+
+REFERENCE_KL_ESTIMATORS = (
+    "trl_k3",
+    "kl",
+    "k1",
+    "abs",
+    "mse",
+    "k2",
+    "low_var_kl",
+    "k3",
+    "kl+",
+    "k1+",
+    "abs+",
+    "mse+",
+    "k2+",
+    "low_var_kl+",
+    "k3+",
+)
+"""The per-token estimators of the KL to a reference policy that ``reference_kl`` computes: ``trl_k3`` (TRL 1.16's
+GRPO penalty, the default) and verl 0.9.1's ``kl_penalty`` names. verl's ``full`` is not among them: verl 0.9.1's
+``kl_penalty`` raises NotImplementedError for it."""
+
+
+def reference_kl(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "trl_k3") -> torch.Tensor:
+    r"""Per-token estimate of ``KL(pi || pi_ref)`` from the sampled tokens' log-probabilities (Schulman 2020,
+    "Approximating KL divergence"; ``d = log pi_ref - log pi`` per token):
+
+    * ``trl_k3``: ``e^d - d - 1``, unclamped (TRL 1.16's GRPO ``per_token_kl``; the default of ``atr_llm``'s trainer);
+    * verl 0.9.1's ``kl_penalty`` (``verl.trainer.ppo.core_algos.kl_penalty``), the same values and gradients:
+      ``kl`` / ``k1``: ``-d``; ``abs``: ``|d|``; ``mse`` / ``k2``: ``d^2 / 2``; ``low_var_kl`` / ``k3``:
+      ``clamp(e^{d'} - d' - 1, -10, 10)`` with ``d' = clamp(d, -20, 20)``; a name ending in ``+``: that estimator's
+      value with ``k2``'s gradient (straight through: ``k2 - sg[k2] + sg[value]``; ``mse+`` and ``k2+`` are ``k2``).
+
+    ``tests/test_verl_oracle.py`` holds each verl name to verl's own function on the same batch.
+
+    Examples
+    --------
+    >>> import torch
+    >>> logp, ref = torch.log(torch.tensor([0.5])), torch.log(torch.tensor([0.25]))
+    >>> round(float(reference_kl(logp, ref, "k1")), 6), round(float(reference_kl(logp, ref, "trl_k3")), 6)
+    (0.693147, 0.193147)
+    """
+    if estimator not in REFERENCE_KL_ESTIMATORS:
+        raise ValueError(f"unknown reference KL estimator {estimator!r}; known: {', '.join(REFERENCE_KL_ESTIMATORS)}")
+    if estimator == "trl_k3":
+        d = ref_logp - logp
+        return torch.exp(d) - d - 1
+    base = estimator.removesuffix("+")
+    if base in ("kl", "k1"):
+        value = logp - ref_logp
+    elif base == "abs":
+        value = (logp - ref_logp).abs()
+    elif base in ("mse", "k2"):
+        value = 0.5 * (logp - ref_logp).square()
+    else:  # low_var_kl / k3, clamped as verl clamps it
+        d = torch.clamp(ref_logp - logp, min=-20, max=20)
+        value = torch.clamp(torch.exp(d) - d - 1, min=-10, max=10)
+    if not estimator.endswith("+") or base in ("mse", "k2"):
+        return value
+    k2 = 0.5 * (logp - ref_logp).square()
+    return k2 - k2.detach() + value.detach()
+

@@ -14,7 +14,9 @@ pytest.importorskip("math_verify")
 
 from grpo_helpers import grpo_config_kwargs, random_batch, tiny_trainer  # noqa: E402
 
+import atr_theory as at  # noqa: E402
 from atr_llm import data, rewards, tiny  # noqa: E402
+from atr_llm.config import trl_loss_types  # noqa: E402
 from atr_llm.trainer import ATRGRPOConfig, ATRGRPOTrainer, trl_logps_kernel_available  # noqa: E402
 
 TRL_FIELDS = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
@@ -154,8 +156,8 @@ def _against_trls_clip(tmp_path, tok, model, delta, lower, upper, **ours_kw):
         b._get_per_token_logps_and_entropies = a._get_per_token_logps_and_entropies
     inputs = _moved_inputs(a, model, tok)
     a.beta = b.beta = 0.0
-    (la, ga), = _loss_grads_metrics(a, model, inputs)[0]
-    (lb, gb), = _loss_grads_metrics(b, model, inputs)[0]
+    ((la, ga),) = _loss_grads_metrics(a, model, inputs)[0]
+    ((lb, gb),) = _loss_grads_metrics(b, model, inputs)[0]
     assert la.item() == pytest.approx(lb.item(), rel=1e-6, abs=1e-12)  # as _assert_same: TRL's float32 log-probs
     worst = max(
         float(torch.linalg.vector_norm(x - y)) / max(float(torch.linalg.vector_norm(y)), 1e-30)
@@ -199,7 +201,7 @@ def test_trls_delta_on_atrs_min_form_equals_trls_two_sided_clip_on_atrs_range(tm
             model=model, reward_funcs=[rewards.CorrectnessReward()], args=plain, train_dataset=ds, processing_class=tok
         )
     c.beta = 0.0
-    (lc, _), = _loss_grads_metrics(c, model, inputs)[0]
+    ((lc, _),) = _loss_grads_metrics(c, model, inputs)[0]
     assert abs(lc.item() - la.item()) > 1e-3 * abs(la.item())  # far beyond the tolerance above
 
 
@@ -217,12 +219,50 @@ def test_the_kl_penalty_with_each_ratio_level_equals_trls(tmp_path, tok, loss_ty
         assert metrics["kl"] > 0
 
 
+@pytest.mark.parametrize("estimator", ["k1", "low_var_kl", "k3+"])
+def test_the_kl_estimator_reaches_the_trainers_penalty(tmp_path, tok, estimator):
+    """kl_estimator (verl's kl_penalty names, each pinned to verl's own function in tests/test_verl_oracle.py) is the
+    trainer's per-token reference KL: the loss is the rule's plus beta times its aggregate, its gradient k2's for a
+    '+' name, and the logged kl its mean; trl_k3 (the default) is TRL's (test above)."""
+    model = tiny.build_tiny_model(tok).double()
+    unbiased = {"use_bias_correction_kl": False} if "use_bias_correction_kl" in trl.GRPOConfig.__dataclass_fields__ else {}
+    config = ATRGRPOConfig(**grpo_config_kwargs(tmp_path), method="clip", **unbiased)  # the estimator alone
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = ATRGRPOTrainer(
+            model=model,
+            reward_funcs=[rewards.CorrectnessReward()],
+            args=config,
+            train_dataset=data.to_grpo_dataset(data.arithmetic_dataset(16)),
+            processing_class=tok,
+        )
+    # beta set after the trainer is built (as the tests above set it), so TRL loads no reference model from a hub
+    trainer.args.beta = trainer.beta = 0.05
+    trainer.args.kl_estimator = estimator  # a field written after the build meets the config's check (beta > 0)
+    inputs = _moved_inputs(trainer, model, tok)
+    batch = trainer._loss_inputs(model, inputs)
+    out, loss, per_token_kl = trainer._policy_loss(inputs, batch)
+    want = at.reference_kl(batch["logp"], inputs["ref_per_token_logps"], estimator)
+    assert torch.equal(per_token_kl, want)  # (low_var_kl is trl_k3 here, its clamps idle: tests/test_verl_oracle.py)
+    mask = batch["mask"].bool()
+    aggregation = trl_loss_types()[trainer.loss_type].aggregation
+    max_length = trainer.max_completion_length if aggregation == "dr_grpo" else None
+    expected = out.loss + 0.05 * at.aggregate(want, mask, aggregation, max_length)
+    assert torch.allclose(loss, expected, rtol=1e-12, atol=0)
+
+
 @pytest.mark.parametrize(
     "options,match",
     [
         ({"loss_type": "vespo", "use_vllm": True}, "vllm_importance_sampling_correction=True: .*VESPO"),
-        ({"loss_type": "cispo", "method": "clip"}, "method='clip': loss_type='cispo' is TRL's cispo.*leave method unset"),
-        ({"method": "atr", "form": "mask", "delta": 3.0}, "delta=3.0: TRL's two-sided clip.*form 'mask'.*--divergence_delta"),
+        (
+            {"loss_type": "cispo", "method": "clip"},
+            "method='clip': loss_type='cispo' is TRL's cispo.*leave method unset",
+        ),
+        (
+            {"method": "atr", "form": "mask", "delta": 3.0},
+            "delta=3.0: TRL's two-sided clip.*form 'mask'.*--divergence_delta",
+        ),
         ({"method": "kl1", "delta": 3.0}, "delta=3.0: TRL's two-sided clip.*method='kl1'.*--divergence_delta"),
         ({"method": "trl", "delta": 1.0}, "delta=1.0.*expected delta > 1"),
         ({"method": "trl", "tau_pos": 2.0}, "tau_pos=2.0: set, but method 'trl' does not use it"),

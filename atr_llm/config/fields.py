@@ -72,6 +72,8 @@ def training_domains() -> dict[str, Declared]:
     """The domain of each ``ATRGRPOConfig`` field that TRL, transformers or torch check only once training runs (after
     the SFT stage has trained and saved a model), or never (a NaN learning rate trains), and of this package's own
     fields. A field whose default is None may also be None."""
+    from atr_theory.divergence import REFERENCE_KL_ESTIMATORS
+
     from ..fast_generation import ATTENTIONS, MODES
 
     return {
@@ -123,6 +125,7 @@ def training_domains() -> dict[str, Declared]:
         "kl_chunk_size": Integer(1),
         "true_kl_delta": Real(0, open_low=True),
         "method_seed": Integer(0, 2**64 - 1),
+        "kl_estimator": OneOf(REFERENCE_KL_ESTIMATORS),
         "fast_generation": OneOf(MODES),
         "fast_generation_attention": OneOf(ATTENTIONS),
         "fast_generation_prompt_tokens": Integer(1),
@@ -432,6 +435,13 @@ def training_relations() -> tuple[Relation, ...]:
     """Relations between ``ATRGRPOConfig``'s fields (TRL's own fields among them: built when first asked for, so
     that importing this module does not import TRL)."""
     return (
+        Requires(
+            "kl_estimator",
+            "beta",
+            test=lambda beta: beta > 0,
+            words="> 0",
+            why="it estimates the KL to the reference model, which beta weighs",
+        ),
         Requires(
             "true_kl_delta", "measure_true_kl", equals=True, why="it is the threshold of true_kl/frac_above_delta*"
         ),

@@ -456,6 +456,14 @@ class ATRGRPOConfig(GRPOConfig):
         default=0.07, metadata={"help": "measure_true_kl: the threshold of true_kl/frac_above_delta*"}
     )
     method_seed: int = field(default=0, metadata={"help": "seed of the generator of stochastic methods (clip_cov)"})
+    kl_estimator: str = field(
+        default="trl_k3",
+        metadata={
+            "help": "the per-token estimate of the KL to the reference model that beta weighs (atr_theory.reference_kl): "
+            "'trl_k3' (TRL's unclamped k3, the default) or one of verl 0.9.1's kl_penalty names: kl / k1, abs, mse / "
+            "k2, low_var_kl / k3 (clamped as verl clamps it), each also with '+' (its value, k2's gradient)"
+        },
+    )
     fast_generation: str = field(
         default="off",
         metadata={
