@@ -163,10 +163,11 @@ def check_unsloth_config(args) -> None:
             "ATRGRPOConfig was defined before unsloth was imported, so it lacks Unsloth's config fields: import "
             "unsloth before atr_llm.trainer (python -m atr_llm.train does it for --backend unsloth)"
         )
-    if args.resolved_method.spec.needs_full_distributions:
+    if not args.resolved_method.spec.sampled_tokens_only:
         raise ValueError(
-            f"method={args.method!r} needs full (B, T, V) distributions, which the Unsloth backend never builds; "
-            "use --backend trl for tr_ppo / truly_ppo"
+            f"method={args.method!r} reads more than the sampled tokens' log-probs (full (B, T, V) distributions, or "
+            "the old policy's top-K), which the Unsloth backend never builds; use --backend trl for tr_ppo, "
+            "truly_ppo and dppo_topk_*"
         )
     if getattr(args, "use_vllm", False) and getattr(args, "vllm_importance_sampling_correction", False):
         raise ValueError(

@@ -26,6 +26,7 @@ from .divergence import (
 from .layers import RolloutCorrection, SequenceMask
 from .loss import AGGREGATIONS, LossOutput, aggregate, check_aggregation, policy_loss
 from .methods import *  # noqa: F403  (the registry's public names, listed once: methods.__all__)
+from .methods.vocab_topk_masks import topk_logps, topk_other_tokens
 from .ranges import (
     dcpo_clip_range,
     is_kl3_clip_range,
@@ -68,6 +69,8 @@ __all__ = [
     "kl3_clip_range",
     "kl3_delta_from_bound",
     "policy_loss",
+    "topk_logps",
+    "topk_other_tokens",
     "trgppo_clip_range",
     "trgppo_kl_range",
 ]

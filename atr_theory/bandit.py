@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from .divergence import entropy_from_log_probs, full_kl
 from .loss import LOG_RATIO_CLAMP, LossOutput, policy_loss
 from .methods import get_method
+from .methods.vocab_topk_masks import DEFAULT_TOPK, topk_logps
 
 __all__ = [
     "entropy",
@@ -87,9 +88,25 @@ def _exact_policy_loss(
     mask = torch.ones(logp.shape, dtype=torch.bool, device=logp.device)
     if get_method(method).needs_full_distributions:  # every action of a state shares one KL(pi_old || pi): O(K)
         kw = {**kw, "position_kl": full_kl(old, logp).unsqueeze(-1).expand(logp.shape)}
+    actions = torch.arange(logp.shape[-1], device=logp.device).expand(logp.shape)
+    kw.update(
+        _topk_inputs(
+            method, old.unsqueeze(1).expand(*logp.shape, -1), logp.unsqueeze(1).expand(*logp.shape, -1), actions
+        )
+    )
     return policy_loss(
         logp, old, advantages, mask, method=method, aggregation="seq_mean_token_sum", token_weights=old.exp(), **kw
     )
+
+
+def _topk_inputs(method: str, old_full: torch.Tensor, full: torch.Tensor, actions: torch.Tensor) -> dict:
+    """For a rule that reads the top-K (``dppo_topk_*``): both policies' log-probs of the old policy's
+    ``min(DEFAULT_TOPK, V - 1)`` most likely actions other than each sampled one (``topk_logps``), from the (.., V)
+    distributions; nothing for any other rule."""
+    if not get_method(method).needs_topk:
+        return {}
+    old_topk, topk = topk_logps(old_full, full, actions, min(DEFAULT_TOPK, old_full.shape[-1] - 1))
+    return {"old_topk_logp": old_topk, "topk_logp": topk}
 
 
 def exact_gradient(
@@ -144,6 +161,15 @@ def sampled_surrogate(
     mask = torch.ones(N * S, G, dtype=torch.bool, device=theta.device)
     if get_method(method).needs_full_distributions:  # the samples of a state share one KL(pi_old || pi)
         kw = {**kw, "position_kl": full_kl(full_old, full).unsqueeze(-1).expand(N, S, G).reshape(N * S, G)}
+    V = full.shape[-1]
+    kw.update(
+        _topk_inputs(
+            method,
+            full_old.unsqueeze(2).expand(N, S, G, V).reshape(N * S, G, V),
+            full.unsqueeze(2).expand(N, S, G, V).reshape(N * S, G, V),
+            actions.reshape(N * S, G),
+        )
+    )
     out = policy_loss(
         logp, old, advantages.reshape(N * S, G), mask, method=method, aggregation="seq_mean_token_mean", **kw
     )
@@ -345,6 +371,14 @@ def train_episodic(
                 kw.update(
                     full_logp=full.reshape(N * group_size, T, V), old_full_logp=full_old.reshape(N * group_size, T, V)
                 )
+            kw.update(
+                _topk_inputs(
+                    method,
+                    full_old.reshape(N * group_size, T, V),
+                    full.reshape(N * group_size, T, V),
+                    y.reshape(N * group_size, T),
+                )
+            )
             mask = torch.ones(N * group_size, T, dtype=torch.bool)
             out = policy_loss(logp, old, adv, mask, method=method, aggregation=aggregation, generator=generator, **kw)
             masked += 1.0 - out.result.kept.reshape(N, group_size * T).to(theta.dtype).mean(-1)

@@ -177,9 +177,11 @@ _WHY = {
     "logp": "a sampled token's log-prob must be finite (its probability is > 0)",
     "finite": "values on valid tokens must be finite",
     "full": "a full distribution may hold -inf (probability 0) but not NaN or +inf",
+    "topk": "a top-K log-prob may be -inf (probability 0) but not NaN or +inf",
 }
 """Why each kind of tensor argument is refused, by its ``_ValueCheck.kind``: ``logp`` (log-probs of the sampled
-tokens: -inf refused too), ``finite`` (NaN and +-inf refused) and ``full`` ((B, T, V) distributions: -inf allowed)."""
+tokens: -inf refused too), ``finite`` (NaN and +-inf refused), ``full`` ((B, T, V) distributions: -inf allowed, not
+everywhere in a row) and ``topk`` ((B, T, K) log-probs of K tokens: -inf allowed)."""
 
 
 class _ValueCheck(NamedTuple):
@@ -202,7 +204,7 @@ def _refuse_non_finite(check: _ValueCheck, mask: torch.Tensor) -> None:
     cast = [] if check.dtype in (None, t.dtype) else [(t.to(check.dtype), f"{check.name} cast to {check.dtype}")]
     for values, name in [(t, check.name), *cast]:
         bad = torch.isnan(values) | torch.isposinf(values)
-        if check.kind != "full":
+        if check.kind not in ("full", "topk"):
             bad = bad | torch.isneginf(values)
         bad = bad & valid
         if bool(bad.any()):
@@ -227,7 +229,24 @@ def _finite_probe(check: _ValueCheck, mask: torch.Tensor, all_valid: bool) -> to
     t = t if check.dtype is None else t.to(check.dtype)
     if check.kind == "full":  # per position: NaN or +inf anywhere in the row, or -inf everywhere, is not finite
         t = t.amax(-1)
+    elif check.kind == "topk":  # -inf (probability 0) is allowed anywhere; NaN and +inf survive the sum
+        t = torch.where(torch.isneginf(t), 0.0, t).sum(-1)
     return (t if all_valid else torch.where(mask, t, 0.0)).sum()
+
+
+def _check_topk_pair(old_topk_logp: Any, topk_logp: Any, method: str) -> None:
+    """A rule that reads the top-K gets both tensors, of one shape (``_check_structure`` checked each)."""
+    if old_topk_logp is None or topk_logp is None:
+        missing = " and ".join(n for n, t in (("old_topk_logp", old_topk_logp), ("topk_logp", topk_logp)) if t is None)
+        raise ValueError(
+            f"method {method!r} reads the top-K: pass {missing} (B, T, K), both policies' log-probs of the old "
+            "policy's K most likely tokens other than the sampled one (atr_theory.topk_logps gathers them)"
+        )
+    if old_topk_logp.shape != topk_logp.shape:
+        raise ValueError(
+            f"old_topk_logp and topk_logp must have one shape (B, T, K), got {tuple(old_topk_logp.shape)} and "
+            f"{tuple(topk_logp.shape)}"
+        )
 
 
 def _is_integer(value: Any) -> bool:
@@ -280,10 +299,11 @@ def _check_structure(
     for name, t in optional.items():
         if t is None:
             continue
-        if name in ("old_full_logp", "full_logp"):
+        if name in ("old_full_logp", "full_logp", "old_topk_logp", "topk_logp"):
             _check_tensor(name, t)
+            last = "V" if name.endswith("full_logp") else "K"
             if t.ndim != 3 or tuple(t.shape[:2]) != shape:
-                raise ValueError(f"{name} must have shape (B, T, V) with (B, T) = {shape}, got {tuple(t.shape)}")
+                raise ValueError(f"{name} must have shape (B, T, {last}) with (B, T) = {shape}, got {tuple(t.shape)}")
         else:
             _check_tensor(name, t, shape)
         given[name] = t
@@ -311,6 +331,8 @@ def policy_loss(
     token_weights: torch.Tensor | None = None,
     kl_chunk_size: int | None = None,
     position_kl: torch.Tensor | None = None,
+    old_topk_logp: torch.Tensor | None = None,
+    topk_logp: torch.Tensor | None = None,
     validate: bool = True,
     ratio_level: str = "token",
     sequence_mask: SequenceMask | None = None,
@@ -364,13 +386,19 @@ def policy_loss(
         (B, T) ``KL(pi_old || pi)`` per position, in place of ``old_full_logp`` / ``full_logp`` (e.g.
         ``atr_theory.head_kl_chunked``'s, which never holds the (B, T, V) tensors). truly_ppo differentiates
         through it; values on padding are ignored; finite on valid tokens.
+    old_topk_logp, topk_logp : torch.Tensor, optional
+        (B, T, K), only for a method that reads the top-K (``MethodSpec.needs_topk``: ``dppo_topk_tv``,
+        ``dppo_topk_kl``): pi_old's and pi's log-probs of the K tokens, other than the sampled one, that pi_old
+        found most likely at each position (``atr_theory.topk_logps`` gathers both from the two policies' logits).
+        Constants (no gradient is taken through them); an entry may be -inf, not NaN or +inf.
     validate : bool
         Check the *values* and skip masking / clamping work a batch does not need: a 0/1 mask, and every tensor
         this call reads free of NaN and +-inf on its valid positions, else a ValueError naming the argument, the
         kind (NaN, +inf, -inf) and the first such position ``(b, t)`` (``(b,)`` for (B,) advantages, ``(b, t, v)``
-        for the full distributions). Read means: ``logp``, ``old_logp``, ``advantages`` and ``token_weights``
+        for the full distributions, ``(b, t, k)`` for the top-K). Read means: ``logp``, ``old_logp``, ``advantages`` and ``token_weights``
         always; ``behaviour_logp`` with ``sequence_mask`` or ``rollout_correction``; ``position_kl``, or else
-        ``old_full_logp`` / ``full_logp``, for a method that needs the full distributions; ``entropies`` with
+        ``old_full_logp`` / ``full_logp``, for a method that needs the full distributions; ``old_topk_logp`` /
+        ``topk_logp`` for a method that reads the top-K; ``entropies`` with
         ``top_entropy_quantile < 1``. The full distributions may hold -inf (see above); the others may not (a
         sampled token's log-prob is finite). A float64 value that overflows the loss's dtype is refused as the
         cast's inf. One fused reduction decides whether anything needs a closer look, so a clean batch pays
@@ -433,6 +461,8 @@ def policy_loss(
         "entropies": entropies,
         "old_full_logp": old_full_logp,
         "full_logp": full_logp,
+        "old_topk_logp": old_topk_logp,
+        "topk_logp": topk_logp,
     }
     shape = _check_structure(logp, old_logp, advantages, mask, optional)
     _check_scalars(max_length, aggregation, shape[1], kl_chunk_size, generator, top_entropy_quantile)
@@ -440,7 +470,9 @@ def policy_loss(
         raise ValueError("top_entropy_quantile < 1 needs the per-token entropies (entropies=, shape (B, T))")
     if not isinstance(validate, bool):
         raise ValueError(f"validate must be True or False, got {validate!r}")
-    full = choice.spec.needs_full_distributions
+    full, topk = choice.spec.needs_full_distributions, choice.spec.needs_topk
+    if topk:
+        _check_topk_pair(old_topk_logp, topk_logp, choice.name)
     for name, given, reader in (  # an argument nothing reads is refused, not dropped
         ("behaviour_logp", behaviour_logp, sequence_mask is not None or rollout_correction is not None),
         ("entropies", entropies, top_entropy_quantile < 1.0),
@@ -448,13 +480,15 @@ def policy_loss(
         ("old_full_logp", old_full_logp, full and position_kl is None),
         ("full_logp", full_logp, full and position_kl is None),
         ("kl_chunk_size", kl_chunk_size, full and position_kl is None),
+        ("old_topk_logp", old_topk_logp, topk),
+        ("topk_logp", topk_logp, topk),
     ):
         if given is not None and not reader:
             raise ValueError(
                 f"{name} is given, but nothing in this call reads it (behaviour_logp: sequence_mask or "
                 "rollout_correction; entropies: top_entropy_quantile < 1; position_kl and the full distributions: a "
                 f"method that needs them, not {choice.name!r}; the full distributions and kl_chunk_size: without "
-                "position_kl)"
+                "position_kl; old_topk_logp and topk_logp: a method that reads the top-K)"
             )
     if validate and mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
         bad = mask[(mask != 0) & (mask != 1)][0].item()
@@ -499,6 +533,8 @@ def policy_loss(
             extra += [
                 _ValueCheck(n, optional[n], "full") for n in ("old_full_logp", "full_logp") if optional[n] is not None
             ]
+        if topk:
+            extra += [_ValueCheck(n, optional[n], "topk", dtype) for n in ("old_topk_logp", "topk_logp")]
         if top_entropy_quantile < 1.0:
             extra.append(_ValueCheck("entropies", entropies, "finite"))
         checks += extra
@@ -518,8 +554,11 @@ def policy_loss(
     else:
         log_ratio = torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     rule_log_ratio = log_ratio if ratio_level == "token" else sequence_log_ratio(torch.where(m, log_ratio, zero), m)
+    if topk:
+        old_topk_logp, topk_logp = old_topk_logp.detach().to(dtype), topk_logp.detach().to(dtype)
     batch = TokenBatch(
-        rule_log_ratio, adv, m, lp, olp, choice.form, generator, old_full_logp, full_logp, kl_chunk_size, position_kl
+        rule_log_ratio, adv, m, lp, olp, choice.form, generator, old_full_logp, full_logp, kl_chunk_size, position_kl,
+        old_topk_logp, topk_logp,
     )
     result = choice.spec.fn(batch, **choice.params)
     objective = result.objective

@@ -83,6 +83,8 @@ class TokenBatch:
     full_logp: torch.Tensor | None = None  # (B, T, V)
     kl_chunk_size: int | None = None
     position_kl: torch.Tensor | None = None  # (B, T) KL(pi_old || pi) per position, instead of the full distributions
+    old_topk_logp: torch.Tensor | None = None  # (B, T, K) pi_old's log-probs of its K most likely other tokens
+    topk_logp: torch.Tensor | None = None  # (B, T, K) pi's log-probs of those same tokens
 
 
 @dataclass
@@ -244,6 +246,16 @@ class MethodSpec:
     stochastic: bool = False
     """The rule draws from ``TokenBatch.generator`` (Clip-Cov's random token choice): the trainer's ``method_seed``
     seeds it, and is refused for a rule that draws nothing."""
+    needs_topk: bool = False
+    """The rule reads, besides the sampled tokens, both policies' log-probs of the old policy's K most likely other
+    tokens at each position (``TokenBatch.old_topk_logp`` / ``topk_logp``, (B, T, K); ``atr_theory.topk_logps``
+    gathers them): the top-K DPPO rules."""
+
+    @property
+    def sampled_tokens_only(self) -> bool:
+        """The rule reads only the sampled tokens' log-probs (neither the full distributions nor the top-K): a
+        ``policy_loss`` call with ``logp``, ``old_logp``, ``advantages`` and ``mask`` alone computes it."""
+        return not (self.needs_full_distributions or self.needs_topk)
 
     @property
     def defaults(self) -> dict[str, float]:
@@ -283,6 +295,7 @@ def register(
     ratio_range: Callable[..., tuple[float, float]] | None = None,
     verl_loss_mode: str | None = None,
     stochastic: bool = False,
+    needs_topk: bool = False,
 ) -> Callable[[Callable[..., MethodResult]], Callable[..., MethodResult]]:
     """Decorator: register ``fn`` under ``name`` (and ``aliases``) in ``METHODS``.
 
@@ -321,6 +334,7 @@ def register(
             verl_loss_mode,
             ratio_range,
             stochastic,
+            needs_topk,
         )
         for key in (name, *aliases):
             if key in METHODS:

@@ -1,6 +1,7 @@
 """Cost of ``policy_loss`` for every method against an inline PPO-clip, and the memory of the full-KL path.
 
-Part 1 (time): forward + backward of every per-token method against a minimal PPO-clip written the way TRL
+Part 1 (time): forward + backward of every per-token method (a rule that reads the top-K with K = ``TOPK`` other
+tokens per position, ``make_topk_inputs``) against a minimal PPO-clip written the way TRL
 writes it, side by side in one process (interleaved, median of repeats), at several (B, T):
   * ``eager``: ``policy_loss`` as called by default (values validated);
   * ``nosync``: ``policy_loss(..., validate=False)`` (no host reads);
@@ -61,6 +62,25 @@ def make_inputs(B, T, seed=0, scale=0.3, device="cpu"):
     lengths = torch.randint(T // 4, T + 1, (B,), generator=g)
     mask = torch.arange(T)[None, :] < lengths[:, None]
     return tuple(x.to(device) for x in (logp, old, adv, mask))
+
+
+TOPK = at.methods.vocab_topk_masks.DEFAULT_TOPK
+
+
+def make_topk_inputs(logp, old, k=TOPK, seed=1):
+    """For a rule that reads the top-K (``dppo_topk_*``): both policies' log-probs of ``k`` other tokens, (B, T, k),
+    sharing each position's remaining mass (``1 - p``) with a rest bucket, the new policy's moved by ``0.3`` in logit
+    space: what a trainer would store at generation (old) and gather when it scores the batch (new)."""
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(*old.shape, k + 1, generator=g).to(old.device)
+    moved = z + 0.3 * torch.randn(*old.shape, k + 1, generator=g).to(old.device)
+    share = lambda base, logits: (torch.log(-torch.expm1(base))[..., None] + torch.log_softmax(logits, -1))[..., :k]  # noqa: E731
+    return {"old_topk_logp": share(old, z), "topk_logp": share(logp.detach(), moved)}
+
+
+def method_inputs(name, logp, old) -> dict:
+    """What ``name`` reads besides the sampled tokens (the top-K at ``TOPK``; nothing for the other per-token rules)."""
+    return make_topk_inputs(logp, old) if at.METHODS[name].needs_topk else {}
 
 
 def _sync(device) -> None:
@@ -158,9 +178,10 @@ def part1(sizes, repeats, device="cpu", modes=("eager", "nosync", "compiled"), m
                 if mode in COMPILE_MODES and name == "clip_cov":
                     continue
                 validate = mode == "eager"
+                extra = method_inputs(name, logp0, old)
 
-                def call(lp, name=name, validate=validate):
-                    return at.policy_loss(lp, old, adv, mask, method=name, validate=validate).loss
+                def call(lp, name=name, validate=validate, extra=extra):
+                    return at.policy_loss(lp, old, adv, mask, method=name, validate=validate, **extra).loss
 
                 if mode in COMPILE_MODES:
                     torch._dynamo.reset()
@@ -175,9 +196,10 @@ def part1(sizes, repeats, device="cpu", modes=("eager", "nosync", "compiled"), m
                     row.update(loss_and_grad_difference(fn, lambda lp, name=name: call(lp, name, False), logp0))
                 elif mode == "eager" and on_gpu:
                     lp_cpu, old_cpu, adv_cpu, mask_cpu = cpu_inputs
+                    extra_cpu = {k: v.cpu() for k, v in extra.items()}
 
-                    def on_cpu(lp, name=name):
-                        return at.policy_loss(lp, old_cpu, adv_cpu, mask_cpu, method=name).loss
+                    def on_cpu(lp, name=name, extra_cpu=extra_cpu):
+                        return at.policy_loss(lp, old_cpu, adv_cpu, mask_cpu, method=name, **extra_cpu).loss
 
                     row["vs_cpu"] = loss_and_grad_difference(call, on_cpu, logp0, lp_cpu)
                 out[mode].setdefault(name, []).append(row)

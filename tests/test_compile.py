@@ -19,6 +19,7 @@ from mp_reference import binary_kl_roots, float32_log_p_grid
 
 import atr_theory as at
 from atr_theory import ranges, token_bounds
+from tests.rule_inputs import rule_inputs
 
 PER_TOKEN = [n for n in at.method_names(aliases=False) if not at.METHODS[n].needs_full_distributions]
 COMPILABLE = [n for n in PER_TOKEN if n != "clip_cov"]
@@ -54,8 +55,12 @@ def test_unvalidated_path_equals_the_default_path(seed, method, per_token, dtype
     logp, old, adv, mask = _batch(seed, dtype=dtype, per_token=per_token)
     gen = lambda: torch.Generator().manual_seed(seed)  # noqa: E731
 
+    extra = rule_inputs(method, *logp.shape, dtype)
+
     def run(validate):
-        return lambda lp, o, a, m: at.policy_loss(lp, o, a, m, method=method, generator=gen(), validate=validate).loss
+        return lambda lp, o, a, m: (
+            at.policy_loss(lp, o, a, m, method=method, generator=gen(), validate=validate, **extra).loss
+        )
 
     l0, g0 = _loss_and_grad(run(True), logp, old, adv, mask)
     l1, g1 = _loss_and_grad(run(False), logp, old, adv, mask)
@@ -71,9 +76,10 @@ def test_every_per_token_method_compiles_into_one_graph(method):
 
     torch._dynamo.reset()
     logp, old, adv, mask = _batch(3, per_token=True)
+    extra = rule_inputs(method, *logp.shape)
 
     def loss_fn(lp, o, a, m):
-        return at.policy_loss(lp, o, a, m, method=method, validate=False).loss
+        return at.policy_loss(lp, o, a, m, method=method, validate=False, **extra).loss
 
     compiled = torch.compile(loss_fn, backend="eager", fullgraph=True)
     l0, g0 = _loss_and_grad(loss_fn, logp, old, adv, mask)
@@ -104,11 +110,12 @@ def test_traced_flags_equal_the_eager_flags(method, dtype):
     import torch._dynamo
 
     logp, old, adv, mask = _batch(7, dtype=dtype, per_token=True, scale=0.8)
+    extra = rule_inputs(method, *logp.shape, dtype)
     for form in at.METHODS[method].forms:
         torch._dynamo.reset()
 
         def flags(lp, o, a, m, form=form):
-            return at.policy_loss(lp, o, a, m, method=method, form=form, validate=False).result.flags()
+            return at.policy_loss(lp, o, a, m, method=method, form=form, validate=False, **extra).result.flags()
 
         eager = flags(logp, old, adv, mask)
         traced = torch.compile(flags, backend="eager", fullgraph=True)(logp, old, adv, mask)

@@ -11,6 +11,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import atr_theory as at
+from tests.rule_inputs import rule_inputs
 
 torch.set_default_dtype(torch.float64)
 
@@ -388,11 +389,6 @@ def _all_method_forms():
             yield name, form
 
 
-def _full(B, T, V=6, seed=0, scale=1.0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.log_softmax(torch.randn(B, T, V, generator=g) * scale, -1)
-
-
 @pytest.mark.parametrize("name,form", list(_all_method_forms()))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_every_method_is_finite_on_extreme_inputs(name, form, dtype):
@@ -402,11 +398,7 @@ def test_every_method_is_finite_on_extreme_inputs(name, form, dtype):
     old[0] = -0.5
     logp = (old + y).clamp(max=0.0).requires_grad_(True)
     adv = torch.tensor([3.0, -2.0, 0.0], dtype=dtype)
-    extra = {}
-    if at.METHODS[name].needs_full_distributions:
-        extra = dict(
-            old_full_logp=_full(B, T, seed=1, scale=20).to(dtype), full_logp=_full(B, T, seed=2, scale=20).to(dtype)
-        )
+    extra = rule_inputs(name, B, T, dtype, scale=20)
     for mask in (torch.ones(B, T, dtype=torch.bool), torch.zeros(B, T, dtype=torch.bool)):
         out = at.policy_loss(logp, old, adv, mask, method=name, form=form, **extra)
         (g,) = torch.autograd.grad(out.loss, logp)
@@ -884,11 +876,14 @@ def test_non_finite_values_on_padding_change_nothing(method):
         sequence_mask=at.SequenceMask("k3", "mean", 0.5, "all"),
     )
     kw = dict(method=method, generator=None)
+    topk = rule_inputs(method, 4, 7)  # a rule that reads the top-K: NaN there on padding too
+    dirty_topk = {k: torch.where(mask[..., None], v, math.nan) for k, v in topk.items()}
 
-    def run(a, w, b=behaviour):
+    def run(a, w, b=behaviour, topk=topk):
         lp = logp.detach().clone().requires_grad_(True)
         g = torch.Generator().manual_seed(0)
-        out = at.policy_loss(lp, old, a, mask, token_weights=w, behaviour_logp=b, **layers, **{**kw, "generator": g})
+        kw_here = {**kw, **topk, "generator": g}
+        out = at.policy_loss(lp, old, a, mask, token_weights=w, behaviour_logp=b, **layers, **kw_here)
         out.loss.backward()
         return out.loss.detach(), lp.grad, out.metrics
 
@@ -900,7 +895,7 @@ def test_non_finite_values_on_padding_change_nothing(method):
     dirty_b = behaviour.clone()
     dirty_b[:, 5:] = math.nan
     dirty_b[1, 6] = -math.inf
-    dirty = run(dirty_adv, dirty_w, dirty_b)
+    dirty = run(dirty_adv, dirty_w, dirty_b, dirty_topk)
     assert torch.isfinite(clean[0]) and torch.equal(clean[0], dirty[0])
     assert torch.equal(clean[1], dirty[1]) and bool(torch.isfinite(dirty[1]).all())
     assert clean[2] == dirty[2]

@@ -135,11 +135,12 @@ def test_the_family_modules_register_the_rules_in_their_committed_order():
         "sequence",
         "soft_weights",
         "unclipped",
+        "vocab_topk_masks",
     ]
     assert [name for name, spec in at.METHODS.items() if name == spec.name] == [
         "dppo_tv", "dppo_kl", "clip", "clip_higher", "dual_clip", "dual_clip_higher", "dcpo", "trgppo", "atr", "kl1",
         "kl2", "is_kl3", "clip_cov", "kl_cov", "tr_ppo", "truly_ppo", "gspo", "gmpo", "atr_seq", "sapo", "cispo",
-        "vespo", "reinforce", "dro",
+        "vespo", "reinforce", "dro", "dppo_topk_tv", "dppo_topk_kl",
     ]  # fmt: skip
 
 
@@ -247,6 +248,9 @@ def test_the_full_distribution_flag_matches_what_the_method_reads(name):
     mask = torch.ones_like(logp, dtype=torch.bool)
     if at.METHODS[name].needs_full_distributions:
         with pytest.raises(ValueError, match="needs the full distributions"):
+            at.policy_loss(logp, old, adv, mask, method=name)
+    elif at.METHODS[name].needs_topk:
+        with pytest.raises(ValueError, match="reads the top-K"):
             at.policy_loss(logp, old, adv, mask, method=name)
     else:
         assert torch.isfinite(at.policy_loss(logp, old, adv, mask, method=name).loss)

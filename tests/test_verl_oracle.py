@@ -352,7 +352,7 @@ def test_a_wrong_formula_fails_the_oracle():
 # --------------------------------------------------------------------------------------------
 # atr_llm.verl.plugin: every method as a verl policy loss, loaded through verl's own plugin mechanism
 # --------------------------------------------------------------------------------------------
-PLUGIN_METHODS = [n for n in at.method_names(aliases=False) if not at.METHODS[n].needs_full_distributions]
+PLUGIN_METHODS = [n for n in at.method_names(aliases=False) if at.METHODS[n].sampled_tokens_only]
 
 
 def test_the_plugin_is_loaded_by_verls_entry_points():

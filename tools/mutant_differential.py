@@ -151,6 +151,8 @@ def _policy_loss_probe(r) -> list:
                         kwargs["full_logp"] = leaves[1]
                     else:
                         del kwargs["full_logp"], kwargs["old_full_logp"]
+                    if spec.needs_topk:  # two of the V = 5 outcomes as the others
+                        kwargs.update(old_topk_logp=batch["old_full_logp"][..., :2], topk_logp=batch["full_logp"][..., :2])
 
                     def call(kw=kwargs, leaves=leaves):
                         result = at.policy_loss(**kw)

@@ -217,10 +217,10 @@ def choice_for(method: str, config: Any) -> tuple[at.ResolvedMethod, dict[str, A
 
 def make_verl_policy_loss(method: str):
     """A function with verl's ``PolicyLossFn`` signature computing ``method`` through ``atr_theory.policy_loss``."""
-    if at.get_method(method).needs_full_distributions:  # unknown names fail here too, at registration
+    if not at.get_method(method).sampled_tokens_only:  # unknown names fail here too, at registration
         raise ValueError(
-            f"method {method!r} needs the full distributions (the LM head's output at every position), which verl's "
-            "policy-loss interface does not pass; use it with atr_llm.train"
+            f"method {method!r} reads more than the sampled tokens' log-probs (the full distributions, or the old "
+            "policy's top-K), which verl's policy-loss interface does not pass; use it with atr_llm.train"
         )
 
     def loss_fn(
@@ -277,12 +277,13 @@ def make_verl_policy_loss(method: str):
 
 def register_all() -> list[str]:
     """Register ``atr_grpo_<method>`` in verl's policy-loss registry for every method (aliases included) that needs
-    only per-token log-probs (tr_ppo and truly_ppo need the full distributions, which verl does not pass)."""
+    only the sampled tokens' log-probs (tr_ppo and truly_ppo need the full distributions, dppo_topk_* the old policy's
+    top-K, which verl does not pass)."""
     from verl.trainer.ppo.core_algos import register_policy_loss
 
     names = []
     for method in at.method_names(aliases=True):
-        if at.get_method(method).needs_full_distributions:
+        if not at.get_method(method).sampled_tokens_only:
             continue
         register_policy_loss(PREFIX + method)(make_verl_policy_loss(method))
         names.append(PREFIX + method)
