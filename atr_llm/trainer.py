@@ -16,6 +16,11 @@ the policy's final hidden states (B, T, H) are kept as pi_old (one extra decoder
 plus a snapshot of the LM head if the head itself trains), and the loss computes log-probs, entropies and
 ``KL(pi_old || pi)`` from hidden states and head ``kl_chunk_size`` positions at a time
 (``atr_theory.head_kl_chunked``; extra memory O(kl_chunk_size x V), see benchmarks/real_vocab_step.py).
+
+Methods that read the top-K (``dppo_topk_tv``, ``dppo_topk_kl``) keep, at generation, the generating policy's
+``dppo_topk`` most likely tokens other than the sampled one and their log-probs (K x T per completion; one extra
+forward without gradient per generation batch), and gather the current policy's log-probs at those ids from the
+log-softmax that gives the sampled tokens' own.
 """
 
 from __future__ import annotations
@@ -162,6 +167,13 @@ class ATRLossMixin:
         self._old_head: dict[str, torch.Tensor | None] = {}
         if self.method_spec.needs_full_distributions:
             check_plain_logit_head(self.model, self.method_spec.name)
+        if self.method_spec.needs_topk:
+            vocabulary = output_head(self.model).weight.shape[0]
+            if self.args.dppo_topk > vocabulary - 1:
+                raise ValueError(
+                    f"dppo_topk={self.args.dppo_topk}: expected at most the vocabulary size - 1 = {vocabulary - 1} "
+                    "(the other tokens of this model's vocabulary)"
+                )
         self.clipping_inert = clipping_is_inert(self.args)
         if self.clipping_inert:
             warnings.warn(inert_clipping_message(self.args), stacklevel=2)
@@ -198,6 +210,8 @@ class ATRLossMixin:
                 self.model, ids, mask, output["completion_ids"].size(1)
             )
             self._true_kl_old_head = head_snapshot(self.model)
+        if self.method_spec.needs_topk:
+            output["old_topk_ids"], output["old_topk_logp"] = self._old_topk(output)
         if self.method_spec.needs_full_distributions and output.get("old_per_token_logps") is not None:
             # pi_old is kept as the policy's hidden states (H values per position, not V) and, when the head
             # itself trains, a snapshot of its weights; KL(pi_old || pi) is then recomputed chunk by chunk
@@ -209,6 +223,21 @@ class ATRLossMixin:
                 )
             self._old_head = head_snapshot(self.model)
         return output
+
+    def _old_topk(self, output) -> tuple[torch.Tensor, torch.Tensor]:
+        """pi_old's ``dppo_topk`` most likely tokens other than the sampled one at each completion position, and their
+        log-probs (``atr_theory.topk_other_tokens``): (B, T, K) each, from the generating policy's log-softmax, one
+        ``per_device_train_batch_size`` of rows at a time (memory K x T per completion, not V x T)."""
+        ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        T, rows = output["completion_ids"].size(1), self.args.per_device_train_batch_size
+        picked = []
+        with torch.no_grad():
+            for start in range(0, ids.size(0), rows):
+                part = slice(start, start + rows)
+                lsm = completion_log_softmax(self.model, ids[part], mask[part], T, self.temperature)
+                picked.append(at.topk_other_tokens(lsm, output["completion_ids"][part], self.args.dppo_topk))
+        return torch.cat([p[0] for p in picked]), torch.cat([p[1] for p in picked])
 
     # ---- the loss -------------------------------------------------------------------------------
     def _compute_loss(self, model, inputs):
@@ -253,6 +282,17 @@ class ATRLossMixin:
             )
             per_token_logps, entropies = scores.logp, scores.entropy
             full_kw = dict(position_kl=scores.kl)
+        elif self.method_spec.needs_topk:  # one (B, T, V) log-softmax: the sampled tokens' and the old top-K's
+            aux_losses = [] if aux_wanted else None
+            lsm = completion_log_softmax(
+                model, input_ids, attention_mask, logits_to_keep, self.temperature, aux_losses=aux_losses
+            )
+            per_token_logps = lsm.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+            with torch.no_grad():
+                entropies = at.entropy_from_log_probs(lsm)
+                topk_logp = lsm.gather(-1, inputs["old_topk_ids"])
+            full_kw = dict(old_topk_logp=inputs["old_topk_logp"], topk_logp=topk_logp)
+            aux_loss = torch.stack(aux_losses).mean() if aux_wanted else None
         else:
             res = self._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, compute_entropy=True, compute_aux_loss=aux_wanted

@@ -326,6 +326,30 @@ def part1_result(r1: dict, sizes, repeats: int, device: str) -> dict:
     }
 
 
+def merged_result(previous: dict, new: dict) -> dict:
+    """``previous`` (a ``--time-only`` JSON) with ``new``'s rows in place of or beside its own, method by method
+    (each row's ratio pairs the method with the inline PPO-clip timed beside it, in its own run); the methods of
+    each later run are listed under ``updated`` with their repeats, threads and torch. Refused when the two runs
+    timed other sizes, modes or devices, naming what differs."""
+    for key in ("device", "sizes"):
+        if previous.get(key) != new.get(key):
+            raise ValueError(
+                f"--update: the existing file's {key} {previous.get(key)!r} differs from this run's {new[key]!r}"
+            )
+    if set(previous["part1_by_mode"]) != set(new["part1_by_mode"]):
+        raise ValueError(
+            f"--update: the existing file timed the modes {sorted(previous['part1_by_mode'])}, this run "
+            f"{sorted(new['part1_by_mode'])}: give the same --compiled / --modes"
+        )
+    out = json.loads(json.dumps(previous))
+    for mode, rows in new["part1_by_mode"].items():
+        out["part1_by_mode"][mode].update(rows)
+    out["part1"].update(new["part1"])
+    runs = out.setdefault("updated", [])
+    runs.append({k: new[k] for k in ("torch", "threads", "repeats")} | {"methods": sorted(new["part1"])})
+    return out
+
+
 def main(argv: list[str] | None = None):
     from atr_llm.cli import Parser
     from atr_llm.cli_types import Device, Exclusive, Integer, Requires, WriteFile
@@ -365,7 +389,15 @@ def main(argv: list[str] | None = None):
         default=None,
         help="with --time-only: the modes of part 1 (default eager and nosync, plus compiled with --compiled)",
     )
+    ap.add_argument(
+        "--update",
+        action="store_true",
+        help="with --time-only and --methods: time only those methods and put their rows into --out's existing JSON "
+        "(the other methods' rows kept as they were measured; the file lists each such run under 'updated')",
+    )
     ap.relate(
+        Requires("update", "time_only", why="it updates a --time-only JSON"),
+        Requires("update", "methods", why="it times only the methods named"),
         Exclusive("no_compile", "compiled", why="--compiled adds the compiled mode, --no-compile leaves it out"),
         Requires("compiled", "time_only", why="the full run times the compiled mode already, unless --no-compile"),
         Requires("modes", "time_only", why="the full run times eager, nosync and, unless --no-compile, compiled"),
@@ -386,8 +418,15 @@ def main(argv: list[str] | None = None):
         modes = ("eager", "nosync", "compiled") if args.compiled else ("eager", "nosync")
         modes = tuple(args.modes) if args.modes else modes
 
+        previous = json.loads(out.read_text()) if args.update and out.exists() else None
+        if args.update and previous is None:
+            from atr_llm.cli import refuse
+
+            raise refuse("--out", str(out), "does not exist: --update adds rows to a file; time every method without it")
+
         def save(r1):
-            out.write_text(json.dumps(part1_result(r1, sizes, repeats, args.device), indent=2))
+            result = part1_result(r1, sizes, repeats, args.device)
+            out.write_text(json.dumps(result if previous is None else merged_result(previous, result), indent=2))
 
         save(part1(sizes, repeats, args.device, modes, methods, on_row=save))
         print(f"wrote {out}")

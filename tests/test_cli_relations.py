@@ -44,6 +44,8 @@ benchmarks.loss_overhead | Exclusive('modes', 'compiled') | --time-only --modes 
 benchmarks.loss_overhead | Exclusive('time_only', 'no_compile') | --time-only --no-compile | --no-compile
 benchmarks.loss_overhead | Exclusive('time_only', 'quick') | --quick --time-only | --quick
 benchmarks.loss_overhead | Exclusive('quick', 'repeats') | --quick --repeats 3 | --repeats
+benchmarks.loss_overhead | Requires('update', 'time_only') | --update --methods clip | --update
+benchmarks.loss_overhead | Requires('update', 'methods') | --time-only --update | --update
 benchmarks.decode_attention | Exclusive('quick', 'batch') | --quick --batch 4 | --batch
 benchmarks.decode_attention | Requires('generate_steps', 'generate_layers') | --generate-steps 4 | --generate-steps
 benchmarks.decode_attention | Requires('generate_steps', 'generate_layers') | --generate-layers 0 --generate-steps 4 | --generate-steps

@@ -277,3 +277,18 @@ def test_policy_loss_refuses_missing_unread_mismatched_and_nan_top_k():
     out = at.policy_loss(lp, olp, adv, mask, method="dppo_topk_kl", form="mask", old_topk_logp=o, topk_logp=zero)
     assert bool(torch.isfinite(out.loss))
     assert not bool(out.result.kept[b, t]), "an outcome the new policy gives probability 0 has an infinite KL"
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_where_every_other_token_scales_by_one_factor_the_divergence_is_the_binary_one(k):
+    """The claim of sims/trust_regions.py's docstring: when the other tokens' probabilities all scale by the sampled
+    token's complement ratio ``(1 - p') / (1 - p)``, TV and KL at any K equal the binary ones."""
+    old, _, tokens, _, olp, _, _ = _policies(5, V=9)
+    lp = olp + 0.7 * torch.randn(olp.shape, generator=torch.Generator().manual_seed(1), dtype=D)
+    lp = lp.clamp(max=-1e-3)
+    scale = torch.log(-torch.expm1(lp)) - torch.log(-torch.expm1(olp))
+    new = (old + scale[..., None]).scatter(-1, tokens[..., None], lp[..., None])
+    torch.testing.assert_close(new.exp().sum(-1), torch.ones_like(lp))
+    o, n = at.topk_logps(old, new, tokens, k)
+    torch.testing.assert_close(topk_tv(lp, olp, n, o), binary_tv(lp - olp, olp).abs(), rtol=1e-9, atol=1e-13)
+    torch.testing.assert_close(topk_kl(lp, olp, n, o), binary_kl(lp - olp, olp), rtol=1e-7, atol=1e-13)

@@ -123,6 +123,7 @@ def training_domains() -> dict[str, Declared]:
         "entropy_coef_max": Real(0),
         # this package's
         "kl_chunk_size": Integer(1),
+        "dppo_topk": Integer(0),
         "true_kl_delta": Real(0, open_low=True),
         "method_seed": Integer(0, 2**64 - 1),
         "kl_estimator": OneOf(REFERENCE_KL_ESTIMATORS),

@@ -120,7 +120,7 @@ def method_inputs() -> frozenset[str]:
     """Every config field the resolved method depends on: writing one of them after the config is built resolves
     the method again (``ATRGRPOConfig.__setattr__``)."""
     peers = [f for spec in at.METHODS.values() if spec.trl is not None for f in spec.trl.fields]
-    rule_options = ("method_seed", "kl_chunk_size", "measure_true_kl")  # read only by some rules (rule_options_read)
+    rule_options = ("method_seed", "kl_chunk_size", "measure_true_kl", "dppo_topk")  # only some rules read them
     return frozenset(
         ("method", "form", "loss_type", "delta", "epsilon", "epsilon_high", *rule_options, *method_fields(), *peers)
     )
@@ -345,7 +345,8 @@ def resolve_method(args) -> at.ResolvedMethod:
 def rule_options_read(args, resolved: at.ResolvedMethod) -> None:
     """Refuse an option only some rules read, set for one that does not: ``method_seed`` seeds the random choice of
     a stochastic rule (``MethodSpec.stochastic``: clip_cov); ``kl_chunk_size`` chunks the full-vocabulary KL of a
-    rule that needs the full distributions (tr_ppo, truly_ppo) or of ``measure_true_kl``."""
+    rule that needs the full distributions (tr_ppo, truly_ppo) or of ``measure_true_kl``; ``dppo_topk`` is the K of a
+    rule that reads the top-K (``MethodSpec.needs_topk``: dppo_topk_tv, dppo_topk_kl)."""
     from .fields import is_set
 
     if is_set(args, "method_seed") and not resolved.spec.stochastic:
@@ -354,6 +355,13 @@ def rule_options_read(args, resolved: at.ResolvedMethod) -> None:
             "method_seed",
             args.method_seed,
             f"rule {resolved.name!r} draws nothing to seed (the rules that draw: {', '.join(stochastic)})",
+        )
+    if is_set(args, "dppo_topk") and not resolved.spec.needs_topk:
+        topk = sorted(n for n in at.method_names(aliases=False) if at.METHODS[n].needs_topk)
+        raise ConfigError(
+            "dppo_topk",
+            args.dppo_topk,
+            f"rule {resolved.name!r} reads no top-K (the rules that do: {', '.join(topk)})",
         )
     if is_set(args, "kl_chunk_size") and not (resolved.spec.needs_full_distributions or args.measure_true_kl):
         raise ConfigError(
@@ -443,6 +451,13 @@ class ATRGRPOConfig(GRPOConfig):
         },
     )
     kl_chunk_size: int = field(default=64, metadata={"help": "positions per chunk for full-distribution KLs"})
+    dppo_topk: int = field(
+        default=at.methods.vocab_topk_masks.DEFAULT_TOPK,
+        metadata={
+            "help": "dppo_topk_tv / dppo_topk_kl: K, the old policy's most likely tokens other than the sampled one "
+            "whose log-probs are kept per position at generation (memory K x T; at most the vocabulary size - 1)"
+        },
+    )
     measure_true_kl: bool = field(
         default=False,
         metadata={
