@@ -27,6 +27,7 @@ __all__ = [
     "MethodResult",
     "MethodSpec",
     "Param",
+    "PeerCode",
     "Relation",
     "ResolvedMethod",
     "TRLPeer",
@@ -211,6 +212,21 @@ class TRLPeer:
 
 
 @dataclass(frozen=True)
+class PeerCode:
+    """Another library ships this rule, neither TRL nor verl (those have ``TRLPeer`` and ``verl_loss_mode``): the
+    ``peer`` and the release read, its ``name`` for the rule (a config value or field), its config ``fields`` each
+    with the parameter it sets (``(theirs, ours)``), the file and lines of its code the rule matches (``source``) and
+    the test that runs that code on the rule's batches (``oracle``). ``atr_theory.docs.peers_markdown`` lists it in
+    the peer table of ``docs/methods.md``."""
+
+    peer: str
+    name: str
+    fields: tuple[tuple[str, str], ...]
+    source: str
+    oracle: str
+
+
+@dataclass(frozen=True)
 class MethodSpec:
     """A registered method: its function, parameters, forms and reference."""
 
@@ -244,6 +260,8 @@ class MethodSpec:
     stochastic: bool = False
     """The rule draws from ``TokenBatch.generator`` (Clip-Cov's random token choice): the trainer's ``method_seed``
     seeds it, and is refused for a rule that draws nothing."""
+    peers: tuple[PeerCode, ...] = ()
+    """Other libraries' code that computes this rule (``PeerCode``), each pinned by its ``oracle`` test."""
 
     @property
     def defaults(self) -> dict[str, float]:
@@ -283,6 +301,7 @@ def register(
     ratio_range: Callable[..., tuple[float, float]] | None = None,
     verl_loss_mode: str | None = None,
     stochastic: bool = False,
+    peers: tuple[PeerCode, ...] = (),
 ) -> Callable[[Callable[..., MethodResult]], Callable[..., MethodResult]]:
     """Decorator: register ``fn`` under ``name`` (and ``aliases``) in ``METHODS``.
 
@@ -321,6 +340,7 @@ def register(
             verl_loss_mode,
             ratio_range,
             stochastic,
+            tuple(peers),
         )
         for key in (name, *aliases):
             if key in METHODS:
