@@ -11,6 +11,9 @@ VERL_PKGS = verl==0.9.1 omegaconf hydra-core==1.3.8 antlr4-python3-runtime==4.9.
 install:
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -e ".[dev,llm]"
+	# AReaL's own M2PO functions, the oracle of m2po (tests/test_weighted_off_policy.py reads them from the installed
+	# file and runs them with torch alone; its dependencies, which pin an older torch, are not needed and not installed)
+	$(PIP) install --quiet --no-deps areal==1.0.4
 
 # the main job: check every theorem of the paper and write figures/paper/theorem_report.{md,json}
 demo: install
