@@ -3,8 +3,9 @@
 For each rule that keeps or drops tokens (at its default parameters and form), a grid of tokens with old probability
 p_old and ratio w = pi / pi_old is scored by ``atr_theory.policy_loss`` itself, once with A > 0 and once with A < 0;
 the figure draws the lowest and highest kept ratio at each p_old (ratios with p_old w > 1 are no probabilities and
-are shaded). Rules that reweight instead (cispo, sapo, vespo, reinforce, dro, kl_cov), sequence-level rules and those
-needing the full distribution or a random draw have no per-token region and are left out.
+are shaded). Rules that reweight instead (cispo, sapo, vespo, reinforce, dro, kl_cov, topr, kimi15), sequence-level
+rules, batch-level ones (m2po: its cut on ``|log w|`` depends on the whole batch) and those needing the full
+distribution or a random draw have no per-token region and are left out.
 
     python -m sims.trust_regions [--quick] [--out figures/paper]
 """
