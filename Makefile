@@ -17,6 +17,9 @@ demo: install
 	$(PY) -m sims.verify_theorems
 
 test: install
+	# AReaL's own M2PO functions, the oracle of m2po (tests/test_weighted_off_policy.py reads them from the installed
+	# file and runs them with torch alone; its dependencies, which pin an older torch, are not needed and not installed)
+	$(PIP) install --quiet --no-deps areal==1.0.4
 	$(PY) -m ruff check .
 	$(PY) -m pytest atr_theory tests
 	SITE=$$(mktemp -d) && $(PY) -m mkdocs build --strict --site-dir $$SITE && $(PY) -m tools.check_site $$SITE

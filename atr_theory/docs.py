@@ -37,8 +37,9 @@ def methods_markdown() -> str:
 
 def peers_markdown() -> str:
     """One row per rule a peer ships as its own: verl's ``loss_mode`` (``MethodSpec.verl_loss_mode``, each config field
-    with the parameter it sets, from ``Param.verl``) and TRL's ``loss_type`` (``MethodSpec.trl``: the fields it reads
-    and its aggregation)."""
+    with the parameter it sets, from ``Param.verl``), TRL's ``loss_type`` (``MethodSpec.trl``: the fields it reads
+    and its aggregation) and any other library's code (``MethodSpec.peers``: its file and lines, and the test that
+    runs it)."""
     rows = ["| peer | its name (its fields) | here |", "|---|---|---|"]
     for name in method_names(aliases=False):
         spec = METHODS[name]
@@ -53,6 +54,12 @@ def peers_markdown() -> str:
             rows.append(
                 f"| TRL | `loss_type={spec.trl.loss_type}` ({fields}) | {label}, aggregation "
                 f"`{spec.trl.aggregation}`{by_tokens}" + (f"; {mapping}" if mapping else "") + " |"
+            )
+        for peer in spec.peers:
+            fields = ", ".join(f"`{theirs}` = `{ours}`" for theirs, ours in peer.fields)
+            rows.append(
+                f"| {peer.peer} | `{peer.name}`" + (f" ({fields})" if fields else "")
+                + f" | {label}: {peer.source}; pinned by `{peer.oracle}` |"
             )
     return "\n".join(rows)
 

@@ -27,6 +27,7 @@ __all__ = [
     "MethodResult",
     "MethodSpec",
     "Param",
+    "PeerCode",
     "Relation",
     "ResolvedMethod",
     "TRLPeer",
@@ -213,6 +214,21 @@ class TRLPeer:
 
 
 @dataclass(frozen=True)
+class PeerCode:
+    """Another library ships this rule, neither TRL nor verl (those have ``TRLPeer`` and ``verl_loss_mode``): the
+    ``peer`` and the release read, its ``name`` for the rule (a config value or field), its config ``fields`` each
+    with the parameter it sets (``(theirs, ours)``), the file and lines of its code the rule matches (``source``) and
+    the test that runs that code on the rule's batches (``oracle``). ``atr_theory.docs.peers_markdown`` lists it in
+    the peer table of ``docs/methods.md``."""
+
+    peer: str
+    name: str
+    fields: tuple[tuple[str, str], ...]
+    source: str
+    oracle: str
+
+
+@dataclass(frozen=True)
 class MethodSpec:
     """A registered method: its function, parameters, forms and reference."""
 
@@ -246,6 +262,8 @@ class MethodSpec:
     stochastic: bool = False
     """The rule draws from ``TokenBatch.generator`` (Clip-Cov's random token choice): the trainer's ``method_seed``
     seeds it, and is refused for a rule that draws nothing."""
+    peers: tuple[PeerCode, ...] = ()
+    """Other libraries' code that computes this rule (``PeerCode``), each pinned by its ``oracle`` test."""
     needs_topk: bool = False
     """The rule reads, besides the sampled tokens, both policies' log-probs of the old policy's K most likely other
     tokens at each position (``TokenBatch.old_topk_logp`` / ``topk_logp``, (B, T, K); ``atr_theory.topk_logps``
@@ -296,6 +314,7 @@ def register(
     verl_loss_mode: str | None = None,
     stochastic: bool = False,
     needs_topk: bool = False,
+    peers: tuple[PeerCode, ...] = (),
 ) -> Callable[[Callable[..., MethodResult]], Callable[..., MethodResult]]:
     """Decorator: register ``fn`` under ``name`` (and ``aliases``) in ``METHODS``.
 
@@ -334,6 +353,7 @@ def register(
             verl_loss_mode,
             ratio_range,
             stochastic,
+            tuple(peers),
             needs_topk,
         )
         for key in (name, *aliases):

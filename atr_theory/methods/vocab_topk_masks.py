@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import MethodResult, TokenBatch, register
+from ..registry import MethodResult, PeerCode, TokenBatch, register
 from .divergence_masks import DELTA_HIGH, DELTA_LOW, IS_CAP, _dppo, _dppo_drop
 
 __all__ = ["DEFAULT_TOPK", "dppo_topk_kl", "dppo_topk_tv", "topk_kl", "topk_logps", "topk_other_tokens", "topk_tv"]
@@ -113,6 +113,20 @@ def _topk(batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, 
 
 
 _PARAMS = {"delta_low": DELTA_LOW, "delta_high": DELTA_HIGH, "is_cap": IS_CAP}
+_TRL_FIELDS = (("epsilon", "delta_low"), ("epsilon_high", "delta_high"), ("clip_ratio_c", "is_cap"))
+
+
+def _trl_peer(kind: str) -> PeerCode:
+    """TRL 1.8.0's experimental DPPO trainer, whose ``divergence_topk`` counts the sampled token in (K + 1)."""
+    return PeerCode(
+        "TRL 1.6.0-1.8.0 (trl.experimental.dppo)",
+        f"divergence_type={kind}, divergence_topk=K+1",
+        _TRL_FIELDS,
+        "`trl/experimental/dppo/dppo_trainer.py` of 1.8.0 L1304-1319 (`_compute_divergence_mask`), its outcome set "
+        "from L393 (the sampled token in place of the last of the top `divergence_topk`)",
+        "tests/test_vocab_topk_masks.py::test_the_rules_keep_the_tokens_trls_dppo_trainer_keeps",
+    )
+
 _REFERENCE = (
     "Qi et al. 2026 (DPPO, arXiv 2602.04879), top-K divergence; TRL 1.6.0-1.8.0 trl.experimental.dppo divergence_type "
     "'{}' (its divergence_topk = K + 1)"
@@ -125,6 +139,7 @@ _REFERENCE = (
     default_form="min",
     forms=("min", "mask"),
     needs_topk=True,
+    peers=(_trl_peer("topk_tv"),),
     reference=_REFERENCE.format("topk_tv"),
 )
 def dppo_topk_tv(batch: TokenBatch, delta_low: float, delta_high: float, is_cap: float) -> MethodResult:
@@ -142,6 +157,7 @@ def dppo_topk_tv(batch: TokenBatch, delta_low: float, delta_high: float, is_cap:
     default_form="min",
     forms=("min", "mask"),
     needs_topk=True,
+    peers=(_trl_peer("topk_kl"),),
     reference=_REFERENCE.format("topk_kl"),
 )
 def dppo_topk_kl(batch: TokenBatch, delta_low: float, delta_high: float, is_cap: float) -> MethodResult:
