@@ -9,7 +9,7 @@ k1.5's squared log-ratio penalty (ROLL's ``pg_variant``).
 
 Each rule names the peer code it matches (``PeerCode``): AReaL 1.0.4's own functions run in
 ``tests/test_weighted_off_policy.py`` on the same batches; ROLL is not on PyPI, so its lines are copied there as a
-test-only oracle (``tests/peers/roll_pg_variants.py``, with its source and licence).
+test-only oracle (``tests/roll_pg_variants.py``, with its source and licence).
 """
 
 from __future__ import annotations
