@@ -25,7 +25,10 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from atr_theory.registry import FORM_DEFAULT_CHANGED, FORMER_MASK_DEFAULTS
+FORM_DEFAULT_CHANGED = "2026-11-27"
+FORMER_MASK_DEFAULTS = ("atr", "kl1", "kl2", "is_kl3", "tr_ppo")
+"""The rules whose default form was the mask form until ``FORM_DEFAULT_CHANGED`` (PPO's min since): a checkpoint of
+one of them whose record names no form trained the mask form (``recorded_choice``)."""
 
 STATE_FILE = "trainer_state.json"
 LATEST = ("latest", "true", "True")
@@ -233,10 +236,15 @@ class LogAtEveryCheckpoint(TrainerCallback):
     mean over the steps after the checkpoint only (measured: the ``--quick`` table, checkpoint at step 2, log at
     step 4, a reward of 0.0117 after the resume against 0.0137 uninterrupted, with the same weights). Logging when a
     checkpoint is saved empties both buffers there, so every log covers the same steps in a resumed and an
-    uninterrupted run. Where ``save_steps`` is a multiple of ``logging_steps`` nothing changes."""
+    uninterrupted run. Where ``save_steps`` is a multiple of ``logging_steps`` nothing changes.
+
+    Not at the last step (``global_step >= max_steps``, where transformers saves a final checkpoint): its buffered
+    metrics go into the run's closing entry of ``log_history`` beside ``train_loss``, as stock TRL's do (TRL's own
+    tests read ``policy_loss``, ``entropy_coef`` and ``aux_loss`` from ``log_history[-1]``); nothing trains after that
+    checkpoint, so no resumed run can log differently."""
 
     def on_step_end(self, args, state, control, **kwargs):
-        if control.should_save:
+        if control.should_save and state.global_step < state.max_steps:
             control.should_log = True
         return control
 

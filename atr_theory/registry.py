@@ -19,9 +19,7 @@ import numpy as np
 import torch
 
 __all__ = [
-    "FORMER_MASK_DEFAULTS",
     "FORMS",
-    "FORM_DEFAULT_CHANGED",
     "READINGS",
     "METHODS",
     "MethodResult",
@@ -59,13 +57,6 @@ READINGS = {
   the general operator's alone (keep ``w A`` where the constraint holds, else the constant ``A``).
 
 Neither reading is the paper's alone; every rule with a ratio range defaults to ``min`` (what its source trains)."""
-
-FORM_DEFAULT_CHANGED = "2026-11-27"
-FORMER_MASK_DEFAULTS = ("atr", "kl1", "kl2", "is_kl3", "tr_ppo")
-"""Rules whose default form was the mask form until ``FORM_DEFAULT_CHANGED`` (since then PPO's min): a run of one of
-them that recorded no form trained the mask form (``atr_llm.checkpoints``), and the committed figures and tables
-that ran them without a form keep it (``sims._common``, ``experiments.cpu_table.protocol``)."""
-
 
 @dataclass
 class TokenBatch:

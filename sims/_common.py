@@ -14,8 +14,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from atr_theory import FORMER_MASK_DEFAULTS  # noqa: E402
-
 plt.rcParams.update(
     {
         "figure.dpi": 110,
@@ -124,11 +122,10 @@ def zipf_bandit_task(quick: bool, seed: int):
     return theta0, r, settings
 
 
-MASK_FORM_RULES = FORMER_MASK_DEFAULTS
+MASK_FORM_RULES = ("atr", "kl1", "kl2", "is_kl3", "tr_ppo")
 """Rules these figures train in the mask form (the Section 4 pure-clip objective; ``atr_theory.READINGS``) where no
-form is asked for: ``atr_theory.FORMER_MASK_DEFAULTS``, their default form until 2026-11-27 (now PPO's min, the Section
-2 surrogate), kept so that the committed figures keep their meaning; ``run_label`` names the form on every figure and
-in every table."""
+form is asked for, as the committed figures were drawn; ``run_label`` names the form on every figure and in every
+table."""
 
 
 def figure_form(method: str) -> str:

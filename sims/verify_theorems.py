@@ -98,6 +98,11 @@ def write_markdown(report: list[dict], path: Path, n: int, seed: int) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+def _cell(text: str) -> str:
+    """``text`` as one Markdown table cell: its ``|`` (as in ``KL(p || q)``) escaped, so it does not end the cell."""
+    return text.replace("|", "\\|")
+
+
 def write_equivalences(rows: list[dict], path: Path, n: int, seed: int) -> None:
     """The equivalence checks as a page: answer first (which identities hold, which need their condition), then
     the table and each counterexample."""
@@ -118,7 +123,7 @@ def write_equivalences(rows: list[dict], path: Path, n: int, seed: int) -> None:
     ]
     for r in rows:
         lines.append(
-            f"| `{r['id']}` | {r['statement']} | {'yes' if r['holds'] else 'no'} | {_fmt(r['as_expected'])} | "
+            f"| `{r['id']}` | {_cell(r['statement'])} | {'yes' if r['holds'] else 'no'} | {_fmt(r['as_expected'])} | "
             f"{r['max_rel_gradient_difference']:.2g} | "
             f"{r['instances']} |"
         )

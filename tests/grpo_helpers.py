@@ -50,9 +50,10 @@ def length_reward(completions, **kwargs):
     return [float(len(str(c)) % 3) for c in completions]
 
 
-def tiny_trainer(tok, cfg, trainer_cls=None, rows=32):
-    """A trainer (default ``ATRGRPOTrainer``; TRL's own ``GRPOTrainer`` for a peer) of a fresh tiny model with ``cfg``
-    on ``rows`` arithmetic prompts and ``length_reward``, built with warnings silenced; not yet trained."""
+def tiny_trainer(tok, cfg, trainer_cls=None, rows=32, model=None):
+    """A trainer (default ``ATRGRPOTrainer``; TRL's own ``GRPOTrainer`` for a peer) of ``model`` (default a fresh tiny
+    model) with ``cfg`` on ``rows`` arithmetic prompts and ``length_reward``, built with warnings silenced; not yet
+    trained."""
     import warnings
 
     from atr_llm import data, tiny
@@ -62,10 +63,37 @@ def tiny_trainer(tok, cfg, trainer_cls=None, rows=32):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return trainer_cls(
-            model=tiny.build_tiny_model(tok),
+            model=tiny.build_tiny_model(tok) if model is None else model,
             reward_funcs=[length_reward],
             args=cfg,
             train_dataset=data.to_grpo_dataset(data.arithmetic_dataset(rows)),
             processing_class=tok,
         )
 
+
+
+def tiny_moe(tok):
+    """A tiny Qwen3-MoE (4 experts, 2 per token) with the tokenizer's vocabulary: TRL adds its router loss."""
+    from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3MoeConfig
+
+    torch.manual_seed(0)
+    config = Qwen3MoeConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=None,
+    )
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # grouped experts: no float64 kernel
+    model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    return model

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 trl = pytest.importorskip("trl")
 pytest.importorskip("math_verify")
 
-from grpo_helpers import grpo_config_kwargs, random_batch, tiny_trainer  # noqa: E402
+from grpo_helpers import grpo_config_kwargs, random_batch, tiny_moe, tiny_trainer  # noqa: E402
 
 import atr_theory as at  # noqa: E402
 from atr_llm import data, rewards, tiny  # noqa: E402
@@ -274,38 +274,11 @@ def test_what_cannot_be_honoured_is_refused_by_name_before_any_model_loads(tmp_p
         ATRGRPOConfig(**grpo_config_kwargs(tmp_path, **options))
 
 
-def _tiny_moe(tok):
-    """A tiny Qwen3-MoE (4 experts, 2 per token) with the tokenizer's vocabulary: TRL adds its router loss."""
-    from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3MoeConfig
-
-    torch.manual_seed(0)
-    config = Qwen3MoeConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        moe_intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        num_experts=4,
-        num_experts_per_tok=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=None,
-    )
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # grouped experts: no float64 kernel
-    model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    return model
-
-
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
 def test_a_mixture_of_experts_model_adds_trls_router_loss(tmp_path, tok, loss_type):
     """TRL's default router_aux_loss_coef (the architecture's own, 0.001 for Qwen3-MoE): the same loss, gradient
     and aux_loss metric as TRL's; the router loss really entered (setting its coefficient to 0 changes the loss)."""
-    model = _tiny_moe(tok)
+    model = tiny_moe(tok)
     a, b = _trainers(tmp_path, tok, model, {"loss_type": loss_type})
     assert a.aux_loss_enabled and a.router_aux_loss_coef > 0
     inputs = _moved_inputs(a, model, tok)
@@ -421,7 +394,7 @@ def test_a_full_distribution_method_refuses_a_router_loss_it_cannot_add(tmp_path
     cfg = ATRGRPOConfig(**grpo_config_kwargs(tmp_path, method="tr_ppo"))
     with warnings.catch_warnings(), pytest.raises(ValueError, match="tr_ppo.*no router loss.*router_aux_loss_coef=0"):
         warnings.simplefilter("ignore")
-        ATRGRPOTrainer(_tiny_moe(tok), [rewards.CorrectnessReward()], cfg, ds, processing_class=tok)
+        ATRGRPOTrainer(tiny_moe(tok), [rewards.CorrectnessReward()], cfg, ds, processing_class=tok)
 
 
 def _adaptive_entropy_run(tmp_path, tok, trainer_cls, config_cls, **extra):

@@ -30,8 +30,6 @@ import importlib
 import pkgutil
 
 from ..registry import (  # noqa: F401  (re-exported: the registry is part of this package's API)
-    FORM_DEFAULT_CHANGED,
-    FORMER_MASK_DEFAULTS,
     FORMS,
     METHODS,
     READINGS,
@@ -52,8 +50,6 @@ from ._params import COV_RATIO, DELTA, DUAL_CLIP_C, EPSILON, EPSILON_HIGH, EPSIL
 from ._ratio import ratio_objective, within_divergence_bound
 
 __all__ = [
-    "FORM_DEFAULT_CHANGED",
-    "FORMER_MASK_DEFAULTS",
     "FORMS",
     "METHODS",
     "READINGS",

@@ -9,8 +9,8 @@ import math
 from pathlib import Path
 
 import atr_llm
+from atr_llm.checkpoints import FORMER_MASK_DEFAULTS
 from atr_llm.presets import RUNS
-from atr_theory import FORMER_MASK_DEFAULTS
 
 BASE_CONFIG = Path(atr_llm.__file__).parent / "configs" / "cpu-table.yaml"
 
@@ -94,7 +94,7 @@ MASK_FORM_RUNS = tuple(
     run for run in _ALL_RUNS if _spec(run)["method"] in FORMER_MASK_DEFAULTS and "form" not in _spec(run)
 )
 """Runs that trained the mask form (the Section 4 pure-clip objective; ``atr_theory.READINGS``): those of a rule in
-``atr_theory.FORMER_MASK_DEFAULTS`` that name no form (``atr``, ``kl1``, ``kl2``, ``is-kl3``, the delta ablation):
+``atr_llm.checkpoints.FORMER_MASK_DEFAULTS`` that name no form (``atr``, ``kl1``, ``kl2``, ``is-kl3``, the delta ablation):
 their rules' default when the committed tables were trained (until 2026-11-27; now PPO's min, the Section 2
 surrogate), kept here so that every committed row keeps its meaning and a rerun reproduces it. ``run_form`` labels
 each row."""
