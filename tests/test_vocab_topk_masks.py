@@ -189,7 +189,7 @@ def test_a_k_outside_the_vocabulary_is_refused_naming_it(k):
 TRL_WITH_TOPK = "1.8.0"  # trl.experimental.dppo shipped topk_tv / topk_kl from 1.6.0 to 1.8.0 (gone in 1.9.0)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def trl_divergence_mask(tmp_path_factory):
     """``DPPOTrainer._compute_divergence_mask`` as TRL 1.8.0's wheel ships it: the function's own source, compiled
     alone (it reads ``torch`` and three attributes of ``self``), from ``pip download --no-deps trl==1.8.0``."""

@@ -116,7 +116,7 @@ def m2po(batch: TokenBatch, m2_threshold: float) -> MethodResult:
     below ``m2_threshold`` (``m2po_keep``); the others keep the unclipped ``w A``, a dropped token contributes 0.
 
     Batch-level: the cut ``|log w| < c`` is chosen by the batch's own ratios. One form, ``mask``: the dropped tokens
-    lose their gradient whatever their advantage's sign, as the paper's objective ``M_t w_t A_t`` has it and AReaL
+    lose their gradient whatever their advantage's sign, as M2PO's objective ``M_t w_t A_t`` (Zheng et al. 2025) has it and AReaL
     runs it (its ``_apply_m2po_masking`` takes them out of the loss mask before the PPO loss); PPO's min with the cut
     would keep the dropped tokens on the side the advantage does not favour, which neither source does. AReaL also
     divides its token mean by the kept tokens only; here the aggregation counts every valid token."""
