@@ -6,7 +6,7 @@ VERL_VENV ?= .venv-verl
 # verl's loss code runs on CPU; its package needs only these (ray is stubbed in the test, never called)
 VERL_PKGS = verl==0.9.1 omegaconf hydra-core==1.3.8 antlr4-python3-runtime==4.9.3 tensordict==0.10.0 codetiming orjson cloudpickle pyvers
 
-.PHONY: install demo test docs docs-shots test-pins test-verl test-verl-e2e lint figures bench mutation mutation-sample
+.PHONY: install demo test test-slow docs docs-shots test-pins test-verl test-verl-e2e lint figures bench mutation mutation-sample
 
 install:
 	$(PIP) install --quiet torch==2.13.0
@@ -21,8 +21,12 @@ test: install
 	# file and runs them with torch alone; its dependencies, which pin an older torch, are not needed and not installed)
 	$(PIP) install --quiet --no-deps areal==1.0.4
 	$(PY) -m ruff check .
-	$(PY) -m pytest atr_theory tests
+	$(PY) -m pytest atr_theory tests -m "not slow"
 	SITE=$$(mktemp -d) && $(PY) -m mkdocs build --strict --site-dir $$SITE && $(PY) -m tools.check_site $$SITE
+
+# the tests marked slow (end-to-end runs, killed-and-resumed runs, long compilations): CI runs them after make test
+test-slow: install
+	$(PY) -m pytest atr_theory tests -m slow
 
 # the documentation site (docs/, mkdocs.yml) into site/; `mkdocs serve` to browse it
 docs:

@@ -12,6 +12,7 @@ import contextlib
 import difflib
 import json
 import math
+import os
 import re
 import sys
 from collections.abc import Callable, Iterator
@@ -59,6 +60,19 @@ def command_name(script: str | None = None) -> str | None:
     if relative.suffix != ".py":
         return None
     return "python -m " + ".".join(relative.with_suffix("").parts).removesuffix(".__main__")
+
+
+def rerun_as_module(script: str) -> None:
+    """Run a repository script that was started by its path (``python sims/delta_sweep.py``) again as the module it is
+    (``python -m sims.delta_sweep``), in the same working folder with the same arguments, the repository root first
+    on ``PYTHONPATH``: the lab's packages (sims, ...) are not installed with the product, and nothing here edits
+    ``sys.path``. Does not return (the process is replaced)."""
+    path = Path(script).resolve()
+    root = path.parents[1]
+    module = ".".join(path.relative_to(root).with_suffix("").parts)
+    pythonpath = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": pythonpath}
+    os.execve(sys.executable, [sys.executable, "-m", module, *sys.argv[1:]], env)
 
 
 class Parser(argparse.ArgumentParser):

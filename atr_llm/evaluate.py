@@ -271,7 +271,7 @@ def write_reports(results_by_step: dict[int, dict], out_dir: Path, k: int, label
 # ---------------------------------------------------------------------------------------------
 # CLI
 # ---------------------------------------------------------------------------------------------
-def _checkpoints(run_dir: Path, every: int) -> list[tuple[int, Path]]:
+def checkpoints_every(run_dir: Path, every: int) -> list[tuple[int, Path]]:
     """Every ``every``-th complete checkpoint of ``run_dir`` and the last one (a checkpoint cut by a kill is skipped)."""
     from .checkpoints import complete_checkpoints
 
@@ -459,7 +459,7 @@ def check_args(args, given=()) -> None:
             args.top_p,
             "greedy decoding (--temperature 0) ignores top-p; leave --top_p out or give a temperature > 0",
         )
-    if args.checkpoints is not None and not _checkpoints(Path(args.checkpoints), 1):
+    if args.checkpoints is not None and not checkpoints_every(Path(args.checkpoints), 1):
         raise refuse("--checkpoints", args.checkpoints, "holds no complete checkpoint-* folder")
     names = [b for b in args.benchmarks.split(",") if b]
     if not names:
@@ -488,7 +488,7 @@ def check_args(args, given=()) -> None:
     if Path(base).is_dir():  # a local folder: what loading it would find wrong, found before it loads
         check_chat_template(flag, Path(base))
         if args.checkpoints is not None:
-            for _, checkpoint in _checkpoints(Path(args.checkpoints), args.every):
+            for _, checkpoint in checkpoints_every(Path(args.checkpoints), args.every):
                 check_same_architecture("--checkpoints", checkpoint, flag, Path(base))
 
 
@@ -529,7 +529,7 @@ def main(argv=None) -> dict:
     k = args.k or args.n
     ks = table_ks(args.n, k)
     out = Path(args.output_dir)
-    runs = _checkpoints(Path(args.checkpoints), args.every) if args.checkpoints else [(0, None)]
+    runs = checkpoints_every(Path(args.checkpoints), args.every) if args.checkpoints else [(0, None)]
     if args.checkpoints and not runs:
         raise ValueError(f"no checkpoint-* folders in {args.checkpoints}")
     results_by_step = {}

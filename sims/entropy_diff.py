@@ -13,6 +13,9 @@
 
 from __future__ import annotations
 
+if not __package__:  # run by its path (`python sims/<name>.py`): run as `python -m sims.<name>`, sims is not installed
+    __import__("atr_llm.cli").cli.rerun_as_module(__file__)
+
 import numpy as np
 import torch
 from tqdm.auto import tqdm

@@ -16,6 +16,9 @@ Writes range_form.{png,pdf}, range_form.csv (one row per setting x cell) and ran
 
 from __future__ import annotations
 
+if not __package__:  # run by its path (`python sims/<name>.py`): run as `python -m sims.<name>`, sims is not installed
+    __import__("atr_llm.cli").cli.rerun_as_module(__file__)
+
 import numpy as np
 from tqdm.auto import tqdm
 

@@ -14,6 +14,9 @@ dppo_topk_kl), whose region depends on how the other tokens move: where their pr
 
 from __future__ import annotations
 
+if not __package__:  # run by its path (`python sims/<name>.py`): run as `python -m sims.<name>`, sims is not installed
+    __import__("atr_llm.cli").cli.rerun_as_module(__file__)
+
 import math
 
 import numpy as np

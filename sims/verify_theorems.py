@@ -10,6 +10,9 @@ Same seed, same report. Each statement is compared with an independent exact com
 
 from __future__ import annotations
 
+if not __package__:  # run by its path (`python sims/<name>.py`): run as `python -m sims.<name>`, sims is not installed
+    __import__("atr_llm.cli").cli.rerun_as_module(__file__)
+
 import argparse
 import json
 from pathlib import Path

@@ -634,6 +634,7 @@ def test_loss_overhead_modes_option_times_only_the_modes_named(tmp_path):
     assert all(r[0]["tokens_grad_differs"] == 0 and r[0]["ratio"] > 0 for r in rows.values())
 
 
+@pytest.mark.slow
 def test_grading_fast_path_check_counts_a_wrong_stored_verdict(tmp_path):
     """``grading_fast_path.py`` over a runs directory of two sample files: every fast-path pair agreeing with its
     stored math-verify verdict counts 0 mismatches; one stored verdict flipped counts 1, and a completion outside the
@@ -758,6 +759,7 @@ def test_the_h100_paper_geometry_numbers_on_the_pages_are_the_file():
     assert f"{step['atr']} with TRL's own generation" in flat["readme"]
 
 
+@pytest.mark.slow
 def test_decode_attention_counts_transformers_cache_copy_and_ours_has_none(tmp_path):
     """A quick run: transformers' compiled SDPA calls repeat_kv (the copy the page describes), packed_gqa never does,
     and both give transformers' eager output to bf16 rounding. A bad geometry is refused in one line."""

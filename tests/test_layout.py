@@ -138,8 +138,44 @@ def test_importing_an_installable_module_patches_no_library():
         "    except ImportError:\n"
         "        pass  # an optional extra (vllm, unsloth, verl) is not installed here\n"
         "assert dist.init_process_group is before\n"
-        "assert 'atr_llm.verl.cpu' in names and 'atr_llm.verl.plugin' in names\n"
+        "assert 'atr_llm.verl.plugin' in names and 'atr_llm.verl.cpu' not in names\n"
         "print('OK', len(names))\n"
     )
     res = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
+
+
+def test_the_wheel_holds_the_product_only(tmp_path):
+    """``pip install`` ships ``atr_theory`` and ``atr_llm``: not the lab (sims, experiments, benchmarks, tools), not
+    the tests' verl CPU harness (``tests/verl_support/verl_cpu.py``). The wheel is built from this tree, as pip would."""
+    import zipfile
+
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(ROOT), "-w", str(tmp_path)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    (wheel,) = tmp_path.glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert top == {"atr_theory", "atr_llm"}, top
+    assert "atr_llm/verl/plugin.py" in names and not any(n.endswith("verl_cpu.py") or "/cpu.py" in n for n in names)
+
+
+def test_the_lab_stands_on_the_products_public_names():
+    """sims, experiments, benchmarks and tools import no name of atr_theory / atr_llm that starts with ``_`` (module or
+    attribute). experiments/investigations/ is the one exception: an investigation measures a product internal (each
+    names the one it probes in its docstring)."""
+    hits = []
+    for package in ("sims", "experiments", "benchmarks", "tools"):
+        for path in (ROOT / package).rglob("*.py"):
+            if "investigations" in path.parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("atr_theory", "atr_llm"):
+                    names = [node.module, *(a.name for a in node.names)]
+                elif isinstance(node, ast.Import):
+                    names = [a.name for a in node.names if a.name.split(".")[0] in ("atr_theory", "atr_llm")]
+                else:
+                    continue
+                if any(part.startswith("_") for name in names for part in name.split(".")):
+                    hits.append(f"{path.relative_to(ROOT)}:{node.lineno}: {names}")
+    assert not hits, "\n".join(hits)

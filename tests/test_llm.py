@@ -415,6 +415,7 @@ def test_cli_runs_and_resume_continues_where_it_stopped(tmp_path):
     assert steps == [1, 2, 3, 4, 5, 6]  # steps 1-4 come from the checkpoint, 5-6 were trained after resuming
 
 
+@pytest.mark.slow
 def test_a_resumed_run_equals_the_uninterrupted_run_and_transformers_own_resume_does_not(tmp_path, monkeypatch):
     """Oracle: the same run trained without interruption. 8 prompts, 4 per generation batch, num_iterations 2: an
     epoch is 4 steps, so resuming at step 4 starts the second epoch (where TRL's sampler replayed the first epoch's
@@ -445,6 +446,7 @@ def test_a_resumed_run_equals_the_uninterrupted_run_and_transformers_own_resume_
     assert weights("plain", 10) != weights("whole", 10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cycle", [["--num_iterations", "2"], ["--num_iterations", "2", "--steps_per_generation", "2"]])
 def test_a_run_resumed_between_two_generations_ends_as_the_uninterrupted_run(tmp_path, cycle):
     """Oracle: the same run without interruption. A checkpoint every step; with num_iterations 2 (a batch generated

@@ -1,4 +1,4 @@
-"""``atr_llm.verl.cpu``'s pieces that run without verl, and the verl plugin's parameter sources.
+"""The verl CPU harness's (``tests/verl_support/verl_cpu.py``) pieces that run without verl, and the verl plugin's parameter sources.
 
 The rollout's log-probabilities are checked against an independent forward pass of the whole sampled sequence
 (the quantity verl's actor recomputes as ``old_log_prob``): log softmax(z / T) for vLLM's ``processed_logprobs``,
@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from atr_llm.verl import cpu as verl_cpu
 from atr_llm.verl import plugin as verl_plugin
+from tests.verl_support import verl_cpu
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def test_cpu_environment_loads_the_hook_module_in_every_verl_process():
     env = verl_cpu.environment("atr_grpo_verl_cpu_hook")
     assert env == {"VERL_USE_EXTERNAL_MODULES": "atr_grpo_verl_cpu_hook", "VERL_PLATFORM": "cpu"}
     hook = Path(__file__).with_name("verl_support") / "atr_grpo_verl_cpu_hook.py"
-    assert "cpu.register()" in hook.read_text()  # the test's hook registers; atr_llm.verl.cpu itself does not
+    assert "cpu.register()" in hook.read_text()  # the test's hook registers; importing verl_cpu does not
     assert f"actor_rollout_ref.rollout.name={verl_cpu.ROLLOUT_NAME}" in verl_cpu.CPU_OVERRIDES
 
 

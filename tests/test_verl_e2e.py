@@ -1,7 +1,7 @@
 """verl 0.9.1 end to end on a CPU: ``python -m verl.trainer.main_ppo`` trains a tiny Qwen3 with this package's loss.
 
 Runs where verl, Ray and TransferQueue are importable (``make test-verl-e2e`` builds that environment); skipped
-elsewhere. What verl lacks on a CPU (a platform, a rollout server) comes from ``atr_llm.verl.cpu`` through verl's own
+elsewhere. What verl lacks on a CPU (a platform, a rollout server) comes from ``tests/verl_support/verl_cpu.py`` through verl's own
 registries; verl itself is not edited. Each run: Ray started locally by verl, the tiny Qwen3 of ``atr_llm.tiny``
 after 400 SFT steps on the arithmetic task (so that some completions are right and GRPO's advantages are not all
 0), data written by ``python -m atr_llm.verl.data --train arithmetic --tests arithmetic``, the project's reward
@@ -64,7 +64,7 @@ def workdir(tmp_path_factory) -> Path:
 
 
 def _overrides(root: Path, run: str, method: str, v1: bool) -> list[str]:
-    from atr_llm.verl.cpu import CPU_OVERRIDES
+    from tests.verl_support.verl_cpu import CPU_OVERRIDES
 
     return [
         "algorithm.adv_estimator=grpo",
@@ -103,7 +103,7 @@ def _overrides(root: Path, run: str, method: str, v1: bool) -> list[str]:
 def run_verl(root: Path, run: str, method: str, v1: bool, extra: list[str]) -> dict:
     """``python -m verl.trainer.main_ppo`` with the CPU support loaded; returns its metrics per step, its dumped
     rollouts, its checkpoint folder and its output."""
-    from atr_llm.verl.cpu import environment
+    from tests.verl_support.verl_cpu import environment
 
     (root / run).mkdir()
     metrics_file = root / run / "metrics.jsonl"
@@ -268,13 +268,13 @@ def test_documented_recipe_has_the_trl_presets_batch():
 
 
 def test_importing_the_cpu_support_patches_nothing_until_register_is_called():
-    """With verl installed, importing ``atr_llm.verl.cpu`` (and the plugin) leaves torch's ``init_process_group`` and
+    """With verl installed, importing the CPU support (``tests/verl_support/verl_cpu.py``) and the plugin leaves torch's ``init_process_group`` and
     verl's platform registry alone; ``register()`` (the test's hook) installs both. Before it became test support,
     the import itself replaced ``init_process_group`` for the whole process."""
     script = (
         "import torch.distributed as dist\n"
         "before = dist.init_process_group\n"
-        "import atr_llm.verl.cpu as cpu, atr_llm.verl.plugin\n"
+        "import tests.verl_support.verl_cpu as cpu, atr_llm.verl.plugin\n"
         "assert dist.init_process_group is before, 'patched on import'\n"
         "cpu.register()\n"
         "assert dist.init_process_group is not before, 'register() did not install the backend fix'\n"

@@ -125,7 +125,7 @@ def train_and_evaluate(job: dict) -> dict:
     """Train one (run, seed) from the seed's SFT model with ``python -m atr_llm.train``'s entry point, then
     evaluate every saved checkpoint and the final model; the result is also written to ``result.json``."""
     from atr_llm import train
-    from atr_llm.evaluate import _checkpoints
+    from atr_llm.evaluate import checkpoints_every
 
     run_dir = run_directory(job["runs_dir"], job["run"], job["seed"])
     done = run_dir / "result.json"
@@ -134,13 +134,13 @@ def train_and_evaluate(job: dict) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     _send_output_to(run_dir / "train.log")
     argv = train_argv(job, run_dir, job["max_steps"], job["save_steps"])
-    ckpts = _checkpoints(run_dir, 1)
+    ckpts = checkpoints_every(run_dir, 1)
     if ckpts and not (run_dir / "final" / "config.json").exists():
         argv += ["--resume_from_checkpoint", str(ckpts[-1][1])]
     if not (run_dir / "final" / "config.json").exists():
         train.main(argv)
     evals = {}
-    for step, path in [*_checkpoints(run_dir, 1), (job["max_steps"], run_dir / "final")]:
+    for step, path in [*checkpoints_every(run_dir, 1), (job["max_steps"], run_dir / "final")]:
         if step not in evals:  # the checkpoint at max_steps holds the final weights too: evaluated once
             evals[step] = evaluate_every_benchmark(path, job["sft_dir"], job, path / "eval")
     history = json.loads((run_dir / "log_history.json").read_text())

@@ -75,7 +75,7 @@ def run_arm(job: dict) -> dict:
     """Train one arm with ``python -m atr_llm.train``'s entry point (resumed from its last checkpoint if killed)
     and summarise its log."""
     from atr_llm import train
-    from atr_llm.evaluate import _checkpoints
+    from atr_llm.evaluate import checkpoints_every
 
     out = Path(job["runs"]) / job["arm"]
     knobs = ARMS[job["arm"]]
@@ -94,7 +94,7 @@ def run_arm(job: dict) -> dict:
     if "learning_rate" in knobs:
         argv += ["--learning_rate", repr(knobs["learning_rate"])]
     if not (out / "log_history.json").exists():
-        ckpts = _checkpoints(out, 1) if out.exists() else []
+        ckpts = checkpoints_every(out, 1) if out.exists() else []
         if ckpts:
             argv += ["--resume_from_checkpoint", str(ckpts[-1][1])]
         start = time.perf_counter()

@@ -1,7 +1,7 @@
 """verl 0.9.1 on a CPU: what verl lacks there, supplied through its own registries (verl's code is not edited).
 
-For smoke runs of a verl recipe and for this package's end-to-end test (``tests/test_verl_e2e.py``), not for
-speed. ``register()``, called in every verl process (by a module named in ``VERL_USE_EXTERNAL_MODULES`` whose
+Test support, not installed: the end-to-end test's (``tests/test_verl_e2e.py``) harness, usable for a smoke run of a
+verl recipe from this repository, not for speed. ``register()``, called in every verl process (by a module named in ``VERL_USE_EXTERNAL_MODULES`` whose
 import calls it, with ``VERL_PLATFORM=cpu``; ``environment(hook_module)`` gives both; the end-to-end test's hook is
 ``tests/verl_support/atr_grpo_verl_cpu_hook.py``) registers:
 
