@@ -472,6 +472,27 @@ def old_logps_from_first_use(args, *, beta: float, use_vllm: bool, needs_full_di
 class ATRGRPOTrainer(ExactResumeMixin, ATRLossMixin, GRPOTrainer):
     """GRPOTrainer whose loss is ``atr_theory.policy_loss(method=args.method, ...)``.
 
+    **The seam with TRL and transformers: every hook this class changes, and why.** Everything else is TRL's own.
+
+    - The loss (``ATRLossMixin``, also put on Unsloth's patched trainer by ``atr_llm.unsloth_backend``):
+      ``__init__`` (the resolved rule, its generator, the entropy controller, refusals that need the model);
+      ``_compute_loss`` (``atr_theory.policy_loss`` in TRL's normalisation, with TRL's metric names);
+      ``_generate_and_score_completions`` (what a rule keeps of pi_old beyond its log-probs: hidden states and the
+      head for the full-distribution rules, the top-K for ``dppo_topk_*``, hidden states for ``measure_true_kl``);
+      ``_get_per_token_logps_and_entropies`` (TRL's fused kernel where its tile fits the vocabulary, else a plain
+      forward: TRL's needs Triton); ``log`` (the reward functions' own statistics);
+      ``entropy_coef`` / ``_last_world_entropy`` (TRL's entropy-controller attributes, kept in one object).
+    - Exact resume (``ExactResumeMixin``): ``_save_checkpoint`` (the generation cycle and the rule's record beside
+      each checkpoint), ``_load_optimizer_and_scheduler`` (the cycle restored), ``train`` (``latest`` and the
+      resume-compatibility check), ``_get_train_sampler`` (the permutations of the epochs already trained), and the
+      ``LogAtEveryCheckpoint`` callback (a log at each checkpoint, so a resumed run logs what the uninterrupted one
+      logs).
+    - Generation (this class): ``__init__`` (``fast_generation`` and whether pi_old's log-probs come from the first
+      loss forward), ``_generate_single_turn`` (the ``fast_generation`` context), ``_generate_and_score_completions``
+      and ``_get_per_token_logps_and_entropies`` (TRL's no-grad forward for pi_old skipped when the first loss
+      forward gives the same numbers, below). These two hooks are overridden here a second time, over the loss
+      mixin's, because Unsloth's trainer has its own generation and takes the mixin alone.
+
     Where ``old_logps_from_first_use`` allows, TRL's no-grad forward for the old log-probs at generation time
     is skipped and each batch's first loss forward supplies them (detached, kept in the batch for its later
     iterations): the policy has not changed in between, so they are the same numbers (on this CPU bit for bit:

@@ -63,8 +63,26 @@ def workdir(tmp_path_factory) -> Path:
     return root
 
 
+HARNESS = ROOT / "tests" / "verl_support"
+"""The CPU harness (``verl_cpu.py``) and the hook the workers import, a folder put on their ``PYTHONPATH``."""
+
+
+def _cpu_support():
+    """``tests/verl_support/verl_cpu.py``, imported from its file as the workers import it (its folder on their
+    ``PYTHONPATH``): a dependency of verl's environment installs a top-level ``tests`` package of its own, which hides
+    this repository's ``tests`` there."""
+    import importlib.util
+
+    if "verl_cpu" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("verl_cpu", HARNESS / "verl_cpu.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["verl_cpu"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["verl_cpu"]
+
+
 def _overrides(root: Path, run: str, method: str, v1: bool) -> list[str]:
-    from tests.verl_support.verl_cpu import CPU_OVERRIDES
+    CPU_OVERRIDES = _cpu_support().CPU_OVERRIDES
 
     return [
         "algorithm.adv_estimator=grpo",
@@ -103,11 +121,11 @@ def _overrides(root: Path, run: str, method: str, v1: bool) -> list[str]:
 def run_verl(root: Path, run: str, method: str, v1: bool, extra: list[str]) -> dict:
     """``python -m verl.trainer.main_ppo`` with the CPU support loaded; returns its metrics per step, its dumped
     rollouts, its checkpoint folder and its output."""
-    from tests.verl_support.verl_cpu import environment
+    environment = _cpu_support().environment
 
     (root / run).mkdir()
     metrics_file = root / run / "metrics.jsonl"
-    hooks = str(ROOT / "tests" / "verl_support")  # atr_grpo_verl_cpu_hook: registers the CPU support on import
+    hooks = str(HARNESS)  # atr_grpo_verl_cpu_hook: registers the CPU support on import
     path = os.pathsep.join(p for p in (hooks, os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, **environment("atr_grpo_verl_cpu_hook"), "PYTHONPATH": path}
     env.update({"VERL_FILE_LOGGER_PATH": str(metrics_file), "RAY_DEDUP_LOGS": "0"})
@@ -274,11 +292,13 @@ def test_importing_the_cpu_support_patches_nothing_until_register_is_called():
     script = (
         "import torch.distributed as dist\n"
         "before = dist.init_process_group\n"
-        "import tests.verl_support.verl_cpu as cpu, atr_llm.verl.plugin\n"
+        "import verl_cpu as cpu, atr_llm.verl.plugin\n"
         "assert dist.init_process_group is before, 'patched on import'\n"
         "cpu.register()\n"
         "assert dist.init_process_group is not before, 'register() did not install the backend fix'\n"
         "print('OK')\n"
     )
-    res = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    path = os.pathsep.join(p for p in (str(HARNESS), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path}  # the harness's folder, as the workers have it
+    res = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
