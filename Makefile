@@ -46,7 +46,8 @@ test-pins:
 	$(PINS_VENV)/bin/python -c "import trl, transformers, datasets; print('pinned:', trl.__version__, transformers.__version__, datasets.__version__)"
 	UNSLOTH_ZOO_DISABLE_GPU_INIT=1 $(PINS_VENV)/bin/python -m pytest tests/test_llm.py tests/test_trl_options.py tests/test_loss.py tests/test_unsloth_backend.py tests/test_compat.py tests/test_fast_generation.py -q -p no:cacheprovider
 
-# verl 0.9.1's own policy losses as the oracle of atr_theory.policy_loss (tests/test_verl_oracle.py)
+# verl 0.9.1's own policy losses as the oracle of atr_theory.policy_loss (tests/test_verl_oracle.py) and of the
+# verl plugin (tests/test_verl_plugin.py)
 # The verl venv sees this interpreter's packages (torch, pytest, this package) after its own: a .pth line adds this
 # interpreter's site directories with site.addsitedir, which works from an active virtual environment too (venv's
 # --system-site-packages would show the base interpreter's packages instead of the active environment's)
@@ -55,7 +56,7 @@ test-verl:
 	$(PY) -c "import site; print('import site; ' + '; '.join(f'site.addsitedir({d!r})' for d in site.getsitepackages()))" \
 		> "$$($(VERL_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/parent-environment.pth"
 	$(VERL_VENV)/bin/python -m pip install --quiet --no-deps $(VERL_PKGS)
-	$(VERL_VENV)/bin/python -m pytest tests/test_verl_oracle.py -q -p no:cacheprovider
+	$(VERL_VENV)/bin/python -m pytest tests/test_verl_oracle.py tests/test_verl_plugin.py -q -p no:cacheprovider
 
 # verl itself on a CPU: python -m verl.trainer.main_ppo with Ray, legacy and v1 trainers (tests/test_verl_e2e.py, ~6 min)
 # Its own virtualenv over this interpreter's packages (as test-verl): verl 0.9.1 and what its trainer imports, with

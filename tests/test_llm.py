@@ -1,21 +1,19 @@
-"""atr_llm on the offline tiny Qwen3: TRL as the oracle, every method, resume, bad configs, data, rewards."""
+"""atr_llm on the offline tiny Qwen3: TRL as the oracle, every method, resume, bad configs (data and rewards:
+tests/test_data.py, tests/test_rewards.py; the full-distribution rules: tests/test_trainer_full_distribution.py)."""
 
 import dataclasses
 import json
 import shutil
-import threading
 import warnings
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 trl = pytest.importorskip("trl")
 pytest.importorskip("math_verify")
 
-from grpo_helpers import grpo_config_kwargs, random_batch, tiny_trainer  # noqa: E402
+from grpo_helpers import grpo_config_kwargs, loss_and_grads, random_batch, tiny_trainer  # noqa: E402
 
 import atr_theory as at  # noqa: E402
 from atr_llm import data, rewards, tiny, train  # noqa: E402
@@ -42,12 +40,6 @@ def _batch(tok, B=8, P=6, T=8, seed=0):
     return random_batch(tok, B, P, T, seed)
 
 
-def _loss_and_grads(trainer, model, inputs):
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1
-    loss = trainer._compute_loss(model, inputs)
-    params = [p for p in model.parameters() if p.requires_grad]
-    return loss, torch.autograd.grad(loss, params, allow_unused=True)
 
 
 @pytest.mark.parametrize(
@@ -116,8 +108,8 @@ def _compare_with_trl(tmp_path, tok, model, ours, theirs):
         lp = a._get_per_token_logps_and_entropies(model, ids, msk, 8)[0]
     inputs["old_per_token_logps"] = lp + 0.4 * torch.randn(lp.shape, generator=torch.Generator().manual_seed(1))
     inputs["ref_per_token_logps"] = lp + 0.3 * torch.randn(lp.shape, generator=torch.Generator().manual_seed(2))
-    la, ga = _loss_and_grads(a, model, inputs)
-    lb, gb = _loss_and_grads(b, model, inputs)
+    la, ga = loss_and_grads(a, model, inputs)
+    lb, gb = loss_and_grads(b, model, inputs)
     assert la.item() == pytest.approx(lb.item(), rel=1e-6, abs=1e-12)
     worst = max(
         float(torch.linalg.vector_norm(x - y)) / max(float(torch.linalg.vector_norm(y)), 1e-30)
@@ -506,238 +498,6 @@ def test_plain_sft_loss_scores_only_completions_and_equals_transformers_labels_l
     torch.testing.assert_close(ours, oracle, rtol=1e-5, atol=1e-6)
 
 
-# ------------------------------------------------------------------ data and rewards
-@pytest.mark.parametrize("terms", [2, 3, 4])
-def test_arithmetic_answers_are_correct(terms):
-    """Python's own evaluation (precedence included) as the oracle."""
-    for row in data.arithmetic_dataset(300, ops="+-*", terms=terms, max_operand=12):
-        expr = row["problem"][len("What is ") : -1]
-        assert len(expr.split()) == 2 * terms - 1
-        assert str(eval(expr)) == row["answer"]  # noqa: S307 - our own generated digits
-    with pytest.raises(ValueError, match="ops from"):
-        data.arithmetic_problem(__import__("random").Random(0), ops="/")
-
-
-def test_step_by_step_solutions_chain_to_the_answer():
-    """Each line ``x op y = z`` is checked by Python's eval; lines chain left to right from the first operand
-    and the last result is the answer (itself checked by eval of the whole expression)."""
-    for row in data.arithmetic_dataset(300, terms=4, ops="+-", steps=True, seed=2):
-        expr = row["problem"][len("What is ") : -1]
-        lines = row["solution"].split("\n")
-        assert len(lines) == 3 and str(eval(expr)) == row["answer"]  # noqa: S307 - our own generated digits
-        acc = expr.split()[0]
-        for line, (op, y) in zip(lines, zip(expr.split()[1::2], expr.split()[2::2])):
-            lhs, rhs = line.split(" = ")
-            assert lhs == f"{acc} {op} {y}" and str(eval(lhs)) == rhs  # noqa: S307
-            acc = rhs
-        assert acc == row["answer"]
-    with pytest.raises(ValueError, match="steps=True.*'\\+-'"):
-        data.arithmetic_problem(__import__("random").Random(0), ops="+*", steps=True)
-
-
-def test_dapo_rows_are_stripped_and_deduplicated(tmp_path):
-    text = (
-        "Solve the following math problem step by step. The last line of your response should be of the form "
-        "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\nWhat is $1+1$?\n\n"
-        'Remember to put your answer on its own line after "Answer:".'
-    )
-    row = {"prompt": [{"role": "user", "content": text}], "reward_model": {"ground_truth": "2", "style": "rule"}}
-    f = tmp_path / "dapo.jsonl"
-    f.write_text("\n".join(json.dumps(row) for _ in range(100)) + "\n")
-    ds = data.load_source("dapo-math-17k", f)
-    assert len(ds) == 1 and ds[0]["problem"] == "What is $1+1$?" and ds[0]["answer"] == "2"
-
-
-def test_local_benchmark_files_map_to_one_schema(tmp_path):
-    f = tmp_path / "aime25.jsonl"
-    f.write_text(json.dumps({"question": "Find x.", "answer": 70}) + "\n")
-    ds = data.load_source("aime25", f)
-    assert ds[0] == {"problem": "Find x.", "answer": "70"}
-    prompt = data.to_grpo_dataset(ds)[0]["prompt"]
-    assert prompt[0]["role"] == "system" and "\\boxed{}" in prompt[0]["content"]
-
-
-def test_a_malformed_row_names_the_file_the_row_and_the_column(tmp_path):
-    f = tmp_path / "amc.jsonl"
-    f.write_text(
-        json.dumps({"question": "ok", "answer": "1"}) + "\n" + json.dumps({"question": "", "answer": "2"}) + "\n"
-    )
-    with pytest.raises(ValueError, match=r"amc.jsonl: line 2, column 'question' must be a non-empty string"):
-        data.load_source("amc23-40", f)
-    g = tmp_path / "amc2.jsonl"
-    g.write_text(json.dumps({"problem": "x", "answer": "1"}) + "\n")
-    with pytest.raises(ValueError, match=r"amc2.jsonl: line 1 has no column 'question'"):
-        data.load_source("amc23-40", g)
-
-
-def test_amc23_is_the_papers_83_problem_set_in_its_real_schema(tmp_path):
-    """AI-MO/aimo-validation-amc: id, problem, answer (a float), url; 83 rows. The paper's AMC percentages are
-    multiples of 1/83; the 40-problem math-ai/amc23 stays available as amc23-40."""
-    rows = [
-        {"id": i, "problem": f"Problem {i}?", "answer": float(i * 7), "url": f"https://example.org/{i}"}
-        for i in range(83)
-    ]
-    f = tmp_path / "amc.parquet"
-    import pandas as pd
-
-    pd.DataFrame(rows).to_parquet(f)
-    ds = data.load_source("amc23", f)
-    assert len(ds) == data.SOURCES["amc23"].n_problems == 83
-    assert ds[3] == {"problem": "Problem 3?", "answer": "21"}  # 21.0 -> "21"
-    assert data.SOURCES["amc23"].hub_id == "AI-MO/aimo-validation-amc"
-    assert data.SOURCES["amc23-40"].n_problems == 40
-    for paper_percent in (48.19, 60.24, 69.88, 80.72):  # Table 2's AMC numbers: k/83, not k/40
-        assert min(abs(100 * k / 83 - paper_percent) for k in range(84)) < 0.006
-        assert min(abs(100 * k / 40 - paper_percent) for k in range(41)) > 0.1  # 20x the rounding
-    g = tmp_path / "amc-short.parquet"
-    pd.DataFrame(rows[:80]).to_parquet(g)
-    with pytest.warns(UserWarning, match="amc23 has 83 problems, this file/hub copy has 80"):
-        data.load_source("amc23", g)
-
-
-def test_reward_grades_and_counts_and_never_raises():
-    r = rewards.CorrectnessReward()
-    out = r(
-        completions=[
-            "so \\boxed{12}",
-            "\\boxed{13}",
-            "no answer here",
-            None,
-            [{"role": "assistant", "content": "\\boxed{12}"}],
-        ],
-        answer=["12", "12", "12", "12", "12"],
-    )
-    assert out == [1.0, 0.0, 0.0, 0.0, 1.0]
-    stats = r.pop_stats()
-    assert stats["reward/correct_frac"] == pytest.approx(0.4) and stats["reward/unparsable_frac"] > 0
-    # off the main thread math-verify's signal timeouts cannot work: grading goes through a process
-    result = {}
-    t = threading.Thread(
-        target=lambda: result.update(v=r(completions=["\\boxed{1/2}", "\\boxed{0.5}"], answer=["\\frac{1}{2}", "1/2"]))
-    )
-    t.start()
-    t.join(60)
-    assert result["v"] == [1.0, 1.0]
-
-
-def test_reward_cache_gives_math_verifys_grades_and_grades_each_distinct_pair_once(monkeypatch):
-    """Oracle: ``rewards.grade`` (math-verify) on every pair, uncached. The cache must give the same rewards and
-    counts, grade a repeated pair once (also within one call), never keep a timeout, and drop the oldest first."""
-    pairs = [
-        ("so \\boxed{12}", "12"),
-        ("\\boxed{13}", "12"),
-        ("no answer here", "12"),
-        ("\\boxed{1/2}", "\\frac{1}{2}"),
-    ]
-    pairs += [pairs[0], pairs[1], pairs[0], ("\\boxed{12}", "13")]
-    expected = [1.0 if rewards.grade(c, g) == "correct" else 0.0 for c, g in pairs]
-    assert expected == [1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0]
-    real_grade, calls = rewards.grade, []
-    monkeypatch.setattr(rewards, "grade", lambda c, g, t=5: calls.append((c, g)) or real_grade(c, g, t))
-    r = rewards.CorrectnessReward()
-    completions, answers = [c for c, _ in pairs], [g for _, g in pairs]
-    assert r(completions=completions, answer=answers) == expected
-    assert sorted(calls) == sorted(set(pairs))  # 5 distinct pairs graded once each
-    stats = r.pop_stats()
-    assert stats["reward/correct_frac"] == pytest.approx(4 / 8) and stats["reward/unparsable_frac"] == pytest.approx(
-        1 / 8
-    )
-    calls.clear()
-    assert r(completions=completions[::-1], answer=answers[::-1]) == expected[::-1] and calls == []
-    assert r.pop_stats() == stats  # counts are of rewards given, cached or not
-    # a timeout is not kept: the pair is graded again next time
-    outcomes = iter(["timeout", "correct", "correct"])
-    monkeypatch.setattr(rewards, "grade", lambda c, g, t=5: calls.append((c, g)) or next(outcomes))
-    fresh = rewards.CorrectnessReward()
-    assert fresh(completions=["x"], answer=["1"]) == [0.0] and fresh(completions=["x"], answer=["1"]) == [1.0]
-    assert fresh(completions=["x"], answer=["1"]) == [1.0] and calls == [("x", "1"), ("x", "1")]
-    # bounded: with room for 2, the oldest goes first; cache_size=0 keeps nothing
-    monkeypatch.setattr(rewards, "grade", lambda c, g, t=5: "wrong")
-    small = rewards.CorrectnessReward(cache_size=2)
-    for c in ("a", "b", "c"):
-        small(completions=[c], answer=["1"])
-    assert list(small._cache) == [("b", "1"), ("c", "1")]
-    off = rewards.CorrectnessReward(cache_size=0)
-    off(completions=["a", "a"], answer=["1", "1"])
-    assert off._cache == {}
-    for bad in (-1, 1.5, True, None):
-        with pytest.raises(ValueError, match="cache_size must be a non-negative int"):
-            rewards.CorrectnessReward(cache_size=bad)
-
-
-_STEP_TEXT = st.text(alphabet="0123456789 +-=\n", max_size=40)
-_DIGITS = st.text(alphabet="0123456789", min_size=1, max_size=25)
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    steps=_STEP_TEXT,
-    boxed=st.tuples(st.booleans(), _DIGITS).map(lambda t: ("-" if t[0] else "") + t[1]),
-    gold=st.one_of(
-        st.integers(-(10**20), 10**20).map(str),
-        st.tuples(st.booleans(), _DIGITS).map(lambda t: ("-" if t[0] else "") + t[1]),
-    ),
-    same=st.booleans(),
-)
-def test_boxed_integer_fast_path_gives_math_verifys_grade_on_its_whole_domain(steps, boxed, gold, same):
-    """Oracle: math-verify (``math_verify_grade``). Every completion of the fast path's domain -- any text over digits,
-    spaces, ``+ - =`` and newlines, then ``\\boxed{n}`` -- gets math-verify's (status, extracted), equal integers
-    written differently included (leading zeros, ``-0``); a fast path comparing strings, or extracting ``int(n)``,
-    fails."""
-    if same:
-        gold = str(int(boxed))
-    completion = steps + "\\boxed{" + boxed + "}"
-    fast = rewards.boxed_integer_grade(completion, gold)
-    assert fast is not None
-    assert fast == rewards.math_verify_grade(completion, gold)
-
-
-@pytest.mark.parametrize(
-    "completion, gold",
-    [
-        ("x = 5\n\\boxed{5}", "5"),  # a letter before the box
-        ("\\boxed{5} ", "5"),  # text after it
-        ("\\boxed{5}}", "5"),
-        ("\\boxed{+5}", "5"),
-        ("\\boxed{5.0}", "5"),
-        ("\\boxed{5}", "5.0"),  # a gold that is not an integer
-        ("$5$ \\boxed{5}", "5"),
-        ("\\boxed{1}\n\\boxed{2}", "2"),
-        ("5 + 2 = 7", "7"),  # no box
-    ],
-)
-def test_boxed_integer_fast_path_leaves_every_other_pair_to_math_verify(completion, gold, monkeypatch):
-    """Outside its domain the fast path answers None and ``grade_with_answer`` is math-verify's grade."""
-    assert rewards.boxed_integer_grade(completion, gold) is None
-    calls = []
-    real = rewards.math_verify_grade
-    monkeypatch.setattr(rewards, "math_verify_grade", lambda c, g, t=5: calls.append(c) or real(c, g, t))
-    assert rewards.grade_with_answer(completion, gold) == real(completion, gold) and calls == [completion]
-
-
-def test_truncated_reward_scores_completions_cut_at_the_cap_and_counts_them():
-    r = rewards.CorrectnessReward(truncated_reward=0.0, eos_token_ids=[7])
-    out = r(
-        completions=["\\boxed{4}", "\\boxed{4}}}}}", "\\boxed{5}"],
-        answer=["4", "4", "4"],
-        completion_ids=[[1, 2, 7], [1, 2, 3, 3], [1, 2, 7]],  # the second has no eos: cut at the cap
-    )
-    assert out == [1.0, 0.0, 0.0]  # a right answer padded to the cap scores truncated_reward
-    stats = r.pop_stats()
-    assert stats["reward/truncated_frac"] == pytest.approx(1 / 3) and stats["reward/correct_frac"] == pytest.approx(
-        1 / 3
-    )
-    plain = rewards.CorrectnessReward()
-    assert plain(completions=["\\boxed{4}}}}}"], answer=["4"]) == [1.0]  # without it: graded like any other
-    assert "reward/truncated_frac" not in plain.pop_stats()
-    with pytest.raises(ValueError, match="needs eos_token_ids"):
-        rewards.CorrectnessReward(truncated_reward=0.0)
-    with pytest.raises(ValueError, match="finite"):
-        rewards.CorrectnessReward(truncated_reward=float("nan"), eos_token_ids=[7])
-    with pytest.raises(ValueError, match="no completion_ids"):
-        r(completions=["\\boxed{4}"], answer=["4"])
-
-
 def _scored_group(tmp_path, tok, model, *, mask_truncated, truncated_reward):
     """One prompt ("What is 2 + 2?"), 4 completions, all with the right answer: 2 stop after ``\\boxed{4}``,
     2 pad ``}`` to the length cap. Generation is replaced by these fixed completions; everything else (rewards
@@ -887,66 +647,6 @@ def test_two_processes_train_and_log_clip_metrics_averaged_over_processes(tmp_pa
     logs = [h for h in state["log_history"] if "loss" in h]
     assert [h["step"] for h in logs] == [1, 2, 3]
     assert all(0.0 <= h["clip/frac_kept"] <= 1.0 and "clip/frac_ratio_moved" in h for h in logs)
-
-
-@pytest.mark.parametrize("method", ["tr_ppo", "truly_ppo"])
-def test_full_distribution_methods_score_from_hidden_states_as_the_full_logits_would(tmp_path, tok, method):
-    """The trainer's chunked path (old hidden states + head snapshot -> head_kl_chunked) against policy_loss on
-    the model's own (B, T, V) logits of the current and of a perturbed "generation-time" model, by hand."""
-    import copy
-
-    model = tiny.build_tiny_model(tok).double()
-    old_model = copy.deepcopy(model)
-    with torch.no_grad():
-        for p in old_model.parameters():
-            p.add_(0.03 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel()), dtype=p.dtype))
-    inputs = _batch(tok)
-    T = inputs["completion_ids"].size(1)
-    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-    msk = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
-
-    def full_log_softmax(m):
-        return torch.log_softmax(m(input_ids=ids, attention_mask=msk).logits[:, -T - 1 : -1], -1)
-
-    with torch.no_grad():
-        old_full = full_log_softmax(old_model)
-        kl = at.full_kl(old_full, full_log_softmax(model))[inputs["completion_mask"].bool()]
-    # delta halfway between the two middle KLs: half the tokens inside the trust region, half outside, none on its
-    # edge (delta = the median, one token's own KL, left that token's side to float rounding: the test was flaky)
-    ranked = kl.sort().values
-    delta = float(ranked[len(ranked) // 2 - 1 : len(ranked) // 2 + 1].mean())
-    ds = data.to_grpo_dataset(data.arithmetic_dataset(16))
-    cfg = ATRGRPOConfig(method=method, divergence_delta=delta, kl_chunk_size=5, **_common(tmp_path))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer = ATRGRPOTrainer(
-            model=model, reward_funcs=[rewards.CorrectnessReward()], args=cfg, train_dataset=ds, processing_class=tok
-        )
-    with torch.no_grad():
-        inputs["old_per_token_logps"] = old_full.gather(-1, inputs["completion_ids"][..., None])[..., 0]
-        inputs["old_hidden_states"] = trainer._completion_hidden(old_model, ids, msk, T)
-    trainer._old_head = {"weight": old_model.get_output_embeddings().weight.detach()}
-    loss, grads = _loss_and_grads(trainer, model, inputs)
-
-    full = full_log_softmax(model)
-    ref = at.policy_loss(
-        full.gather(-1, inputs["completion_ids"][..., None])[..., 0],
-        inputs["old_per_token_logps"],
-        inputs["advantages"],
-        inputs["completion_mask"].bool(),
-        method=method,
-        delta=delta,
-        max_length=8,
-        old_full_logp=old_full,
-        full_logp=full,
-    )
-    params = [p for p in model.parameters() if p.requires_grad]
-    ref_grads = torch.autograd.grad(ref.loss, params, allow_unused=True)
-    assert loss.item() == pytest.approx(ref.loss.item(), rel=1e-6, abs=1e-12)
-    for g, r in zip(grads, ref_grads):
-        if r is not None:
-            torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-9)
-    assert 0 < ref.metrics["frac_masked"] < 1 or method == "truly_ppo"
 
 
 def test_a_training_run_resolves_its_method_once_at_config_time(tmp_path, tok, monkeypatch):

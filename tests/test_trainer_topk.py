@@ -17,7 +17,7 @@ from atr_llm.config import ATRGRPOConfig
 from atr_llm.config.fields import ConfigError
 from atr_llm.trainer import ATRGRPOTrainer
 from atr_theory.methods.vocab_topk_masks import topk_kl, topk_tv
-from tests.grpo_helpers import grpo_config_kwargs, random_batch, tiny_trainer
+from tests.grpo_helpers import grpo_config_kwargs, loss_and_grads, policy_loss_on_logits, random_batch, tiny_trainer
 
 
 @pytest.fixture(scope="module")
@@ -85,24 +85,12 @@ def test_the_trainers_loss_is_policy_loss_on_the_models_own_top_k(tmp_path, tok,
         old_topk_ids=kept_ids,
         old_topk_logp=kept_logp,
     )
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1
-    loss = trainer._compute_loss(model, inputs)
+    loss, grads = loss_and_grads(trainer, model, inputs)
     params = [p for p in model.parameters() if p.requires_grad]
-    grads = torch.autograd.grad(loss, params, allow_unused=True)
 
     full = _log_softmax(model, inputs)
-    ref = at.policy_loss(
-        full.gather(-1, inputs["completion_ids"][..., None])[..., 0],
-        inputs["old_per_token_logps"],
-        inputs["advantages"],
-        inputs["completion_mask"].bool(),
-        method=method,
-        delta_low=delta,
-        delta_high=delta,
-        max_length=8,
-        old_topk_logp=want_logp,
-        topk_logp=full.gather(-1, want_ids),
+    ref = policy_loss_on_logits(
+        full, inputs, method, delta_low=delta, delta_high=delta, old_topk_logp=want_logp, topk_logp=full.gather(-1, want_ids)
     )
     ref_grads = torch.autograd.grad(ref.loss, params, allow_unused=True)
     assert loss.item() == pytest.approx(ref.loss.item(), rel=1e-6, abs=1e-12)
