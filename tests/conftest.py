@@ -12,10 +12,18 @@ from hypothesis import Phase, settings
 
 # tests/verl_support/ holds modules verl's processes import (the CPU support's hook): they register into verl on
 # import, so --doctest-modules must not import them where verl is absent
-collect_ignore = ["verl_support"]
+collect_ignore = ["verl_support", "verl_oracle_support.py"]  # the latter imports verl: its test files skip without it
 
 # `make mutation` (mutmut): a first failing example kills a mutant; shrinking it would only cost time
 settings.register_profile("mutation", phases=[Phase.explicit, Phase.reuse, Phase.generate], database=None)
+
+
+@pytest.fixture(scope="session")
+def tok():
+    """The tiny offline tokenizer every trainer test uses (``atr_llm.tiny``), built once."""
+    from atr_llm import tiny
+
+    return tiny.build_tiny_tokenizer()
 
 
 @pytest.fixture(autouse=True)

@@ -16,11 +16,6 @@ from atr_llm.fast_generation import lora_merged_for_generation, resolve_mode
 from atr_llm.trainer import ATRGRPOConfig, ATRGRPOTrainer
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return tiny.build_tiny_tokenizer()
-
-
 def _lora_model(tok, seed=0, scale=0.0):
     from peft import LoraConfig, get_peft_model
 

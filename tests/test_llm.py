@@ -27,11 +27,6 @@ from atr_llm.trainer import (  # noqa: E402
 CONFIGS = Path(__file__).resolve().parents[1] / "atr_llm" / "configs"
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return tiny.build_tiny_tokenizer()
-
-
 def _common(tmp_path, **kw):
     return grpo_config_kwargs(tmp_path, **{"loss_type": "dr_grpo", **kw})
 

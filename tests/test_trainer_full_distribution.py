@@ -13,11 +13,6 @@ from atr_llm import data, rewards, tiny
 from atr_llm.trainer import ATRGRPOConfig, ATRGRPOTrainer
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return tiny.build_tiny_tokenizer()
-
-
 @pytest.mark.parametrize("method", ["tr_ppo", "truly_ppo"])
 def test_full_distribution_methods_score_from_hidden_states_as_the_full_logits_would(tmp_path, tok, method):
     """The trainer's chunked path (old hidden states + head snapshot -> head_kl_chunked) against policy_loss on

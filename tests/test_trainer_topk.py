@@ -20,11 +20,6 @@ from atr_theory.methods.vocab_topk_masks import topk_kl, topk_tv
 from tests.grpo_helpers import grpo_config_kwargs, loss_and_grads, policy_loss_on_logits, random_batch, tiny_trainer
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return tiny.build_tiny_tokenizer()
-
-
 def _ids_and_mask(inputs):
     return (
         torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1),

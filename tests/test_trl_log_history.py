@@ -10,7 +10,6 @@ import pytest
 from grpo_helpers import grpo_config_kwargs, tiny_moe, tiny_trainer
 from trl import GRPOConfig, GRPOTrainer
 
-from atr_llm import tiny
 from atr_llm.trainer import ATRGRPOConfig
 
 # the options of TRL's tests (tests/test_grpo_trainer.py: test_train, test_train_with_static_entropy,
@@ -24,11 +23,6 @@ CASES = {
         ("train_loss", "policy_loss", "entropy_coef"),
     ),
 }
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tiny.build_tiny_tokenizer()
 
 
 def _closing_entry(tok, tmp_path, config_cls, trainer_cls, case, options) -> dict:

@@ -24,11 +24,6 @@ FAMILY = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 RULES = ("cispo", "sapo", "vespo")
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return tiny.build_tiny_tokenizer()
-
-
 def _trainers(tmp_path, tok, model, options, method="trl"):
     ds = data.to_grpo_dataset(data.arithmetic_dataset(16))
     reward = rewards.CorrectnessReward()
