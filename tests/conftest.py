@@ -18,9 +18,9 @@ collect_ignore = ["verl_support", "verl_oracle_support.py"]  # the latter import
 settings.register_profile("mutation", phases=[Phase.explicit, Phase.reuse, Phase.generate], database=None)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def tok():
-    """The tiny offline tokenizer every trainer test uses (``atr_llm.tiny``), built once."""
+    """The tiny offline tokenizer every trainer test uses (``atr_llm.tiny``), built once per test module."""
     from atr_llm import tiny
 
     return tiny.build_tiny_tokenizer()
