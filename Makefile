@@ -44,7 +44,7 @@ test-pins:
 	$(PINS_VENV)/bin/python -m pip install --quiet -e ".[dev,llm]" -c ci/unsloth-pins.txt
 	$(PINS_VENV)/bin/python -m pip install --quiet --no-deps unsloth_zoo==2026.10.9  # its GRPO scorer runs on CPU
 	$(PINS_VENV)/bin/python -c "import trl, transformers, datasets; print('pinned:', trl.__version__, transformers.__version__, datasets.__version__)"
-	UNSLOTH_ZOO_DISABLE_GPU_INIT=1 $(PINS_VENV)/bin/python -m pytest tests/test_llm.py tests/test_trl_options.py tests/test_loss.py tests/test_unsloth_backend.py tests/test_compat.py tests/test_fast_generation.py -q -p no:cacheprovider
+	UNSLOTH_ZOO_DISABLE_GPU_INIT=1 $(PINS_VENV)/bin/python -m pytest tests/test_llm.py tests/test_data.py tests/test_rewards.py tests/test_trl_options.py tests/test_trl_log_history.py tests/test_trainer_topk.py tests/test_trainer_full_distribution.py tests/test_loss.py tests/test_loss_refusals.py tests/test_unsloth_backend.py tests/test_compat.py tests/test_fast_generation.py -q -p no:cacheprovider
 
 # verl 0.9.1's own policy losses as the oracle of atr_theory.policy_loss (tests/test_verl_oracle.py) and of the
 # verl plugin (tests/test_verl_plugin.py)

@@ -6,11 +6,13 @@ its own (``atr_llm.checkpoints.LogAtEveryCheckpoint``)."""
 
 from __future__ import annotations
 
+import types
+
 import pytest
 from grpo_helpers import grpo_config_kwargs, tiny_moe, tiny_trainer
 from trl import GRPOConfig, GRPOTrainer
 
-from atr_llm.trainer import ATRGRPOConfig
+from atr_llm.trainer import ATRGRPOConfig, ATRLossMixin, trl_logps_kernel_available
 
 # the options of TRL's tests (tests/test_grpo_trainer.py: test_train, test_train_with_static_entropy,
 # test_train_with_adaptive_entropy), on this package's tiny CPU run
@@ -33,6 +35,11 @@ def _closing_entry(tok, tmp_path, config_cls, trainer_cls, case, options) -> dic
         kwargs["method"] = "trl"
     model = tiny_moe(tok) if case == "mixture_of_experts" else None
     trainer = tiny_trainer(tok, config_cls(**kwargs), trainer_cls, model=model)
+    if trainer_cls is GRPOTrainer and not trl_logps_kernel_available():  # TRL 1.15's log-probs need Triton: the
+        # stock trainer scores with ours (a plain forward); what is compared is what it logs
+        trainer._get_per_token_logps_and_entropies = types.MethodType(
+            ATRLossMixin._get_per_token_logps_and_entropies, trainer
+        )
     trainer.train()
     return trainer.state.log_history[-1]
 
