@@ -349,20 +349,15 @@ def rule_options_read(args, resolved: at.ResolvedMethod) -> None:
     rule that reads the top-K (``MethodSpec.needs_topk``: dppo_topk_tv, dppo_topk_kl)."""
     from .fields import is_set
 
-    if is_set(args, "method_seed") and not resolved.spec.stochastic:
-        stochastic = sorted(n for n in at.method_names(aliases=False) if at.METHODS[n].stochastic)
-        raise ConfigError(
-            "method_seed",
-            args.method_seed,
-            f"rule {resolved.name!r} draws nothing to seed (the rules that draw: {', '.join(stochastic)})",
-        )
-    if is_set(args, "dppo_topk") and not resolved.spec.needs_topk:
-        topk = sorted(n for n in at.method_names(aliases=False) if at.METHODS[n].needs_topk)
-        raise ConfigError(
-            "dppo_topk",
-            args.dppo_topk,
-            f"rule {resolved.name!r} reads no top-K (the rules that do: {', '.join(topk)})",
-        )
+    for option, flag, not_read, readers in (  # an option a rule reads where its MethodSpec flag is set
+        ("method_seed", "stochastic", "draws nothing to seed", "the rules that draw"),
+        ("dppo_topk", "needs_topk", "reads no top-K", "the rules that do"),
+    ):
+        if is_set(args, option) and not getattr(resolved.spec, flag):
+            names = sorted(n for n in at.method_names(aliases=False) if getattr(at.METHODS[n], flag))
+            raise ConfigError(
+                option, getattr(args, option), f"rule {resolved.name!r} {not_read} ({readers}: {', '.join(names)})"
+            )
     if is_set(args, "kl_chunk_size") and not (resolved.spec.needs_full_distributions or args.measure_true_kl):
         raise ConfigError(
             "kl_chunk_size",
