@@ -1,7 +1,7 @@
-"""The declared argument types of every command (``atr_llm.cli``'s convention): each parses a value, checks its domain
-while the command line is read (argparse then refuses ``--flag VALUE: expected ...``, exit 2), checks an
+"""The declared argument types of every command (``atr_llm.command_line``'s convention): each parses a value, checks its
+domain while the command line is read (argparse then refuses ``--flag VALUE: expected ...``, exit 2), checks an
 already-typed value (``check``: a YAML config's), describes its domain in ``--help``, and lists the bad values the
-fuzzer (tests/test_cli_fuzz.py) expects it to refuse. They build on ``atr_llm.cli``'s checks.
+fuzzer (tests/test_command_line_fuzz.py) expects it to refuse. They build on ``atr_llm.command_line``'s checks.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .cli import (
+from .command_line import (
     UsageError,
     existing_directory,
     existing_file,
@@ -29,7 +29,7 @@ class Declared:
     """An argument's declaration: ``__call__`` turns the command-line text into the value or raises
     ``argparse.ArgumentTypeError`` (argparse then refuses ``argument --flag: <text>: <expected>``, exit 2);
     ``check`` does the same for a value that arrived already typed (a YAML config); ``valid_text`` is one accepted
-    value and ``bad_texts`` the values the fuzzer (tests/test_cli_fuzz.py) expects to be refused; ``role`` says
+    value and ``bad_texts`` the values the fuzzer (tests/test_command_line_fuzz.py) expects to be refused; ``role`` says
     whether it is a number, a text or a path to read or to write."""
 
     role = "value"
@@ -270,7 +270,7 @@ def scratch_paths(scratch: Path) -> dict[str, Path]:
 
 class PathDeclared(Declared):
     """A path argument: the value is the text as typed (a ``Path`` with ``as_path=True``), once ``check_path`` (one
-    of ``atr_llm.cli``'s path checks) passes; an empty path is refused as ``empty`` says (None: left to the check)."""
+    of ``atr_llm.command_line``'s path checks) passes; an empty path is refused as ``empty`` says (None: left to the check)."""
 
     empty: str | None = None
 
@@ -523,7 +523,7 @@ def declaration(action: argparse.Action) -> Declared | None:
 
 def undeclared_arguments(parser: argparse.ArgumentParser) -> list[str]:
     """The options of ``parser`` that take a value but have neither a declared type nor ``choices`` (an entry point
-    must declare each; tests/test_cli_fuzz.py holds every entry point to it)."""
+    must declare each; tests/test_command_line_fuzz.py holds every entry point to it)."""
     missing = []
     for action in parser._actions:
         if action.nargs == 0 or isinstance(action, argparse._HelpAction):

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from .generators import HFGenerator, VLLMGenerator, _vllm_available  # noqa: F401  (part of this module's API)
+from .evaluation_generators import HFGenerator, VLLMGenerator, vllm_available  # noqa: F401  (part of this module's API)
 from .rewards import grade_many
 
 PAPER_BENCHMARKS = {"amc23": "AMC2023", "aime24": "AIME2024", "aime25": "AIME2025"}
@@ -284,7 +284,7 @@ def checkpoints_every(run_dir: Path, every: int) -> list[tuple[int, Path]]:
 
 def build_generator(args, checkpoint: Path | None):
     """(generate function) for the base model + optional adapter / checkpoint."""
-    if _vllm_available() and not args.no_vllm and not args.tiny_model:  # pragma: no cover
+    if vllm_available() and not args.no_vllm and not args.tiny_model:  # pragma: no cover
         adapter = str(checkpoint) if checkpoint is not None else args.adapter
         return VLLMGenerator(
             args.model,
@@ -328,8 +328,7 @@ THINKING = {"on": True, "off": False, "template": None}
 
 def parse_args(argv=None):
     """The declaration of ``python -m atr_llm.evaluate``: each value's domain is checked while parsing
-    (atr_llm.cli's types), the combinations by ``check_args``; both before a model loads or a file is written."""
-    from .cli import Parser, options_given
+    (atr_llm.command_line's types), the combinations by ``check_args``; both before a model loads or a file is written."""
     from .cli_types import (
         SEED,
         AtMost,
@@ -343,6 +342,7 @@ def parse_args(argv=None):
         Text,
         WriteDir,
     )
+    from .command_line import Parser, options_given
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Text(), default=None, help="base model: hub id or local folder")
@@ -412,7 +412,7 @@ ARCHITECTURE_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_laye
 def check_chat_template(argument: str, folder: Path) -> None:
     """Refuse a local model folder whose tokenizer has no chat template (evaluation formats every prompt with it):
     neither ``chat_template.jinja`` nor a ``chat_template`` entry in ``tokenizer_config.json``."""
-    from .cli import refuse
+    from .command_line import refuse
 
     config = folder / "tokenizer_config.json"
     has = (folder / "chat_template.jinja").is_file()
@@ -433,7 +433,7 @@ def check_chat_template(argument: str, folder: Path) -> None:
 def check_same_architecture(argument: str, checkpoint: Path, base_argument: str, base: Path) -> None:
     """Refuse a full-model checkpoint whose ``config.json`` differs from the base model's in ``ARCHITECTURE_KEYS``
     (a run of another model): its weights would not load into the base's tokenizer and shapes."""
-    from .cli import refuse
+    from .command_line import refuse
 
     if not (checkpoint / "config.json").is_file() or not (base / "config.json").is_file():
         return
@@ -448,7 +448,7 @@ def check_args(args, given=()) -> None:
     """The combinations of arguments (each value's own domain was checked by its declaration in ``parse_args``),
     checked before a model loads or a file is written; a refusal names the argument. ``given``: the arguments typed
     (their dests; a default is not typed)."""
-    from .cli import refuse
+    from .command_line import refuse
 
     if args.model is None and args.tiny_model is None:
         raise refuse("--model", None, "give --model (hub id or folder) or --tiny-model FOLDER")
@@ -520,7 +520,7 @@ def trained_rule(checkpoints: str | None, runs: list[tuple[int, Path | None]]) -
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    from .runtime import enable_huge_pages_for_large_cpu_tensors
+    from .huge_pages import enable_huge_pages_for_large_cpu_tensors
 
     enable_huge_pages_for_large_cpu_tensors()  # before any model is built: torch reads it once
     paths = dict(p.split("=", 1) for p in args.benchmark_path)
@@ -552,6 +552,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from .cli import run_command
+    from .command_line import run_command
 
     run_command(main)

@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> list[Path]:
     """``python -m atr_llm.presets``: takes no argument (an unknown one is refused, never ignored)."""
     import argparse
 
-    from .cli import Parser
+    from .command_line import Parser
 
     Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     paths = write_presets()
@@ -124,6 +124,6 @@ def main(argv: list[str] | None = None) -> list[Path]:
 
 
 if __name__ == "__main__":
-    from .cli import run_command
+    from .command_line import run_command
 
     run_command(main)

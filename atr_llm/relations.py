@@ -1,8 +1,8 @@
 """Relations between a command's (or a config's) arguments, declared once: an option that excludes another
 (``Exclusive``), needs another (``Requires``), is bounded by another (``AtMost``), or a condition of no other shape
-(``Holds``). ``atr_llm.cli.Parser.relate`` declares them for a command and refuses a command line that breaks one;
+(``Holds``). ``atr_llm.command_line.Parser.relate`` declares them for a command and refuses a command line that breaks one;
 ``atr_llm.config.fields`` declares the trainer's, checked when its configs are built; the fuzzer
-(tests/test_cli_fuzz.py) builds inputs that break each.
+(tests/test_command_line_fuzz.py) builds inputs that break each.
 """
 
 from __future__ import annotations

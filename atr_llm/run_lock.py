@@ -24,10 +24,10 @@ def holds_the_lock() -> bool:
 @contextmanager
 def output_dir_lock(out: Path) -> Iterator[Path]:
     """Hold ``out``'s run lock for the ``with`` block (``out`` must exist); a held lock raises
-    :class:`atr_llm.cli.UsageError` for ``--output_dir``."""
+    :class:`atr_llm.command_line.UsageError` for ``--output_dir``."""
     import fcntl
 
-    from .cli import refuse
+    from .command_line import refuse
 
     if not holds_the_lock():
         yield out

@@ -133,8 +133,8 @@ def save_tiny(out: str | Path, seed: int = 0, vocab: str = "toy") -> Path:
 
 
 def main(argv=None) -> None:
-    from .cli import Parser
     from .cli_types import SEED, WriteDir
+    from .command_line import Parser
 
     ap = Parser(description=__doc__)
     ap.add_argument("--out", type=WriteDir(), default="runs/tiny-qwen3")
@@ -145,6 +145,6 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    from .cli import run_command
+    from .command_line import run_command
 
     run_command(main)

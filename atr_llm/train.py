@@ -24,7 +24,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from .cli import atomic_write_text, directory_written_whole, refuse, refuse_unknown_options
+from .command_line import refuse, refuse_unknown_options
+from .files import atomic_write_text, directory_written_whole
 
 USAGE = """\
 python -m atr_llm.train needs a config or arguments. To start:
@@ -196,7 +197,7 @@ def parse(argv=None):
 def command_line_values(parser, argv: list[str]) -> tuple[dict, dict]:
     """The values ``argv`` gives, by field (what was given, nothing else), and where each came from: ``(option as
     typed, text as typed, None)``."""
-    from .cli import given_twice, options_given, reworded
+    from .command_line import given_twice, options_given, reworded
 
     refuse_unknown_options(parser, argv)
     given = options_given(parser, argv)
@@ -364,7 +365,7 @@ def load_model_and_tokenizer(script_args, model_args, training_args):
 def main(argv=None) -> dict:
     """``python -m atr_llm.train``: build and check the run's configuration (``parse``), then ``run`` it."""
     from .config.fields import ConfigError, check_environment
-    from .runtime import enable_huge_pages_for_large_cpu_tensors
+    from .huge_pages import enable_huge_pages_for_large_cpu_tensors
 
     try:  # before torch is imported: it reads THP_MEM_ALLOC_ENABLE then (and warns on a bad value)
         check_environment()
@@ -388,10 +389,10 @@ def main(argv=None) -> dict:
 def run(config) -> dict:
     """Train as ``config`` (an ``atr_llm.config.RunConfig``, checked whole when it was built) says: SFT (unless
     resuming), GRPO, the final model and the summary, in its output folder, which one run at a time holds."""
-    from .generators import _vllm_available
+    from .evaluation_generators import vllm_available
     from .run_lock import output_dir_lock
 
-    note = choose_generation(config.script, config.training, vllm_usable=_vllm_available())
+    note = choose_generation(config.script, config.training, vllm_usable=vllm_available())
     if note:
         warnings.warn(note, stacklevel=1)
     out = Path(config.training.output_dir)
@@ -531,6 +532,6 @@ if __name__ == "__main__":
     if len(sys.argv) == 1:
         print(USAGE)
         sys.exit(0)
-    from .cli import run_command
+    from .command_line import run_command
 
     run_command(main)  # a configuration error: one line naming what to fix, exit status 2, no traceback

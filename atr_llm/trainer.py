@@ -124,7 +124,12 @@ class ATRLossMixin:
     ):
         """TRL's fused path where it works (its tile fitted to the vocabulary:
         ``logprob_tile_fitted_to_vocabulary``); a plain forward where TRL's needs Triton and has none (CPU,
-        TRL <= 1.15)."""
+        TRL <= 1.15). While generating, TRL's no-grad forward for pi_old's log-probs is skipped when
+        ``_old_logps_at_first_use`` (set by ``ATRGRPOTrainer``, never on Unsloth's trainer): the batch's first loss
+        forward supplies the same numbers (``_loss_inputs``)."""
+        if getattr(self, "_generating", False) and getattr(self, "_old_logps_at_first_use", False):
+            if not torch.is_grad_enabled():
+                return None, None, None
         if trl_logps_kernel_available():
             with logprob_tile_fitted_to_vocabulary(output_head(model).weight.shape[0]):
                 return super()._get_per_token_logps_and_entropies(
@@ -202,7 +207,13 @@ class ATRLossMixin:
                 model.train(was_training)
 
     def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
+        """TRL's generation and scoring (``_generating`` set meanwhile), then what the rule keeps of pi_old beyond
+        its log-probs: the top-K, hidden states and the head, the true-KL measurement's hidden states."""
+        self._generating = True
+        try:
+            output = super()._generate_and_score_completions(inputs)
+        finally:
+            self._generating = False
         if self.args.measure_true_kl:  # pi_old for the true KL: the generating policy's hidden states and head
             ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
             mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
@@ -480,18 +491,18 @@ class ATRGRPOTrainer(ExactResumeMixin, ATRLossMixin, GRPOTrainer):
       ``_generate_and_score_completions`` (what a rule keeps of pi_old beyond its log-probs: hidden states and the
       head for the full-distribution rules, the top-K for ``dppo_topk_*``, hidden states for ``measure_true_kl``);
       ``_get_per_token_logps_and_entropies`` (TRL's fused kernel where its tile fits the vocabulary, else a plain
-      forward: TRL's needs Triton); ``log`` (the reward functions' own statistics);
+      forward: TRL's needs Triton; while generating, pi_old's no-grad forward skipped where this class allows, below);
+      ``log`` (the reward functions' own statistics);
       ``entropy_coef`` / ``_last_world_entropy`` (TRL's entropy-controller attributes, kept in one object).
     - Exact resume (``ExactResumeMixin``): ``_save_checkpoint`` (the generation cycle and the rule's record beside
       each checkpoint), ``_load_optimizer_and_scheduler`` (the cycle restored), ``train`` (``latest`` and the
       resume-compatibility check), ``_get_train_sampler`` (the permutations of the epochs already trained), and the
       ``LogAtEveryCheckpoint`` callback (a log at each checkpoint, so a resumed run logs what the uninterrupted one
       logs).
-    - Generation (this class): ``__init__`` (``fast_generation`` and whether pi_old's log-probs come from the first
-      loss forward), ``_generate_single_turn`` (the ``fast_generation`` context), ``_generate_and_score_completions``
-      and ``_get_per_token_logps_and_entropies`` (TRL's no-grad forward for pi_old skipped when the first loss
-      forward gives the same numbers, below). These two hooks are overridden here a second time, over the loss
-      mixin's, because Unsloth's trainer has its own generation and takes the mixin alone.
+    - Generation (this class): ``__init__`` (``fast_generation``, and ``_old_logps_at_first_use``: whether pi_old's
+      log-probs come from the first loss forward, which the mixin's two hooks read; Unsloth's trainer, which has its
+      own generation and takes the mixin alone, never sets it) and ``_generate_single_turn`` (the ``fast_generation``
+      context). Each hook is overridden once.
 
     Where ``old_logps_from_first_use`` allows, TRL's no-grad forward for the old log-probs at generation time
     is skipped and each batch's first loss forward supplies them (detached, kept in the batch for its later
@@ -523,7 +534,6 @@ class ATRGRPOTrainer(ExactResumeMixin, ATRLossMixin, GRPOTrainer):
             use_vllm=self.use_vllm,
             needs_full_distributions=self.method_spec.needs_full_distributions,
         )
-        self._generating = False
 
     def _generate_single_turn(self, *args, **kwargs):
         """TRL's generation in the ``fast_generation`` context: the LoRA merged into the base weights in
@@ -536,14 +546,3 @@ class ATRGRPOTrainer(ExactResumeMixin, ATRLossMixin, GRPOTrainer):
         with generation_context(self.fast_generation_mode, self.model, self.fast_generation_attention), kept:
             return super()._generate_single_turn(*args, **kwargs)
 
-    def _generate_and_score_completions(self, inputs):
-        self._generating = True
-        try:
-            return super()._generate_and_score_completions(inputs)
-        finally:
-            self._generating = False
-
-    def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
-        if self._generating and self._old_logps_at_first_use and not torch.is_grad_enabled():
-            return None, None, None  # pi_old's log-probs: from the batch's first use (_compute_loss)
-        return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)

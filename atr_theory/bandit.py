@@ -138,7 +138,7 @@ def exact_gradient(
         # policy_loss clamps log w to +-LOG_RATIO_CLAMP, whose gradient is zero outside
         inside = (logp - old).abs() <= LOG_RATIO_CLAMP
         pi = logp.exp()
-        kept = out.result.flags()[0]  # nested where, not kept & inside: see atr_theory.methods._and
+        kept = out.result.flags()[0]  # nested where, not kept & inside: see atr_theory.methods.mask_and
         c = torch.where(kept, torch.where(inside, pi * advantages.reshape(N * S, K), 0.0), 0.0) * (-1.0 / S)
         grad = (c - pi * c.sum(-1, keepdim=True)).reshape(N, S, K)
     return grad, out

@@ -351,7 +351,7 @@ def head_kl_both_ways(
     return tuple((torch.cat(x) if x else empty).reshape(lead) for x in (forward, reverse))
 
 
-def _bernoulli_kl_and_slope(x: Any, weight: Any, weight_other: Any) -> tuple[Any, Any]:
+def bernoulli_kl_and_slope(x: Any, weight: Any, weight_other: Any) -> tuple[Any, Any]:
     r"""``KL(Ber(p) || Ber(p e^x))`` and its slope in ``x``, where ``x`` is the log-ratio of the outcome of
     probability ``weight`` (= p) and ``weight_other`` = 1 - p (numpy or torch).
 
@@ -370,7 +370,7 @@ def bernoulli_kl_of_log_ratio(y: Any, p_old: Any) -> np.ndarray:
     full-distribution KL(pi_old || pi) compatible with the sampled action's ratio being ``w``. Defined for
     ``w < 1/p``.
 
-    Evaluated as ``p k3(y) + q k3(y')`` (``_bernoulli_kl_and_slope``, ``y'`` the other outcome's log-ratio):
+    Evaluated as ``p k3(y) + q k3(y')`` (``bernoulli_kl_and_slope``, ``y'`` the other outcome's log-ratio):
     the textbook form ``-p y + q [log1p(-p) - log1p(-p e^y)]`` subtracts terms ~``p |y|`` to get ~``p y^2 / 2q`` and
     lost ~``eps / |y|`` relative: TRGPPO's roots were off by up to 3e-11 in ``log l`` at delta = 1e-12
     (``tests/test_ranges.py``, against mpmath). At ``p = 1`` it is ``-y``.
@@ -378,7 +378,7 @@ def bernoulli_kl_of_log_ratio(y: Any, p_old: Any) -> np.ndarray:
     y = np.asarray(y, dtype=float)
     p = np.asarray(p_old, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        kl, _ = _bernoulli_kl_and_slope(y, p, 1.0 - p)
+        kl, _ = bernoulli_kl_and_slope(y, p, 1.0 - p)
     return np.where(p < 1.0, kl, -y)
 
 

@@ -114,7 +114,7 @@ def one_step(theta, theta_old, adv, lower: float, upper: float, objective: str, 
     return theta.detach() + eta * g
 
 
-def _one_step_kl3(theta, theta_old, adv, delta: float, form: str, eta: float) -> torch.Tensor:
+def one_step_kl3(theta, theta_old, adv, delta: float, form: str, eta: float) -> torch.Tensor:
     """ATR's update from its definition, not its range: the general operator with ``C = w - 1 - log w <= delta``."""
     th = theta.detach().clone().requires_grad_(True)
     (g,) = torch.autograd.grad(general_objective(th, theta_old, adv, lambda w: w - 1 - torch.log(w) <= delta, form), th)

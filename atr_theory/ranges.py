@@ -31,7 +31,7 @@ import torch
 from scipy.special import lambertw
 
 from ._validate import check_nonnegative, check_positive, check_probability
-from .divergence import _bernoulli_kl_and_slope, bernoulli_kl_of_log_ratio, is_kl3_from_log_ratio, kl3_from_log_ratio  # noqa: F401  (bernoulli_kl_of_log_ratio: re-exported)
+from .divergence import bernoulli_kl_and_slope, bernoulli_kl_of_log_ratio, is_kl3_from_log_ratio, kl3_from_log_ratio  # noqa: F401  (bernoulli_kl_of_log_ratio: re-exported)
 
 __all__ = [
     "kl3_clip_range",
@@ -376,7 +376,7 @@ def dcpo_clip_range(
     ``max(clip_ratio_c, 10)``) keeps ``u`` finite for ``p -> 0``. Works on numpy arrays and torch tensors (there
     as constants: no gradient).
     """
-    eps_l, eps_u = _check_dcpo_parameters(epsilon_low, epsilon_high, ratio_cap)
+    eps_l, eps_u = check_dcpo_parameters(epsilon_low, epsilon_high, ratio_cap)
     if isinstance(p_old, torch.Tensor):
         p = p_old.clamp_min(torch.finfo(p_old.dtype).tiny)
         return _dcpo_bounds_torch(torch.reciprocal(p), eps_l, eps_u, ratio_cap)  # a fresh tensor: consumed
@@ -392,11 +392,11 @@ def dcpo_clip_range_from_log(
     """``dcpo_clip_range`` of ``p_old = exp(old_logp)`` (torch), with ``1 / p_old = exp(-old_logp)`` taken
     directly, capped at the dtype's largest value as ``dcpo_clip_range`` floors ``p_old`` at its smallest
     normal (so ``0 * 1/p`` stays 0 at ``epsilon = 0``)."""
-    eps_l, eps_u = _check_dcpo_parameters(epsilon_low, epsilon_high, ratio_cap)
-    return _dcpo_bounds_torch(_dcpo_inverse_p(old_logp), eps_l, eps_u, ratio_cap)
+    eps_l, eps_u = check_dcpo_parameters(epsilon_low, epsilon_high, ratio_cap)
+    return _dcpo_bounds_torch(dcpo_inverse_p(old_logp), eps_l, eps_u, ratio_cap)
 
 
-def _check_dcpo_parameters(epsilon_low: float, epsilon_high: float, ratio_cap: float) -> tuple[float, float]:
+def check_dcpo_parameters(epsilon_low: float, epsilon_high: float, ratio_cap: float) -> tuple[float, float]:
     """``(epsilon_low, epsilon_high)`` as floats after checking them (>= 0) and ``ratio_cap`` (a scalar > 0)."""
     eps_l = check_nonnegative("epsilon_low", epsilon_low)
     eps_u = check_nonnegative("epsilon_high", epsilon_high)
@@ -405,12 +405,12 @@ def _check_dcpo_parameters(epsilon_low: float, epsilon_high: float, ratio_cap: f
 
 
 @torch.no_grad()
-def _dcpo_inverse_p(old_logp: torch.Tensor) -> torch.Tensor:
+def dcpo_inverse_p(old_logp: torch.Tensor) -> torch.Tensor:
     """``1 / p_old = exp(-old_logp)``, a fresh tensor, capped at ``1 / tiny`` (``p_old`` floored at the smallest normal)."""
     return old_logp.neg().exp_().clamp_(max=1.0 / torch.finfo(old_logp.dtype).tiny)
 
 
-def _dcpo_half_root(scaled_inv_p: torch.Tensor) -> torch.Tensor:
+def dcpo_half_root(scaled_inv_p: torch.Tensor) -> torch.Tensor:
     """``0.5 + sqrt(max(1/4 + e / p, tiny))`` in place from ``e / p`` (DCPO Eq. 6 with the factor 1/2 taken inside the
     square root: ``0.5 sqrt(1 + 4x) = sqrt(1/4 + x)``). The floor is the smallest normal, not 0: ``sqrt`` of exact
     zeros takes a slow path on this CPU, and ``sqrt(tiny)`` (1e-19 in float32) vanishes when added to 0.5."""
@@ -423,8 +423,8 @@ def _dcpo_bounds_torch(inv_p: torch.Tensor, eps_l: float, eps_u: float, ratio_ca
     """``l = 0.5 + sqrt(max(1/4 - eps_l / p, 0))``, ``u = min(0.5 + sqrt(1/4 + eps_u / p), cap)`` from ``1 / p``.
     Constants (no gradient), computed in place in ``inv_p`` (which it consumes) and one new tensor: on CPU each fresh
     (B, T) result costs page faults that dominate these element-wise passes (3.6 ms -> 0.5 ms at (64, 4096))."""
-    lo = _dcpo_half_root(inv_p.mul(-eps_l))
-    hi = _dcpo_half_root(inv_p.mul_(eps_u)).clamp_(max=ratio_cap)
+    lo = dcpo_half_root(inv_p.mul(-eps_l))
+    hi = dcpo_half_root(inv_p.mul_(eps_u)).clamp_(max=ratio_cap)
     return lo, hi
 
 
@@ -474,7 +474,7 @@ def trgppo_kl_log_range_torch(p_old, delta: float, max_iter: int = 60):
     qlogq = qs * torch.log1p(-ps)
 
     def kl_minus_delta(x: torch.Tensor, weight: torch.Tensor, weight_other: torch.Tensor):  # and its slope in x
-        kl, slope = _bernoulli_kl_and_slope(x, weight, weight_other)
+        kl, slope = bernoulli_kl_and_slope(x, weight, weight_other)
         return kl - delta, slope
 
     y = _newton_nonpositive_torch(lambda y: kl_minus_delta(y, ps, qs), (qlogq - delta) / ps - 1.0, max_iter, tracing)

@@ -281,7 +281,7 @@ class MethodSpec:
 METHODS: dict[str, MethodSpec] = {}
 
 
-def _no_clip(objective: torch.Tensor, batch: TokenBatch) -> MethodResult:
+def unclipped_result(objective: torch.Tensor, batch: TokenBatch) -> MethodResult:
     """``objective`` with every token kept and none clipped (a rule that reweights or penalises)."""
     return MethodResult(
         objective, lambda: (torch.ones_like(batch.mask), torch.zeros_like(batch.mask), torch.zeros_like(batch.mask))

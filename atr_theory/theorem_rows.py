@@ -29,7 +29,7 @@ def _counterexample(cfg, th, tho, A, idx, extra):
     }
 
 
-def _summarise(errs):
+def summarise_errors(errs):
     """errs: list of (abs_err, scale, cfg, th, tho, A, extra) per batch -> global numbers + per-instance rel error."""
     abs_all = torch.cat([e[0] for e in errs])
     scale_all = torch.cat([e[1] for e in errs])
@@ -43,7 +43,7 @@ def _summarise(errs):
     }, rel
 
 
-def _worst(errs, rel, prefer_small_k=True, threshold=1e-8):
+def worst_error(errs, rel, prefer_small_k=True, threshold=1e-8):
     """The worst instance, preferring the smallest K among instances that fail by more than threshold."""
     offset, best = 0, None
     for abs_e, _scale, cfg, th, tho, A, extra in errs:
@@ -58,7 +58,7 @@ def _worst(errs, rel, prefer_small_k=True, threshold=1e-8):
     return best[1] if best else None
 
 
-def _error_rows(check: Callable, instances, extra_of) -> tuple[list, list]:
+def error_rows(check: Callable, instances, extra_of) -> tuple[list, list]:
     """Errors of the paper's and the corrected prediction per batch, with what a counterexample needs."""
     errs, cerrs = [], []
     for cfg, th, tho, A in instances:
@@ -69,10 +69,10 @@ def _error_rows(check: Callable, instances, extra_of) -> tuple[list, list]:
     return errs, cerrs
 
 
-def _exact_statement_row(thm, errs, cerrs) -> dict:
+def exact_statement_row(thm, errs, cerrs) -> dict:
     """Report row of a statement that must hold to ``thm.tolerance`` (relative) on every instance."""
-    s, rel = _summarise(errs)
-    cs, _ = _summarise(cerrs)
+    s, rel = summarise_errors(errs)
+    cs, _ = summarise_errors(cerrs)
     holds = s["max_rel_error"] < thm.tolerance
     return {
         "id": thm.id,
@@ -82,7 +82,7 @@ def _exact_statement_row(thm, errs, cerrs) -> dict:
         "holds_as_stated": holds,
         **s,
         "sign_agreement": None,
-        "counterexample": None if holds else _worst(errs, rel),
+        "counterexample": None if holds else worst_error(errs, rel),
         "conditions": thm.conditions,
         "corrected_statement": None if holds else thm.corrected,
         "corrected_holds": None if holds else cs["max_rel_error"] < thm.tolerance,

@@ -42,18 +42,18 @@ from .bandit import entropy, exact_surrogate
 from .objectives import (  # noqa: F401  (re-exported: part of this module's API)
     PAIRINGS,
     Pairing,
-    _one_step_kl3,
     general_objective,
     inline_objective,
     kept_indicator,
     one_step,
+    one_step_kl3,
     pairing,
     random_instances,
     ratio,
     softmax_pg_direction,
 )
 from .ranges import kl3_clip_range
-from .theorem_rows import _error_rows, _exact_statement_row, _summarise, _worst
+from .theorem_rows import error_rows, exact_statement_row, summarise_errors, worst_error
 
 __all__ = [
     "PAIRINGS",
@@ -244,7 +244,7 @@ def _forms(pairing_id: str) -> tuple[str, str]:
 def _updates(theta, theta_old, adv, delta, event, pairing_id, eta):
     atr_form, ratio_form = _forms(pairing_id)
     eps = event_epsilon(delta, event)
-    th_atr = _one_step_kl3(theta, theta_old, adv, delta, atr_form, eta)
+    th_atr = one_step_kl3(theta, theta_old, adv, delta, atr_form, eta)
     th_ratio = one_step(theta, theta_old, adv, 1 - eps, 1 + eps, ratio_form, eta)
     return th_atr, th_ratio
 
@@ -275,7 +275,7 @@ def check_logit_difference(
     reading first, the ratio clip's second).
 
     predicted: ``-+ eta d(s) pi(a) [A 1_X(a) - E_pi[A 1_X]]`` (paper). exact: the difference of the two
-    autograd updates (ATR from its KL3 constraint, ``_one_step_kl3``). Under ``pure-vs-pure`` the statement is
+    autograd updates (ATR from its KL3 constraint, ``one_step_kl3``). Under ``pure-vs-pure`` the statement is
     exact (both sides are linear in eta). corrected: ``_logit_difference_formulas`` (under ``min-vs-min`` ``1_X``
     becomes ``1_X 1[A < 0]`` under X- and ``1_X 1[A > 0]`` under X+).
     """
@@ -381,7 +381,7 @@ def _run_gradient_equivalence(thm: Theorem, n: int, gen: torch.Generator, seed: 
         lo, hi = kl3_clip_range(cfg[2])
         return {"lower": lo, "upper": hi, "pairing": thm.pairing}
 
-    return _exact_statement_row(thm, *_error_rows(check, _instances(n, gen), extra))
+    return exact_statement_row(thm, *error_rows(check, _instances(n, gen), extra))
 
 
 def _run_logit_difference(thm: Theorem, n: int, gen: torch.Generator, seed: int, eta: float = 0.1) -> dict:
@@ -393,7 +393,7 @@ def _run_logit_difference(thm: Theorem, n: int, gen: torch.Generator, seed: int,
         "pairing": thm.pairing,
         "event": event,
     }
-    return _exact_statement_row(thm, *_error_rows(check, _instances(n, gen, event), extra))
+    return exact_statement_row(thm, *error_rows(check, _instances(n, gen, event), extra))
 
 
 THM32_DELTAS = np.concatenate(
@@ -446,10 +446,10 @@ def _run_entropy_difference(thm: Theorem, n: int, gen: torch.Generator, seed: in
                 big = c.exact.abs() > 1e-3 * c.exact.abs().max()
                 o["sign_paper"].append((torch.sign(c.predicted) == torch.sign(c.exact))[big])
                 o["sign_corr"].append((torch.sign(c.corrected) == torch.sign(c.exact))[big])
-    s, rel = _summarise(o["paper"])
-    s_half, _ = _summarise(o["paper_half"])
-    cs, _ = _summarise(o["corrected"])
-    cs_half, _ = _summarise(o["corrected_half"])
+    s, rel = summarise_errors(o["paper"])
+    s_half, _ = summarise_errors(o["paper_half"])
+    cs, _ = summarise_errors(o["corrected"])
+    cs_half, _ = summarise_errors(o["corrected_half"])
     paper_ratio = s["max_abs_error"] / max(s_half["max_abs_error"], 1e-300)
     corr_ratio = cs["max_abs_error"] / max(cs_half["max_abs_error"], 1e-300)
     sign_p = float(torch.cat(o["sign_paper"]).double().mean())
@@ -466,7 +466,7 @@ def _run_entropy_difference(thm: Theorem, n: int, gen: torch.Generator, seed: in
         "eta": eta,
         "error_ratio_when_eta_halved": paper_ratio,
         "sign_agreement": sign_p,
-        "counterexample": None if holds else _worst(o["paper"], rel),
+        "counterexample": None if holds else worst_error(o["paper"], rel),
         "conditions": thm.conditions,
         "corrected_statement": None if holds else thm.corrected,
         "corrected_holds": None if holds else corr_holds,

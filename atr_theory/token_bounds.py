@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ._validate import check_nonnegative, check_positive
-from .ranges import _check_dcpo_parameters, _dcpo_half_root, _dcpo_inverse_p, trgppo_kl_log_range_torch
+from .ranges import check_dcpo_parameters, dcpo_half_root, dcpo_inverse_p, trgppo_kl_log_range_torch
 
 __all__ = ["bound_by_sign", "dcpo_bound_by_sign", "trgppo_bound_by_sign", "trgppo_kl_range_table"]
 
@@ -29,12 +29,12 @@ def dcpo_bound_by_sign(
     """The one bound of ``dcpo_clip_range_from_log`` that PPO's min objective reads at each token
     (``bound_by_sign``): ``u`` where ``advantages`` is positive, ``l`` where its sign bit is set. Bit for bit
     the same values, at about half the work (``1/4 + e / p`` with ``e = eps_u`` or ``-eps_l`` per token)."""
-    eps_l, eps_u = _check_dcpo_parameters(epsilon_low, epsilon_high, ratio_cap)
+    eps_l, eps_u = check_dcpo_parameters(epsilon_low, epsilon_high, ratio_cap)
     with torch.no_grad():
         negative = _sign_mask(advantages)
-        scaled = _dcpo_inverse_p(old_logp).mul_(_select_by_sign(negative, -eps_l, eps_u, old_logp.dtype))
+        scaled = dcpo_inverse_p(old_logp).mul_(_select_by_sign(negative, -eps_l, eps_u, old_logp.dtype))
         cap = _select_by_sign(negative, math.inf, float(ratio_cap), old_logp.dtype)
-        return _dcpo_half_root(scaled).clamp_(max=cap)
+        return dcpo_half_root(scaled).clamp_(max=cap)
 
 
 # The float32 table of TRGPPO's KL bounds. Rows are indexed by the *bit pattern* of a = -log p_old as a

@@ -107,8 +107,8 @@ def loop_gradient(theta, theta_old, adv):
 
 
 def main(argv: list[str] | None = None):
-    from atr_llm.cli import Parser
     from atr_llm.cli_types import Device, WriteFile
+    from atr_llm.command_line import Parser
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
@@ -206,6 +206,6 @@ def main(argv: list[str] | None = None):
 
 
 if __name__ == "__main__":
-    from atr_llm.cli import run_command
+    from atr_llm.command_line import run_command
 
     run_command(main)

@@ -217,8 +217,8 @@ def allowance_count(value) -> int:
 
 
 def main(argv=None) -> dict:
-    from atr_llm.cli import Parser, UsageError
     from atr_llm.cli_types import CommaList, Device, Exclusive, Holds, Integer, Requires, WriteFile
+    from atr_llm.command_line import Parser, UsageError
 
     class Allowances(CommaList):
         """Prompt allowances: a comma list of integers >= 1, whose example has two (the default's shape), so the
@@ -312,6 +312,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from atr_llm.cli import run_command
+    from atr_llm.command_line import run_command
 
     run_command(main)

@@ -726,7 +726,7 @@ def refuse_unsloth(args) -> None:
 
     import torch
 
-    from atr_llm.cli import refuse
+    from atr_llm.command_line import refuse
 
     backends = ",".join(args.backends)
     if args.tiny:
@@ -740,7 +740,7 @@ def refuse_unsloth(args) -> None:
 def check_arguments(args) -> None:
     """Every refusal before a model loads: counts, the kinds and backends, the timeout, the output path, the GPU."""
     import atr_theory as at
-    from atr_llm.cli import UsageError, refuse
+    from atr_llm.command_line import UsageError, refuse
     from atr_llm.fast_generation import MODES
 
     for kind in args.kinds.split(","):
@@ -774,8 +774,8 @@ def check_arguments(args) -> None:
 
 
 def main(argv=None) -> dict:
-    from atr_llm.cli import Parser
     from atr_llm.cli_types import SEED, CommaList, Integer, Real, Text, WriteFile
+    from atr_llm.command_line import Parser
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=Integer(1), default=20, help="optimizer steps per case (default 20)")
@@ -915,6 +915,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from atr_llm.cli import run_command
+    from atr_llm.command_line import run_command
 
     run_command(main)

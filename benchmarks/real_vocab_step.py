@@ -118,9 +118,9 @@ def one_case(kind: str, B: int, P: int, T: int) -> dict:
 
 def main(argv=None) -> dict:
     import atr_theory as at
-    from atr_llm.cli import Parser
     from atr_llm.cli_types import CommaList, Text, WriteFile
-    from atr_llm.runtime import enable_huge_pages_for_large_cpu_tensors
+    from atr_llm.command_line import Parser
+    from atr_llm.huge_pages import enable_huge_pages_for_large_cpu_tensors
 
     enable_huge_pages_for_large_cpu_tensors()  # as the trainer's entry points allocate
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

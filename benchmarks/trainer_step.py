@@ -89,9 +89,9 @@ def loss_step_time(trainer, inputs, opt):
 
 
 def main(argv: list[str] | None = None):
-    from atr_llm.cli import Parser
     from atr_llm.cli_types import WriteFile
-    from atr_llm.runtime import enable_huge_pages_for_large_cpu_tensors
+    from atr_llm.command_line import Parser
+    from atr_llm.huge_pages import enable_huge_pages_for_large_cpu_tensors
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
@@ -165,6 +165,6 @@ def main(argv: list[str] | None = None):
 
 
 if __name__ == "__main__":
-    from atr_llm.cli import run_command
+    from atr_llm.command_line import run_command
 
     run_command(main)

@@ -14,7 +14,7 @@ study's committed table: nothing here trains or evaluates, and nothing is chosen
 - **Regime check**: clip-min's mean fraction of tokens acted on (``acted_frac_masked``) is at least 1%.
 
 The paired statistics are the CPU table's own (``experiments.cpu_table.statistics``: ``paired_contrast``,
-``holm_adjusted``, both checked against scipy / statsmodels in ``tests/test_cpu_table_statistics.py``).
+``holm_adjusted``, both checked against scipy / statsmodels in ``tests/studies/test_cpu_table_statistics.py``).
 
     python -m experiments.range_form_analysis [--table ...] [--runs-dir runs/range_form] [--out ...]
 
@@ -338,8 +338,8 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from atr_llm.cli import Parser
     from atr_llm.cli_types import ReadDir, ReadFile, WriteDir
+    from atr_llm.command_line import Parser
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--table", type=ReadFile(), default=str(TABLE), help="the study's cpu_llm_table.csv")
@@ -369,6 +369,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from atr_llm.cli import run_command
+    from atr_llm.command_line import run_command
 
     run_command(main)

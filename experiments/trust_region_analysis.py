@@ -16,7 +16,7 @@ the study's committed table: nothing here trains or evaluates, and nothing is ch
   by step.
 
 The paired statistics are the CPU table's own (``experiments.cpu_table.statistics``: ``paired_difference``,
-``holm_adjusted``, both checked against scipy / statsmodels in ``tests/test_cpu_table_statistics.py``).
+``holm_adjusted``, both checked against scipy / statsmodels in ``tests/studies/test_cpu_table_statistics.py``).
 
     python -m experiments.trust_region_analysis [--table figures/experiments/trust_region/table/cpu_llm_table.csv]
 
@@ -60,7 +60,7 @@ TABLE_COLUMNS = ("method", "seed", "benchmark", "mean_at_8")
 def read_table(path: Path, argument: str = "--table") -> list[dict]:
     """The study table's rows, numbers as floats (empty cells None); a file that is not such a table (no header with
     ``TABLE_COLUMNS``, no rows, a number column with text in it) is refused naming ``argument`` and the line."""
-    from atr_llm.cli import refuse
+    from atr_llm.command_line import refuse
 
     try:
         with path.open(newline="") as f:
@@ -320,8 +320,8 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from atr_llm.cli import Parser
     from atr_llm.cli_types import ReadFile, WriteDir
+    from atr_llm.command_line import Parser
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--table", type=ReadFile(), default=str(TABLE), help="the study's cpu_llm_table.csv")
@@ -337,6 +337,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from atr_llm.cli import run_command
+    from atr_llm.command_line import run_command
 
     run_command(main)

@@ -34,8 +34,8 @@ def parse_args(
     """``--quick`` (small, < 1 min, for CI), ``--seed`` (``seed=False``: not declared, for a script that draws
     nothing, so ``--seed`` is refused as an unknown option instead of being ignored), ``--out`` (default
     figures/paper/)."""
-    from atr_llm.cli import Parser
     from atr_llm.cli_types import SEED, WriteDir
+    from atr_llm.command_line import Parser
 
     ap = Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a small version that runs in well under a minute")

@@ -15,7 +15,7 @@ dppo_topk_kl), whose region depends on how the other tokens move: where their pr
 from __future__ import annotations
 
 if not __package__:  # run by its path (`python sims/<name>.py`): run as `python -m sims.<name>`, sims is not installed
-    __import__("atr_llm.cli").cli.rerun_as_module(__file__)
+    __import__("atr_llm.command_line").command_line.rerun_as_module(__file__)
 
 import math
 
@@ -104,6 +104,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from atr_llm.cli import run_command
+    from atr_llm.command_line import run_command
 
     run_command(main)

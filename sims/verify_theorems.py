@@ -11,7 +11,7 @@ Same seed, same report. Each statement is compared with an independent exact com
 from __future__ import annotations
 
 if not __package__:  # run by its path (`python sims/<name>.py`): run as `python -m sims.<name>`, sims is not installed
-    __import__("atr_llm.cli").cli.rerun_as_module(__file__)
+    __import__("atr_llm.command_line").command_line.rerun_as_module(__file__)
 
 import argparse
 import json
@@ -138,8 +138,8 @@ def write_equivalences(rows: list[dict], path: Path, n: int, seed: int) -> None:
 
 
 def main(argv=None):
-    from atr_llm.cli import Parser
     from atr_llm.cli_types import Exclusive, Integer, WriteDir
+    from atr_llm.command_line import Parser
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=Integer(1), default=10_000, help="instances per statement")
@@ -171,6 +171,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from atr_llm.cli import run_command
+    from atr_llm.command_line import run_command
 
     run_command(main)

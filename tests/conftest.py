@@ -3,7 +3,7 @@ may see what an earlier one left behind."""
 
 import os
 
-# the test process allocates like the entry points it tests (atr_llm.runtime): before torch's first large tensor
+# the test process allocates like the entry points it tests (atr_llm.huge_pages): before torch's first large tensor
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 import pytest  # noqa: E402
@@ -37,7 +37,7 @@ WRITTEN_RULE = '''"""A rule written as one new module by a test (tests/conftest.
 
 import torch
 
-from ..registry import MethodResult, Param, TokenBatch, _no_clip, register
+from ..registry import MethodResult, Param, TokenBatch, unclipped_result, register
 
 
 @register(
@@ -49,7 +49,7 @@ from ..registry import MethodResult, Param, TokenBatch, _no_clip, register
 )
 def zz_written_rule(batch: TokenBatch, zz_sharpness: float) -> MethodResult:
     """``w A / zz_sharpness``, every token kept."""
-    return _no_clip(torch.exp(batch.log_ratio) * batch.advantages / zz_sharpness, batch)
+    return unclipped_result(torch.exp(batch.log_ratio) * batch.advantages / zz_sharpness, batch)
 '''
 
 

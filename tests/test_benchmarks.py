@@ -464,7 +464,7 @@ def test_replication_readout_reproduces_the_readme_numbers_from_the_committed_ta
 
 @pytest.mark.slow
 def test_inductor_mask_benchmark_checks_every_form_and_writes_its_rates(tmp_path):
-    """The reproducer behind methods._and: every compiled form equals its eager value (it raises otherwise) and the
+    """The reproducer behind methods.mask_and: every compiled form equals its eager value (it raises otherwise) and the
     JSON carries a rate per form and dtype and the where / operator ratios (no timing is asserted)."""
     out = tmp_path / "mask.json"
     subprocess.run(

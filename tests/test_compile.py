@@ -19,6 +19,7 @@ from mp_reference import binary_kl_roots, float32_log_p_grid
 
 import atr_theory as at
 from atr_theory import ranges, token_bounds
+from tests.loss_batches import loss_batch
 from tests.rule_inputs import rule_inputs
 
 PER_TOKEN = [n for n in at.method_names(aliases=False) if not at.METHODS[n].needs_full_distributions]
@@ -26,13 +27,11 @@ COMPILABLE = [n for n in PER_TOKEN if n != "clip_cov"]
 
 
 def _batch(seed, B=4, T=24, dtype=torch.float32, per_token=False, scale=0.5):
-    g = torch.Generator().manual_seed(seed)
-    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 5 - 1e-3
-    logp = (old + scale * torch.randn(B, T, generator=g, dtype=torch.float64)).clamp(max=0.0)
+    """The shared batch with one log-ratio of 70 (beyond the clamp) and garbage on the padding."""
+    logp, old, adv, mask = loss_batch(
+        seed, B, T, old_spread=5.0, old_offset=1e-3, scale=scale, per_token=per_token, min_length=T // 3
+    )
     logp[0, 0] = old[0, 0] + 70.0  # beyond the log-ratio clamp
-    adv = torch.randn((B, T) if per_token else (B,), generator=g, dtype=torch.float64)
-    lengths = torch.randint(T // 3, T + 1, (B,), generator=g)
-    mask = torch.arange(T)[None, :] < lengths[:, None]
     mask[0, 0] = True
     # garbage on padding must change nothing, on either path
     logp = torch.where(mask, logp, torch.nan)
@@ -107,7 +106,7 @@ def test_clip_cov_is_the_documented_exception_to_fullgraph():
     "method", [pytest.param(m, marks=pytest.mark.slow) if m == "trgppo" else m for m in COMPILABLE]
 )  # trgppo's float64 Newton solver takes ~20 s to trace
 def test_traced_flags_equal_the_eager_flags(method, dtype):
-    """Under ``torch.compile`` the rules combine their masks with ``torch.where`` (``methods._and`` and kin: Inductor's
+    """Under ``torch.compile`` the rules combine their masks with ``torch.where`` (``methods.mask_and`` and kin: Inductor's
     float64 ``&`` is slow), in eager with ``&``: the kept / clipped flags of every form agree exactly."""
     import torch._dynamo
 
@@ -131,7 +130,7 @@ def test_traced_flags_equal_the_eager_flags(method, dtype):
 
 
 def test_mask_helpers_compile_to_the_boolean_operators():
-    """The compiled C++ kernels of ``methods._and`` / ``_or`` / ``_and_not`` give ``&``, ``|``, ``& ~`` on every
+    """The compiled C++ kernels of ``methods.mask_and`` / ``_or`` / ``mask_and_not`` give ``&``, ``|``, ``& ~`` on every
     combination, for masks of float64 and float32 comparisons."""
     import torch._dynamo
 
@@ -139,7 +138,7 @@ def test_mask_helpers_compile_to_the_boolean_operators():
 
     def combine(x, y):
         a, b = x > 0, y > 0
-        return methods._and(a, b), methods._or(a, b), methods._and_not(a, b)
+        return methods.mask_and(a, b), methods._or(a, b), methods.mask_and_not(a, b)
 
     torch._dynamo.reset()
     compiled = torch.compile(combine, fullgraph=True)

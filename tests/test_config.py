@@ -22,7 +22,7 @@ from trl import ModelConfig  # noqa: E402
 
 import atr_theory as at  # noqa: E402
 from atr_llm import checkpoints, train  # noqa: E402
-from atr_llm.cli import UsageError  # noqa: E402
+from atr_llm.command_line import UsageError  # noqa: E402
 from atr_llm.config import ATRGRPOConfig, ConfigError, RunConfig, ScriptArguments  # noqa: E402
 from atr_llm.config import fields as config_fields  # noqa: E402
 from atr_llm.config.trainer_config import method_fields  # noqa: E402

@@ -11,15 +11,11 @@ from hypothesis import strategies as st
 
 import atr_theory as at
 from atr_theory.layers import SequenceMask, high_entropy_mask, sequence_mask_keep
+from tests.loss_batches import loss_batch
 
 
 def _batch(seed, B, T, per_token=False):
-    g = torch.Generator().manual_seed(seed)
-    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3 - 0.01
-    logp = (old + 0.4 * torch.randn(B, T, generator=g, dtype=torch.float64)).clamp(max=0.0)
-    adv = torch.randn((B, T) if per_token else (B,), generator=g, dtype=torch.float64)
-    lengths = torch.randint(1, T + 1, (B,), generator=g)
-    return logp, old, adv, torch.arange(T)[None, :] < lengths[:, None]
+    return loss_batch(seed, B, T, per_token=per_token)
 
 
 def _brute_force_keep(logp, behaviour, adv, mask, spec):

@@ -72,7 +72,10 @@ def test_no_module_imports_itself_through_a_cycle():
 def test_data_flows_one_way():
     for name, targets in _graph().items():
         top = name.split(".")[0]
-        above = {"atr_theory": set(PACKAGES) - {"atr_theory"}, "atr_llm": {"sims", "experiments", "benchmarks", "tools"}}
+        above = {
+            "atr_theory": set(PACKAGES) - {"atr_theory"},
+            "atr_llm": {"sims", "experiments", "benchmarks", "tools"},
+        }
         bad = {t for t in targets if t.split(".")[0] in above.get(top, set())}
         assert not bad, f"{name} imports {bad}"
 
@@ -150,7 +153,18 @@ def test_the_wheel_holds_the_product_only(tmp_path):
     the tests' verl CPU harness (``tests/verl_support/verl_cpu.py``). The wheel is built from this tree, as pip would."""
     import zipfile
 
-    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(ROOT), "-w", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--no-build-isolation",
+        "-q",
+        str(ROOT),
+        "-w",
+        str(tmp_path),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     (wheel,) = tmp_path.glob("*.whl")
@@ -179,3 +193,42 @@ def test_the_lab_stands_on_the_products_public_names():
                 if any(part.startswith("_") for name in names for part in name.split(".")):
                     hits.append(f"{path.relative_to(ROOT)}:{node.lineno}: {names}")
     assert not hits, "\n".join(hits)
+
+
+def test_the_product_imports_no_underscore_name_from_another_module():
+    """A helper that several modules of atr_theory / atr_llm share is public where it lives (a private module such as
+    ``methods._ratio`` may hold it): ``from X import _name`` across modules is refused. Importing a private module
+    itself (``from . import _reference``) is allowed."""
+    hits = []
+    for package in ("atr_theory", "atr_llm"):
+        modules = {path.stem for path in (ROOT / package).rglob("_*.py")}  # private modules, imported whole
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.ImportFrom) or node.module == "__future__":
+                    continue
+                private = [a.name for a in node.names if a.name.startswith("_") and a.name not in modules]
+                if private:
+                    hits.append(
+                        f"{path.relative_to(ROOT)}:{node.lineno}: from {'.' * node.level}{node.module or ''} {private}"
+                    )
+    assert not hits, "\n".join(hits)
+
+
+def test_every_experiments_module_is_used_by_a_page_or_a_study():
+    """experiments/ keeps only what the docs run: each module is named on a page (``python -m experiments.x`` or its
+    path), or imported by a module that is (a package's ``__init__`` and ``__main__`` go with it)."""
+    pages = "\n".join(p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
+    graph = _graph()
+    modules = {name for name in graph if name.startswith("experiments")}
+    used = {
+        name
+        for name in modules
+        if name in pages or str(_modules()[name].relative_to(ROOT)) in pages or name == "experiments"
+    }
+    while True:
+        more = {dep for name in used for dep in graph[name] if dep in modules} - used
+        more |= {name for name in modules if name.rpartition(".")[0] in used and name.endswith("__main__")} - used
+        if not more:
+            break
+        used |= more
+    assert modules - used == set(), sorted(modules - used)

@@ -11,16 +11,13 @@ import pytest
 import torch
 
 import atr_theory as at
+from tests.loss_batches import loss_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _moved_batch(seed=0, B=6, T=40):
-    g = torch.Generator().manual_seed(seed)
-    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3 - 0.05
-    logp = old + 0.5 * torch.randn(B, T, generator=g, dtype=torch.float64)
-    adv = torch.randn(B, T, generator=g, dtype=torch.float64)
-    return logp, old, adv, torch.ones(B, T, dtype=torch.bool)
+    return loss_batch(seed, B, T, old_offset=0.05, scale=0.5, clamp=False, per_token=True, min_length=None)
 
 
 def _loss_and_grad(method, batch, **kw):
@@ -152,7 +149,7 @@ def test_train_refuses_a_resume_that_would_switch_forms_before_any_model_loads(t
     _legacy_checkpoint(tmp_path / "run" / "checkpoint-4", method="atr")
     argv = ["--tiny", "true", "--method", "atr", "--output_dir", str(tmp_path / "run"), "--use_cpu", "true"]
     argv += ["--resume_from_checkpoint", "latest", "--report_to", "none"]
-    from atr_llm.cli import UsageError
+    from atr_llm.command_line import UsageError
 
     with pytest.raises(UsageError, match=r"^--resume_from_checkpoint latest: .*atr, mask form.*--form mask"):
         train.main(argv)  # refused before any model loads: no weights are written to the run folder

@@ -10,20 +10,14 @@ from hypothesis import strategies as st
 
 import atr_theory as at
 from atr_theory.methods import _reference
+from tests.loss_batches import loss_batch
 from tests.strategies import rule_params
 
 REFERENCED = sorted(n for n, s in at.METHODS.items() if n == s.name and s.reference_form is not None)
 
 
 def _batch(seed, B, T, per_token_advantages):
-    g = torch.Generator().manual_seed(seed)
-    old_logp = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3 - 0.01
-    logp = (old_logp + 0.4 * torch.randn(B, T, generator=g, dtype=torch.float64)).clamp(max=0.0)
-    shape = (B, T) if per_token_advantages else (B,)
-    advantages = torch.randn(shape, generator=g, dtype=torch.float64)
-    lengths = torch.randint(1, T + 1, (B,), generator=g)
-    mask = torch.arange(T)[None, :] < lengths[:, None]
-    return logp, old_logp, advantages, mask
+    return loss_batch(seed, B, T, per_token=per_token_advantages)
 
 
 def _no_tie_at_top_k(logp, advantages, mask, cov_ratio):

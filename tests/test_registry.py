@@ -12,13 +12,14 @@ import torch
 
 import atr_theory as at
 from atr_theory import docs
+from tests.loss_batches import loss_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _throwaway(batch, sharpness):
     """Throwaway rule: objective ``w A / sharpness``."""
-    return at.methods._no_clip(torch.exp(batch.log_ratio) * batch.advantages / sharpness, batch)
+    return at.methods.unclipped_result(torch.exp(batch.log_ratio) * batch.advantages / sharpness, batch)
 
 
 @pytest.fixture
@@ -38,9 +39,8 @@ def throwaway():
 
 
 def _batch(B=3, T=5, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    logp = -torch.rand(B, T, generator=g, dtype=torch.float64) - 0.1
-    return logp, logp + 0.1 * torch.randn(B, T, generator=g, dtype=torch.float64), torch.randn(B, generator=g)
+    logp, old, adv, _ = loss_batch(seed, B, T, old_spread=1.0, old_offset=0.1, scale=0.1, clamp=False)
+    return logp, old, adv
 
 
 def test_a_new_method_with_a_new_parameter_needs_nothing_but_its_registration(throwaway):
@@ -63,13 +63,13 @@ def test_a_new_method_reaches_the_trainer_config_and_the_cli_unedited():
     script = textwrap.dedent(
         """
         import torch, atr_theory as at
-        from atr_theory.methods import _no_clip
+        from atr_theory.methods import unclipped_result
 
         @at.register("throwaway", params={"sharpness": at.Param(2.0, gt=0, help="throwaway sharpness")},
                      default_form="none", forms=("none",), reference="a test")
         def throwaway(batch, sharpness):
             "w A / sharpness"
-            return _no_clip(torch.exp(batch.log_ratio) * batch.advantages / sharpness, batch)
+            return unclipped_result(torch.exp(batch.log_ratio) * batch.advantages / sharpness, batch)
 
         from transformers import HfArgumentParser
         from atr_llm import train

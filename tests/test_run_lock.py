@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from atr_llm.cli import UsageError
+from atr_llm.command_line import UsageError
 from atr_llm.run_lock import LOCK_NAME, output_dir_lock
 
 ROOT = Path(__file__).resolve().parents[1]

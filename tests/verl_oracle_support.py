@@ -7,6 +7,7 @@ import sys
 import types
 
 import torch
+from loss_batches import loss_batch
 
 import atr_theory as at
 
@@ -64,17 +65,12 @@ SEEDS = range(12)
 
 
 def oracle_batch(seed: int, per_token: bool, B: int = 6, T: int = 9, scale: float = 0.5):
-    g = torch.Generator().manual_seed(seed)
-    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3 - 0.05
-    logp = old + scale * torch.randn(B, T, generator=g, dtype=torch.float64)
-    lengths = torch.randint(2, T + 1, (B,), generator=g)
-    mask = torch.arange(T)[None, :] < lengths[:, None]
-    adv = (
-        torch.randn(B, T, generator=g, dtype=torch.float64)
-        if per_token
-        else torch.randn(B, 1, generator=g, dtype=torch.float64).expand(B, T)
+    """The shared batch with advantages of shape (B, T) as verl takes them (a sequence's repeated when not
+    ``per_token``), every sequence at least 2 tokens long."""
+    logp, old, adv, mask = loss_batch(
+        seed, B, T, old_offset=0.05, scale=scale, clamp=False, per_token=per_token, min_length=2
     )
-    return logp, old, adv.contiguous(), mask
+    return logp, old, (adv if per_token else adv[:, None].expand(B, T)).contiguous(), mask
 
 
 def verl_config(loss_mode: str, **kw) -> ActorConfig:

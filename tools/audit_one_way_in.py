@@ -318,7 +318,7 @@ def cases() -> list[Case]:
             ("lora_r",),
             "RunConfig(ScriptArguments(tiny=True), ATRGRPOConfig(**BASE), ModelConfig(lora_r=8))",
         ),
-        # P16 (ModelConfig dtype with the tiny model) is honoured now: the tiny model is cast (tests/test_cli.py)
+        # P16 (ModelConfig dtype with the tiny model) is honoured now: the tiny model is cast (tests/test_command_line.py)
         config_case(
             "P17",
             "RunConfig(ScriptArguments(tiny=True), ATRGRPOConfig(...), None) (no ModelConfig)",
@@ -1266,8 +1266,8 @@ def summarise(results: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from atr_llm.cli import Parser
     from atr_llm.cli_types import Text, WriteFile
+    from atr_llm.command_line import Parser
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=WriteFile(), default=str(OUT.relative_to(ROOT)), help="where the records go (JSON)")
@@ -1280,7 +1280,7 @@ def main(argv: list[str] | None = None) -> dict:
         prefixes = tuple(p.strip() for p in args.only.split(",") if p.strip())
         selected = [c for c in selected if c.id.startswith(prefixes)]
         if not selected:
-            from atr_llm.cli import refuse
+            from atr_llm.command_line import refuse
 
             raise refuse("--only", args.only, "no case id starts with it")
     out = Path(args.out)
@@ -1316,6 +1316,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from atr_llm.cli import run_command
+    from atr_llm.command_line import run_command
 
     run_command(main)

@@ -68,8 +68,8 @@ def site_findings(site: Path, docs: Path = Path("docs")) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from atr_llm.cli import Parser
     from atr_llm.cli_types import ReadDir
+    from atr_llm.command_line import Parser
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(

@@ -89,8 +89,8 @@ def audit(rows: list[tuple[str, str]], fixtures: dict[str, str], timeout: float 
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from atr_llm.cli import Parser
     from atr_llm.cli_types import ReadFile, WriteFile
+    from atr_llm.command_line import Parser
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--invocations", type=ReadFile(), default=INVOCATIONS, help="the set (default: the committed one)")
@@ -129,6 +129,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from atr_llm.cli import run_command
+    from atr_llm.command_line import run_command
 
     run_command(main)

@@ -21,8 +21,8 @@ def browser() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from atr_llm.cli import Parser
     from atr_llm.cli_types import Integer, ReadDir, WriteDir
+    from atr_llm.command_line import Parser
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -48,6 +48,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from atr_llm.cli import run_command
+    from atr_llm.command_line import run_command
 
     run_command(main)

@@ -89,8 +89,8 @@ def slim(dest: Path) -> None:
 
 
 def main(argv=None) -> None:
-    from atr_llm.cli import Parser
     from atr_llm.cli_types import Exclusive, Requires, WriteDir
+    from atr_llm.command_line import Parser
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--download", type=WriteDir(), metavar="DIR", help="fetch the wheels into DIR")
@@ -124,6 +124,6 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    from atr_llm.cli import run_command
+    from atr_llm.command_line import run_command
 
     run_command(main)

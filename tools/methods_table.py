@@ -14,8 +14,8 @@ PAGE = Path(__file__).resolve().parents[1] / "docs" / "methods.md"
 
 
 def main(argv: list[str] | None = None) -> None:
-    from atr_llm.cli import Parser
     from atr_llm.cli_types import ReadFile
+    from atr_llm.command_line import Parser
     from atr_theory.docs import readme_with_table
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -32,6 +32,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from atr_llm.cli import run_command
+    from atr_llm.command_line import run_command
 
     run_command(main)

@@ -294,8 +294,8 @@ def judge(name: str, ranges) -> str:
 
 
 def main(argv=None) -> None:
-    from atr_llm.cli import Parser
     from atr_llm.cli_types import ReadDir, ReadFile, Text, WriteFile
+    from atr_llm.command_line import Parser
 
     ap = Parser(description=__doc__.split("\n\n")[0])
     ap.add_argument("names", type=Text(), nargs="*", help="mutant names as mutmut prints them")
@@ -330,6 +330,6 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    from atr_llm.cli import run_command
+    from atr_llm.command_line import run_command
 
     run_command(main)

@@ -173,7 +173,7 @@ def compare_is_kl3() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m tools.mutant_equivalence``: takes no argument (an unknown one is refused, never ignored)."""
-    from atr_llm.cli import Parser
+    from atr_llm.command_line import Parser
 
     Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     torch.set_num_threads(1)
@@ -183,6 +183,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from atr_llm.cli import run_command
+    from atr_llm.command_line import run_command
 
     run_command(main)

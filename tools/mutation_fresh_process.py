@@ -35,8 +35,8 @@ from pathlib import Path
 
 from scipy.stats import binomtest
 
-from atr_llm.cli import refuse
 from atr_llm.cli_types import ReadDir
+from atr_llm.command_line import refuse
 
 try:
     import tomllib
@@ -192,8 +192,8 @@ class ProjectRoot(ReadDir):
 
 
 def main(argv=None) -> None:
-    from atr_llm.cli import Parser, UsageError
     from atr_llm.cli_types import SEED, Exclusive, Integer, Real, Requires, Text, WriteFile
+    from atr_llm.command_line import Parser, UsageError
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -265,6 +265,6 @@ def _write(path: Path, done: dict[str, str], header: str) -> None:
 
 
 if __name__ == "__main__":
-    from atr_llm.cli import run_command
+    from atr_llm.command_line import run_command
 
     run_command(main)

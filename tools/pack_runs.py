@@ -61,8 +61,8 @@ def pack(runs_dir: Path, out: Path, part_mib: float) -> list[Path]:
 
 
 def main(argv=None) -> None:
-    from atr_llm.cli import Parser
     from atr_llm.cli_types import ReadDir, Real, WriteFile
+    from atr_llm.command_line import Parser
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs_dir", type=ReadDir(as_path=True), help="the runs folder to pack (e.g. runs/trust_region)")
@@ -78,6 +78,6 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    from atr_llm.cli import run_command
+    from atr_llm.command_line import run_command
 
     run_command(main)

@@ -174,7 +174,7 @@ ENVIRONMENT: dict[str, Declared] = {
 """The environment variables a run reads (``accelerate launch`` and ``torchrun`` set them): ``RANK`` decides which
 process takes the output folder's lock (``atr_llm.run_lock``); transformers reads ``LOCAL_RANK`` and ``WORLD_SIZE``
 when the config is built (``int()`` of ``"abc"`` failed there, naming nothing); torch reads
-``THP_MEM_ALLOC_ENABLE`` (``atr_llm.runtime``: 1 unless the user set it) and ignores a value other than 0 or 1 with a
+``THP_MEM_ALLOC_ENABLE`` (``atr_llm.huge_pages``: 1 unless the user set it) and ignores a value other than 0 or 1 with a
 warning. Unset or empty: not given."""
 
 

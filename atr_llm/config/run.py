@@ -186,7 +186,7 @@ def model_to_train(script, model_args) -> dict[str, Any]:
 
 def _named(name: str, call, *args, **kwargs):
     """``call(*args, **kwargs)``, a ``UsageError`` it raises turned into a ``ConfigError`` naming field ``name``."""
-    from ..cli import UsageError
+    from ..command_line import UsageError
 
     try:
         return call(*args, **kwargs)

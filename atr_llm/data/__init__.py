@@ -191,7 +191,7 @@ SOURCES: dict[str, Source] = {
 def _read_local(path: Path, argument: str = "dataset file") -> tuple[list, list[int] | None]:
     """The rows of a local file and, for JSON Lines, each row's line number (a bad row is then named by its line).
     A file that cannot be read as its suffix says is refused naming ``argument``, the file and why."""
-    from atr_llm.cli import existing_file, jsonl_rows, one_line, refuse
+    from atr_llm.command_line import existing_file, jsonl_rows, one_line, refuse
 
     existing_file(argument, path)
     suffix = path.suffix.lower()
@@ -264,7 +264,7 @@ def load_source(
 
     if name in OFFLINE_TASKS:
         if path is not None:
-            from atr_llm.cli import refuse
+            from atr_llm.command_line import refuse
 
             raise refuse(argument, str(path), f"dataset {name!r} is generated offline and reads no file")
         return arithmetic_dataset(limit or 512, seed=seed, **OFFLINE_TASKS[name])

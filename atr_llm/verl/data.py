@@ -104,7 +104,7 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
 
 
 def _parse_local(items: list[str]) -> dict[str, str]:
-    from ..cli import refuse
+    from ..command_line import refuse
 
     out = {}
     for item in items:
@@ -119,7 +119,7 @@ def _parse_local(items: list[str]) -> dict[str, str]:
 
 def check_arguments(args) -> dict[str, str]:
     """Every refusal before any file is read or written: the sources' names, the local files, the output folder."""
-    from ..cli import refuse
+    from ..command_line import refuse
 
     known = [*data.OFFLINE_TASKS, *sorted(data.SOURCES)]
     for flag, names in (("--train", [args.train]), ("--tests", args.tests)):
@@ -141,8 +141,8 @@ def check_arguments(args) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from ..cli import Parser
     from ..cli_types import NamedFile, WriteDir
+    from ..command_line import Parser
 
     known = [*data.OFFLINE_TASKS, *sorted(data.SOURCES)]
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -160,6 +160,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from ..cli import run_command
+    from ..command_line import run_command
 
     run_command(main)

@@ -39,11 +39,11 @@ from ..registry import (  # noqa: F401  (re-exported: the registry is part of th
     Relation,
     ResolvedMethod,
     TokenBatch,
-    _no_clip,
     get_method,
     method_names,
     register,
     resolve,
+    unclipped_result,
     unregister,
 )
 from ._params import COV_RATIO, DELTA, DUAL_CLIP_C, EPSILON, EPSILON_HIGH, EPSILON_LOW  # noqa: F401

@@ -21,7 +21,7 @@ _RANGES = {
 }
 
 
-def _and(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def mask_and(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a & b`` of two bool tensors; under ``torch.compile`` as ``torch.where(a, b, False)`` (the same values).
 
     Why: Inductor's CPU code (torch 2.13) combines two masks of float64 comparisons with ``&`` / ``|`` by converting
@@ -33,12 +33,12 @@ def _and(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _or(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a | b`` of two bool tensors; under ``torch.compile`` as ``torch.where(a, True, b)`` (see ``_and``)."""
+    """``a | b`` of two bool tensors; under ``torch.compile`` as ``torch.where(a, True, b)`` (see ``mask_and``)."""
     return torch.where(a, True, b) if torch.compiler.is_compiling() else a | b
 
 
-def _and_not(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a & ~b`` of two bool tensors; under ``torch.compile`` as ``torch.where(b, False, a)`` (see ``_and``)."""
+def mask_and_not(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a & ~b`` of two bool tensors; under ``torch.compile`` as ``torch.where(b, False, a)`` (see ``mask_and``)."""
     return torch.where(b, False, a) if torch.compiler.is_compiling() else a & ~b
 
 
@@ -80,10 +80,10 @@ def within_divergence_bound(log_ratio: torch.Tensor, kind: str, delta: float) ->
     with torch.no_grad():
         y = log_ratio if log_ratio.dtype in (torch.float32, torch.float64) else log_ratio.float()
         lo, hi = _log_range_for(kind, delta, y.dtype)
-        return _and(y >= lo, y <= hi)
+        return mask_and(y >= lo, y <= hi)
 
 
-def _divergence_rule(batch: TokenBatch, kind: str, delta: float) -> MethodResult:
+def divergence_range_rule(batch: TokenBatch, kind: str, delta: float) -> MethodResult:
     """A per-token divergence rule (``kind`` of ``atr_theory.ranges.LOG_RANGE_KINDS``): in the mask form ``w A``
     where ``within_divergence_bound`` holds, in the min form PPO's min with the equivalent ratio range."""
     lower, upper = _constant_range(kind, delta)
@@ -113,7 +113,7 @@ def ratio_objective(
       ``clip_ratio_c``): for ``A < 0`` the objective is at least ``c A``; needs ``c >= l``.
     * ``"mask"`` (the Section 4 pure-clip objective: Eq. 5's operator alone): ``w A`` where ``constraint`` holds
       (default ``l <= w <= u``), else the constant ``w_old A = A``: zero gradient, finite value. (``negative_cap`` is
-      not read: see ``_dual_clip``.)
+      not read: see ``apply_dual_clip``.)
 
     ``lower``/``upper`` are floats or (B, T) tensors (per-token ranges: DCPO, TRGPPO); since a token's sign picks
     one of them, a per-token bound computed only for that sign (``atr_theory.token_bounds.dcpo_bound_by_sign``) can be
@@ -126,19 +126,19 @@ def ratio_objective(
     if batch.form == "mask":
         if constraint is None:
             with torch.no_grad():
-                constraint = _and(w >= lower, w <= upper)
+                constraint = mask_and(w >= lower, w <= upper)
         keep = constraint
         objective = torch.where(keep, w * adv, adv)
-        return MethodResult(objective, lambda: _range_flags(w, y, adv, lower, upper, "mask", keep))
-    return _clamp_objective(batch, w, *_bounds_by_sign(adv, lower, upper, negative_cap, y.dtype), negative_cap)
+        return MethodResult(objective, lambda: range_flags(w, y, adv, lower, upper, "mask", keep))
+    return clamp_objective(batch, w, *_bounds_by_sign(adv, lower, upper, negative_cap, y.dtype), negative_cap)
 
 
-def _clamp_objective(batch: TokenBatch, w, lo: torch.Tensor, hi: torch.Tensor, negative_cap: float = math.inf):
+def clamp_objective(batch: TokenBatch, w, lo: torch.Tensor, hi: torch.Tensor, negative_cap: float = math.inf):
     """``A clamp(w, lo, hi)``: ``ratio_objective``'s min form once its per-token bounds are chosen by sign."""
     objective = torch.clamp(w, lo, hi) * batch.advantages
 
     def flags():
-        return _range_flags(w, batch.log_ratio, batch.advantages, lo, hi, "min", negative_cap=negative_cap)
+        return range_flags(w, batch.log_ratio, batch.advantages, lo, hi, "min", negative_cap=negative_cap)
 
     return MethodResult(objective, flags)
 
@@ -156,22 +156,22 @@ def _bounds_by_sign(adv: torch.Tensor, lower, upper, negative_cap: float, dtype:
     return lo, torch.where(negative, _bound_tensor(negative_cap, inf), _bound_tensor(upper, inf))
 
 
-def _range_flags(w, y, adv, lower, upper, form: str, constraint=None, negative_cap: float = math.inf):
+def range_flags(w, y, adv, lower, upper, form: str, constraint=None, negative_cap: float = math.inf):
     """``(kept, clipped_low, clipped_high)`` of the range ``[lower, upper]`` in ``form``: in the mask form a token is
     kept where ``constraint`` (default ``lower <= w <= upper``) holds, clipped low or high by the sign of ``log w``;
     in the min form it is clipped low where ``w < lower`` and ``A < 0``, high where ``w > upper`` and ``A > 0`` or
     ``w > negative_cap`` and ``A < 0`` (the objective is then a constant)."""
     if form == "mask":
-        keep = constraint if constraint is not None else _and(w >= lower, w <= upper)
-        return keep, _and_not(y < 0, keep), _and_not(y > 0, keep)
-    low = _and(w < lower, adv < 0)
-    high = _and(w > upper, adv > 0)
+        keep = constraint if constraint is not None else mask_and(w >= lower, w <= upper)
+        return keep, mask_and_not(y < 0, keep), mask_and_not(y > 0, keep)
+    low = mask_and(w < lower, adv < 0)
+    high = mask_and(w > upper, adv > 0)
     if negative_cap != math.inf:
-        high = _or(high, _and(w > negative_cap, adv < 0))
+        high = _or(high, mask_and(w > negative_cap, adv < 0))
     return ~_or(low, high), low, high
 
 
-def _dual_clip(result: MethodResult, adv: torch.Tensor, c: float) -> MethodResult:
+def apply_dual_clip(result: MethodResult, adv: torch.Tensor, c: float) -> MethodResult:
     """Dual clip (Ye et al. 2020; verl ``clip_ratio_c``) of a mask-form objective: for ``A < 0`` it is at least
     ``c A`` (the min form takes it inside its clamp: ``ratio_objective(..., negative_cap=c)``).
 
@@ -184,6 +184,6 @@ def _dual_clip(result: MethodResult, adv: torch.Tensor, c: float) -> MethodResul
 
     def flags():  # from result.flags(), not its cached .kept, whose lock torch.compile cannot trace
         kept, low, high = result.flags()
-        return _and_not(kept, capped), low, _or(high, capped)
+        return mask_and_not(kept, capped), low, _or(high, capped)
 
     return MethodResult(objective, flags)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ..divergence import _bernoulli_kl_and_slope
+from ..divergence import bernoulli_kl_and_slope
 from ..registry import MethodResult, Param, TokenBatch, register
 from . import _reference as plain
 
@@ -64,7 +64,7 @@ def binary_kl(log_ratio: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
     q = -torch.expm1(old_logp)
     certain = q <= 0
     safe_q = torch.where(certain, torch.ones_like(q), q)
-    kl, _ = _bernoulli_kl_and_slope(log_ratio, p, safe_q)
+    kl, _ = bernoulli_kl_and_slope(log_ratio, p, safe_q)
     kl = torch.where(certain, -log_ratio, kl)
     return torch.nan_to_num(kl, nan=torch.inf)  # log1p of a negative number: p w > 1
 
@@ -108,7 +108,7 @@ def binary_kl_fast_error_bound(log_ratio: torch.Tensor, old_logp: torch.Tensor) 
     return 8 * eps * torch.nan_to_num(scale, nan=torch.inf, posinf=torch.inf)
 
 
-def _dppo_drop(batch: TokenBatch, divergence: torch.Tensor, delta_low: float, delta_high: float) -> torch.Tensor:
+def dppo_drop(batch: TokenBatch, divergence: torch.Tensor, delta_low: float, delta_high: float) -> torch.Tensor:
     """Where DPPO drops a token, given its divergence (0 where the ratio is 1; NaN counts as past the bound): past
     ``delta_high`` where its probability rose, past ``delta_low`` where it fell; ``form="min"`` only on the side the
     advantage pushes towards (``A > 0``: rising; ``A <= 0``: falling)."""
@@ -120,8 +120,8 @@ def _dppo_drop(batch: TokenBatch, divergence: torch.Tensor, delta_low: float, de
     return past & (rose == (batch.advantages > 0))
 
 
-def _dppo(batch: TokenBatch, drop: torch.Tensor, is_cap: float) -> MethodResult:
-    """DPPO's objective given where it drops a token (``_dppo_drop``): see the module docstring."""
+def dppo_result(batch: TokenBatch, drop: torch.Tensor, is_cap: float) -> MethodResult:
+    """DPPO's objective given where it drops a token (``dppo_drop``): see the module docstring."""
     adv = batch.advantages
     w = torch.exp(batch.log_ratio)
     weight = torch.clamp(w.detach(), max=is_cap)
@@ -172,8 +172,8 @@ def dppo_tv(batch: TokenBatch, delta_low: float, delta_high: float, is_cap: floa
     (``binary_tv``): a per-token ratio range ``[1 - delta_low / p, 1 + delta_high / p]``."""
     with torch.no_grad():
         change = binary_tv(batch.log_ratio, batch.old_logp).abs()
-        drop = _dppo_drop(batch, change, delta_low, delta_high)
-    return _dppo(batch, drop, is_cap)
+        drop = dppo_drop(batch, change, delta_low, delta_high)
+    return dppo_result(batch, drop, is_cap)
 
 
 def dppo_kl_reference(logp, old_logp, advantages, mask, *, delta_low, delta_high, is_cap, form):
@@ -200,5 +200,5 @@ def dppo_kl(batch: TokenBatch, delta_low: float, delta_high: float, is_cap: floa
     r"""DPPO-Binary-KL: keep a token while ``KL(Ber(p) || Ber(p w))`` (``binary_kl_fast``) is at most ``delta_high``
     (probability rose) or ``delta_low`` (fell): TRGPPO's range ``[l_KL(p), u_KL(p)]`` with two bounds."""
     with torch.no_grad():
-        drop = _dppo_drop(batch, binary_kl_fast(batch.log_ratio, batch.old_logp), delta_low, delta_high)
-    return _dppo(batch, drop, is_cap)
+        drop = dppo_drop(batch, binary_kl_fast(batch.log_ratio, batch.old_logp), delta_low, delta_high)
+    return dppo_result(batch, drop, is_cap)

@@ -10,7 +10,7 @@ from .. import ranges, token_bounds
 from ..registry import MethodResult, TokenBatch, register
 from . import _reference as plain
 from ._params import DELTA, DUAL_CLIP_C, EPSILON, EPSILON_HIGH, EPSILON_LOW
-from ._ratio import _clamp_objective, _divergence_rule, _dual_clip, ratio_objective
+from ._ratio import apply_dual_clip, clamp_objective, divergence_range_rule, ratio_objective
 
 
 def _clip_range(epsilon: float) -> tuple[float, float]:
@@ -90,7 +90,7 @@ def dual_clip(batch: TokenBatch, epsilon: float, dual_clip_c: float) -> MethodRe
     r"""PPO clip, and for ``A < 0`` the objective ``max(min(wA, clip(w)A), c A)``: the loss is capped at ``-c A``."""
     if batch.form == "min":
         return ratio_objective(batch, 1.0 - epsilon, 1.0 + epsilon, negative_cap=dual_clip_c)
-    return _dual_clip(ratio_objective(batch, 1.0 - epsilon, 1.0 + epsilon), batch.advantages, dual_clip_c)
+    return apply_dual_clip(ratio_objective(batch, 1.0 - epsilon, 1.0 + epsilon), batch.advantages, dual_clip_c)
 
 
 def dual_clip_higher_reference(logp, old_logp, advantages, mask, *, epsilon_low, epsilon_high, dual_clip_c, form):
@@ -121,7 +121,7 @@ def dual_clip_higher(batch: TokenBatch, epsilon_low: float, epsilon_high: float,
     lower, upper = 1.0 - epsilon_low, 1.0 + epsilon_high
     if batch.form == "min":
         return ratio_objective(batch, lower, upper, negative_cap=dual_clip_c)
-    return _dual_clip(ratio_objective(batch, lower, upper), batch.advantages, dual_clip_c)
+    return apply_dual_clip(ratio_objective(batch, lower, upper), batch.advantages, dual_clip_c)
 
 
 @register(
@@ -144,7 +144,7 @@ def dcpo(batch: TokenBatch, epsilon_low: float, epsilon_high: float, dual_clip_c
         bound = token_bounds.dcpo_bound_by_sign(batch.old_logp, batch.advantages, epsilon_low, epsilon_high, cap)
         return ratio_objective(batch, bound, bound, negative_cap=dual_clip_c)
     lower, upper = ranges.dcpo_clip_range_from_log(batch.old_logp.detach(), epsilon_low, epsilon_high, cap)
-    return _dual_clip(ratio_objective(batch, lower, upper), batch.advantages, dual_clip_c)
+    return apply_dual_clip(ratio_objective(batch, lower, upper), batch.advantages, dual_clip_c)
 
 
 @register(
@@ -167,7 +167,7 @@ def trgppo(batch: TokenBatch, delta: float, epsilon: float) -> MethodResult:
     if y.dtype != torch.float64 and batch.form == "min":
         negative = token_bounds._sign_mask(batch.advantages.detach())
         lo, hi = token_bounds._trgppo_sided_bounds(batch.old_logp, negative, delta, epsilon)
-        return _clamp_objective(batch, torch.exp(y), lo, hi)
+        return clamp_objective(batch, torch.exp(y), lo, hi)
     if y.dtype == torch.float64:
         p_old = torch.exp(batch.old_logp.detach()).clamp(min=1e-300, max=1.0)
         y_lo, y_hi = ranges.trgppo_kl_log_range_torch(p_old, delta)
@@ -206,7 +206,7 @@ def atr(batch: TokenBatch, delta: float) -> MethodResult:
     so the constraint holds exactly between its two roots (the ``log`` of the Lambert-W range of Thm 3.2): decided
     by ``within_divergence_bound``, exactly for every representable ``y``: ``w A`` there, else the constant ``A``.
     """
-    return _divergence_rule(batch, "kl3", delta)
+    return divergence_range_rule(batch, "kl3", delta)
 
 
 def kl1_reference(logp, old_logp, advantages, mask, *, delta, form):
@@ -231,7 +231,7 @@ def kl1(batch: TokenBatch, delta: float) -> MethodResult:
     **one-sided** (``w >= e^{-delta}``, no upper limit). A symmetric ``|log w| <= delta`` variant is
     what ``kl2`` gives with ``delta -> delta^2/2``.
     """
-    return _divergence_rule(batch, "kl1", delta)
+    return divergence_range_rule(batch, "kl1", delta)
 
 
 def kl2_reference(logp, old_logp, advantages, mask, *, delta, form):
@@ -252,7 +252,7 @@ def kl2_reference(logp, old_logp, advantages, mask, *, delta, form):
 def kl2(batch: TokenBatch, delta: float) -> MethodResult:
     r"""Constraint ``k2 = (log w)^2 / 2 <= delta`` (symmetric in ``log w``): its ratio range inside PPO's min
     (default), or ``w A`` where it holds."""
-    return _divergence_rule(batch, "kl2", delta)
+    return divergence_range_rule(batch, "kl2", delta)
 
 
 def is_kl3_reference(logp, old_logp, advantages, mask, *, delta, form):
@@ -279,4 +279,4 @@ def is_kl3(batch: TokenBatch, delta: float) -> MethodResult:
     Compared with KL3 its range is shifted down (lower ``l`` and lower ``u``, e.g. [0.650, 1.397] at
     delta = 0.07 against [0.671, 1.422]): it tolerates larger decreases and fewer increases of pi.
     """
-    return _divergence_rule(batch, "is_kl3", delta)
+    return divergence_range_rule(batch, "is_kl3", delta)

@@ -12,7 +12,7 @@ import torch
 from ..registry import MethodResult, Param, Relation, TokenBatch, register
 from . import _reference as plain
 from ._params import COV_RATIO, EPSILON
-from ._ratio import _range_flags, ratio_objective
+from ._ratio import range_flags, ratio_objective
 
 
 def _centred_cov(batch: TokenBatch, n_valid: torch.Tensor) -> torch.Tensor:
@@ -67,7 +67,7 @@ def clip_cov(batch: TokenBatch, epsilon: float, cov_ratio: float, cov_lb: float,
     idx = torch.nonzero((cov > cov_lb).logical_and_(cov < cov_ub)).squeeze(-1)
     with torch.no_grad():
         y_few, adv_few = batch.log_ratio.reshape(-1)[idx], batch.advantages.reshape(-1)[idx]
-        kept_few = _range_flags(torch.exp(y_few), y_few, adv_few, lower, upper, batch.form)[0]
+        kept_few = range_flags(torch.exp(y_few), y_few, adv_few, lower, upper, batch.form)[0]
         idx = idx[batch.mask.reshape(-1)[idx] & kept_few]
     n_pick = min(max(int(cov_ratio * int(n_valid)), 1), idx.numel())
     perm = torch.randperm(idx.numel(), generator=batch.generator, device="cpu")[:n_pick]

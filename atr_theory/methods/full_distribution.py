@@ -10,7 +10,7 @@ import torch
 from ..divergence import full_kl
 from ..registry import MethodResult, Param, TokenBatch, register
 from ._params import DELTA
-from ._ratio import _and, ratio_objective
+from ._ratio import mask_and, ratio_objective
 
 
 def _position_kl(batch: TokenBatch, name: str) -> torch.Tensor:
@@ -64,8 +64,8 @@ def tr_ppo(batch: TokenBatch, delta: float) -> MethodResult:
     objective = torch.where(outside, torch.minimum(w * adv, adv), w * adv)
 
     def flags():
-        frozen = _and(outside, w * adv > adv)
-        return ~frozen, _and(frozen, batch.log_ratio < 0), _and(frozen, batch.log_ratio > 0)
+        frozen = mask_and(outside, w * adv > adv)
+        return ~frozen, mask_and(frozen, batch.log_ratio < 0), mask_and(frozen, batch.log_ratio > 0)
 
     return MethodResult(objective, flags)
 
@@ -85,7 +85,7 @@ def truly_ppo(batch: TokenBatch, delta: float, alpha: float) -> MethodResult:
     kl = _position_kl(batch, "truly_ppo")
     w = torch.exp(batch.log_ratio)
     adv = batch.advantages
-    rollback = _and(kl.detach() >= delta, w * adv > adv)
+    rollback = mask_and(kl.detach() >= delta, w * adv > adv)
     objective = torch.where(rollback, w * adv - alpha * kl, w * adv)
     none = torch.zeros_like(batch.mask)
     return MethodResult(objective, lambda: (torch.ones_like(batch.mask), none, rollback))

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from ..registry import MethodResult, Param, TokenBatch, TRLPeer, _no_clip, register
+from ..registry import MethodResult, Param, TokenBatch, TRLPeer, register, unclipped_result
 from . import _reference as plain
 
 __all__ = ["cispo", "sapo", "vespo", "vespo_log_weight"]
@@ -60,7 +60,7 @@ def sapo(batch: TokenBatch, tau_pos: float, tau_neg: float) -> MethodResult:
     adv = batch.advantages
     tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
     gate = torch.sigmoid(tau * torch.expm1(batch.log_ratio)) * (4.0 / tau)
-    return _no_clip(gate * adv, batch)
+    return unclipped_result(gate * adv, batch)
 
 
 def cispo_reference(logp, old_logp, advantages, mask, *, epsilon_low, epsilon_high):
@@ -203,4 +203,4 @@ def vespo(
             log_ratio, batch.mask, batch.advantages, vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg
         )
         phi = torch.exp(log_phi).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
-    return _no_clip(phi * batch.advantages * batch.logp, batch)
+    return unclipped_result(phi * batch.advantages * batch.logp, batch)

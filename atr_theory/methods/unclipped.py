@@ -3,7 +3,7 @@ gradient with a quadratic penalty on ``log w``). Every token is kept."""
 
 from __future__ import annotations
 
-from ..registry import MethodResult, Param, TokenBatch, _no_clip, register
+from ..registry import MethodResult, Param, TokenBatch, register, unclipped_result
 from . import _reference as plain
 
 __all__ = ["dro", "reinforce"]
@@ -31,7 +31,7 @@ def reinforce(batch: TokenBatch) -> MethodResult:
 
     With a rollout correction (``atr_theory.layers.RolloutCorrection``) it is verl's bypass-mode REINFORCE
     ``sg[rho] A log pi``; with a token k3 mask on top it has ATR's gradient (``docs/methods.md``)."""
-    return _no_clip(batch.advantages * batch.logp, batch)
+    return unclipped_result(batch.advantages * batch.logp, batch)
 
 
 # --8<-- [start:dro]  (docs/adding-a-rule.md shows the rule from here)
@@ -61,7 +61,7 @@ def dro(batch: TokenBatch, dro_beta: float) -> MethodResult:
     r"""Direct reward optimisation: ``A log pi - (beta / 2) (log w)^2``, the policy gradient with a quadratic
     penalty on the log-ratio instead of a clip (its gradient ``(A - beta log w) grad log pi``); every token is
     kept."""
-    return _no_clip(batch.advantages * batch.logp - 0.5 * dro_beta * batch.log_ratio.square(), batch)
+    return unclipped_result(batch.advantages * batch.logp - 0.5 * dro_beta * batch.log_ratio.square(), batch)
 
 
 # --8<-- [end:dro]

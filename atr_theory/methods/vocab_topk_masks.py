@@ -11,7 +11,7 @@ With ``p`` the old and ``p'`` the new probabilities of those outcomes (the rest 
 Coarsening never increases a divergence (data processing), so each lies between the binary one (``K = 0``: the
 sampled token and the rest, ``dppo_tv`` / ``dppo_kl`` exactly) and the full-vocabulary one (``K = V - 1``: every
 token its own outcome, the rest bucket empty): ``tests/test_vocab_topk_masks.py`` checks both ends on the same batch.
-The decision is DPPO's (``divergence_masks._dppo_drop``): the bound ``delta_high`` where the sampled token's
+The decision is DPPO's (``divergence_masks.dppo_drop``): the bound ``delta_high`` where the sampled token's
 probability rose, ``delta_low`` where it fell; ``form="min"`` drops a token only on the side its advantage pushes
 towards, ``form="mask"`` on either side; the kept tokens' objective is ``sg[min(w, c)] A log pi``.
 
@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from ..registry import MethodResult, PeerCode, TokenBatch, register
-from .divergence_masks import DELTA_HIGH, DELTA_LOW, IS_CAP, _dppo, _dppo_drop
+from .divergence_masks import DELTA_HIGH, DELTA_LOW, IS_CAP, dppo_drop, dppo_result
 
 __all__ = ["DEFAULT_TOPK", "dppo_topk_kl", "dppo_topk_tv", "topk_kl", "topk_logps", "topk_other_tokens", "topk_tv"]
 
@@ -147,8 +147,8 @@ def dppo_topk_tv(batch: TokenBatch, delta_low: float, delta_high: float, is_cap:
     token, the old policy's K most likely other tokens, the rest} (``topk_tv``) is at most ``delta_high``
     (probability rose) or ``delta_low`` (fell); ``K = 0`` is ``dppo_tv``."""
     with torch.no_grad():
-        drop = _dppo_drop(batch, topk_tv(*_topk(batch)), delta_low, delta_high)
-    return _dppo(batch, drop, is_cap)
+        drop = dppo_drop(batch, topk_tv(*_topk(batch)), delta_low, delta_high)
+    return dppo_result(batch, drop, is_cap)
 
 
 @register(
@@ -165,5 +165,5 @@ def dppo_topk_kl(batch: TokenBatch, delta_low: float, delta_high: float, is_cap:
     tokens, the rest} (``topk_kl``) is at most ``delta_high`` (probability rose) or ``delta_low`` (fell); ``K = 0``
     is ``dppo_kl``, ``K = V - 1`` the full KL."""
     with torch.no_grad():
-        drop = _dppo_drop(batch, topk_kl(*_topk(batch)), delta_low, delta_high)
-    return _dppo(batch, drop, is_cap)
+        drop = dppo_drop(batch, topk_kl(*_topk(batch)), delta_low, delta_high)
+    return dppo_result(batch, drop, is_cap)

@@ -1,6 +1,6 @@
 """``python -m experiments.cpu_table``: see ``experiments.cpu_table.driver``."""
 
-from atr_llm.cli import run_command
+from atr_llm.command_line import run_command
 
 from .driver import main
 

@@ -13,8 +13,9 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from atr_llm.cli import Parser, atomic_write_text, directory_written_whole, existing_directory, refuse
 from atr_llm.cli_types import SEED, AtMost, Holds, Integer, Real, WriteDir
+from atr_llm.command_line import Parser, existing_directory, refuse
+from atr_llm.files import atomic_write_text, directory_written_whole
 
 from .protocol import (
     _RUN_PROTOCOL_KEYS,
@@ -404,7 +405,7 @@ def main(argv=None) -> dict:
 
     import multiprocessing as mp
 
-    from atr_llm.runtime import enable_huge_pages_for_large_cpu_tensors
+    from atr_llm.huge_pages import enable_huge_pages_for_large_cpu_tensors
 
     enable_huge_pages_for_large_cpu_tensors()  # the spawned workers inherit it
 
@@ -445,6 +446,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from atr_llm.cli import run_command
+    from atr_llm.command_line import run_command
 
     run_command(main)

@@ -93,8 +93,8 @@ def table_and_run(spec: str) -> tuple[Path, str]:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    from atr_llm.cli import Parser
     from atr_llm.cli_types import Text, WriteFile
+    from atr_llm.command_line import Parser
     from experiments import cpu_table
 
     ap = Parser(description=__doc__.split("\n\n")[0])
@@ -130,6 +130,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    from atr_llm.cli import run_command
+    from atr_llm.command_line import run_command
 
     run_command(main)

@@ -143,8 +143,8 @@ def plot(rows: list[dict], runs: list[str], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from atr_llm.cli import Parser
     from atr_llm.cli_types import SEED, Integer, ReadDir, WriteDir
+    from atr_llm.command_line import Parser
 
     runs = ["sft", *sorted(cpu_table.CPU_RUNS)]
     ap = Parser(description=__doc__.split("\n\n")[0])

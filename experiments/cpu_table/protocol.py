@@ -66,7 +66,7 @@ TRUST_REGION_RULES = ["atr-seq", "dppo-kl", "cispo", "reinforce-tis"]
 ATR at the sequence level, DPPO's binary-KL mask, CISPO (verl's defaults: the IS weight clamped to [0.8, 1.2]) and
 REINFORCE with truncated IS and no trust region (``cispo`` with no lower bound and the cap 2, i.e.
 sg[min(w, 2)] A grad log pi: verl's bypass-mode REINFORCE with token TIS at its default cap;
-``tests/test_cpu_table.py`` checks the identity)."""
+``tests/studies/test_cpu_table.py`` checks the identity)."""
 
 
 _NOT_PRESETS: dict[str, dict] = {
@@ -248,7 +248,7 @@ def result_at_step(result: dict, step: int) -> dict:
     """``result`` as a run of ``step`` training steps would have written it: its evaluations at checkpoints <= ``step``
     and its training curves up to ``step`` (the SFT model's own result, step 0, unchanged). With the constant learning
     rate of cpu-table.yaml a run's checkpoint at ``step`` holds the weights of a ``step``-step run of the same seed
-    (``tests/test_cpu_table.py`` trains both and compares), so this is that shorter run's result without training it.
+    (``tests/studies/test_cpu_table.py`` trains both and compares), so this is that shorter run's result without training it.
     One exception, in the curves only: a run also logs its last step when that is off the logging interval (10 steps
     in cpu-table.yaml), a point the longer run never logged; at multiples of 10 the curves agree too."""
     if result["run"] == "sft":

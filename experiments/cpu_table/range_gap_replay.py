@@ -160,8 +160,8 @@ def _without_wall_clock(logged: dict) -> dict:
 
 
 def main(argv=None) -> list[dict]:
-    from atr_llm.cli import Parser
     from atr_llm.cli_types import SEED, Integer, ReadDir, Text, WriteFile
+    from atr_llm.command_line import Parser
     from experiments.cpu_table import CPU_RUNS
 
     p = Parser(description=__doc__.split("\n\n")[0])
@@ -189,6 +189,6 @@ def main(argv=None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    from atr_llm.cli import run_command
+    from atr_llm.command_line import run_command
 
     run_command(main)

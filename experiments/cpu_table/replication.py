@@ -86,8 +86,8 @@ def _difference(d: dict | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from atr_llm.cli import Parser
     from atr_llm.cli_types import ReadDir, WriteFile
+    from atr_llm.command_line import Parser
     from experiments import cpu_table
 
     ap = Parser(description=__doc__.split("\n\n")[0])
@@ -119,6 +119,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from atr_llm.cli import run_command
+    from atr_llm.command_line import run_command
 
     run_command(main)

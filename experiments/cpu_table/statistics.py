@@ -179,7 +179,7 @@ def holm_adjusted(p_values: list[float]) -> list[float]:
     procedure"), in their order: with the p-values sorted ascending p_(1) <= ... <= p_(m),
     adjusted p_(i) = max over j <= i of min(1, (m - j + 1) p_(j)). Rejecting where adjusted p < alpha keeps the
     family-wise error rate at alpha over the m tests. Equal to statsmodels' ``multipletests(method="holm")``
-    (``tests/test_cpu_table_statistics.py``), which is not called here: it runs ``gc.collect()`` on every call (20-40 ms in a
+    (``tests/studies/test_cpu_table_statistics.py``), which is not called here: it runs ``gc.collect()`` on every call (20-40 ms in a
     process holding torch), and writing a table calls this many times."""
     m = len(p_values)
     adjusted = [0.0] * m

@@ -95,8 +95,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     import trl
 
-    from atr_llm.cli import Parser
     from atr_llm.cli_types import Integer, WriteFile
+    from atr_llm.command_line import Parser
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=Integer(1), default=4)
@@ -128,6 +128,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from atr_llm.cli import run_command
+    from atr_llm.command_line import run_command
 
     run_command(main)

@@ -45,8 +45,8 @@ def stored_pairs(runs_dir: Path, golds: list[str]) -> tuple[dict, int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from atr_llm.cli import Parser
     from atr_llm.cli_types import Integer, ReadDir, WriteFile
+    from atr_llm.command_line import Parser
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs-dir", type=ReadDir(), default="runs/cpu_table_forms")
@@ -95,6 +95,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from atr_llm.cli import run_command
+    from atr_llm.command_line import run_command
 
     run_command(main)

@@ -1,6 +1,6 @@
 """Inductor's CPU code for ``&`` / ``|`` of two comparison masks, against the same logic written with ``torch.where``.
 
-The reason ``atr_theory.methods._ratio._and`` / ``_or`` / ``_and_not`` use ``torch.where`` while compiling (2026-11-26):
+The reason ``atr_theory.methods._ratio.mask_and`` / ``_or`` / ``mask_and_not`` use ``torch.where`` while compiling (2026-11-26):
 on this CPU with torch 2.13, the C++ kernel of ``where((x >= a) & (x <= b), y, 0)`` on float64 converts both
 16-lane double masks to int32 one lane at a time (seen in ``perf annotate`` of the generated kernel: ``vpextrd``
 / ``vmovq`` per lane), ~10x slower than ``where(where(x >= a, x <= b, False), y, 0)``; float32 is fast either way.
@@ -56,8 +56,8 @@ def measure(dtype: torch.dtype, rows: int, cols: int, repeats: int, device: str 
 
 
 def main(argv: list[str] | None = None) -> None:
-    from atr_llm.cli import Parser
     from atr_llm.cli_types import Device, Integer, WriteFile
+    from atr_llm.command_line import Parser
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
@@ -95,6 +95,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from atr_llm.cli import run_command
+    from atr_llm.command_line import run_command
 
     run_command(main)

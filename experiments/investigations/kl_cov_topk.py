@@ -99,8 +99,8 @@ def ties_at_kth(logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, cov_r
 
 
 def main(argv: list[str] | None = None) -> None:
-    from atr_llm.cli import Parser
     from atr_llm.cli_types import Device, WriteFile
+    from atr_llm.command_line import Parser
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", type=Device(), default="cpu")
@@ -197,6 +197,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from atr_llm.cli import run_command
+    from atr_llm.command_line import run_command
 
     run_command(main)

@@ -15,8 +15,8 @@ TASK = "arithmetic-3step-steps"
 
 
 def main(argv: list[str] | None = None):
-    from atr_llm.cli import Parser
     from atr_llm.cli_types import Integer, ReadDir, Text, WriteFile
+    from atr_llm.command_line import Parser
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("models", type=Text(), nargs="+", help="NAME=MODEL_DIR")
@@ -41,6 +41,6 @@ def main(argv: list[str] | None = None):
 
 
 if __name__ == "__main__":
-    from atr_llm.cli import run_command
+    from atr_llm.command_line import run_command
 
     run_command(main)

@@ -73,8 +73,8 @@ def run_arm(arm: str, args) -> dict:
 
 
 def main(argv: list[str] | None = None):
-    from atr_llm.cli import Parser
     from atr_llm.cli_types import SEED, Integer, ReadDir, Real, Text, WriteDir, WriteFile
+    from atr_llm.command_line import Parser
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -108,6 +108,6 @@ def main(argv: list[str] | None = None):
 
 
 if __name__ == "__main__":
-    from atr_llm.cli import run_command
+    from atr_llm.command_line import run_command
 
     run_command(main)

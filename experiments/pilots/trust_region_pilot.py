@@ -162,8 +162,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     import sys
     from concurrent.futures import ProcessPoolExecutor
 
-    from atr_llm.cli import Parser
     from atr_llm.cli_types import Integer, WriteDir, WriteFile
+    from atr_llm.command_line import Parser
     from experiments.cpu_table.driver import train_sft, worker_init
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -190,6 +190,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    from atr_llm.cli import run_command
+    from atr_llm.command_line import run_command
 
     run_command(main)

@@ -1,13 +1,13 @@
 """The generators ``atr_llm.evaluate`` samples with: a callable from a batch of chat prompts to completions.
 
 ``HFGenerator``: transformers' ``generate`` in batches (CPU or GPU), the chat template applied. ``VLLMGenerator``:
-vLLM (a GPU, the ``[gpu]`` extra), with an optional LoRA adapter. ``_vllm_available`` says whether the second can run.
+vLLM (a GPU, the ``[gpu]`` extra), with an optional LoRA adapter. ``vllm_available`` says whether the second can run.
 """
 
 from __future__ import annotations
 
 
-def _vllm_available() -> bool:
+def vllm_available() -> bool:
     try:
         import torch
 

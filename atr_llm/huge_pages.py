@@ -1,4 +1,5 @@
-"""Process settings the command-line entry points make (never an import): each documented with what it buys."""
+"""Transparent huge pages for PyTorch's large CPU tensors: a process setting the command-line entry points make
+(never an import), with what it buys."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ import pytest
 from experiments import range_form_analysis as rfa
 from experiments.trust_region_analysis import read_table
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def synthetic_rows(seed: int = 0) -> list[dict]:

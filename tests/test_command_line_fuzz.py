@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from atr_llm import cli, cli_types
+from atr_llm import cli_types, command_line
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("atr_llm", "atr_theory", "sims", "experiments", "tools", "benchmarks")
@@ -72,7 +72,7 @@ def declared_parser(module_name: str) -> argparse.ArgumentParser:
         pass
     finally:
         argparse.ArgumentParser.parse_known_args = original
-    raise AssertionError(f"{module_name}.main parses no arguments with argparse (declare them with atr_llm.cli.Parser)")
+    raise AssertionError(f"{module_name}.main parses no arguments with argparse (declare them with atr_llm.command_line.Parser)")
 
 
 def own_actions(module_name: str, parser: argparse.ArgumentParser) -> list[argparse.Action]:
@@ -234,7 +234,7 @@ def refusal_of(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[int, s
         except SystemExit as e:
             return e.code, err.getvalue()
         except ValueError as e:
-            return 2, err.getvalue() + f"error: {cli.one_line(e)}\n"
+            return 2, err.getvalue() + f"error: {command_line.one_line(e)}\n"
     return 0, err.getvalue()
 
 
@@ -255,7 +255,7 @@ def test_every_command_is_found_and_declares_every_argument():
     undeclared = {}
     for module_name in ENTRY_POINTS:
         parser = declared_parser(module_name)
-        assert isinstance(parser, cli.Parser) or module_name == "atr_llm.train", module_name
+        assert isinstance(parser, command_line.Parser) or module_name == "atr_llm.train", module_name
         assert not parser.allow_abbrev, f"{module_name}: a prefix of an option must not be taken for it"
         names = {flag(a) for a in own_actions(module_name, parser)}
         missing = [m for m in cli_types.undeclared_arguments(parser) if m in names]

@@ -290,7 +290,7 @@ def test_where_curves_part_on_the_committed_start_c_table_agrees_with_pandas():
     write): per seed, the first logged step whose row differs in any column, or none."""
     import pandas as pd
 
-    out = Path(__file__).resolve().parents[1] / "figures" / "experiments" / "cpu_table" / "startC"
+    out = Path(__file__).resolve().parents[2] / "figures" / "experiments" / "cpu_table" / "startC"
     _, sets, _ = cpu_table.previous_outputs(
         out, json.loads((out / "cpu_llm_table.json").read_text())["settings"], set()
     )

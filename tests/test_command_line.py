@@ -1,5 +1,5 @@
 """Every command refuses bad input before it works: one line naming the argument, exit status 2, no traceback, and
-nothing written into its output folder (atr_llm.cli's convention)."""
+nothing written into its output folder (atr_llm.command_line's convention)."""
 
 import json
 import subprocess
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from atr_llm import evaluate, train
-from atr_llm.cli import UsageError
+from atr_llm.command_line import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "atr_llm" / "configs"

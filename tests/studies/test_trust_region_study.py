@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PILOT = ROOT / "figures" / "experiments" / "pilots" / "trust_region_pilot.json"
 PAGE = ROOT / "docs" / "experiments" / "trust-region.md"
 PREREG = ROOT / "docs" / "experiments" / "trust-region-preregistration.md"

@@ -8,14 +8,13 @@ here before they build a model, write a file or start a worker, and run their ``
 from __future__ import annotations
 
 import argparse
-import contextlib
 import difflib
 import json
 import math
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -363,31 +362,3 @@ def jsonl_rows(argument: str, path: str | Path) -> list[tuple[int, dict]]:
     if not rows:
         raise refuse(argument, str(path), "holds no rows")
     return rows
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename: a reader (or a process killed meanwhile)
-    sees the old file or the whole new one, never a part."""
-    import os
-
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.partial")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-@contextlib.contextmanager
-def directory_written_whole(final: Path) -> Iterator[Path]:
-    """Yield ``final.partial`` to write into; on leaving the block it replaces ``final`` (an earlier one is removed)
-    by a rename, so a process killed meanwhile leaves no ``final`` that looks finished. On an error the partial
-    folder stays for inspection and ``final`` is untouched."""
-    import os
-    import shutil
-
-    final = Path(final)
-    partial = final.with_name(final.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    yield partial
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(partial, final)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from atr_llm import cli
+from atr_llm import command_line
 
 
 class _Parsed(Exception):
@@ -26,12 +26,12 @@ class _Parsed(Exception):
 @pytest.fixture
 def parse_only(monkeypatch):
     """``Parser.parse_args`` as it is (relations checked), then stop: the command's work never starts."""
-    original = cli.Parser.parse_args
+    original = command_line.Parser.parse_args
 
     def stop(self, args=None, namespace=None):
         raise _Parsed(self, original(self, args, namespace))
 
-    monkeypatch.setattr(cli.Parser, "parse_args", stop)
+    monkeypatch.setattr(command_line.Parser, "parse_args", stop)
 
 
 # command | the relation the command line breaks | the command line ({tmp}: a fresh folder) | the option refused
@@ -185,7 +185,7 @@ class _WorkStarted(Exception):
 def _run_until_work(module: str, argv: list[str], monkeypatch):
     """``main(argv)`` as ``python -m`` runs it (``run_command``: a ValueError is one line and exit 2), its first
     piece of work replaced by ``_WorkStarted``."""
-    from atr_llm import cli
+    from atr_llm import command_line
 
     target = importlib.import_module(module)
 
@@ -194,7 +194,7 @@ def _run_until_work(module: str, argv: list[str], monkeypatch):
 
     monkeypatch.setattr(target, WORK[module], work)
     monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)  # set by the commands for torch; restored afterwards
-    cli.run_command(target.main, argv)
+    command_line.run_command(target.main, argv)
 
 
 @pytest.mark.parametrize("module,line,option,words", REFUSALS, ids=[f"{m} {line}" for m, line, *_ in REFUSALS])

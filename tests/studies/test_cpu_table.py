@@ -1,5 +1,5 @@
 """The CPU analog of Tables 2-3 (experiments.cpu_table): every run parses, --quick runs, the table accumulates and pairs
-its rows (its statistics: tests/test_cpu_table_statistics.py)."""
+its rows (its statistics: tests/studies/test_cpu_table_statistics.py)."""
 
 import csv
 import json
@@ -19,7 +19,7 @@ from atr_llm import train
 from atr_llm.data import OFFLINE_TASKS, arithmetic_dataset, is_held_out  # noqa: E402
 from experiments import cpu_table  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("run", sorted(cpu_table.CPU_RUNS))
