@@ -229,8 +229,10 @@ def _finite_probe(check: _ValueCheck, mask: torch.Tensor, all_valid: bool) -> to
     t = t if check.dtype is None else t.to(check.dtype)
     if check.kind == "full":  # per position: NaN or +inf anywhere in the row, or -inf everywhere, is not finite
         t = t.amax(-1)
-    elif check.kind == "topk":  # -inf (probability 0) is allowed anywhere; NaN and +inf survive the sum
-        t = torch.where(torch.isneginf(t), 0.0, t).sum(-1)
+    elif check.kind == "topk":  # -inf (probability 0) is allowed anywhere: the whole tensor's max (one fast pass;
+        # a row-wise max is 20x slower at K = 20) keeps NaN and +inf, -inf goes to 0. Padding is read too: a NaN or
+        # +inf there sends the call down the error path, which reads valid positions only, finds nothing and goes on
+        return t.amax().clamp_min(0.0) if t.numel() else t.new_zeros(())
     return (t if all_valid else torch.where(mask, t, 0.0)).sum()
 
 

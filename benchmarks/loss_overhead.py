@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 
 import atr_theory as at
+from atr_llm.huge_pages import HUGE_PAGES_VARIABLE, enable_huge_pages_for_large_cpu_tensors
 from benchmarks._machine import default_output
 from benchmarks._memory import MMAP_ENV, reset_rss_peak_mib, rss_mib
 
@@ -70,11 +71,15 @@ TOPK = at.methods.vocab_topk_masks.DEFAULT_TOPK
 def make_topk_inputs(logp, old, k=TOPK, seed=1):
     """For a rule that reads the top-K (``dppo_topk_*``): both policies' log-probs of ``k`` other tokens, (B, T, k),
     sharing each position's remaining mass (``1 - p``) with a rest bucket, the new policy's moved by ``0.3`` in logit
-    space: what a trainer would store at generation (old) and gather when it scores the batch (new)."""
+    space: what a trainer would store at generation (old) and gather when it scores the batch (new); contiguous, as
+    ``atr_theory.topk_logps`` returns them."""
     g = torch.Generator().manual_seed(seed)
     z = torch.randn(*old.shape, k + 1, generator=g).to(old.device)
     moved = z + 0.3 * torch.randn(*old.shape, k + 1, generator=g).to(old.device)
-    share = lambda base, logits: (torch.log(-torch.expm1(base))[..., None] + torch.log_softmax(logits, -1))[..., :k]  # noqa: E731
+
+    def share(base, logits):
+        return (torch.log(-torch.expm1(base))[..., None] + torch.log_softmax(logits, -1))[..., :k].contiguous()
+
     return {"old_topk_logp": share(old, z), "topk_logp": share(logp.detach(), moved)}
 
 
@@ -152,7 +157,7 @@ def resolve_methods(names) -> list[str]:
         return list(PER_TOKEN)
     unknown = [n for n in names if n not in PER_TOKEN]
     if unknown:
-        from atr_llm.cli import refuse
+        from atr_llm.command_line import refuse
 
         raise refuse("--methods", " ".join(unknown), f"not per-token methods; expected some of {', '.join(PER_TOKEN)}")
     return list(dict.fromkeys(names))
@@ -313,12 +318,31 @@ def plot(result, out_png):
     fig.savefig(out_png, dpi=120)
 
 
+def topk_floor(repeats: int, device: str = "cpu", size=(64, 4096)) -> dict:
+    """The least an eager top-K rule computes, against the inline PPO-clip timed beside it, at ``TOPK``: both
+    policies' top-K probabilities summed (``exp`` then ``sum`` of ``old_topk_logp`` and of ``topk_logp``: the rest
+    bucket ``1 - p_s - sum_k p_k`` of either divergence needs them), forward + backward through ``logp``'s sum.
+    ``read_ratio``: reading the two tensors once (their sums), no ``exp``."""
+    logp0, old, adv, mask = make_inputs(*size, device=device)
+    extra = make_topk_inputs(logp0, old)
+    o, n = extra["old_topk_logp"], extra["topk_logp"]
+    maskf = mask.float()
+    peer = lambda lp: inline_ppo_clip(lp, old, adv, maskf)  # noqa: E731
+    ms, peer_ms, _ = side_by_side(lambda lp: o.exp().sum() + n.exp().sum() + lp.sum(), peer, logp0, repeats)
+    read_ms, read_peer_ms, _ = side_by_side(lambda lp: o.sum() + n.sum() + lp.sum(), peer, logp0, repeats)
+    return {
+        "K": TOPK, "B": size[0], "T": size[1], "ms": 1e3 * ms, "peer_ms": 1e3 * peer_ms, "ratio": ms / peer_ms,
+        "read_ratio": read_ms / read_peer_ms,
+    }  # fmt: skip
+
+
 def part1_result(r1: dict, sizes, repeats: int, device: str) -> dict:
     """The JSON of part 1: run metadata, ``part1.<method>`` = the eager row at the largest size, every mode's rows."""
     return {
         "device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        "huge_pages": os.environ.get(HUGE_PAGES_VARIABLE) == "1",  # tensors of 2 MiB and more (the top-K inputs)
         "repeats": repeats,
         "sizes": {"part1": [list(s) for s in sizes]},
         "part1": {name: rows[-1] for name, rows in r1.get("eager", {}).items()},
@@ -346,13 +370,13 @@ def merged_result(previous: dict, new: dict) -> dict:
         out["part1_by_mode"][mode].update(rows)
     out["part1"].update(new["part1"])
     runs = out.setdefault("updated", [])
-    runs.append({k: new[k] for k in ("torch", "threads", "repeats")} | {"methods": sorted(new["part1"])})
+    runs.append({k: new[k] for k in ("torch", "threads", "huge_pages", "repeats")} | {"methods": sorted(new["part1"])})
     return out
 
 
 def main(argv: list[str] | None = None):
-    from atr_llm.cli import Parser
     from atr_llm.cli_types import Device, Exclusive, Integer, Requires, WriteFile
+    from atr_llm.command_line import Parser
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
@@ -408,6 +432,7 @@ def main(argv: list[str] | None = None):
     )
     args = ap.parse_args(argv)
     methods = resolve_methods(args.methods)
+    enable_huge_pages_for_large_cpu_tensors()  # as the trainer's entry points allocate (tensors of 2 MiB and more)
     if args.threads:
         torch.set_num_threads(args.threads)
     name = "loss_overhead_time.json" if args.time_only else "loss_overhead.json"
@@ -420,7 +445,7 @@ def main(argv: list[str] | None = None):
 
         previous = json.loads(out.read_text()) if args.update and out.exists() else None
         if args.update and previous is None:
-            from atr_llm.cli import refuse
+            from atr_llm.command_line import refuse
 
             raise refuse("--out", str(out), "does not exist: --update adds rows to a file; time every method without it")
 
@@ -428,7 +453,12 @@ def main(argv: list[str] | None = None):
             result = part1_result(r1, sizes, repeats, args.device)
             out.write_text(json.dumps(result if previous is None else merged_result(previous, result), indent=2))
 
-        save(part1(sizes, repeats, args.device, modes, methods, on_row=save))
+        r1 = part1(sizes, repeats, args.device, modes, methods, on_row=save)
+        result = part1_result(r1, sizes, repeats, args.device)
+        result = result if previous is None else merged_result(previous, result)
+        if any(at.METHODS[m].needs_topk for m in methods):
+            result["topk_floor"] = topk_floor(repeats, args.device)
+        out.write_text(json.dumps(result, indent=2))
         print(f"wrote {out}")
         return
     cuda = args.device.startswith("cuda")
@@ -461,6 +491,6 @@ def main(argv: list[str] | None = None):
 
 
 if __name__ == "__main__":
-    from atr_llm.cli import run_command
+    from atr_llm.command_line import run_command
 
     run_command(main)

@@ -174,6 +174,25 @@ def test_m2po_is_the_same_on_a_permuted_batch_and_keeps_its_mean_below_the_thres
     assert bool((((logp - old) ** 2)[mask & ~keep] > threshold).all())  # only tokens above the threshold go
 
 
+@settings(max_examples=80, deadline=None)
+@given(batches(), st.sampled_from([1e-4, 0.01, 0.04, 0.3]), st.booleans())
+def test_m2po_sorts_only_the_candidates_on_a_cpu_and_keeps_what_the_whole_sort_keeps(batch, threshold, ties):
+    """The eager CPU path (the candidates compacted, then sorted) against the path a device or a compilation takes
+    (every token sorted, no host read), forced here by reading as if compiling; ``ties``: each value twice."""
+    logp, old, _, mask = batch
+    y = logp - old
+    if ties:
+        y, mask = torch.cat([y, y], 1), torch.cat([mask, mask], 1)
+    compacted = m2po_keep(y, mask, threshold)
+    original = torch.compiler.is_compiling
+    try:
+        torch.compiler.is_compiling = lambda: True
+        whole = m2po_keep(y, mask, threshold)
+    finally:
+        torch.compiler.is_compiling = original
+    assert torch.equal(compacted, whole)
+
+
 def test_m2po_compiles_into_one_graph_without_a_host_read():
     import torch._dynamo
 

@@ -40,12 +40,17 @@ def m2po_keep(log_ratio: torch.Tensor, mask: torch.Tensor, m2_threshold: float) 
 
     Every dropped token has ``q > m2_threshold`` (the suffix mean crosses the threshold at it: ``s_{k-1} = (n-k+1)
     A_{k-1} - (n-k) A_k > m2_threshold``), so only those are sorted: the others enter as one sum and one count, and
-    become zeros in the sort (a sort of mostly equal keys costs a third of a sort of distinct ones on a CPU). No host
-    read (``torch.compile(fullgraph=True)`` traces it); the suffix sums in float64."""
+    become zeros in the sort (a sort of mostly equal keys costs a third of a sort of distinct ones on a CPU). On a
+    device, or while compiling, no host read (``torch.compile(fullgraph=True)`` traces it); called eagerly on a CPU,
+    where reading the count costs nothing, only the candidates are sorted (one zero after them stands for the rest):
+    the same values in the same order, so the same tokens. The suffix sums in float64."""
     with torch.no_grad():
         q = log_ratio.detach().square()
         candidate = mask & (q > m2_threshold)
-        s = torch.sort(torch.where(candidate, q, 0.0).flatten(), descending=True).values  # the candidates first
+        if q.device.type == "cpu" and not torch.compiler.is_compiling():
+            s = torch.cat([torch.sort(q[candidate], descending=True).values, q.new_zeros(1)])
+        else:
+            s = torch.sort(torch.where(candidate, q, 0.0).flatten(), descending=True).values  # the candidates first
         n, m = mask.sum(), candidate.sum()
         rest = torch.where(mask & ~candidate, q, 0.0).sum(dtype=torch.float64)  # every q <= m2_threshold
         index = torch.arange(s.numel(), device=s.device)
@@ -53,7 +58,9 @@ def m2po_keep(log_ratio: torch.Tensor, mask: torch.Tensor, m2_threshold: float) 
         # the first suffix mean below the threshold is at an index j <= m (past m every value is <= the threshold)
         below = (suffix / (n - index).clamp(min=1) < m2_threshold) & (index <= m) & (index < n)
         k = torch.where(below.any(), below.to(torch.uint8).argmax(), (n - 1).clamp(min=0))
-        cut = torch.where(k > 0, s.gather(0, (k - 1).clamp(min=0).view(1)), torch.inf)
+        # s_{k-1}: past the sorted candidates every value is a zero (k = n - 1 where no suffix mean is below)
+        s_before = torch.where(k - 1 < s.numel(), s.gather(0, (k - 1).clamp(0, s.numel() - 1).view(1)), 0.0)
+        cut = torch.where(k > 0, s_before, torch.inf)
         smallest = torch.where(mask, q, torch.inf).amin()  # only it stays where no suffix mean is below
         return mask & ((q < cut) | (q <= smallest))
 
