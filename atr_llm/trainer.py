@@ -451,7 +451,12 @@ class ATRLossMixin:
             temperature=self.temperature,
             chunk_size=self.args.kl_chunk_size,
         )
-        return true_kl_summary(kl, reverse, logp - old_logp, out.result.kept, out.mask, self.args.true_kl_delta)
+        against = None
+        if out.mask_form_kept is not None:
+            against, _ = at.outside_by_advantage(out.mask_form_kept(), out.log_ratio, out.advantages, out.mask)
+        return true_kl_summary(
+            kl, reverse, logp - old_logp, out.result.kept, out.mask, self.args.true_kl_delta, against=against
+        )
 
     def log(self, logs: dict[str, float], *args, **kwargs) -> None:
         for func in getattr(self, "reward_funcs", []):

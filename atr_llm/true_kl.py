@@ -28,6 +28,11 @@ def rank_correlation(x: torch.Tensor, y: torch.Tensor) -> float:
     return float((rx * ry).sum() / denominator) if denominator > 0 else float("nan")
 
 
+def mean_over(values: torch.Tensor, selected: torch.Tensor) -> float:
+    """The mean of ``values`` where ``selected`` holds; NaN where it holds nowhere."""
+    return float(values[selected].mean()) if bool(selected.any()) else float("nan")
+
+
 def true_kl_summary(
     kl: torch.Tensor,
     reverse_kl: torch.Tensor,
@@ -35,6 +40,7 @@ def true_kl_summary(
     kept: torch.Tensor,
     mask: torch.Tensor,
     delta: float,
+    against: torch.Tensor | None = None,
 ) -> dict[str, float]:
     r"""One loss call's summary of the true divergences at its valid positions (``mask``), each (B, T):
 
@@ -42,8 +48,10 @@ def true_kl_summary(
     ``KL(pi || pi_old)``; ``true_kl/frac_above_delta`` (positions with ``KL(pi_old || pi) > delta``), and that
     fraction among the tokens the rule kept (``kept``) and among those it dropped; ``true_kl/k3_rank_corr``, the rank
     correlation between the sampled token's ``k3(w) = w - 1 - log w`` (``log_ratio = log w``) and its position's true
-    KL; ``true_kl/k1_mean`` / ``true_kl/k3_mean``, the sampled-token estimates (``k1 = -log w``), averaged the same way.
-    A fraction over an empty set is NaN (the trainer logs only finite values)."""
+    KL; ``true_kl/k1_mean`` / ``true_kl/k3_mean``, the sampled-token estimates (``k1 = -log w``), averaged the same way;
+    with ``against`` (the tokens outside the rule's range against their advantage, ``atr_theory.outside_by_advantage``),
+    ``true_kl/mean_against_advantage``, the mean KL at those positions. A fraction or mean over an empty set is NaN
+    (the trainer logs only finite values)."""
     m = mask.bool()
     forward, reverse = kl.detach()[m].to(torch.float64), reverse_kl.detach()[m].to(torch.float64)
     y = log_ratio.detach()[m].to(torch.float64)
@@ -57,7 +65,8 @@ def true_kl_summary(
     def fraction(selected: torch.Tensor) -> float:
         return float(above[selected].double().mean()) if bool(selected.any()) else nan
 
-    return {
+    out = {} if against is None else {"true_kl/mean_against_advantage": mean_over(forward, against.detach()[m])}
+    return out | {
         "true_kl/mean": float(forward.mean()),
         "true_kl/p95": float(torch.quantile(forward, 0.95)),
         "true_kl/reverse_mean": float(reverse.mean()),

@@ -24,7 +24,7 @@ from .divergence import (
     reference_kl,
 )
 from .layers import RolloutCorrection, SequenceMask
-from .loss import AGGREGATIONS, LossOutput, aggregate, check_aggregation, policy_loss
+from .loss import AGGREGATIONS, LossOutput, aggregate, check_aggregation, outside_by_advantage, policy_loss
 from .methods import *  # noqa: F403  (the registry's public names, listed once: methods.__all__)
 from .methods.vocab_topk_masks import topk_logps, topk_other_tokens
 from .ranges import (
@@ -68,6 +68,7 @@ __all__ = [
     "kl3_clip_log_range",
     "kl3_clip_range",
     "kl3_delta_from_bound",
+    "outside_by_advantage",
     "policy_loss",
     "topk_logps",
     "topk_other_tokens",

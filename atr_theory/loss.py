@@ -16,14 +16,11 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, field
-from functools import cached_property
+from dataclasses import replace
 from typing import Any, NamedTuple
 
-import numpy as np
 import torch
 
-from .divergence import kl3_from_log_ratio
 from .layers import (
     RATIO_LEVELS,
     RolloutCorrection,
@@ -34,7 +31,8 @@ from .layers import (
     sequence_log_ratio,
     sequence_mask_keep,
 )
-from .methods import FORMS, MethodResult, ResolvedMethod, TokenBatch, resolve
+from .loss_output import LossOutput, nearest_rank_quantiles, outside_by_advantage
+from .methods import FORMS, ResolvedMethod, TokenBatch, resolve
 
 __all__ = [
     "policy_loss",
@@ -43,13 +41,10 @@ __all__ = [
     "aggregate",
     "check_aggregation",
     "nearest_rank_quantiles",
+    "outside_by_advantage",
     "LOG_RATIO_CLAMP",
     "FORMS",
 ]
-
-RATIO_NOISE_TOL = 1e-4
-"""``|log w|`` below this counts as "ratio 1 up to forward-pass noise" (metric ``frac_ratio_moved``): two float32
-forward passes of the same parameters differ by ~1e-6 in log-probability."""
 
 LOG_RATIO_CLAMP = 60.0
 """log w is clamped to [-60, 60] before exponentiation (exp(60) ~ 1e26 is finite in float32 and far
@@ -85,84 +80,6 @@ def aggregate(
     m = mask.to(objective.dtype)
     L = objective.shape[-1] if max_length is None else max_length
     return AGGREGATIONS[check_aggregation(aggregation)](objective * m, mask.bool(), L)
-
-
-def nearest_rank_quantiles(
-    values: torch.Tensor, fractions: tuple[float, ...], *, selection: str = "auto"
-) -> list[float]:
-    """``sorted(values)[round(f (n - 1))]`` for each fraction ``f`` of a non-empty 1-D tensor (nearest rank, no
-    interpolation), found by selection rather than a sort: ``numpy.partition`` on CPU (``selection="auto"`` or
-    ``"partition"``; one call for every rank, ~5x faster than ``torch.sort`` at 1e5-1e6 values), ``torch.kthvalue``
-    on other devices (or ``selection="kthvalue"``). The same values as indexing the sorted tensor
-    (``tests/test_loss.py``); ``torch.quantile`` refuses more than 2^24 elements."""
-    n = values.numel()
-    if values.dim() != 1 or n == 0:
-        raise ValueError(f"nearest_rank_quantiles needs a non-empty 1-D tensor, got shape {tuple(values.shape)}")
-    if selection not in ("auto", "partition", "kthvalue"):
-        raise ValueError(f"selection must be 'auto', 'partition' or 'kthvalue', got {selection!r}")
-    ranks = [min(n - 1, max(0, round(f * (n - 1)))) for f in fractions]
-    values = values.detach()
-    if selection == "partition" or (selection == "auto" and values.device.type == "cpu"):
-        part = np.partition(values.cpu().numpy(), sorted(set(ranks)))
-        return [float(part[r]) for r in ranks]
-    return [float(torch.kthvalue(values, r + 1).values) for r in ranks]
-
-
-@dataclass
-class LossOutput:
-    """Result of ``policy_loss``. ``metrics`` is computed on first access (no cost if unused)."""
-
-    loss: torch.Tensor
-    per_token: torch.Tensor
-    result: MethodResult = field(repr=False)
-    log_ratio: torch.Tensor = field(repr=False)
-    mask: torch.Tensor = field(repr=False)
-    dropped: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
-    """Tokens each layer removed from the loss (``"sequence_mask"``, ``"entropy_mask"``), (B, T) or (B, 1) bool."""
-
-    @cached_property
-    def metrics(self) -> dict[str, float]:
-        """Fractions of valid tokens kept / masked / clipped low / clipped high / whose ratio moved away from 1
-        (``|log w| > RATIO_NOISE_TOL``), mean k3, ratio quantiles."""
-        with torch.no_grad():
-            m = self.mask
-            n = int(m.sum())
-            out: dict[str, float] = {"n_tokens": float(n)}
-            if n == 0:
-                keys = (
-                    "frac_kept",
-                    "frac_masked",
-                    "frac_clipped_low",
-                    "frac_clipped_high",
-                    "frac_ratio_moved",
-                    "mean_k3",
-                )
-                out.update({k: 0.0 for k in keys})
-                out.update(
-                    {k: 1.0 for k in ("ratio_mean", "ratio_min", "ratio_p05", "ratio_p50", "ratio_p95", "ratio_max")}
-                )
-                return out
-            frac = lambda b: float((b & m).sum()) / n  # noqa: E731
-            y = self.log_ratio[m].double()
-            w = torch.exp(y)
-            q = nearest_rank_quantiles(w, (0.05, 0.5, 0.95))
-            out.update(
-                frac_kept=frac(self.result.kept),
-                frac_masked=1.0 - frac(self.result.kept),
-                frac_clipped_low=frac(self.result.clipped_low),
-                frac_clipped_high=frac(self.result.clipped_high),
-                frac_ratio_moved=float((y.abs() > RATIO_NOISE_TOL).double().mean()),
-                mean_k3=float(kl3_from_log_ratio(y).mean()),
-                ratio_mean=float(w.mean()),
-                ratio_min=float(w.min()),
-                ratio_p05=float(q[0]),
-                ratio_p50=float(q[1]),
-                ratio_p95=float(q[2]),
-                ratio_max=float(w.max()),
-            )
-            for name, dropped in self.dropped.items():
-                out[f"frac_dropped_{name}"] = float((dropped.expand_as(m) & m).sum()) / n
-            return out
 
 
 def _check_tensor(name: str, t: Any, shape: tuple[int, ...] | None = None) -> torch.Tensor:
@@ -586,6 +503,22 @@ def policy_loss(
     per_token = objective if all_valid else torch.where(m, objective, zero)
     max_len = shape[1] if max_length is None else int(max_length)
     loss = -AGGREGATIONS[aggregation](per_token, m, max_len)
+    mask_form_kept = None
+    if choice.form == "mask":
+        mask_form_kept = lambda: result.kept  # noqa: E731
+    elif "mask" in choice.spec.forms and not (choice.spec.stochastic or choice.spec.needs_full_distributions):
+
+        def mask_form_kept() -> torch.Tensor:
+            with torch.no_grad():
+                return choice.spec.fn(replace(batch, form="mask"), **choice.params).kept
+
     return LossOutput(
-        loss=loss, per_token=per_token, result=result, log_ratio=rule_log_ratio.detach(), mask=m, dropped=dropped
+        loss=loss,
+        per_token=per_token,
+        result=result,
+        log_ratio=rule_log_ratio.detach(),
+        mask=m,
+        dropped=dropped,
+        advantages=adv.detach(),
+        mask_form_kept=mask_form_kept,
     )

@@ -275,6 +275,10 @@ def test_every_method_trains_a_few_steps_on_the_tiny_model(tmp_path, tok, method
     logs = [h for h in trainer.state.log_history if "loss" in h]
     assert logs and all(torch.isfinite(torch.tensor(h["loss"])) for h in logs)
     assert "clip/frac_kept" in logs[-1] and "entropy" in logs[-1] and "clip/frac_ratio_moved" in logs[-1]
+    spec = at.METHODS[method]  # where the two forms part: logged for a rule with a mask form
+    other_form_again = spec.default_form != "mask" and (spec.stochastic or spec.needs_full_distributions)
+    for key in ("clip/frac_outside_against_advantage", "clip/frac_outside_with_advantage"):
+        assert (key in logs[-1]) == ("mask" in spec.forms and not other_form_again), key
     assert not trainer.clipping_inert
 
 

@@ -59,6 +59,12 @@ def test_the_summary_equals_numpy_and_scipy_on_a_tiny_batch():
     assert got["true_kl/k3_rank_corr"] == pytest.approx(stats.spearmanr(k3, f).statistic, rel=1e-12)
     assert got["true_kl/k1_mean"] == pytest.approx((-y).mean(), rel=1e-12)
     assert got["true_kl/k3_mean"] == pytest.approx(k3.mean(), rel=1e-12)
+    assert "true_kl/mean_against_advantage" not in got
+    against = torch.rand(4, 6, generator=g) > 0.6
+    with_against = true_kl_summary(kl, reverse, log_ratio, kept, mask, 0.07, against=against)
+    assert with_against["true_kl/mean_against_advantage"] == pytest.approx(f[against.numpy()[m]].mean(), rel=1e-12)
+    none = true_kl_summary(kl, reverse, log_ratio, kept, mask, 0.07, against=torch.zeros(4, 6, dtype=torch.bool))
+    assert np.isnan(none["true_kl/mean_against_advantage"])
 
 
 def test_training_is_the_same_bit_for_bit_with_the_measurement_on_and_off(tmp_path):
