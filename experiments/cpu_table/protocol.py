@@ -336,6 +336,8 @@ ACTED_KEYS = (
     "clip/ratio_p05",
     "clip/ratio_p95",
     "entropy",
+    "clip/frac_outside_against_advantage",
+    "clip/frac_outside_with_advantage",
 )
 
 
@@ -350,6 +352,7 @@ TRUE_KL_KEYS = (
     "true_kl/k3_rank_corr",
     "true_kl/k1_mean",
     "true_kl/k3_mean",
+    "true_kl/mean_against_advantage",
 )
 """What a run trained with ``--measure-true-kl`` logs (``atr_llm.true_kl.true_kl_summary``), summarised by
 ``acted_summary`` like ``ACTED_KEYS``."""
@@ -359,7 +362,9 @@ def acted_summary(history: list[dict], true_kl_delta: float = 0.07) -> dict:
     """How much a run's rule acted: the mean over its logged rows (also those of steps that reuse a batch and log no
     reward; TRL averages each row over the optimizer steps since the previous one) of each ``ACTED_KEYS`` entry,
     and the mean entropy in the first and the last fifth of the rows. ``clip/frac_masked``: tokens whose gradient the rule removed; ``clip/frac_clipped_*``: tokens whose
-    ratio or weight a bound acted on (a soft rule truncates without masking)."""
+    ratio or weight a bound acted on (a soft rule truncates without masking); ``clip/frac_outside_*_advantage``: tokens
+    outside the rule's range against / with their advantage (``atr_theory.outside_by_advantage``; None for runs that
+    did not log them)."""
     import statistics
 
     rows = [h for h in history if "clip/frac_masked" in h and "step" in h]

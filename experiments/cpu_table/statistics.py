@@ -161,6 +161,59 @@ def seeds_needed(sd: float, difference: float, power: float = 0.8, alpha: float 
     return n
 
 
+def paired_equivalence(differences: list[float], margin: float, alpha: float = 0.05) -> dict:
+    """Schuirmann's two one-sided tests (TOST, 1987) that the mean of paired ``differences`` lies inside
+    (-margin, +margin): with se = sd / sqrt(n) and n - 1 degrees of freedom, ``t_lower = (mean + margin) / se``
+    tests H0: mean <= -margin (rejected for large t), ``t_upper = (mean - margin) / se`` tests H0: mean >= margin
+    (rejected for small t); ``p`` is the larger one-sided p-value, and ``equivalent`` (p < alpha) is the same as the
+    (1 - 2 alpha) t-interval ``low90`` .. ``high90`` lying inside the margins."""
+    from scipy import stats
+
+    n = len(differences)
+    if n < 2 or not margin > 0:
+        raise ValueError(f"paired_equivalence needs n >= 2 differences and margin > 0, got n = {n}, margin = {margin}")
+    mean, sd = statistics.fmean(differences), statistics.stdev(differences)
+    se, df = sd / math.sqrt(n), n - 1
+    if se > 0:
+        p_lower = float(stats.t.sf((mean + margin) / se, df))
+        p_upper = float(stats.t.cdf((mean - margin) / se, df))
+    else:  # every pair differs by the same amount: inside the margins or not, with certainty
+        p_lower = p_upper = 0.0 if -margin < mean < margin else 1.0
+    half = float(stats.t.ppf(1 - alpha, df)) * se
+    p = max(p_lower, p_upper)
+    return {
+        "mean": mean, "margin": margin, "n": n, "sd": sd, "p_lower": p_lower, "p_upper": p_upper, "p": p,
+        "low90": mean - half, "high90": mean + half, "equivalent": bool(p < alpha),
+    }  # fmt: skip
+
+
+def equivalence_power(sd: float, n: int, margin: float, difference: float = 0.0, alpha: float = 0.05) -> float:
+    """Exact power of ``paired_equivalence`` with ``n`` pairs whose differences are N(``difference``, ``sd``^2):
+    with c = t_{1-alpha, n-1}, both one-sided tests reject when ``|mean| + c S / sqrt(n) < margin`` holding the sign
+    inside, i.e. ``-margin + c S/sqrt(n) < mean < margin - c S/sqrt(n)``; the mean is N(difference, sd^2 / n)
+    independent of S, and U = (n - 1) S^2 / sd^2 ~ chi2(n - 1), so
+    power = int_0^{u*} [Phi(z(margin - c s(u)/sqrt(n))) - Phi(z(-margin + c s(u)/sqrt(n)))] chi2_pdf(u) du,
+    z(x) = (x - difference) sqrt(n) / sd, up to u* where the interval closes (Owen 1965's integral, by quadrature)."""
+    from scipy import integrate, stats
+
+    if n < 2 or not (sd > 0 and margin > 0):
+        raise ValueError(f"equivalence_power needs n >= 2, sd > 0 and margin > 0, got n = {n}, sd = {sd}, margin = {margin}")
+    df = n - 1
+    c = float(stats.t.ppf(1 - alpha, df))
+    root_n = math.sqrt(n)
+
+    def inside(u: float) -> float:
+        room = margin - c * sd * math.sqrt(u / df) / root_n  # margin - c S / sqrt(n) at S = sd sqrt(u / df)
+        if room <= 0:
+            return 0.0
+        z = lambda x: (x - difference) * root_n / sd  # noqa: E731
+        return float(stats.norm.cdf(z(room)) - stats.norm.cdf(z(-room))) * float(stats.chi2.pdf(u, df))
+
+    u_star = df * (margin * root_n / (c * sd)) ** 2
+    value, _ = integrate.quad(inside, 0.0, u_star, limit=200, epsabs=1e-12, epsrel=1e-10)
+    return float(value)
+
+
 def pooled_sd(differences: list[dict]) -> tuple[float, int] | None:
     """Pooled standard deviation of paired differences, each of ``paired_difference`` (its ``sd`` over ``n``
     pairs): sqrt(sum (n_i - 1) sd_i^2 / sum (n_i - 1)), with its degrees of freedom sum (n_i - 1); one noise level
