@@ -33,6 +33,7 @@ def test_a_sim_script_runs_with_python_m_from_the_repository_root(tmp_path):
         ("delta_sweep", "delta_sweep"),
         ("trust_regions", "trust_regions"),
         ("range_form", "range_form"),
+        ("contextual_bandit", "contextual_bandit"),
     ],
 )
 def test_sim_script_writes_png_pdf_and_numbers(tmp_path, script, figure):
@@ -113,3 +114,66 @@ def test_the_simulations_page_states_what_range_form_json_holds():
         digits = 2 if text.startswith("+0.19") else 3
         assert f"{d['mean']:+.{digits}f} [{d['lo']:+.{digits}f}, {d['hi']:+.{digits}f}]" == text
         assert text in page
+
+
+@pytest.mark.parametrize("rule,form", [("clip", "min"), ("clip", "mask"), ("atr", "mask")])
+def test_the_contextual_bandit_with_one_hot_features_is_atr_theorys_tabular_bandit(rule, form):
+    """One-hot features make theta the tabular logits: the expected return at every outer iteration equals
+    ``atr_theory.bandit.train``'s with its closed-form gradient (not autograd through the features), at a step size
+    where clipping acts."""
+    import torch
+
+    from atr_theory import bandit
+
+    cb = _load("contextual_bandit")
+    phi, r = cb.task("one-hot", 3)
+    ours = cb.train(phi, r, rule, form, 3.0, 4, 6)
+    theta0 = torch.zeros(3, cb.STATES, cb.ARMS, dtype=torch.float64)
+    _, hist = bandit.train(
+        r, theta0, rule, iterations=6, inner_steps=4, lr=3.0, gradient="closed_form", form=form, **cb.RULES[rule]
+    )
+    torch.testing.assert_close(torch.as_tensor(ours["returns"]), torch.stack(hist.ret), rtol=1e-10, atol=1e-12)
+    assert float(ours["returns"][-1].mean()) > float(ours["returns"][0].mean()) + 0.02  # it learned
+
+
+def test_the_committed_contextual_bandit_answer_follows_from_its_cells():
+    """figures/paper/contextual_bandit.json (python -m sims.contextual_bandit): the full grid, each cell's mean and
+    t-interval recomputed from its per-seed values by scipy, and the answer recomputed from the cells."""
+    import numpy as np
+    from scipy import stats
+
+    cb = _load("contextual_bandit")
+    data = json.loads((ROOT / "figures" / "paper" / "contextual_bandit.json").read_text())
+    cells = data["cells"]
+    assert len(cells) == len(cb.SHARING) * len(cb.STEP_SIZES) * len(cb.INNER_STEPS) * len(cb.RULES) * len(cb.FORMS)
+    for c in cells:
+        x = np.array(c["change_per_seed"])
+        assert len(x) == cb.SEEDS == c["seeds"]
+        low, high = stats.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=stats.sem(x))
+        assert c["change_mean"] == pytest.approx(x.mean(), abs=1e-15)
+        assert (c["change_low"], c["change_high"]) == pytest.approx((low, high), rel=1e-9)
+        assert c["collapsed_seeds"] == int((x < 0).sum())
+    assert cb.answer(cells) == data["answer"]
+
+
+def test_the_simulations_page_states_what_contextual_bandit_json_holds():
+    """The contextual-bandit paragraph of docs/simulations.md against the committed numbers."""
+    page = " ".join((ROOT / "docs" / "simulations.md").read_text().split())
+    data = json.loads((ROOT / "figures" / "paper" / "contextual_bandit.json").read_text())
+    cells, answer = data["cells"], data["answer"]
+    by = {(str(c["sharing"]), c["step_size"], c["inner_steps"], c["rule"], c["form"]): c for c in cells}
+    shared = [k for k in by if k[0] != "one-hot"]
+    assert not answer["shared_parameters_alone_collapse_the_mask_form"]
+    assert "sharing parameters alone does not make the mask form collapse" in page
+    assert sum(c["collapsed_seeds"] for c in cells) == 0 and f"{len(cells)} cells x {cells[0]['seeds']} seeds" in page
+    assert f"smallest mean gain is +{min(c['change_mean'] for c in cells):.3f}" in page
+    against = max(by[k]["against_max"] for k in shared)
+    assert f"on up to {against:.1%} of the pi_old-weighted" in page
+    deficit = max(by[k[:4] + ("min",)]["change_mean"] - by[k]["change_mean"] for k in shared if k[4] == "mask")
+    assert f"by at most {deficit:.4f} in expected return" in page
+    identical = answer["one_hot_control_cells_identical"]
+    assert f"bit for bit in {identical} cells" in page
+    control = [k for k in by if k[0] == "one-hot"]
+    assert f"up to {max(by[k]['against_max'] for k in control):.1%} of the pairs" in page
+    gap = max(abs(by[k]["change_mean"] - by[k[:4] + ("min",)]["change_mean"]) for k in control if k[4] == "mask")
+    assert f"agree to {gap:.0e}" in page
