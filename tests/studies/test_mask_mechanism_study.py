@@ -3,6 +3,7 @@ and its commands name the driver's runs with the reuse depths its table gives.""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -53,3 +54,35 @@ def test_the_dose_response_commands_are_the_depths_of_the_table():
         s, n = (int(re.search(rf"--{flag} (\d+)", line).group(1)) for flag in ("steps-per-generation", "num-iterations"))
         depth = int(re.search(r"/D(\d+)$", line).group(1))
         assert table[depth] == (s, n), line
+
+
+def test_by_step_reads_every_logged_row_of_the_study_runs_only(tmp_path):
+    from experiments import mask_mechanism_analysis as mma
+
+    history = [{"step": 10, "reward": 0.5, "clip/frac_outside_against_advantage": 0.1}, {"train_runtime": 1.0}]
+    for name in ("clip-s7", "clip-mask-s7", "atr-s7", "sft-s7"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "log_history.json").write_text(json.dumps(history))
+    rows = mma.by_step({4: tmp_path})
+    assert sorted((r["run"], r["seed"], r["step"]) for r in rows) == [("clip", 7, 10), ("clip-mask", 7, 10)]
+    assert all(r["reward"] == 0.5 and r["clip/frac_outside_against_advantage"] == 0.1 for r in rows)
+    assert all(r["true_kl/mean"] is None and r["depth"] == 4 for r in rows)
+
+
+def test_the_committed_by_step_file_ends_where_each_depths_table_says():
+    """figures/experiments/mask_mechanism/by_step.csv (python -m experiments.mask_mechanism_analysis): for every run
+    of every depth with a table, the last logged reward is the table's ``train_reward_last``."""
+    import csv
+
+    out = ROOT / "figures" / "experiments" / "mask_mechanism"
+    rows = list(csv.DictReader((out / "by_step.csv").open()))
+    tables = sorted(out.glob("D*/cpu_llm_table.csv"))
+    assert tables
+    for table in tables:
+        depth = table.parent.name[1:]
+        for r in csv.DictReader(table.open()):
+            if r["method"] not in ("clip", "clip-mask"):
+                continue
+            logged = [x for x in rows if (x["depth"], x["run"], x["seed"]) == (depth, r["method"], r["seed"]) and x["reward"]]
+            assert logged, (depth, r["method"], r["seed"])
+            assert float(logged[-1]["reward"]) == float(r["train_reward_last"])
