@@ -451,9 +451,7 @@ class ATRLossMixin:
             temperature=self.temperature,
             chunk_size=self.args.kl_chunk_size,
         )
-        against = None
-        if out.mask_form_kept is not None:
-            against, _ = at.outside_by_advantage(out.mask_form_kept(), out.log_ratio, out.advantages, out.mask)
+        against = None if out.outside is None else out.outside[0]
         return true_kl_summary(
             kl, reverse, logp - old_logp, out.result.kept, out.mask, self.args.true_kl_delta, against=against
         )

@@ -56,14 +56,13 @@ def true_kl_summary(
     forward, reverse = kl.detach()[m].to(torch.float64), reverse_kl.detach()[m].to(torch.float64)
     y = log_ratio.detach()[m].to(torch.float64)
     keep = kept.detach()[m]
-    nan = float("nan")
     if forward.numel() == 0:
         return {}
     above = forward > delta
     k3 = at.kl3_from_log_ratio(y)
 
     def fraction(selected: torch.Tensor) -> float:
-        return float(above[selected].double().mean()) if bool(selected.any()) else nan
+        return mean_over(above.double(), selected)
 
     out = {} if against is None else {"true_kl/mean_against_advantage": mean_over(forward, against.detach()[m])}
     return out | {

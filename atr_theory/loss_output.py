@@ -61,6 +61,14 @@ class LossOutput:
     reads the full distributions, whose KL a second evaluation would compute again)."""
 
     @cached_property
+    def outside(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``outside_by_advantage`` of this call, ``(against, with)``, computed once (the metrics and the trainer's
+        true-KL summary both read it); ``None`` where ``mask_form_kept`` is."""
+        if self.mask_form_kept is None:
+            return None
+        return outside_by_advantage(self.mask_form_kept(), self.log_ratio, self.advantages, self.mask)
+
+    @cached_property
     def metrics(self) -> dict[str, float]:
         """Fractions of valid tokens kept / masked / clipped low / clipped high / whose ratio moved away from 1
         (``|log w| > RATIO_NOISE_TOL``), mean k3, ratio quantiles; for a rule with a mask form, the fractions outside
@@ -105,8 +113,8 @@ class LossOutput:
             )
             for name, dropped in self.dropped.items():
                 out[f"frac_dropped_{name}"] = float((dropped.expand_as(m) & m).sum()) / n
-            if self.mask_form_kept is not None:
-                against, with_ = outside_by_advantage(self.mask_form_kept(), self.log_ratio, self.advantages, m)
+            if self.outside is not None:
+                against, with_ = self.outside
                 out.update(frac_outside_against_advantage=frac(against), frac_outside_with_advantage=frac(with_))
             return out
 
