@@ -1,32 +1,69 @@
-"""The mask-mechanism study's per-step record (docs/experiments/mask-mechanism-preregistration.md, part 1): every logged
-row of every run at every reuse depth D, read from the runs' ``log_history.json``, into one committed file, so that
-the pre-registered timing question (does the fraction against the advantage rise before the reward falls?) can be
-answered from the repository without the runs folders.
+"""The mask-mechanism study's part 1, reuse dose-response (docs/experiments/mask-mechanism-preregistration.md),
+computed from its committed files: nothing here trains or evaluates, and nothing is chosen after seeing the data.
 
-    python -m experiments.mask_mechanism_analysis --runs D1=runs/mask_mechanism/D1 --runs D32=runs/mask_mechanism ...
+- **Per-step record** (``--runs D<depth>=<runs folder>``, read once from the runs' ``log_history.json``): every
+  logged row of every run at every reuse depth D into ``by_step.csv``, so the timing question can be answered from
+  the repository without the runs folders.
+- **Where the forms part**: at each D, the paired form gap ``clip - clip-mask`` in held-out Mean@8 at step 400 over
+  seeds 200-202 with its 95% t-interval (2 degrees of freedom, no correction); the answer is the smallest D whose
+  interval lies above 0 at T = 0.3, and whether every larger D's interval does too (``ordered``).
+- **Does the fraction against precede the collapse**: per mask-form run, r* is the first logged step whose training
+  reward is below half the mean of the run's first two reward rows, a* the first logged step whose
+  ``clip/frac_outside_against_advantage`` is at least 0.01 and at least twice the median of the run's first three
+  rows that logged it; counted over the collapsing runs of every D as a* < r*, a* = r*, a* > r*, and a* never.
+- **Checks**: at D = 1 the two forms' runs are the same bit for bit (every logged row and both Mean@8).
+- **Described, not tested**: each form's fraction against and with the advantage, mean true KL and its mean against
+  the advantage, per D; and the fraction against in each run's first logged row beside the min form's.
 
-Writes ``figures/experiments/mask_mechanism/by_step.csv``: depth, run, seed, step and the logged keys of ``KEYS``
-(empty where a row did not log one).
+    python -m experiments.mask_mechanism_analysis [--runs D1=runs/mask_mechanism/D1 --runs D32=runs/mask_mechanism ...]
+
+writes, in ``figures/experiments/mask_mechanism/``: ``by_step.csv`` (only with ``--runs``), ``dose_response.csv``
+(one row per D, form and seed), ``analysis.json`` and ``by_step.png`` (reward and fraction against by step, per D).
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import re
+import statistics
 from pathlib import Path
 
+from experiments.cpu_table.statistics import mean_of_present, paired_difference
+from experiments.trust_region_analysis import TEMPERATURES, read_table, rows_of
+
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "figures" / "experiments" / "mask_mechanism" / "by_step.csv"
+OUT = ROOT / "figures" / "experiments" / "mask_mechanism"
+BANDIT = ROOT / "figures" / "paper" / "contextual_bandit.json"
+PREREGISTRATION = "docs/experiments/mask-mechanism-preregistration.md"
 RUNS = ("clip", "clip-mask")
+FORMS = {"clip": "min", "clip-mask": "mask"}
+"""Run name -> the form of the clip at epsilon 0.2 it trains."""
+SEEDS = (200, 201, 202)
+DEPTHS = (1, 4, 8, 16, 32)
+"""The pre-registered reuse depths: optimizer steps per generated batch (steps_per_generation x num_iterations)."""
+AGAINST = "clip/frac_outside_against_advantage"
 KEYS = (
     "reward",
-    "clip/frac_outside_against_advantage",
+    AGAINST,
     "clip/frac_outside_with_advantage",
     "clip/frac_masked",
     "true_kl/mean",
     "true_kl/mean_against_advantage",
     "entropy",
+)
+REWARD_FALL = 0.5
+"""r*: the reward below this fraction of the mean of the run's first two reward rows."""
+AGAINST_FLOOR, AGAINST_RISE = 0.01, 2.0
+"""a*: the fraction against at least AGAINST_FLOOR and at least AGAINST_RISE x the median of its first three rows."""
+DESCRIBED = (
+    "train_reward_last",
+    "acted_frac_outside_against_advantage",
+    "acted_frac_outside_with_advantage",
+    "acted_frac_masked",
+    "acted_true_kl_mean",
+    "acted_true_kl_mean_against_advantage",
 )
 
 
@@ -46,7 +83,7 @@ def by_step(runs_dirs: dict[int, Path]) -> list[dict]:
     return rows
 
 
-def write(rows: list[dict], out: Path) -> Path:
+def write_by_step(rows: list[dict], out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["depth", "run", "seed", "step", *KEYS])
@@ -55,13 +92,265 @@ def write(rows: list[dict], out: Path) -> Path:
     return out
 
 
-def main(argv: list[str] | None = None) -> Path:
-    from atr_llm.cli_types import Text, WriteFile
+def read_by_step(path: Path) -> list[dict]:
+    """``by_step.csv`` back: depth, seed and step as ints, every key of ``KEYS`` a float or None (not logged)."""
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        r["depth"], r["seed"], r["step"] = int(r["depth"]), int(r["seed"]), int(r["step"])
+        for k in KEYS:
+            r[k] = float(r[k]) if r.get(k) not in (None, "") else None
+    return rows
+
+
+def read_tables(folder: Path) -> dict[int, list[dict]]:
+    """Each depth's table ``<folder>/D<depth>/cpu_llm_table.csv`` (written by ``experiments.cpu_table``), by depth."""
+    tables = {}
+    for path in sorted(folder.glob("D*/cpu_llm_table.csv")):
+        if path.parent.name[1:].isdigit():
+            tables[int(path.parent.name[1:])] = read_table(path, argument="--out")
+    return tables
+
+
+def series(rows: list[dict], depth: int, run: str, seed: int, key: str) -> list[tuple[int, float]]:
+    """(step, value) of one run's logged rows that logged ``key``, by step."""
+    return sorted(
+        (r["step"], r[key])
+        for r in rows
+        if (r["depth"], r["run"], r["seed"]) == (depth, run, seed) and r[key] is not None
+    )
+
+
+def first_collapse(rewards: list[tuple[int, float]], fall: float = REWARD_FALL) -> int | None:
+    """r*: the first logged step whose reward is below ``fall`` x the mean of the first two logged rewards (None:
+    the run does not collapse, or logged fewer than two rewards)."""
+    if len(rewards) < 2:
+        return None
+    floor = fall * (rewards[0][1] + rewards[1][1]) / 2
+    return next((step for step, r in rewards if r < floor), None)
+
+
+def first_rise(
+    fractions: list[tuple[int, float]], floor: float = AGAINST_FLOOR, rise: float = AGAINST_RISE
+) -> int | None:
+    """a*: the first logged step whose fraction against the advantage is at least ``floor`` and at least ``rise`` x
+    the median of the first three logged fractions (None: it never is, or fewer than three rows logged it)."""
+    if len(fractions) < 3:
+        return None
+    start = statistics.median(f for _, f in fractions[:3])
+    return next((step for step, f in fractions if f >= floor and f >= rise * start), None)
+
+
+def timing(rows: list[dict]) -> dict:
+    """r* and a* of every mask-form run, and the pre-registered counts over the collapsing ones: ``before``
+    (a* < r*: at least one logged row earlier), ``same`` (a* = r*), ``after`` (a* > r*) and ``never`` (a* does not
+    exist: a case the pre-registration did not name). Answer "yes" if a* < r* in every collapsing run, "no" if in
+    none (with no collapsing run: "no run collapsed")."""
+    runs = []
+    for depth, run, seed in sorted({(r["depth"], r["run"], r["seed"]) for r in rows}):
+        r_star = first_collapse(series(rows, depth, run, seed, "reward"))
+        a_star = first_rise(series(rows, depth, run, seed, AGAINST))
+        runs.append({"depth": depth, "run": run, "form": FORMS[run], "seed": seed, "r_star": r_star, "a_star": a_star})
+    collapsing = [x for x in runs if x["form"] == "mask" and x["r_star"] is not None]
+    counts = {
+        "before": sum(x["a_star"] is not None and x["a_star"] < x["r_star"] for x in collapsing),
+        "same": sum(x["a_star"] == x["r_star"] for x in collapsing),
+        "after": sum(x["a_star"] is not None and x["a_star"] > x["r_star"] for x in collapsing),
+        "never": sum(x["a_star"] is None for x in collapsing),
+    }
+    if not collapsing:
+        answer = "no run collapsed"
+    elif counts["before"] == len(collapsing):
+        answer = "yes"
+    elif counts["before"] == 0:
+        answer = "no"
+    else:
+        answer = "mixed: see counts"
+    return {
+        "collapsing_mask_runs": len(collapsing),
+        "mask_runs": sum(x["form"] == "mask" for x in runs),
+        "collapsing_min_runs": sum(x["form"] == "min" and x["r_star"] is not None for x in runs),
+        "counts": counts,
+        "answer": answer,
+        "runs": runs,
+    }
+
+
+def first_rows(rows: list[dict]) -> dict[str, dict]:
+    """Described: per D and form, the mean over seeds of the fraction against the advantage in each run's first
+    logged row, and in the rows logged before the run's first reward row after the first (the rows computed on
+    the first generated batch, before a reward of the updated policy is seen)."""
+    out: dict[str, dict] = {}
+    for depth in sorted({r["depth"] for r in rows}):
+        for run in RUNS:
+            first, batch = [], []
+            for seed in sorted({r["seed"] for r in rows if (r["depth"], r["run"]) == (depth, run)}):
+                fractions = series(rows, depth, run, seed, AGAINST)
+                rewards = series(rows, depth, run, seed, "reward")
+                if not fractions:
+                    continue
+                first.append(fractions[0][1])
+                second_reward = rewards[1][0] if len(rewards) > 1 else None
+                batch.append(statistics.fmean(f for s, f in fractions if second_reward is None or s < second_reward))
+            out.setdefault(f"D{depth}", {})[FORMS[run]] = {
+                "first_row_mean": mean_of_present(first),
+                "first_batch_mean": mean_of_present(batch),
+                "seeds": len(first),
+            }
+    return out
+
+
+def form_gaps(tables: dict[int, list[dict]]) -> dict[str, dict[str, dict | None]]:
+    """Per temperature and D: ``paired_difference`` of ``clip - clip-mask`` in Mean@8 at step 400 over ``SEEDS``
+    (mean, 95% t-interval with n - 1 degrees of freedom, p; None with fewer than 2 pairs)."""
+    return {
+        t: {
+            f"D{d}": paired_difference(rows_of(rows, b, SEEDS), "clip", "clip-mask", "mean_at_8")
+            for d, rows in sorted(tables.items())
+        }
+        for t, b in TEMPERATURES.items()
+    }
+
+
+def where_forms_part(gaps: dict[str, dict | None]) -> dict:
+    """The smallest D whose gap interval lies above 0 (None if none does), the Ds that do, and ``ordered``: every
+    D at or above that one parts and none below it does (the pre-registration's "intervals ordered in D")."""
+    depths = sorted(int(k[1:]) for k in gaps)
+    parted = [d for d in depths if gaps[f"D{d}"] is not None and gaps[f"D{d}"]["low"] > 0]
+    smallest = parted[0] if parted else None
+    ordered = smallest is not None and parted == [d for d in depths if d >= smallest]
+    return {"depth": smallest, "parted": parted, "ordered": ordered, "depths": depths}
+
+
+def identical_at_depth_one(tables: dict[int, list[dict]], rows: list[dict]) -> dict | None:
+    """The D = 1 check: the two forms' logged rows (every key of ``KEYS``) and Mean@8 at both temperatures equal,
+    seed by seed (None if D = 1 has not run)."""
+    if 1 not in tables:
+        return None
+    seeds = sorted({r["seed"] for r in tables[1]})
+
+    def logged(run: str, seed: int) -> list[tuple]:
+        return sorted(
+            (r["step"], *(r[k] for k in KEYS)) for r in rows if (r["depth"], r["run"], r["seed"]) == (1, run, seed)
+        )
+
+    def mean8(run: str, seed: int) -> list[float]:
+        return sorted((r["benchmark"], r["mean_at_8"]) for r in tables[1] if (r["method"], r["seed"]) == (run, seed))
+
+    same_rows = [bool(logged("clip", s)) and logged("clip", s) == logged("clip-mask", s) for s in seeds]
+    same_mean = [mean8("clip", s) == mean8("clip-mask", s) for s in seeds]
+    return {"seeds": seeds, "logged_rows_identical": all(same_rows), "mean_at_8_identical": all(same_mean)}
+
+
+def dose_response(tables: dict[int, list[dict]]) -> list[dict]:
+    """One row per D, form and seed: Mean@8 at step 400 at each temperature and the ``DESCRIBED`` columns."""
+    out = []
+    for depth, rows in sorted(tables.items()):
+        for run in RUNS:
+            for seed in sorted({r["seed"] for r in rows if r["method"] == run}):
+                mine = {r["benchmark"]: r for r in rows if (r["method"], r["seed"]) == (run, seed)}
+                any_row = next(iter(mine.values()))
+                row = {"depth": depth, "run": run, "form": FORMS[run], "seed": seed}
+                row |= {f"mean_at_8_{t}": mine[b]["mean_at_8"] if b in mine else None for t, b in TEMPERATURES.items()}
+                out.append(row | {k: any_row.get(k) for k in DESCRIBED})
+    return out
+
+
+def described(dose: list[dict]) -> dict[str, dict]:
+    """Per D and form, the mean over seeds of each ``DESCRIBED`` column and of Mean@8."""
+    keys = (*(f"mean_at_8_{t}" for t in TEMPERATURES), *DESCRIBED)
+    out: dict[str, dict] = {}
+    for depth in sorted({r["depth"] for r in dose}):
+        for form in ("min", "mask"):
+            mine = [r for r in dose if (r["depth"], r["form"]) == (depth, form)]
+            out.setdefault(f"D{depth}", {})[form] = {k: mean_of_present(r[k] for r in mine) for k in keys} | {
+                "seeds": len(mine)
+            }
+    return out
+
+
+def bandit(path: Path) -> dict | None:
+    """Part 2's answer as ``sims.contextual_bandit`` wrote it (None if it has not run)."""
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    return {"file": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path), **data["answer"]}
+
+
+def analyse(tables: dict[int, list[dict]], rows: list[dict], bandit_path: Path = BANDIT) -> dict:
+    gaps = form_gaps(tables)
+    dose = dose_response(tables)
+    return {
+        "preregistration": PREREGISTRATION,
+        "seeds": list(SEEDS),
+        "depths_run": sorted(tables),
+        "depths_not_run": [d for d in DEPTHS if d not in tables],
+        "form_gap": gaps,
+        "forms_part": {t: where_forms_part(g) for t, g in gaps.items()},
+        "depth_one_check": identical_at_depth_one(tables, rows),
+        "timing": timing(rows),
+        "first_rows": first_rows(rows),
+        "described": described(dose),
+        "bandit": bandit(bandit_path),
+    }
+
+
+def plot_by_step(rows: list[dict], path: Path) -> None:
+    """Per D (columns): the training reward and the fraction of tokens outside the range against their advantage
+    by step, each form's mean over its seeds (thin lines: each seed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    depths = sorted({r["depth"] for r in rows})
+    fig, axes = plt.subplots(2, len(depths), figsize=(3.0 * len(depths), 5.4), sharey="row", squeeze=False)
+    colours = {"clip": "tab:blue", "clip-mask": "tab:red"}
+    for col, depth in enumerate(depths):
+        for row_index, key in enumerate(("reward", AGAINST)):
+            ax = axes[row_index][col]
+            for run in RUNS:
+                seeds = sorted({r["seed"] for r in rows if (r["depth"], r["run"]) == (depth, run)})
+                per_seed = [dict(series(rows, depth, run, s, key)) for s in seeds]
+                for values in per_seed:
+                    ax.plot(list(values), list(values.values()), color=colours[run], lw=0.5, alpha=0.35)
+                steps = sorted(set.intersection(*(set(v) for v in per_seed))) if per_seed else []
+                mean = [statistics.fmean(v[s] for v in per_seed) for s in steps]
+                label = f"clip, {FORMS[run]} form ({run})" if (row_index, col) == (0, 0) else None
+                ax.plot(steps, mean, color=colours[run], lw=1.6, ls="-" if FORMS[run] == "min" else "--", label=label)
+            if row_index == 0:
+                ax.set_title(f"D = {depth} steps per batch", fontsize=9)
+            ax.set_xlabel("GRPO step", fontsize=8)
+            ax.tick_params(labelsize=7)
+    axes[0][0].set_ylabel("training reward (T = 1)", fontsize=8)
+    axes[1][0].set_ylabel("fraction outside, against A", fontsize=8)
+    fig.legend(loc="lower center", ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+
+
+def write_dose_response(dose: list[dict], path: Path) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(dose[0]))
+        writer.writeheader()
+        writer.writerows(dose)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from atr_llm.cli_types import Text, WriteDir
     from atr_llm.command_line import Parser, refuse
 
-    ap = Parser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", type=Text(), action="append", required=True, metavar="D=DIR", help="D<depth>=<runs folder>")
-    ap.add_argument("--out", type=WriteFile(), default=str(OUT), help="the CSV to write")
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--runs",
+        type=Text(),
+        action="append",
+        default=[],
+        metavar="D=DIR",
+        help="D<depth>=<runs folder>: rewrite by_step.csv",
+    )
+    ap.add_argument("--out", type=WriteDir(), default=str(OUT), help="the study's folder (D<depth>/ tables inside)")
     args = ap.parse_args(argv)
     runs_dirs = {}
     for item in args.runs:
@@ -71,9 +360,25 @@ def main(argv: list[str] | None = None) -> Path:
         if not Path(folder).is_dir():
             raise refuse("--runs", item, f"{folder} is not a folder")
         runs_dirs[int(depth[1:])] = Path(folder)
-    out = write(by_step(runs_dirs), Path(args.out))
-    print(f"wrote {out}")
-    return out
+    out = Path(args.out)
+    tables = read_tables(out)
+    if not tables:
+        raise refuse("--out", str(out), "no D<depth>/cpu_llm_table.csv inside: run the study's depths first")
+    if runs_dirs:
+        write_by_step(by_step(runs_dirs), out / "by_step.csv")
+    if not (out / "by_step.csv").is_file():
+        raise refuse("--out", str(out), "no by_step.csv inside: give the runs folders with --runs D<depth>=<folder>")
+    rows = read_by_step(out / "by_step.csv")
+    result = analyse(tables, rows)
+    write_dose_response(dose_response(tables), out / "dose_response.csv")
+    (out / "analysis.json").write_text(json.dumps(result, indent=1) + "\n")
+    plot_by_step(rows, out / "by_step.png")
+    print(
+        json.dumps(
+            {k: result[k] for k in ("forms_part", "depth_one_check")} | {"timing": result["timing"]["counts"]}, indent=1
+        )
+    )
+    return result
 
 
 if __name__ == "__main__":

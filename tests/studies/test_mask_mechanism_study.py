@@ -46,12 +46,16 @@ def test_the_dose_response_commands_are_the_depths_of_the_table():
     text = (ROOT / PREREG).read_text()
     table = {int(d): (int(s), int(n)) for d, s, n in re.findall(r"^\| (\d+) \| (\d+) \| (\d+) \|", text, re.M)}
     assert sorted(table) == [1, 4, 8, 16, 32] and all(s * n == d for d, (s, n) in table.items())
-    commands = [line for line in text.splitlines() if line.startswith("python -m experiments.cpu_table --runs clip clip")]
+    commands = [
+        line for line in text.splitlines() if line.startswith("python -m experiments.cpu_table --runs clip clip")
+    ]
     assert len(commands) == 5
     for line in commands:
         runs = re.search(r"--runs (.*?) \$S", line).group(1).split()
         assert set(runs) == {"clip", "clip-mask"} and set(runs) <= set(cpu_table.CPU_RUNS)
-        s, n = (int(re.search(rf"--{flag} (\d+)", line).group(1)) for flag in ("steps-per-generation", "num-iterations"))
+        s, n = (
+            int(re.search(rf"--{flag} (\d+)", line).group(1)) for flag in ("steps-per-generation", "num-iterations")
+        )
         depth = int(re.search(r"/D(\d+)$", line).group(1))
         assert table[depth] == (s, n), line
 
@@ -83,6 +87,114 @@ def test_the_committed_by_step_file_ends_where_each_depths_table_says():
         for r in csv.DictReader(table.open()):
             if r["method"] not in ("clip", "clip-mask"):
                 continue
-            logged = [x for x in rows if (x["depth"], x["run"], x["seed"]) == (depth, r["method"], r["seed"]) and x["reward"]]
+            logged = [
+                x for x in rows if (x["depth"], x["run"], x["seed"]) == (depth, r["method"], r["seed"]) and x["reward"]
+            ]
             assert logged, (depth, r["method"], r["seed"])
             assert float(logged[-1]["reward"]) == float(r["train_reward_last"])
+
+
+def test_the_collapse_and_the_rise_are_the_first_steps_past_their_preregistered_thresholds():
+    from experiments import mask_mechanism_analysis as mma
+
+    # r*: below half the mean of the first two rewards (0.5, 0.25 -> 0.1875, exact in binary); 0.1875 is not below
+    assert mma.first_collapse([(10, 0.5), (20, 0.25), (30, 0.1875), (40, 0.187), (50, 0.01)]) == 40
+    assert mma.first_collapse([(10, 0.4), (20, 0.4), (30, 0.21)]) is None
+    assert mma.first_collapse([(10, 0.4)]) is None
+    # a*: at least 0.01 and at least twice the median of the first three (0.002, 0.004, 0.006 -> 0.008 -> 0.01)
+    assert mma.first_rise([(10, 0.002), (20, 0.006), (30, 0.004), (40, 0.0099), (50, 0.01)]) == 50
+    # ... and twice the median where that is above the floor (0.0625 x 2 = 0.125)
+    assert mma.first_rise([(10, 0.0625), (20, 0.0625), (30, 0.0), (40, 0.124), (50, 0.125)]) == 50
+    # a high start: twice its median (0.05 -> 0.1) is never reached, whatever the floor
+    assert mma.first_rise([(10, 0.05), (20, 0.07), (30, 0.05), (40, 0.09)]) is None
+    # the first rows count too: a first row above the floor and twice the median is a* at once
+    assert mma.first_rise([(10, 0.03), (20, 0.001), (30, 0.001)]) == 10
+
+
+def _rows(depth, run, seed, rewards, fractions):
+    keys = dict.fromkeys(__import__("experiments.mask_mechanism_analysis", fromlist=["KEYS"]).KEYS)
+    out = []
+    for i, (r, f) in enumerate(zip(rewards, fractions)):
+        out.append(
+            {"depth": depth, "run": run, "seed": seed, "step": 10 * (i + 1)}
+            | keys
+            | {"reward": r, "clip/frac_outside_against_advantage": f}
+        )
+    return out
+
+
+def test_timing_counts_each_collapsing_mask_run_once_by_where_a_star_falls():
+    from experiments import mask_mechanism_analysis as mma
+
+    rows = (
+        _rows(8, "clip-mask", 1, [0.4, 0.4, 0.4, 0.1], [0.001, 0.001, 0.001, 0.05])  # a* = r* = 40
+        + _rows(8, "clip-mask", 2, [0.4, 0.4, 0.3, 0.1], [0.001, 0.001, 0.001, 0.05])  # same
+        + _rows(8, "clip-mask", 3, [0.4, 0.4, 0.1, 0.1], [0.001, 0.001, 0.001, 0.05])  # r* 30 < a* 40: after
+        + _rows(16, "clip-mask", 1, [0.4, 0.4, 0.4, 0.1], [0.001, 0.001, 0.05, 0.05])  # a* 30 < r* 40: before
+        + _rows(16, "clip-mask", 2, [0.4, 0.4, 0.1, 0.1], [0.05, 0.05, 0.05, 0.05])  # a* never
+        + _rows(16, "clip-mask", 3, [0.4, 0.4, 0.4, 0.4], [0.001, 0.001, 0.001, 0.05])  # no collapse: not counted
+        + _rows(16, "clip", 1, [0.4, 0.4, 0.1, 0.1], [0.001, 0.001, 0.001, 0.05])  # min form: not counted
+    )
+    t = mma.timing(rows)
+    assert t["counts"] == {"before": 1, "same": 2, "after": 1, "never": 1}
+    assert (t["collapsing_mask_runs"], t["mask_runs"], t["collapsing_min_runs"]) == (5, 6, 1)
+    assert t["answer"] == "mixed: see counts"
+    assert mma.timing(_rows(4, "clip-mask", 1, [0.4, 0.4, 0.4, 0.1], [0.001, 0.001, 0.05, 0.05]))["answer"] == "yes"
+
+
+def test_the_forms_part_at_the_smallest_depth_whose_interval_is_above_zero():
+    from experiments import mask_mechanism_analysis as mma
+
+    def gap(low):
+        return {"mean": low + 1, "low": low, "high": low + 2}
+
+    assert mma.where_forms_part({"D1": gap(-1), "D4": gap(0.5), "D8": gap(1), "D32": gap(3)}) == {
+        "depth": 4, "parted": [4, 8, 32], "ordered": True, "depths": [1, 4, 8, 32]
+    }  # fmt: skip
+    unordered = mma.where_forms_part({"D1": gap(-1), "D4": gap(0.5), "D8": gap(-0.5), "D32": gap(3)})
+    assert unordered["depth"] == 4 and not unordered["ordered"]
+    assert mma.where_forms_part({"D1": None, "D4": gap(0.0)})["depth"] is None  # an interval touching 0 is not above
+
+
+OUT = ROOT / "figures" / "experiments" / "mask_mechanism"
+
+
+def test_the_form_gaps_are_scipys_paired_t_intervals_of_the_committed_tables():
+    import numpy as np
+    from scipy import stats
+
+    a = json.loads((OUT / "analysis.json").read_text())
+    tables = sorted(OUT.glob("D*/cpu_llm_table.csv"))
+    assert sorted(int(t.parent.name[1:]) for t in tables) == a["depths_run"]
+    import csv
+
+    for table in tables:
+        rows = list(csv.DictReader(table.open()))
+        for t, bench in (("T0.3", "steps-test-T0.3"), ("T1", "steps-test-T1")):
+            value = {(r["method"], int(r["seed"])): float(r["mean_at_8"]) for r in rows if r["benchmark"] == bench}
+            d = np.array([value["clip", s] - value["clip-mask", s] for s in (200, 201, 202)])
+            gap = a["form_gap"][t][table.parent.name]
+            assert gap["n"] == 3 and gap["mean"] == pytest.approx(d.mean())
+            if d.std() == 0:
+                assert gap["low"] == gap["high"] == pytest.approx(d.mean())
+                continue
+            low, high = stats.t.interval(0.95, 2, loc=d.mean(), scale=stats.sem(d))
+            assert (gap["low"], gap["high"]) == pytest.approx((low, high))
+
+
+def test_the_committed_analysis_is_what_the_code_computes_from_the_committed_files(tmp_path):
+    from experiments import mask_mechanism_analysis as mma
+
+    committed = json.loads((OUT / "analysis.json").read_text())
+    fresh = mma.analyse(mma.read_tables(OUT), mma.read_by_step(OUT / "by_step.csv"))
+    assert json.loads(json.dumps(fresh)) == committed
+    assert committed["depth_one_check"] == {
+        "seeds": [200, 201, 202],
+        "logged_rows_identical": True,
+        "mean_at_8_identical": True,
+    }
+    import csv
+
+    dose = list(csv.DictReader((OUT / "dose_response.csv").open()))
+    assert len(dose) == 2 * 3 * len(committed["depths_run"])
+    assert {"acted_frac_outside_against_advantage", "acted_frac_outside_with_advantage"} <= set(dose[0])
