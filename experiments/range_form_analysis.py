@@ -30,7 +30,7 @@ import json
 import statistics
 from pathlib import Path
 
-from experiments.cpu_table.statistics import holm_adjusted, paired_contrast
+from experiments.cpu_table.statistics import contrast_values, holm_adjusted, paired_contrast, paired_equivalence
 from experiments.trust_region_analysis import (
     MARGIN,
     REGIME_FLOOR,
@@ -47,6 +47,9 @@ EARLIER_TABLE = ROOT / "figures" / "experiments" / "trust_region" / "table" / "c
 """The trust-region study's table: the runs this study repeats (``clip``, ``atr``, ``atr-min``, ``sft``)."""
 OUT = ROOT / "figures" / "experiments" / "range_form"
 SEEDS = tuple(range(200, 210))
+RANGE_SEEDS = tuple(range(200, 240))
+"""Part 3 of docs/experiments/mask-mechanism-preregistration.md: ``atr-min - clip`` over 40 paired seeds."""
+RANGE_CONTRAST = "range within min (atr-min - clip)"
 DELTA = 0.07
 CELLS = {"clip": ("clip", "min"), "clip-mask": ("clip", "mask"), "atr-min": ("atr", "min"), "atr": ("atr", "mask")}
 """Run name -> (range, form) of the four cells."""
@@ -110,6 +113,39 @@ def family(rows: list[dict]) -> dict:
             for t, b in TEMPERATURES.items()
         }
     )
+
+
+def range_within_min_n40(rows: list[dict], fam: dict) -> dict:
+    """Part 3 of the mask-mechanism pre-registration: ``atr-min - clip`` in Mean@8 paired over ``RANGE_SEEDS`` at
+    each temperature: the paired t (95% interval), Holm over these two together with the family's other eight tests
+    (at n = 10, unchanged), and Schuirmann's two one-sided tests within +-``MARGIN`` points
+    (``paired_equivalence``, alpha 0.05 each). The answer rule: a Holm p below 0.05 answers by the interval's sign;
+    else an equivalence p below 0.05 answers "within +-3 points"; else "inconclusive at n = 40". Until every seed
+    is in: the numbers at the n reached, no Holm, and "pending"."""
+    weights = FAMILY[RANGE_CONTRAST]
+    by_t = {}
+    for t, b in TEMPERATURES.items():
+        mine = rows_of(rows, b, RANGE_SEEDS)
+        d = paired_contrast(mine, weights, "mean_at_8")
+        values = contrast_values(mine, weights, "mean_at_8")
+        by_t[t] = {**(d or {}), "equivalence": paired_equivalence(values, MARGIN) if len(values) >= 2 else None}
+    complete = all(v.get("n") == len(RANGE_SEEDS) for v in by_t.values())
+    others = [d["p"] for name, by in fam["tests"].items() if name != RANGE_CONTRAST for d in by.values()]
+    if complete and fam["complete"]:
+        adjusted = holm_adjusted([v["p"] for v in by_t.values()] + others)[: len(by_t)]
+    else:
+        adjusted = [None] * len(by_t)
+    for v, p_holm in zip(by_t.values(), adjusted):
+        v["p_holm"] = p_holm
+        if p_holm is None:
+            v["answer"] = f"pending: {v.get('n', 0)} of {len(RANGE_SEEDS)} paired seeds"
+        elif p_holm < 0.05:
+            v["answer"] = "positive" if v["mean"] > 0 else "negative"
+        elif v["equivalence"]["p"] < 0.05:
+            v["answer"] = f"within +-{MARGIN:g} points"
+        else:
+            v["answer"] = f"inconclusive at n = {len(RANGE_SEEDS)}"
+    return {"seeds": [RANGE_SEEDS[0], RANGE_SEEDS[-1]], "margin": MARGIN, "family_size": 2 + len(others), "tests": by_t}
 
 
 def trust_region(rows: list[dict]) -> dict:
@@ -192,7 +228,8 @@ def analyse(rows: list[dict], earlier: list[dict] | None = None) -> dict:
         "preregistration": "docs/experiments/range-form-preregistration.md",
         "seeds": list(SEEDS),
         "delta": DELTA,
-        "family": family(rows),
+        "family": (fam := family(rows)),
+        "range_within_min_equivalence_n40": range_within_min_n40(rows, fam),
         "trust_region": trust_region(rows),
         "regime": regime(rows),
         "described": described(rows),
@@ -230,6 +267,20 @@ def by_step(runs_dir: Path) -> list[dict]:
     ]
 
 
+def read_by_step(path: Path) -> list[dict]:
+    """``by_step.csv`` back as ``by_step`` returned it (empty cells None)."""
+    with path.open(newline="") as f:
+        return [
+            {
+                "run": r["run"],
+                "step": int(r["step"]),
+                **{k: float(r[k]) if r[k] else None for k in ("reward", "true_kl_mean")},
+                "runs": int(r["runs"]),
+            }
+            for r in csv.DictReader(f)
+        ]
+
+
 def plot_by_step(rows: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -247,9 +298,9 @@ def plot_by_step(rows: list[dict], path: Path) -> None:
     axes[0].set(xlabel="GRPO step", ylabel="training reward (T = 1)")
     axes[1].axhline(DELTA, color="grey", lw=0.8, ls=":", label=f"delta = {DELTA}")
     axes[1].set(xlabel="GRPO step", ylabel="mean true KL(pi_old || pi) per position", yscale="log")
-    axes[0].legend(fontsize=7, loc="lower right")
-    axes[1].legend(fontsize=7, loc="upper right")
-    fig.tight_layout()
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=4, fontsize=7, frameon=False)
+    axes[1].legend(fontsize=7, loc="center right")  # between the two groups of curves: it covers none
+    fig.tight_layout(rect=(0, 0.07, 1, 1))  # the cells' legend below the panels, off every curve
     fig.savefig(path, dpi=150)
     plt.close(fig)
 
@@ -276,6 +327,23 @@ def markdown(result: dict) -> str:
             f"{interval_text(by[t], '+.3g')} | {p_text(by[t].get('p_holm'))} | {by[t]['answer']}" for t in TEMPERATURES
         ]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    n40 = result["range_within_min_equivalence_n40"]
+    lines += [
+        "",
+        f"## The range within the min form at up to {len(RANGE_SEEDS)} paired seeds (seeds {n40['seeds'][0]}-"
+        f"{n40['seeds'][1]}; Holm over {n40['family_size']} with the family's other tests; equivalence within "
+        f"+-{n40['margin']:g} points)",
+        "",
+        "| T | seeds | atr-min - clip [95% CI] | p (Holm) | 90% CI | equivalence p | answer |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for t, d in n40["tests"].items():
+        eq = d.get("equivalence") or {}
+        ninety = f"[{eq['low90']:+.3g}, {eq['high90']:+.3g}]" if eq else "-"
+        lines.append(
+            f"| {t} | {d.get('n', 0)} | {interval_text(d, '+.3g') if d.get('n') else '-'} | {p_text(d.get('p_holm'))} | "
+            f"{ninety} | {p_text(eq.get('p'))} | {d['answer']} |"
+        )
     lines += [
         "",
         f"## The true KL: ATR - clip in each form (Holm over {tr['family_size']}"
@@ -364,6 +432,8 @@ def main(argv: list[str] | None = None) -> dict:
             writer.writeheader()
             writer.writerows(steps)
         plot_by_step(steps, out / "by_step.png")
+    elif (out / "by_step.csv").is_file():  # the runs are gone: the figure is drawn again from the written record
+        plot_by_step(read_by_step(out / "by_step.csv"), out / "by_step.png")
     print(markdown(result))
     return result
 

@@ -133,6 +133,7 @@ from .statistics import (  # noqa: F401
     _table_row,
     _units,
     between_rule_noise,
+    contrast_values,
     curve_tail_differences,
     curve_tails,
     delta_ablation,

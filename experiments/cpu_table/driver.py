@@ -88,10 +88,11 @@ def evaluate_model(
     max_tokens: int | None = None,
     sampling: dict | None = None,
     device: str = "cpu",
+    sampling_seed: int = 0,
 ) -> dict:
     """Mean@1/Pass@1 and Mean@k/Pass@k (%) on ``task``'s test split (its first ``test_problems`` problems of seed
     12345), ``samples`` completions per problem; ``max_tokens`` defaults to the training cap of cpu-table.yaml and
-    ``sampling`` to ``EVAL_SAMPLING``."""
+    ``sampling`` to ``EVAL_SAMPLING``. ``sampling_seed``: the generator's seed (the table's evaluations use 0)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from atr_llm.evaluate import HFGenerator, evaluate_benchmarks, summarise_samples
@@ -101,7 +102,9 @@ def evaluate_model(
     model = AutoModelForCausalLM.from_pretrained(str(model_dir)).to(device)
     if max_tokens is None:
         max_tokens = base_config_value("max_completion_length")  # as in training
-    gen = HFGenerator(model, tok, max_tokens=max_tokens, batch_size=512, seed=0, **(sampling or EVAL_SAMPLING))
+    gen = HFGenerator(
+        model, tok, max_tokens=max_tokens, batch_size=512, seed=sampling_seed, **(sampling or EVAL_SAMPLING)
+    )
     rows = evaluate_benchmarks(gen, {"test": test}, out_dir, n=samples, chunk_problems=test_problems, workers=1)
     return summarise_samples(rows, [1, samples])["test"]
 

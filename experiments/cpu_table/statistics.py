@@ -75,6 +75,18 @@ def paired_difference(rows: list[dict], run: str, reference: str, key: str) -> d
     return paired_contrast(rows, {run: 1.0, reference: -1.0}, key)
 
 
+def contrast_values(rows: list[dict], weights: dict[str, float], key: str) -> list[float]:
+    """The per-start values c = sum over runs of weight * ``key``(run) of ``paired_contrast``, one per start (seed
+    and SFT model, ``pairing_key``) that every run of ``weights`` has with ``key`` logged, in the starts' order.
+    Rows of one benchmark only."""
+    benchmarks = {r.get("benchmark") for r in rows}
+    if len(benchmarks) > 1:
+        raise ValueError(f"paired statistics need the rows of one benchmark, got {sorted(map(str, benchmarks))}")
+    by = {(r["method"], pairing_key(r)): r[key] for r in rows if r.get(key) is not None}  # a value not logged: no pair
+    shared = set.intersection(*({s for name, s in by if name == run} for run in weights)) if weights else set()
+    return [sum(w * by[(run, start)] for run, w in weights.items()) for start in sorted(shared, key=str)]
+
+
 def paired_contrast(rows: list[dict], weights: dict[str, float], key: str) -> dict | None:
     """A within-seed contrast of runs: on every start (seed and SFT model, ``pairing_key``) that all runs of
     ``weights`` share, c = sum over runs of weight * ``key``(run); the mean of c over starts with its 95% Student-t
@@ -85,15 +97,9 @@ def paired_contrast(rows: list[dict], weights: dict[str, float], key: str) -> di
     (a1b1 - a1b0 - a0b1 + a0b0) is the one-sample t test of a repeated-measures ANOVA's interaction (t^2 = F)."""
     from scipy import stats
 
-    benchmarks = {r.get("benchmark") for r in rows}
-    if len(benchmarks) > 1:
-        raise ValueError(f"paired statistics need the rows of one benchmark, got {sorted(map(str, benchmarks))}")
-    by = {(r["method"], pairing_key(r)): r[key] for r in rows if r.get(key) is not None}  # a value not logged: no pair
-    shared = set.intersection(*({s for name, s in by if name == run} for run in weights)) if weights else set()
-    starts = sorted(shared, key=str)
-    if len(starts) < 2:
+    d = contrast_values(rows, weights, key)
+    if len(d) < 2:
         return None
-    d = [sum(w * by[(run, start)] for run, w in weights.items()) for start in starts]
     n, mean, sd = len(d), statistics.fmean(d), statistics.stdev(d)
     half = float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
     if sd > 0:
@@ -197,7 +203,9 @@ def equivalence_power(sd: float, n: int, margin: float, difference: float = 0.0,
     from scipy import integrate, stats
 
     if n < 2 or not (sd > 0 and margin > 0):
-        raise ValueError(f"equivalence_power needs n >= 2, sd > 0 and margin > 0, got n = {n}, sd = {sd}, margin = {margin}")
+        raise ValueError(
+            f"equivalence_power needs n >= 2, sd > 0 and margin > 0, got n = {n}, sd = {sd}, margin = {margin}"
+        )
     df = n - 1
     c = float(stats.t.ppf(1 - alpha, df))
     root_n = math.sqrt(n)

@@ -66,6 +66,54 @@ def test_the_family_is_scipys_t_tests_and_statsmodels_holm_over_ten():
     assert result["tests"]["range within min (atr-min - clip)"]["T1"]["answer"] != "negative"
 
 
+def _with_more_seeds(rows: list[dict], seeds, shift: float, sd: float, seed: int = 1) -> list[dict]:
+    """``rows`` plus ``clip`` and ``atr-min`` rows on ``seeds`` whose paired difference is ``shift`` +- ``sd``."""
+    rng = np.random.default_rng(seed)
+    more = []
+    for s in seeds:
+        start = rng.normal(50, 5)
+        for benchmark in rfa.TEMPERATURES.values():
+            d = rng.normal(shift, sd)
+            for run, value in (("clip", start), ("atr-min", start + d)):
+                more.append(
+                    {"method": run, "seed": s, "benchmark": benchmark, "sft_model": f"n{s}", "mean_at_8": value}
+                )
+    return rows + more
+
+
+def test_the_range_at_n40_is_scipys_t_statsmodels_holm_over_ten_and_statsmodels_tost():
+    from scipy import stats
+    from statsmodels.stats.multitest import multipletests
+    from statsmodels.stats.weightstats import ttost_paired
+
+    rows = _with_more_seeds(synthetic_rows(), range(210, 240), shift=0.0, sd=1.0)
+    result = rfa.analyse(rows)
+    fam, n40 = result["family"], result["range_within_min_equivalence_n40"]
+    assert fam["tests"][rfa.RANGE_CONTRAST]["T0.3"]["n"] == 10  # the family itself stays at n = 10
+    p_raw = []
+    for t, benchmark in rfa.TEMPERATURES.items():
+        value = {(r["method"], r["seed"]): r["mean_at_8"] for r in rows if r["benchmark"] == benchmark}
+        atr, clip = (np.array([value[run, s] for s in rfa.RANGE_SEEDS]) for run in ("atr-min", "clip"))
+        got = n40["tests"][t]
+        assert got["n"] == 40 and got["p"] == pytest.approx(stats.ttest_rel(atr, clip).pvalue, rel=1e-9)
+        p_tost = ttost_paired(atr, clip, -rfa.MARGIN, rfa.MARGIN)[0]
+        assert got["equivalence"]["p"] == pytest.approx(p_tost, rel=1e-9)
+        p_raw.append(got["p"])
+    p_raw += [d["p"] for name, by in fam["tests"].items() if name != rfa.RANGE_CONTRAST for d in by.values()]
+    holm = multipletests(p_raw, method="holm")[1]
+    assert [n40["tests"][t]["p_holm"] for t in rfa.TEMPERATURES] == pytest.approx(list(holm[:2]), rel=1e-9)
+    assert n40["family_size"] == 10
+    # the planted seeds 210-239 have a difference of 0 +- 1 (seeds 200-209: -1 +- ~3): equivalent within 3 points
+    assert all(n40["tests"][t]["answer"] == "within +-3 points" for t in rfa.TEMPERATURES)
+    far = rfa.analyse(_with_more_seeds(synthetic_rows(), range(210, 240), shift=-6.0, sd=1.0))
+    assert far["range_within_min_equivalence_n40"]["tests"]["T1"]["answer"] == "negative"
+    wide = rfa.analyse(_with_more_seeds(synthetic_rows(), range(210, 240), shift=0.0, sd=20.0))
+    assert wide["range_within_min_equivalence_n40"]["tests"]["T1"]["answer"] == "inconclusive at n = 40"
+    short = rfa.analyse(_with_more_seeds(synthetic_rows(), range(210, 215), shift=0.0, sd=1.0))
+    got = short["range_within_min_equivalence_n40"]["tests"]["T0.3"]
+    assert got["answer"] == "pending: 15 of 40 paired seeds" and got["p_holm"] is None
+
+
 def test_the_trust_region_tests_are_paired_t_with_holm_over_four_and_no_points_margin():
     from scipy import stats
     from statsmodels.stats.multitest import multipletests

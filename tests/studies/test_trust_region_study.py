@@ -133,7 +133,11 @@ def test_the_page_states_the_analysis_numbers():
         pair = f"{described[rule]['mean_at_8_T0.3']['mean']:.1f} / {described[rule]['mean_at_8_T1']['mean']:.1f}"
         assert pair in first_screen, rule
     reg = a["regime"]
-    assert reg["passes"] and f"{100 * reg['mean']:.2f}% of tokens on average ({100 * reg['min']:.2f}-{100 * reg['max']:.2f}%" in first_screen
+    assert (
+        reg["passes"]
+        and f"{100 * reg['mean']:.2f}% of tokens on average ({100 * reg['min']:.2f}-{100 * reg['max']:.2f}%"
+        in first_screen
+    )
     atr = described["atr"]["acted_frac_masked"]
     assert f"ATR acted on {100 * atr['mean']:.1f}% ({100 * atr['min']:.1f}-{100 * atr['max']:.1f}%)" in first_screen
     curves = a["reward_curves"]
@@ -143,7 +147,10 @@ def test_the_page_states_the_analysis_numbers():
     p05 = described["atr"]["acted_ratio_p05"]["mean"], described["clip"]["acted_ratio_p05"]["mean"]
     assert f"{p05[0]:.2f}, against clip's {p05[1]:.2f}" in first_screen
     e = a["entropy"]
-    assert f"+{e['mean']:.2f} nats [{e['low']:.2f}, {e['high']:.2f}]" in first_screen and f"p = {e['p']:.1e}".replace("e-04", "e-4") in first_screen
+    assert (
+        f"+{e['mean']:.2f} nats [{e['low']:.2f}, {e['high']:.2f}]" in first_screen
+        and f"p = {e['p']:.1e}".replace("e-04", "e-4") in first_screen
+    )
     ent = described["atr"]["acted_entropy_last_fifth"]["mean"], described["clip"]["acted_entropy_last_fifth"]["mean"]
     assert f"{ent[0]:.2f} against {ent[1]:.2f}" in first_screen
 
@@ -182,4 +189,7 @@ def test_the_page_states_the_secondary_numbers():
     assert all(tests["clip-higher"][t]["p_holm"] > 0.05 for t in ("T0.3", "T1"))
     dppo, clip = a["described"]["dppo-kl"], a["described"]["clip"]
     assert f"as many tokens as clip ({100 * dppo['acted_frac_masked']['mean']:.2f}%)" in first_screen
-    assert f"(5th percentile {dppo['acted_ratio_p05']['mean']:.2f} against {clip['acted_ratio_p05']['mean']:.2f})" in first_screen
+    assert (
+        f"(5th percentile {dppo['acted_ratio_p05']['mean']:.2f} against {clip['acted_ratio_p05']['mean']:.2f})"
+        in first_screen
+    )
