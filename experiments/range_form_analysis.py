@@ -77,6 +77,8 @@ DESCRIBED = (
     "acted_true_kl_frac_above_delta_dropped",
     "acted_true_kl_k3_rank_corr",
     "acted_frac_masked",
+    "acted_entropy_first_fifth",
+    "acted_entropy_last_fifth",
 )
 
 
@@ -169,10 +171,12 @@ def described(rows: list[dict]) -> dict[str, dict]:
         runs = [r for r in rows_of(rows, TEMPERATURES["T1"], SEEDS) if r["method"] == run]
         entry: dict = {"range": rng, "form": form, "seeds": sorted(r["seed"] for r in runs)}
         columns = [(key, runs, key) for key in DESCRIBED]
-        columns += [
-            (f"mean_at_8_{t}", [r for r in rows_of(rows, b, SEEDS) if r["method"] == run], "mean_at_8")
-            for t, b in TEMPERATURES.items()
-        ]
+        for t, b in TEMPERATURES.items():
+            of = [r for r in rows_of(rows, b, SEEDS) if r["method"] == run]
+            columns += [(f"mean_at_8_{t}", of, "mean_at_8"), (f"best_mean_at_8_{t}", of, "best_mean_at_8")]
+            steps = [r["best_step"] for r in of if r.get("best_step") is not None]
+            if steps:  # the table keeps the better of the step-200 and step-400 checkpoints, not each
+                entry[f"runs_best_at_step_200_{t}"] = sum(step == 200 for step in steps)
         for name, of, key in columns:
             xs = [r[key] for r in of if r.get(key) is not None]
             if xs:

@@ -265,6 +265,26 @@ def page_numbers(a: dict, steps: list[dict]) -> dict[str, str]:
     form = [abs(d["mean"]) for name in ("FCLIP", "FATR") for d in fam[short[name]].values()]
     out["FORM_SPAN"] = f"the form moves Mean@8 by {min(form):.0f} to {max(form):.0f} points"
     out["REACH"] = f"{min(reach):.1f} to {max(reach):.1f} points"
+    order = ("clip", "atr-min", "clip-mask", "atr")
+    out["ENTROPY"] = ", ".join(
+        f"{cells[r]['acted_entropy_first_fifth']['mean']:.3f} to {cells[r]['acted_entropy_last_fifth']['mean']:.3f} (`{r}`)"
+        for r in order
+    )
+    out["STEP200"] = ", ".join(
+        f"{cells[r]['runs_best_at_step_200_T0.3']} / {cells[r]['runs_best_at_step_200_T1']} (`{r}`)" for r in order
+    )
+    out["BEST"] = ", ".join(
+        f"{cells[r]['best_mean_at_8_T0.3']['mean']:.1f} / {cells[r]['best_mean_at_8_T1']['mean']:.1f} (`{r}`)"
+        for r in order
+    )
+    assert all(cells[r]["runs_best_at_step_200_T0.3"] > 5 for r in order)  # "most runs ... in every cell"
+    falls = [
+        cells[r]["acted_entropy_last_fifth"]["mean"] < cells[r]["acted_entropy_first_fifth"]["mean"] for r in order
+    ]
+    assert falls == [True, True, False, False]  # "falls in the min form and rises in the mask form"
+    out["TR_HEAD"] = (
+        f"its 95th percentile is {ci(p95['min (atr-min - clip)'], '.3f')} higher (Holm p {p95['min (atr-min - clip)']['p_holm']:.2g})"
+    )
     times = sorted(cells[r]["acted_true_kl_mean"]["mean"] / rfa.DELTA for r in ("atr", "clip-mask"))
     out["TIMES"] = f"{times[0]:.1f} and {times[1]:.1f} times delta"
     return out
