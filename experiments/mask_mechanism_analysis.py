@@ -18,7 +18,7 @@ computed from its committed files: nothing here trains or evaluates, and nothing
     python -m experiments.mask_mechanism_analysis [--runs D1=runs/mask_mechanism/D1 --runs D32=runs/mask_mechanism ...]
 
 writes, in ``figures/experiments/mask_mechanism/``: ``by_step.csv`` (only with ``--runs``), ``dose_response.csv``
-(one row per D, form and seed), ``analysis.json`` and ``by_step.png`` (reward and fraction against by step, per D).
+(one row per D, form and seed), ``analysis.{json,md}`` and ``by_step.png`` (reward and fraction against by step, per D).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import statistics
 from pathlib import Path
 
 from experiments.cpu_table.statistics import mean_of_present, paired_difference
-from experiments.trust_region_analysis import TEMPERATURES, read_table, rows_of
+from experiments.trust_region_analysis import TEMPERATURES, interval_text, read_table, rows_of
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "figures" / "experiments" / "mask_mechanism"
@@ -242,6 +242,39 @@ def identical_at_depth_one(tables: dict[int, list[dict]], rows: list[dict]) -> d
     return {"seeds": seeds, "logged_rows_identical": all(same_rows), "mean_at_8_identical": all(same_mean)}
 
 
+EARLIER_TABLES = {
+    "range_form": ROOT / "figures" / "experiments" / "range_form" / "table" / "cpu_llm_table.csv",
+    "trust_region": ROOT / "figures" / "experiments" / "trust_region" / "table" / "cpu_llm_table.csv",
+}
+"""The studies that ran ``clip`` (and, for the range x form study, ``clip-mask``) at D = 32 on seeds 200-202."""
+
+
+def depth_32_check(tables: dict[int, list[dict]], earlier: dict[str, Path] = EARLIER_TABLES) -> dict | None:
+    """The D = 32 check: per earlier study, over the (run, seed, temperature) rows both hold, how many started from
+    the same SFT model (``sft_model``) and how many end at the same Mean@8 and last training reward bit for bit."""
+    if 32 not in tables:
+        return None
+    out = {}
+    for name, path in earlier.items():
+        if not path.is_file():
+            continue
+        then = {(r["method"], r["seed"], r["benchmark"]): r for r in read_table(path)}
+        pairs = [
+            (r, then[k])
+            for r in tables[32]
+            if (k := (r["method"], r["seed"], r["benchmark"])) in then and r["method"] in RUNS
+        ]
+        out[name] = {
+            "rows": len(pairs),
+            "runs": sorted({f"{r['method']}-s{r['seed']}" for r, _ in pairs}),
+            "same_sft_model": sum(r["sft_model"] == e["sft_model"] for r, e in pairs),
+            "same_mean_at_8": sum(r["mean_at_8"] == e["mean_at_8"] for r, e in pairs),
+            "same_train_reward_last": sum(r["train_reward_last"] == e["train_reward_last"] for r, e in pairs),
+            "machines": sorted({e["sft_machine"] or "-" for _, e in pairs}),
+        }
+    return out
+
+
 def dose_response(tables: dict[int, list[dict]]) -> list[dict]:
     """One row per D, form and seed: Mean@8 at step 400 at each temperature and the ``DESCRIBED`` columns."""
     out = []
@@ -288,11 +321,78 @@ def analyse(tables: dict[int, list[dict]], rows: list[dict], bandit_path: Path =
         "form_gap": gaps,
         "forms_part": {t: where_forms_part(g) for t, g in gaps.items()},
         "depth_one_check": identical_at_depth_one(tables, rows),
+        "depth_32_check": depth_32_check(tables),
         "timing": timing(rows),
         "first_rows": first_rows(rows),
         "described": described(dose),
         "bandit": bandit(bandit_path),
     }
+
+
+def markdown(result: dict) -> str:
+    """The tables the study page quotes: the form gap per D, the timing per mask-form run, each form by D."""
+    lines = [
+        "# Mask-mechanism study, part 1: the pre-registered answers",
+        "",
+        "Written by `python -m experiments.mask_mechanism_analysis` from the depth tables and `by_step.csv`. "
+        "`clip` is PPO's clip (epsilon 0.2) in the min form, `clip-mask` the same clip in the mask form; D is the "
+        "number of optimizer steps each generated batch serves.",
+        "",
+        "## The form gap `clip - clip-mask` in held-out Mean@8 at step 400 (points; 95% t-interval, 2 df)",
+        "",
+        "| D | T = 0.3 | T = 1 | above 0 at T = 0.3 |",
+        "|---|---|---|---|",
+    ]
+    parted = result["forms_part"]["T0.3"]["parted"]
+    for depth in result["depths_run"]:
+        cells = [interval_text(result["form_gap"][t][f"D{depth}"], "+.1f") for t in TEMPERATURES]
+        lines.append(f"| {depth} | {cells[0]} | {cells[1]} | {'yes' if depth in parted else 'no'} |")
+    t = result["timing"]
+    lines += [
+        "",
+        f"## Does the fraction against precede the collapse? (r*: reward below {REWARD_FALL:g} x its start; a*: the "
+        f"fraction against >= {AGAINST_FLOOR:g} and >= {AGAINST_RISE:g} x its start)",
+        "",
+        "| D | seed | r* (mask form) | a* (mask form) | where a* falls |",
+        "|---|---|---|---|---|",
+    ]
+    for x in t["runs"]:
+        if x["form"] != "mask":
+            continue
+        if x["r_star"] is None:
+            where = "no collapse"
+        elif x["a_star"] is None:
+            where = "a* never"
+        else:
+            where = "before" if x["a_star"] < x["r_star"] else "same row" if x["a_star"] == x["r_star"] else "after"
+        lines.append(f"| {x['depth']} | {x['seed']} | {x['r_star'] or '-'} | {x['a_star'] or '-'} | {where} |")
+    c = t["counts"]
+    lines += [
+        "",
+        f"Collapsing mask-form runs: {t['collapsing_mask_runs']} of {t['mask_runs']} (min form: "
+        f"{t['collapsing_min_runs']}); a* before r* in {c['before']}, in the same row in {c['same']}, after in "
+        f"{c['after']}, never in {c['never']}: **{t['answer']}**.",
+        "",
+        "## Each form by D (mean over seeds; described, not tested)",
+        "",
+        "| D | form | Mean@8 T = 0.3 | Mean@8 T = 1 | last reward | outside against A | outside with A | "
+        "against A, first row | true KL mean | true KL against A |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key, by in result["described"].items():
+        for form, d in by.items():
+            first = result["first_rows"].get(key, {}).get(form, {}).get("first_row_mean")
+
+            def f(k, spec=".3g"):
+                return "-" if d.get(k) is None else format(d[k], spec)
+
+            lines.append(
+                f"| {key[1:]} | {form} | {f('mean_at_8_T0.3', '.1f')} | {f('mean_at_8_T1', '.1f')} | "
+                f"{f('train_reward_last')} | {f('acted_frac_outside_against_advantage', '.2%')} | "
+                f"{f('acted_frac_outside_with_advantage', '.2%')} | {'-' if first is None else format(first, '.2%')} | "
+                f"{f('acted_true_kl_mean')} | {f('acted_true_kl_mean_against_advantage')} |"
+            )
+    return "\n".join(lines) + "\n"
 
 
 def plot_by_step(rows: list[dict], path: Path) -> None:
@@ -372,6 +472,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = analyse(tables, rows)
     write_dose_response(dose_response(tables), out / "dose_response.csv")
     (out / "analysis.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "analysis.md").write_text(markdown(result))
     plot_by_step(rows, out / "by_step.png")
     print(
         json.dumps(

@@ -188,6 +188,7 @@ def test_the_committed_analysis_is_what_the_code_computes_from_the_committed_fil
     committed = json.loads((OUT / "analysis.json").read_text())
     fresh = mma.analyse(mma.read_tables(OUT), mma.read_by_step(OUT / "by_step.csv"))
     assert json.loads(json.dumps(fresh)) == committed
+    assert (OUT / "analysis.md").read_text() == mma.markdown(committed)
     assert committed["depth_one_check"] == {
         "seeds": [200, 201, 202],
         "logged_rows_identical": True,
@@ -198,3 +199,50 @@ def test_the_committed_analysis_is_what_the_code_computes_from_the_committed_fil
     dose = list(csv.DictReader((OUT / "dose_response.csv").open()))
     assert len(dose) == 2 * 3 * len(committed["depths_run"])
     assert {"acted_frac_outside_against_advantage", "acted_frac_outside_with_advantage"} <= set(dose[0])
+
+
+def test_the_depth_32_check_counts_rows_equal_bit_for_bit_to_an_earlier_table(tmp_path):
+    import csv
+
+    from experiments import mask_mechanism_analysis as mma
+
+    cols = ["method", "seed", "benchmark", "sft_model", "sft_machine", "mean_at_8", "train_reward_last"]
+    now = [
+        {
+            "method": "clip",
+            "seed": 200,
+            "benchmark": "b",
+            "sft_model": "m",
+            "sft_machine": "x",
+            "mean_at_8": 61.812,
+            "train_reward_last": 0.375,
+        },
+        {
+            "method": "clip",
+            "seed": 201,
+            "benchmark": "b",
+            "sft_model": "m",
+            "sft_machine": "x",
+            "mean_at_8": 67.812,
+            "train_reward_last": 0.4,
+        },
+        {
+            "method": "atr",
+            "seed": 200,
+            "benchmark": "b",
+            "sft_model": "m",
+            "sft_machine": "x",
+            "mean_at_8": 1.0,
+            "train_reward_last": 0.1,
+        },
+    ]
+    then = [dict(now[0]), dict(now[1], mean_at_8=67.813, sft_model="other"), dict(now[2])]
+    path = tmp_path / "t.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=cols)
+        writer.writeheader()
+        writer.writerows(then)
+    got = mma.depth_32_check({32: now}, {"earlier": path})["earlier"]
+    assert (got["rows"], got["same_sft_model"], got["same_mean_at_8"], got["same_train_reward_last"]) == (2, 1, 1, 2)
+    assert got["runs"] == ["clip-s200", "clip-s201"]  # atr is not a run of this study
+    assert mma.depth_32_check({4: now}) is None
