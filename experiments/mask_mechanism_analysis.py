@@ -350,10 +350,10 @@ def markdown(result: dict) -> str:
     t = result["timing"]
     lines += [
         "",
-        f"## Does the fraction against precede the collapse? (r*: reward below {REWARD_FALL:g} x its start; a*: the "
+        f"## Does the fraction against precede the collapse? (`r*`: reward below {REWARD_FALL:g} x its start; `a*`: the "
         f"fraction against >= {AGAINST_FLOOR:g} and >= {AGAINST_RISE:g} x its start)",
         "",
-        "| D | seed | r* (mask form) | a* (mask form) | where a* falls |",
+        "| D | seed | `r*` (mask form) | `a*` (mask form) | where `a*` falls |",
         "|---|---|---|---|---|",
     ]
     for x in t["runs"]:
@@ -362,7 +362,7 @@ def markdown(result: dict) -> str:
         if x["r_star"] is None:
             where = "no collapse"
         elif x["a_star"] is None:
-            where = "a* never"
+            where = "`a*` never"
         else:
             where = "before" if x["a_star"] < x["r_star"] else "same row" if x["a_star"] == x["r_star"] else "after"
         lines.append(f"| {x['depth']} | {x['seed']} | {x['r_star'] or '-'} | {x['a_star'] or '-'} | {where} |")
@@ -370,7 +370,7 @@ def markdown(result: dict) -> str:
     lines += [
         "",
         f"Collapsing mask-form runs: {t['collapsing_mask_runs']} of {t['mask_runs']} (min form: "
-        f"{t['collapsing_min_runs']}); a* before r* in {c['before']}, in the same row in {c['same']}, after in "
+        f"{t['collapsing_min_runs']}); `a*` before `r*` in {c['before']}, in the same row in {c['same']}, after in "
         f"{c['after']}, never in {c['never']}: **{t['answer']}**.",
         "",
         "## Each form by D (mean over seeds; described, not tested)",

@@ -246,3 +246,72 @@ def test_the_depth_32_check_counts_rows_equal_bit_for_bit_to_an_earlier_table(tm
     assert (got["rows"], got["same_sft_model"], got["same_mean_at_8"], got["same_train_reward_last"]) == (2, 1, 1, 2)
     assert got["runs"] == ["clip-s200", "clip-s201"]  # atr is not a run of this study
     assert mma.depth_32_check({4: now}) is None
+
+
+MECHANISM_PAGE = ROOT / "docs" / "experiments" / "mask-mechanism.md"
+
+
+def mechanism_numbers(a: dict, bandit: dict) -> dict[str, str]:
+    """What the mechanism page's first screen states, formatted from analysis.json and contextual_bandit.json."""
+
+    def ci(d):
+        return f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}]"
+
+    gaps, part = a["form_gap"]["T0.3"], a["forms_part"]["T0.3"]
+    out = {"DEPTH_ONE": "identical bit for bit" if a["depth_one_check"]["logged_rows_identical"] else "NOT IDENTICAL"}
+    assert a["depth_one_check"]["mean_at_8_identical"]
+    out["GAPS"] = ", ".join(f"{ci(gaps[f'D{d}'])} at D = {d}" for d in a["depths_run"] if d != 1)
+    out["PART"] = f"the smallest D whose interval lies above 0 is D = {part['depth']}"
+    out["ORDERED"] = (
+        "and the intervals are ordered in D" if part["ordered"] else "but the intervals are not ordered in D"
+    )
+    t, c = a["timing"], a["timing"]["counts"]
+    out["TIMING"] = (
+        f"{t['collapsing_mask_runs']} of {t['mask_runs']} mask-form runs collapse (none of the min form's): `a*` comes before "
+        f"`r*` in {c['before']}, in the same row in {c['same']}, after it in {c['after']}, and never in {c['never']}"
+    )
+    assert t["collapsing_min_runs"] == 0
+    first = a["first_rows"]
+    collapsing_depths = sorted({x["depth"] for x in t["runs"] if x["form"] == "mask" and x["r_star"] is not None})
+    out["FIRST"] = ", ".join(
+        f"{first[f'D{d}']['mask']['first_row_mean']:.2%} against {first[f'D{d}']['min']['first_row_mean']:.2%} at D = {d}"
+        for d in collapsing_depths
+    )
+    cells = bandit["cells"]
+    out["BANDIT"] = f"0 of {len(cells)} cells x {cells[0]['seeds']} seeds"
+    assert (
+        sum(c["collapsed_seeds"] for c in cells) == 0
+        and not bandit["answer"]["shared_parameters_alone_collapse_the_mask_form"]
+    )
+    desc = a["described"]
+    out["KL_AGAINST"] = ", ".join(
+        f"{desc[f'D{d}']['mask']['acted_true_kl_mean_against_advantage']:.3g} against "
+        f"{desc[f'D{d}']['min']['acted_true_kl_mean_against_advantage']:.3g} at D = {d}"
+        for d in a["depths_run"]
+        if d != 1
+    )
+    tr = a["depth_32_check"]["trust_region"]
+    out["CHECK32"] = f"{tr['same_mean_at_8']} of {tr['rows']} rows"
+    return out
+
+
+def test_the_mechanism_page_states_the_analysis_numbers_on_its_first_screen():
+    a = json.loads((OUT / "analysis.json").read_text())
+    bandit = json.loads((ROOT / "figures" / "paper" / "contextual_bandit.json").read_text())
+    flat = " ".join(MECHANISM_PAGE.read_text().split())
+    first_screen = flat[: flat.index("![")]  # the answer, before the figure
+    for key, text in mechanism_numbers(a, bandit).items():
+        assert text in first_screen, (key, text)
+        assert not re.search(rf"\b{key}\b", flat), f"placeholder {key} left on the page"
+
+
+def test_the_readme_quotes_the_form_gaps_at_four_and_thirty_two_steps_per_batch():
+    a = json.loads((OUT / "analysis.json").read_text())
+    readme = " ".join((ROOT / "README.md").read_text().split())
+
+    def ci(d):
+        return f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}]"
+
+    gaps = a["form_gap"]["T0.3"]
+    assert a["forms_part"]["T0.3"]["depth"] == 4
+    assert f"{ci(gaps['D4'])} at 4 steps per batch, {ci(gaps['D32'])} at 32" in readme
