@@ -131,25 +131,33 @@ def first_collapse(rewards: list[tuple[int, float]], fall: float = REWARD_FALL) 
 
 
 def first_rise(
-    fractions: list[tuple[int, float]], floor: float = AGAINST_FLOOR, rise: float = AGAINST_RISE
+    fractions: list[tuple[int, float]],
+    floor: float = AGAINST_FLOOR,
+    rise: float = AGAINST_RISE,
+    after_start: bool = False,
 ) -> int | None:
     """a*: the first logged step whose fraction against the advantage is at least ``floor`` and at least ``rise`` x
-    the median of the first three logged fractions (None: it never is, or fewer than three rows logged it)."""
+    the median of the first three logged fractions (None: it never is, or fewer than three rows logged it).
+
+    Two readings of the pre-registration's "first logged step": any row (``after_start=False``, the literal one: a
+    first row above twice the median of the first three is a* at once), or only the rows after the three that
+    define the start (``after_start=True``: a rise *from* the start)."""
     if len(fractions) < 3:
         return None
     start = statistics.median(f for _, f in fractions[:3])
-    return next((step for step, f in fractions if f >= floor and f >= rise * start), None)
+    candidates = fractions[3:] if after_start else fractions
+    return next((step for step, f in candidates if f >= floor and f >= rise * start), None)
 
 
-def timing(rows: list[dict]) -> dict:
+def timing(rows: list[dict], after_start: bool = False) -> dict:
     """r* and a* of every mask-form run, and the pre-registered counts over the collapsing ones: ``before``
     (a* < r*: at least one logged row earlier), ``same`` (a* = r*), ``after`` (a* > r*) and ``never`` (a* does not
     exist: a case the pre-registration did not name). Answer "yes" if a* < r* in every collapsing run, "no" if in
-    none (with no collapsing run: "no run collapsed")."""
+    none (with no collapsing run: "no run collapsed"). ``after_start``: the reading of a* (``first_rise``)."""
     runs = []
     for depth, run, seed in sorted({(r["depth"], r["run"], r["seed"]) for r in rows}):
         r_star = first_collapse(series(rows, depth, run, seed, "reward"))
-        a_star = first_rise(series(rows, depth, run, seed, AGAINST))
+        a_star = first_rise(series(rows, depth, run, seed, AGAINST), after_start=after_start)
         runs.append({"depth": depth, "run": run, "form": FORMS[run], "seed": seed, "r_star": r_star, "a_star": a_star})
     collapsing = [x for x in runs if x["form"] == "mask" and x["r_star"] is not None]
     counts = {
@@ -178,12 +186,13 @@ def timing(rows: list[dict]) -> dict:
 
 def first_rows(rows: list[dict]) -> dict[str, dict]:
     """Described: per D and form, the mean over seeds of the fraction against the advantage in each run's first
-    logged row, and in the rows logged before the run's first reward row after the first (the rows computed on
-    the first generated batch, before a reward of the updated policy is seen)."""
+    logged row, and the mean and the largest value over the rows logged before the run's second reward row (at
+    D = 16 and 32, where the reward is logged once per generated batch: the rows of the first batch, before a reward
+    of the updated policy is seen; where it is logged every row, the first row alone)."""
     out: dict[str, dict] = {}
     for depth in sorted({r["depth"] for r in rows}):
         for run in RUNS:
-            first, batch = [], []
+            first, batch, peak = [], [], []
             for seed in sorted({r["seed"] for r in rows if (r["depth"], r["run"]) == (depth, run)}):
                 fractions = series(rows, depth, run, seed, AGAINST)
                 rewards = series(rows, depth, run, seed, "reward")
@@ -191,10 +200,13 @@ def first_rows(rows: list[dict]) -> dict[str, dict]:
                     continue
                 first.append(fractions[0][1])
                 second_reward = rewards[1][0] if len(rewards) > 1 else None
-                batch.append(statistics.fmean(f for s, f in fractions if second_reward is None or s < second_reward))
+                before = [f for s, f in fractions if second_reward is None or s < second_reward]
+                batch.append(statistics.fmean(before))
+                peak.append(max(before))
             out.setdefault(f"D{depth}", {})[FORMS[run]] = {
                 "first_row_mean": mean_of_present(first),
                 "first_batch_mean": mean_of_present(batch),
+                "first_batch_peak": mean_of_present(peak),
                 "seeds": len(first),
             }
     return out
@@ -289,6 +301,23 @@ def dose_response(tables: dict[int, list[dict]]) -> list[dict]:
     return out
 
 
+def sft_means(tables: dict[int, list[dict]]) -> dict:
+    """The start models' Mean@8 (the ``sft`` rows, the same models at every D) per temperature: the mean over seeds,
+    and whether every D's table holds the same SFT models (``sft_model``) with the same Mean@8."""
+    per_depth = {
+        d: sorted((r["seed"], r["benchmark"], r["sft_model"], r["mean_at_8"]) for r in rows if r["method"] == "sft")
+        for d, rows in tables.items()
+    }
+    first = next(iter(per_depth.values()), [])
+    return {
+        "same_at_every_depth": all(v == first for v in per_depth.values()),
+        **{
+            f"mean_at_8_{t}": mean_of_present(m for _, bench, _, m in first if bench == b)
+            for t, b in TEMPERATURES.items()
+        },
+    }
+
+
 def described(dose: list[dict]) -> dict[str, dict]:
     """Per D and form, the mean over seeds of each ``DESCRIBED`` column and of Mean@8."""
     keys = (*(f"mean_at_8_{t}" for t in TEMPERATURES), *DESCRIBED)
@@ -323,6 +352,8 @@ def analyse(tables: dict[int, list[dict]], rows: list[dict], bandit_path: Path =
         "depth_one_check": identical_at_depth_one(tables, rows),
         "depth_32_check": depth_32_check(tables),
         "timing": timing(rows),
+        "timing_a_star_after_its_start_rows": timing(rows, after_start=True),
+        "sft": sft_means(tables),
         "first_rows": first_rows(rows),
         "described": described(dose),
         "bandit": bandit(bandit_path),
@@ -367,11 +398,15 @@ def markdown(result: dict) -> str:
             where = "before" if x["a_star"] < x["r_star"] else "same row" if x["a_star"] == x["r_star"] else "after"
         lines.append(f"| {x['depth']} | {x['seed']} | {x['r_star'] or '-'} | {x['a_star'] or '-'} | {where} |")
     c = t["counts"]
+    t2 = result["timing_a_star_after_its_start_rows"]
+    c2 = t2["counts"]
     lines += [
         "",
         f"Collapsing mask-form runs: {t['collapsing_mask_runs']} of {t['mask_runs']} (min form: "
         f"{t['collapsing_min_runs']}); `a*` before `r*` in {c['before']}, in the same row in {c['same']}, after in "
-        f"{c['after']}, never in {c['never']}: **{t['answer']}**.",
+        f"{c['after']}, never in {c['never']}: **{t['answer']}**. Read as a rise after the three rows that set its start, "
+        f"`a*` comes before `r*` in {c2['before']}, in the same row in {c2['same']}, after in {c2['after']}, never in "
+        f"{c2['never']}: **{t2['answer']}**.",
         "",
         "## Each form by D (mean over seeds; described, not tested)",
         "",

@@ -109,6 +109,9 @@ def test_the_collapse_and_the_rise_are_the_first_steps_past_their_preregistered_
     assert mma.first_rise([(10, 0.05), (20, 0.07), (30, 0.05), (40, 0.09)]) is None
     # the first rows count too: a first row above the floor and twice the median is a* at once
     assert mma.first_rise([(10, 0.03), (20, 0.001), (30, 0.001)]) == 10
+    # ... unless a* is read as a rise after the three rows that set its start
+    assert mma.first_rise([(10, 0.03), (20, 0.001), (30, 0.001)], after_start=True) is None
+    assert mma.first_rise([(10, 0.03), (20, 0.001), (30, 0.001), (40, 0.002), (50, 0.011)], after_start=True) == 50
 
 
 def _rows(depth, run, seed, rewards, fractions):
@@ -251,8 +254,9 @@ def test_the_depth_32_check_counts_rows_equal_bit_for_bit_to_an_earlier_table(tm
 MECHANISM_PAGE = ROOT / "docs" / "experiments" / "mask-mechanism.md"
 
 
-def mechanism_numbers(a: dict, bandit: dict) -> dict[str, str]:
-    """What the mechanism page's first screen states, formatted from analysis.json and contextual_bandit.json."""
+def mechanism_numbers(a: dict, bandit: dict, steps: list[dict]) -> dict[str, str]:
+    """What the mechanism page's first screen states, formatted from analysis.json, contextual_bandit.json and
+    by_step.csv (its rows as read by ``read_by_step``)."""
 
     def ci(d):
         return f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}]"
@@ -263,34 +267,56 @@ def mechanism_numbers(a: dict, bandit: dict) -> dict[str, str]:
     out["GAPS"] = ", ".join(f"{ci(gaps[f'D{d}'])} at D = {d}" for d in a["depths_run"] if d != 1)
     out["PART"] = f"the smallest D whose interval lies above 0 is D = {part['depth']}"
     out["ORDERED"] = (
-        "and the intervals are ordered in D" if part["ordered"] else "but the intervals are not ordered in D"
+        "but the intervals are not ordered in D" if not part["ordered"] else "and the intervals are ordered"
     )
     t, c = a["timing"], a["timing"]["counts"]
     out["TIMING"] = (
         f"{t['collapsing_mask_runs']} of {t['mask_runs']} mask-form runs collapse (none of the min form's): `a*` comes before "
         f"`r*` in {c['before']}, in the same row in {c['same']}, after it in {c['after']}, and never in {c['never']}"
     )
-    assert t["collapsing_min_runs"] == 0
+    assert t["collapsing_min_runs"] == 0 and t["answer"] == "mixed: see counts"
+    strict = a["timing_a_star_after_its_start_rows"]
+    assert strict["answer"] == "no" and strict["counts"]["never"] == strict["collapsing_mask_runs"]
+    out["STRICT"] = f"in 0 of {strict['collapsing_mask_runs']} runs before `r*`, and the answer is *no*"
+    before = [x for x in t["runs"] if x["r_star"] and x["a_star"] and x["a_star"] < x["r_star"]]
+    assert {x["depth"] for x in before} == {8} and all(x["a_star"] == 10 for x in before)  # "the first logged row"
     first = a["first_rows"]
-    collapsing_depths = sorted({x["depth"] for x in t["runs"] if x["form"] == "mask" and x["r_star"] is not None})
     out["FIRST"] = ", ".join(
         f"{first[f'D{d}']['mask']['first_row_mean']:.2%} against {first[f'D{d}']['min']['first_row_mean']:.2%} at D = {d}"
-        for d in collapsing_depths
+        for d in a["depths_run"]
+        if d != 1
     )
-    cells = bandit["cells"]
-    out["BANDIT"] = f"0 of {len(cells)} cells x {cells[0]['seeds']} seeds"
-    assert (
-        sum(c["collapsed_seeds"] for c in cells) == 0
-        and not bandit["answer"]["shared_parameters_alone_collapse_the_mask_form"]
+    d32 = first["D32"]
+    out["PEAK"] = f"from {d32['mask']['first_row_mean']:.2%} to a peak of {d32['mask']['first_batch_peak']:.2%}"
+    out["PEAK_MIN"] = f"the min form's peak: {d32['min']['first_batch_peak']:.2%}"
+    sft, desc = a["sft"], a["described"]
+    assert sft["same_at_every_depth"]
+    out["SFT_START"] = f"an SFT model at {sft['mean_at_8_T0.3']:.1f} / {sft['mean_at_8_T1']:.1f}"
+    lo, hi = a["depths_run"][0], a["depths_run"][-1]
+    out["ENDS"] = (
+        f"the min form ends higher ({desc[f'D{lo}']['min']['mean_at_8_T0.3']:.1f} at D = {lo}, "
+        f"{desc[f'D{hi}']['min']['mean_at_8_T0.3']:.1f} at D = {hi}) and the mask form lower "
+        f"({desc[f'D{lo}']['mask']['mean_at_8_T0.3']:.1f} at D = {lo}, {desc[f'D{hi}']['mask']['mean_at_8_T0.3']:.1f} at D = {hi})"
     )
-    desc = a["described"]
     out["KL_AGAINST"] = ", ".join(
         f"{desc[f'D{d}']['mask']['acted_true_kl_mean_against_advantage']:.3g} against "
         f"{desc[f'D{d}']['min']['acted_true_kl_mean_against_advantage']:.3g} at D = {d}"
         for d in a["depths_run"]
         if d != 1
     )
+    cells = bandit["cells"]
+    by = {(str(c["sharing"]), c["step_size"], c["inner_steps"], c["rule"], c["form"]): c for c in cells}
+    shared = [k for k in by if k[0] != "one-hot"]
+    assert (
+        sum(c["collapsed_seeds"] for c in cells) == 0
+        and not bandit["answer"]["shared_parameters_alone_collapse_the_mask_form"]
+    )
+    out["BANDIT"] = f"0 of {len(shared)} shared cells x {cells[0]['seeds']} seeds"
+    deficit = max(by[k[:4] + ("min",)]["change_mean"] - by[k]["change_mean"] for k in shared if k[4] == "mask")
+    out["DEFICIT"] = f"the mask form ends at most {deficit:.4f} below the min form"
+    out["CONTROL"] = f"coincide bit for bit in {bandit['answer']['one_hot_control_cells_identical']} cells"
     tr = a["depth_32_check"]["trust_region"]
+    assert tr["same_sft_model"] == tr["same_mean_at_8"] == tr["same_train_reward_last"] == tr["rows"]
     out["CHECK32"] = f"{tr['same_mean_at_8']} of {tr['rows']} rows"
     return out
 
@@ -298,9 +324,12 @@ def mechanism_numbers(a: dict, bandit: dict) -> dict[str, str]:
 def test_the_mechanism_page_states_the_analysis_numbers_on_its_first_screen():
     a = json.loads((OUT / "analysis.json").read_text())
     bandit = json.loads((ROOT / "figures" / "paper" / "contextual_bandit.json").read_text())
+    from experiments import mask_mechanism_analysis as mma
+
+    steps = mma.read_by_step(OUT / "by_step.csv")
     flat = " ".join(MECHANISM_PAGE.read_text().split())
     first_screen = flat[: flat.index("![")]  # the answer, before the figure
-    for key, text in mechanism_numbers(a, bandit).items():
+    for key, text in mechanism_numbers(a, bandit, steps).items():
         assert text in first_screen, (key, text)
         assert not re.search(rf"\b{key}\b", flat), f"placeholder {key} left on the page"
 
@@ -315,3 +344,30 @@ def test_the_readme_quotes_the_form_gaps_at_four_and_thirty_two_steps_per_batch(
     gaps = a["form_gap"]["T0.3"]
     assert a["forms_part"]["T0.3"]["depth"] == 4
     assert f"{ci(gaps['D4'])} at 4 steps per batch, {ci(gaps['D32'])} at 32" in readme
+
+
+def test_the_mechanism_pages_claims_about_single_runs_hold_in_the_committed_rows():
+    """The prose claims the page makes run by run: every GRPO run ends below its seed's SFT model at T = 0.3; at
+    D = 4 and 8 the mask form's first-row reward is already below the min form's; at D = 32 seed 202 misses r* at
+    step 40 by 0.0005; at D = 4 the mask form's first-row reward is 0.73 to 0.81 of the min form's."""
+    import csv
+
+    from experiments import mask_mechanism_analysis as mma
+
+    page = " ".join(MECHANISM_PAGE.read_text().split())
+    for table in sorted(OUT.glob("D*/cpu_llm_table.csv")):
+        rows = [r for r in csv.DictReader(table.open()) if r["benchmark"] == "steps-test-T0.3"]
+        sft = {r["seed"]: float(r["mean_at_8"]) for r in rows if r["method"] == "sft"}
+        assert all(float(r["mean_at_8"]) < sft[r["seed"]] for r in rows if r["method"] != "sft"), table
+    steps = mma.read_by_step(OUT / "by_step.csv")
+
+    def first_reward(depth, run, seed):
+        return mma.series(steps, depth, run, seed, "reward")[0][1]
+
+    for depth in (4, 8):
+        assert all(first_reward(depth, "clip-mask", s) < first_reward(depth, "clip", s) for s in (200, 201, 202))
+    ratios = [first_reward(4, "clip-mask", s) / first_reward(4, "clip", s) for s in (200, 201, 202)]
+    assert f"{min(ratios):.2f} to {max(ratios):.2f} of the min form's" in page
+    rewards = mma.series(steps, 32, "clip-mask", 202, "reward")
+    floor = mma.REWARD_FALL * (rewards[0][1] + rewards[1][1]) / 2
+    assert rewards[1][0] == 40 and f"by {rewards[1][1] - floor:.4f} ({rewards[1][1]:.4f} against {floor:.4f})" in page
