@@ -324,3 +324,52 @@ def test_the_readme_quotes_the_form_and_range_effects():
     assert f"form: {ci(form)} at T = 0.3" in readme
     p95 = cells["atr-min"]["acted_true_kl_p95"]["mean"], cells["clip"]["acted_true_kl_p95"]["mean"]
     assert f"is {p95[0]:.3f} against {p95[1]:.3f} (delta 0.07)" in readme
+
+
+NOISE = ROOT / "figures" / "experiments" / "range_form" / "evaluation_noise.json"
+
+
+def test_the_n40_section_states_the_analysis_and_the_noise_check():
+    """The page's "range in the min form at n = 40" section against analysis.json and evaluation_noise.json."""
+    import json
+
+    a = json.loads(ANALYSIS.read_text())["range_within_min_equivalence_n40"]["tests"]
+    noise = json.loads(NOISE.read_text())["noise"]
+    page = " ".join(PAGE.read_text().split())
+    section = page[page.index("## The range in the min form at n = 40") : page.index("## What the bandit says")]
+    n = a["T0.3"]["n"]
+    assert a["T1"]["n"] == n
+    if n < len(rfa.RANGE_SEEDS):
+        assert f"**Pending: {n} of {len(rfa.RANGE_SEEDS)} paired seeds.**" in section
+        assert all(d["p_holm"] is None and d["answer"].startswith("pending") for d in a.values())
+    ci = {t: f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}]" for t, d in a.items()}
+    assert f"is {ci['T0.3']} at T = 0.3 and {ci['T1']} at T = 1" in section
+    assert f"seeds 200-{200 + n - 1})" in section
+    assert f"within +-3 points is {a['T0.3']['equivalence']['p']:.2g} and {a['T1']['equivalence']['p']:.2g}" in section
+    share = {t: f"{100 * d['share']:.1f}%" for t, d in noise.items()}
+    assert (
+        f"explains {share['T0.3']} of the paired difference's variance at T = 0.3 and {share['T1']} at T = 1" in section
+    )
+    assert f"`s_e^2` {noise['T0.3']['s_e2']:.2f} and {noise['T1']['s_e2']:.2f} points squared" in section
+    assert all(d["outcome"] == "Mean@8" for d in noise.values()) and "the outcome stays Mean@8" in section
+
+
+def test_the_committed_noise_check_is_the_variance_of_its_rows():
+    """evaluation_noise.json: s_e^2 recomputed with numpy from its own rows (ddof 1 per model, mean over models),
+    the share against the n = 10 paired sd in analysis.json, and the pre-registered quarter."""
+    import json
+
+    data = json.loads(NOISE.read_text())
+    sd = json.loads(ANALYSIS.read_text())["family"]["tests"][rfa.RANGE_CONTRAST]
+    for t, bench in rfa.TEMPERATURES.items():
+        by: dict[tuple, list[float]] = {}
+        for r in data["rows"]:
+            if r["benchmark"] == bench and r["n"] == 8:
+                by.setdefault((r["run"], r["seed"]), []).append(r["mean_at_n"])
+        assert len(by) == 10 and all(len(v) == 4 for v in by.values())
+        s_e2 = float(np.mean([np.var(v, ddof=1) for v in by.values()]))
+        got = data["noise"][t]
+        assert got["s_e2"] == pytest.approx(s_e2)
+        assert got["share"] == pytest.approx(2 * s_e2 / sd[t]["sd"] ** 2)
+        assert got["outcome"] == ("Mean@32" if got["share"] >= 0.25 else "Mean@8")
+        assert sum(r["n"] == 32 and r["benchmark"] == bench for r in data["rows"]) == 10
