@@ -83,10 +83,11 @@ def by_step(runs_dirs: dict[int, Path]) -> list[dict]:
     return rows
 
 
-def write_by_step(rows: list[dict], out: Path) -> Path:
+def write_csv(rows: list[dict], out: Path, fields: list[str]) -> Path:
+    """``rows`` into the CSV ``out`` with the columns ``fields`` (``by_step.csv``, ``dose_response.csv``)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["depth", "run", "seed", "step", *KEYS])
+        writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         writer.writerows(rows)
     return out
@@ -465,13 +466,6 @@ def plot_by_step(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def write_dose_response(dose: list[dict], path: Path) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(dose[0]))
-        writer.writeheader()
-        writer.writerows(dose)
-
-
 def main(argv: list[str] | None = None) -> dict:
     from atr_llm.cli_types import Text, WriteDir
     from atr_llm.command_line import Parser, refuse
@@ -500,12 +494,13 @@ def main(argv: list[str] | None = None) -> dict:
     if not tables:
         raise refuse("--out", str(out), "no D<depth>/cpu_llm_table.csv inside: run the study's depths first")
     if runs_dirs:
-        write_by_step(by_step(runs_dirs), out / "by_step.csv")
+        write_csv(by_step(runs_dirs), out / "by_step.csv", ["depth", "run", "seed", "step", *KEYS])
     if not (out / "by_step.csv").is_file():
         raise refuse("--out", str(out), "no by_step.csv inside: give the runs folders with --runs D<depth>=<folder>")
     rows = read_by_step(out / "by_step.csv")
     result = analyse(tables, rows)
-    write_dose_response(dose_response(tables), out / "dose_response.csv")
+    dose = dose_response(tables)
+    write_csv(dose, out / "dose_response.csv", list(dose[0]))
     (out / "analysis.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "analysis.md").write_text(markdown(result))
     plot_by_step(rows, out / "by_step.png")

@@ -254,9 +254,8 @@ def test_the_depth_32_check_counts_rows_equal_bit_for_bit_to_an_earlier_table(tm
 MECHANISM_PAGE = ROOT / "docs" / "experiments" / "mask-mechanism.md"
 
 
-def mechanism_numbers(a: dict, bandit: dict, steps: list[dict]) -> dict[str, str]:
-    """What the mechanism page's first screen states, formatted from analysis.json, contextual_bandit.json and
-    by_step.csv (its rows as read by ``read_by_step``)."""
+def mechanism_numbers(a: dict, bandit: dict) -> dict[str, str]:
+    """What the mechanism page's first screen states, formatted from analysis.json and contextual_bandit.json."""
 
     def ci(d):
         return f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}]"
@@ -324,12 +323,9 @@ def mechanism_numbers(a: dict, bandit: dict, steps: list[dict]) -> dict[str, str
 def test_the_mechanism_page_states_the_analysis_numbers_on_its_first_screen():
     a = json.loads((OUT / "analysis.json").read_text())
     bandit = json.loads((ROOT / "figures" / "paper" / "contextual_bandit.json").read_text())
-    from experiments import mask_mechanism_analysis as mma
-
-    steps = mma.read_by_step(OUT / "by_step.csv")
     flat = " ".join(MECHANISM_PAGE.read_text().split())
     first_screen = flat[: flat.index("![")]  # the answer, before the figure
-    for key, text in mechanism_numbers(a, bandit, steps).items():
+    for key, text in mechanism_numbers(a, bandit).items():
         assert text in first_screen, (key, text)
         assert not re.search(rf"\b{key}\b", flat), f"placeholder {key} left on the page"
 
