@@ -342,6 +342,12 @@ def test_the_n40_section_states_the_analysis_and_the_noise_check():
     if n < len(rfa.RANGE_SEEDS):
         assert f"**Pending: {n} of {len(rfa.RANGE_SEEDS)} paired seeds.**" in section
         assert all(d["p_holm"] is None and d["answer"].startswith("pending") for d in a.values())
+    else:
+        assert "Pending" not in section
+        answers = f"{a['T0.3']['answer']} at T = 0.3 and {a['T1']['answer']} at T = 1"
+        assert f"**At n = {n}, the answer is: {answers}.**" in section
+        holm = f"Holm p {a['T0.3']['p_holm']:.2g} and {a['T1']['p_holm']:.2g}"
+        assert holm in section
     ci = {t: f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}]" for t, d in a.items()}
     assert f"is {ci['T0.3']} at T = 0.3 and {ci['T1']} at T = 1" in section
     assert f"seeds 200-{200 + n - 1})" in section
