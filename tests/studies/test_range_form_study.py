@@ -339,6 +339,7 @@ def test_the_n40_section_states_the_analysis_and_the_noise_check():
     section = page[page.index("## The range in the min form at n = 40") : page.index("## What the bandit says")]
     n = a["T0.3"]["n"]
     assert a["T1"]["n"] == n
+    ci = {t: f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}]" for t, d in a.items()}
     if n < len(rfa.RANGE_SEEDS):
         assert f"**Pending: {n} of {len(rfa.RANGE_SEEDS)} paired seeds.**" in section
         assert all(d["p_holm"] is None and d["answer"].startswith("pending") for d in a.values())
@@ -348,7 +349,23 @@ def test_the_n40_section_states_the_analysis_and_the_noise_check():
         assert f"**At n = {n}, the answer is: {answers}.**" in section
         holm = f"Holm p {a['T0.3']['p_holm']:.2g} and {a['T1']['p_holm']:.2g}"
         assert holm in section
-    ci = {t: f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}]" for t, d in a.items()}
+        eq = {t: d["equivalence"] for t, d in a.items()}
+        ninety = [f"[{e['low90']:+.1f}, {e['high90']:+.1f}]" for e in eq.values()]
+        assert f"the two one-sided tests use are {ninety[0]} and {ninety[1]}." in section
+        sd10 = json.loads(ANALYSIS.read_text())["family"]["tests"][rfa.RANGE_CONTRAST]
+        spread = f"(SD of the paired difference {a['T0.3']['sd']:.1f} and {a['T1']['sd']:.1f} points)"
+        assert spread in section and f"({sd10['T0.3']['sd']:.1f} and {sd10['T1']['sd']:.1f})" in section
+        first_screen = page[: page.index("![Each cell")]
+        assert f"is {ci['T0.3']} at T = 0.3 and {ci['T1']} at T = 1: within +-3 points at T = 1" in first_screen
+        assert f"(equivalence p {eq['T1']['p']:.2g}), still inconclusive at T = 0.3" in first_screen
+        assert [d["answer"] for d in a.values()] == ["inconclusive at n = 40", "within +-3 points"]
+        readme = " ".join((ROOT / "README.md").read_text().split())
+        assert f"within +-3 points of each other at T = 1 ({ci['T1']}, equivalence p {eq['T1']['p']:.2g})" in readme
+        assert f"still inconclusive at T = 0.3 ({ci['T0.3']})" in readme
+        if eq["T0.3"]["high90"] < 0:
+            assert "The 90% interval at T = 0.3 lies below 0" in section
+        reach = f"the interval reaches {-a['T0.3']['low']:.1f} points below 0 and {a['T0.3']['high']:.1f} above"
+        assert reach in section
     assert f"is {ci['T0.3']} at T = 0.3 and {ci['T1']} at T = 1" in section
     assert f"seeds 200-{200 + n - 1})" in section
     assert f"within +-3 points is {a['T0.3']['equivalence']['p']:.2g} and {a['T1']['equivalence']['p']:.2g}" in section
