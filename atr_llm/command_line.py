@@ -61,19 +61,6 @@ def command_name(script: str | None = None) -> str | None:
     return "python -m " + ".".join(relative.with_suffix("").parts).removesuffix(".__main__")
 
 
-def rerun_as_module(script: str) -> None:
-    """Run a repository script that was started by its path (``python sims/delta_sweep.py``) again as the module it is
-    (``python -m sims.delta_sweep``), in the same working folder with the same arguments, the repository root first
-    on ``PYTHONPATH``: the lab's packages (sims, ...) are not installed with the product, and nothing here edits
-    ``sys.path``. Does not return (the process is replaced)."""
-    path = Path(script).resolve()
-    root = path.parents[1]
-    module = ".".join(path.relative_to(root).with_suffix("").parts)
-    pythonpath = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONPATH": pythonpath}
-    os.execve(sys.executable, [sys.executable, "-m", module, *sys.argv[1:]], env)
-
-
 class Parser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` whose errors (unknown option, a value of the wrong type, a bad choice) are one line
     ``error: ...`` on stderr and exit status 2, without the usage block (``--help`` still shows it).
@@ -305,8 +292,6 @@ def output_file(argument: str, path: str | Path) -> Path:
 def output_directory(argument: str, path: str | Path) -> Path:
     """``path`` if a folder can be made or written there: not a file, no part of it a file, no name longer than
     255 bytes, and its nearest existing folder writable; else refused. Nothing is created."""
-    import os
-
     p = Path(path)
     for part in p.parts:
         if len(part.encode()) > 255:

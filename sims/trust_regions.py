@@ -15,7 +15,7 @@ dppo_topk_kl), whose region depends on how the other tokens move: where their pr
 from __future__ import annotations
 
 if not __package__:  # run by its path (`python sims/<name>.py`): run as `python -m sims.<name>`, sims is not installed
-    __import__("atr_llm.command_line").command_line.rerun_as_module(__file__)
+    __import__("_run_as_module").rerun_as_module(__file__)
 
 import math
 

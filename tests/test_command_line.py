@@ -482,3 +482,16 @@ def test_check_site_answers_help_with_its_usage():
         [sys.executable, "-m", "tools.check_site", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=60
     )
     assert res.returncode == 0 and res.stdout.startswith("usage: python -m tools.check_site [-h] SITE_DIR"), res.stderr
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "sims").glob("[a-z]*.py")))
+def test_a_sims_script_runs_by_its_path_with_nothing_installed(script, tmp_path):
+    """``python sims/<name>.py --help`` from another folder, with site-packages off in the first process (``-S``: no
+    installed or editable package is importable there), reruns itself as ``python -m sims.<name>``."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-S", str(ROOT / "sims" / script), "--help"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"usage: python -m sims.{script[:-3]} ")
