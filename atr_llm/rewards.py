@@ -240,3 +240,60 @@ class CorrectnessReward:
         out = {f"reward/{k}_frac": self.stats[k] / n for k in keys} if n else {}
         self.stats.clear()
         return out
+
+
+REWARD_CONTROLS = ("none", "shuffled")
+"""``reward_control`` values: ``none`` trains on the rewards as graded; ``shuffled`` is the no-signal control."""
+
+
+def group_permutations(group_size: int, groups: int, seed: int, step: int, call: int = 0):
+    """One permutation of ``range(group_size)`` per group, drawn from numpy's PCG64 seeded with
+    ``(seed, step, call)``: the same draw for the same training step whatever happened before it (a resumed run
+    shuffles as the uninterrupted one did)."""
+    import numpy as np
+
+    rng = np.random.default_rng([int(seed), int(step), int(call)])
+    return [rng.permutation(group_size) for _ in range(groups)]
+
+
+class GroupShuffledReward:
+    """The no-signal control (``reward_control: shuffled``): ``reward`` (e.g. ``CorrectnessReward``) grades the
+    completions as usual, then the rewards are permuted within each group of ``group_size`` consecutive completions
+    (one prompt's completions, in TRL's order). Each group keeps its reward distribution (so its mean, standard
+    deviation, GRPO's advantage scale and the fraction of all-equal groups are unchanged) while which completion
+    gets which reward is random: the policy gradient has no information about correctness. A study runs it beside
+    its rules to tell learning from noise amplified by batch reuse.
+
+    The permutation of a call is ``group_permutations(group_size, groups, seed, step, call)``, with ``step`` the
+    trainer's ``global_step`` (TRL passes ``trainer_state``) and ``call`` the count of earlier calls at that step, so
+    a resumed run draws what the uninterrupted one drew. The batch must hold whole groups: one process (or a local
+    batch that is a multiple of ``group_size``), else ValueError. ``pop_stats`` passes the grader's counts through
+    (they are of the graded, unshuffled rewards)."""
+
+    def __init__(self, reward, group_size: int, seed: int):
+        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
+            raise ValueError(f"group_size must be an integer >= 2 (a group to shuffle within), got {group_size!r}")
+        self.reward, self.group_size, self.seed = reward, group_size, int(seed)
+        self.__name__ = getattr(reward, "__name__", "reward")
+        self._calls_at: tuple[int, int] = (-1, 0)  # (step, calls made at that step)
+
+    def __call__(self, *args, trainer_state=None, **kwargs) -> list[float]:
+        graded = list(self.reward(*args, trainer_state=trainer_state, **kwargs))
+        if len(graded) % self.group_size:
+            raise ValueError(
+                f"reward_control 'shuffled' needs whole groups in each reward call: got {len(graded)} completions, "
+                f"not a multiple of num_generations = {self.group_size} (train on one process, or with a per-device "
+                "batch that is a multiple of num_generations)"
+            )
+        step = int(getattr(trainer_state, "global_step", 0) or 0)
+        call = self._calls_at[1] if self._calls_at[0] == step else 0
+        self._calls_at = (step, call + 1)
+        groups = len(graded) // self.group_size
+        shuffled = []
+        for g, order in enumerate(group_permutations(self.group_size, groups, self.seed, step, call)):
+            block = graded[g * self.group_size : (g + 1) * self.group_size]
+            shuffled += [block[int(i)] for i in order]
+        return shuffled
+
+    def pop_stats(self) -> dict[str, float]:
+        return self.reward.pop_stats() if hasattr(self.reward, "pop_stats") else {}

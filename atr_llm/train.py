@@ -406,7 +406,7 @@ def _train(script_args, training_args, model_args, loaded, out: Path) -> dict:
     from trl import get_peft_config
 
     from .data import load_source, to_grpo_dataset
-    from .rewards import CorrectnessReward
+    from .rewards import CorrectnessReward, GroupShuffledReward
     from .trainer import ATRGRPOTrainer
 
     train_ds = loaded.get("dataset_path") or load_source(  # a local file was read by the checks already
@@ -453,6 +453,8 @@ def _train(script_args, training_args, model_args, loaded, out: Path) -> dict:
         truncated_reward=script_args.truncated_reward,
         eos_token_ids=eos_token_ids(tok, model),
     )
+    if script_args.reward_control == "shuffled":  # the no-signal control: same rewards, permuted within each group
+        reward = GroupShuffledReward(reward, training_args.num_generations, training_args.seed)
     trainer = trainer_cls(
         model=model,
         reward_funcs=[reward],

@@ -3,6 +3,7 @@ tests/test_data.py, tests/test_rewards.py; the full-distribution rules: tests/te
 
 import dataclasses
 import json
+import math
 import shutil
 import warnings
 from pathlib import Path
@@ -659,3 +660,26 @@ def test_a_training_run_resolves_its_method_once_at_config_time(tmp_path, tok, m
     monkeypatch.setattr(loss_module, "resolve", lambda *a, **k: calls.append(a) or real(*a, **k))
     trainer = _trained_tiny(tok, cfg)
     assert calls == [] and trainer.state.global_step == 2
+
+
+@pytest.mark.slow
+def test_the_shuffled_control_sees_the_same_rewards_and_learns_from_none_of_them(tmp_path):
+    """``reward_control: shuffled`` against the same run on graded rewards (same seed, so the first batch is the same
+    generation from the same policy): its first row logs the same reward mean, spread and fraction of all-equal
+    groups (each group's rewards are only permuted), yet its first update differs (the advantages went to other
+    completions). Every row logs what the studies' curves keep: reward_std, frac_reward_zero_std, grad_norm."""
+    from experiments.cpu_table import weights_id
+
+    base = ["--config", str(CONFIGS / "cpu-tiny.yaml"), "--sft_steps", "120", "--dataset_limit", "64"]
+    base += ["--max_steps", "1", "--save_steps", "1", "--logging_steps", "1", "--num_iterations", "1"]
+    train.main(base + ["--output_dir", str(tmp_path / "graded")])
+    train.main(base + ["--output_dir", str(tmp_path / "shuffled"), "--reward_control", "shuffled"])
+    first = {}
+    for name in ("graded", "shuffled"):
+        history = json.loads((tmp_path / name / "log_history.json").read_text())
+        first[name] = next(h for h in history if "reward" in h)
+        assert all(math.isfinite(first[name][k]) for k in ("reward_std", "frac_reward_zero_std", "grad_norm"))
+    for key in ("reward", "reward_std", "frac_reward_zero_std", "completions/mean_length"):
+        assert first["shuffled"][key] == pytest.approx(first["graded"][key], abs=1e-6), key
+    assert first["graded"]["frac_reward_zero_std"] < 1  # some group had a signal to permute
+    assert weights_id(tmp_path / "shuffled" / "checkpoint-1") != weights_id(tmp_path / "graded" / "checkpoint-1")

@@ -152,3 +152,90 @@ def test_truncated_reward_scores_completions_cut_at_the_cap_and_counts_them():
         rewards.CorrectnessReward(truncated_reward=float("nan"), eos_token_ids=[7])
     with pytest.raises(ValueError, match="no completion_ids"):
         r(completions=["\\boxed{4}"], answer=["4"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# reward_control 'shuffled': the no-signal control
+# ---------------------------------------------------------------------------------------------------------------
+class _Fixed:
+    """A grader that returns the values it is given per call (the oracle: what was graded), and counts."""
+
+    __name__ = "fixed"
+
+    def __init__(self):
+        self.popped = 0
+
+    def __call__(self, completions=None, trainer_state=None, **kwargs):
+        return [float(c) for c in completions]
+
+    def pop_stats(self):
+        self.popped += 1
+        return {"reward/correct_frac": 0.5}
+
+
+class _State:
+    def __init__(self, step):
+        self.global_step = step
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    group_size=st.integers(2, 9),
+    groups=st.integers(1, 12),
+    seed=st.integers(0, 2**31),
+    step=st.integers(0, 10**6),
+    data=st.data(),
+)
+def test_shuffled_rewards_keep_every_groups_values_and_are_the_same_on_resume(group_size, groups, seed, step, data):
+    graded = data.draw(
+        st.lists(st.sampled_from([0.0, 1.0, 0.5, -1.0]), min_size=group_size * groups, max_size=group_size * groups)
+    )
+    first = rewards.GroupShuffledReward(_Fixed(), group_size, seed)(completions=graded, trainer_state=_State(step))
+    for g in range(groups):  # each group's multiset of rewards (hence its mean, std, all-equal flag) is unchanged
+        block = slice(g * group_size, (g + 1) * group_size)
+        assert sorted(first[block]) == sorted(graded[block])
+    # a fresh wrapper (a resumed run) at the same step draws the same permutation
+    again = rewards.GroupShuffledReward(_Fixed(), group_size, seed)(completions=graded, trainer_state=_State(step))
+    assert again == first
+
+
+def test_shuffled_rewards_carry_no_information_about_which_completion_was_correct():
+    """4,000 groups of 8 with one correct completion each, always the first: graded, the first completion's reward
+    is 1 every time; shuffled, it is 1 in about 1/8 of the groups (binomial: 500 +- 3 sd of 21), and the correct
+    one lands on each of the 8 places about equally often."""
+    g, n = 8, 4000
+    graded = ([1.0] + [0.0] * (g - 1)) * n
+    out = rewards.GroupShuffledReward(_Fixed(), g, seed=0)(completions=graded, trainer_state=_State(5))
+    by_place = [sum(out[i * g + j] for i in range(n)) for j in range(g)]
+    assert sum(by_place) == n  # one correct per group, still
+    assert all(abs(count - n / g) < 3 * (n * (1 / g) * (1 - 1 / g)) ** 0.5 for count in by_place), by_place
+
+
+def test_shuffled_rewards_differ_between_steps_and_between_calls_at_one_step():
+    graded = list(map(float, range(8))) * 4
+    r = rewards.GroupShuffledReward(_Fixed(), 8, seed=3)
+    a = r(completions=graded, trainer_state=_State(10))
+    b = r(completions=graded, trainer_state=_State(10))  # a second call at the same step: another draw
+    c = r(completions=graded, trainer_state=_State(11))
+    assert a != b and a != c and b != c
+    assert rewards.GroupShuffledReward(_Fixed(), 8, seed=4)(completions=graded, trainer_state=_State(10)) != a
+
+
+def test_shuffled_rewards_refuse_partial_groups_and_pass_the_graders_counts_through():
+    grader = _Fixed()
+    r = rewards.GroupShuffledReward(grader, 4, seed=0)
+    with pytest.raises(ValueError, match="not a multiple of num_generations = 4"):
+        r(completions=[1.0] * 6, trainer_state=_State(0))
+    assert r.pop_stats() == {"reward/correct_frac": 0.5} and grader.popped == 1
+    assert r.__name__ == "fixed"  # TRL logs rewards/<name>/mean under the grader's name
+    for bad in (1, 0, True, 2.0):
+        with pytest.raises(ValueError, match="group_size"):
+            rewards.GroupShuffledReward(grader, bad, seed=0)
+
+
+def test_reward_control_is_refused_by_name_before_any_work():
+    from atr_llm.config import ScriptArguments
+
+    assert ScriptArguments(reward_control="shuffled").reward_control == "shuffled"
+    with pytest.raises(ValueError, match="reward_control"):
+        ScriptArguments(reward_control="shufled")

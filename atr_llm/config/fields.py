@@ -137,6 +137,7 @@ def script_domains() -> dict[str, Declared]:
     """The domain of each ``ScriptArguments`` field (``atr_llm.config.run``)."""
     from ..cli_types import ReadFile
     from ..data import OFFLINE_TASKS, SOURCES
+    from ..rewards import REWARD_CONTROLS
 
     datasets = OneOf([*OFFLINE_TASKS, *SOURCES])
     return {
@@ -153,6 +154,7 @@ def script_domains() -> dict[str, Declared]:
         "sft_implementation": OneOf(("trl", "plain")),
         "reward_timeout_seconds": Integer(1),
         "truncated_reward": Real(),
+        "reward_control": OneOf(REWARD_CONTROLS),
     }
 
 
@@ -541,6 +543,17 @@ RUN_RELATIONS: tuple[Relation, ...] = (
     Requires("tiny_vocab", "tiny", equals=True, why="it is the vocabulary of the tiny model"),
     Requires("use_vllm_if_available", "backend", equals="trl", why="Unsloth generates with its own fast_inference"),
     Requires("use_peft", "sft_implementation", equals="trl", why="the 'plain' SFT loop trains every weight"),
+    Holds(
+        "reward_control",
+        "per_device_train_batch_size",
+        "num_generations",
+        holds=lambda value, is_set: (
+            value("reward_control") != "shuffled"
+            or value("per_device_train_batch_size") % value("num_generations") == 0
+        ),
+        why="'shuffled' permutes rewards within whole groups: {per_device_train_batch_size} must be a multiple of "
+        "{num_generations}",
+    ),
 )
 """Relations between fields of a run's three configs (``ScriptArguments``, ``ATRGRPOConfig``, ``trl.ModelConfig``)."""
 

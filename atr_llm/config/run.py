@@ -62,6 +62,13 @@ class ScriptArguments:
             "None grades it like any other (DAPO's overlong punishment: 0 makes not stopping wrong)"
         },
     )
+    reward_control: str = field(
+        default="none",
+        metadata={
+            "help": "'none' (train on the graded rewards) or 'shuffled': the no-signal control, each group's rewards "
+            "permuted among its completions (seeded by seed and step; atr_llm.rewards.GroupShuffledReward)"
+        },
+    )
     overwrite: bool = field(
         default=False,
         metadata={"help": "train into an --output_dir that holds a finished run (its final/ model is replaced)"},

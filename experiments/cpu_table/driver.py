@@ -28,6 +28,7 @@ from .protocol import (
     MACHINE_FILE,
     OFF_POLICY_KNOBS,
     QUICK,
+    REGIME_KNOBS,
     TASK,
     _result_of,
     _started_from,
@@ -38,6 +39,7 @@ from .protocol import (
     machine_kind,
     off_policy_knob,
     refuse_other_protocol,
+    regime_knob,
     result_at_step,
     run_directory,
     sft_machine,
@@ -316,6 +318,16 @@ def main(argv=None) -> dict:
         "of its own)",
     )
     ap.add_argument(
+        "--prompts-per-step",
+        type=Integer(1),
+        help="prompts per GRPO step, each with 8 completions, when not cpu-table.yaml's 32 (a protocol of its own)",
+    )
+    ap.add_argument(
+        "--warmup-steps",
+        type=Integer(1),
+        help="steps of linear learning-rate warmup, then constant (none in cpu-table.yaml; a protocol of its own)",
+    )
+    ap.add_argument(
         "--measure-true-kl",
         action="store_true",
         help="log the full-vocabulary KL(pi_old || pi) of every update (atr_llm.true_kl; training unchanged): the "
@@ -381,6 +393,8 @@ def main(argv=None) -> dict:
     settings["learning_rate"] = grpo_learning_rate(args.learning_rate)
     for knob in OFF_POLICY_KNOBS:
         settings[knob] = off_policy_knob(knob, getattr(args, knob))
+    for knob in REGIME_KNOBS:
+        settings[knob] = regime_knob(knob, getattr(args, knob))
     if args.at_step is not None and not (
         0 < args.at_step <= settings["max_steps"] and args.at_step % settings["save_steps"] == 0
     ):
@@ -429,7 +443,7 @@ def main(argv=None) -> dict:
                 "max_steps": settings["max_steps"],
                 "save_steps": settings["save_steps"],
                 "learning_rate": settings["learning_rate"],
-                **{knob: settings[knob] for knob in OFF_POLICY_KNOBS},
+                **{knob: settings[knob] for knob in (*OFF_POLICY_KNOBS, *REGIME_KNOBS)},
                 "measure_true_kl": args.measure_true_kl,
             }
             for run in settings["runs"]  # run-major: the first runs of the list get every seed first

@@ -30,6 +30,10 @@ def run_directory(runs_dir: Path | str, run: str, seed: int) -> Path:
 TASK = "arithmetic-3step-steps"
 
 
+GROUP_SIZE: int = base_config_value("num_generations")
+"""Completions per prompt (cpu-table.yaml's ``num_generations``: 8)."""
+
+
 EVAL_SAMPLING = dict(temperature=0.3, top_p=0.95)  # the paper's evaluation sampling (Sec. 5)
 
 
@@ -69,6 +73,13 @@ sg[min(w, 2)] A grad log pi: verl's bypass-mode REINFORCE with token TIS at its 
 ``tests/studies/test_cpu_table.py`` checks the identity)."""
 
 
+CONTROLS: dict[str, dict] = {"shuffled": {"reward_control": "shuffled"}}
+"""Runs that are controls, not rules: run name -> the ``python -m atr_llm.train`` fields (beyond the method's) that
+make it one. ``shuffled`` trains clip's rule (the default table's reference) on rewards permuted within each group
+(``atr_llm.rewards.GroupShuffledReward``): the same reward distribution with no signal. A rule comparison counts
+only where clip beats both its own SFT model and this arm (``statistics.comparison_validity``)."""
+
+
 _NOT_PRESETS: dict[str, dict] = {
     # ATR's ratio range at delta = 0.07 is [0.671, 1.422]: clip-higher with exactly that range is the matched control
     "clip-higher-0.329-0.422": {"method": "clip_higher", "epsilon_low": 0.329, "epsilon_high": 0.422},
@@ -80,6 +91,7 @@ _NOT_PRESETS: dict[str, dict] = {
     "dppo-kl": {"method": "dppo_kl"},
     "cispo": {"method": "cispo"},
     "reinforce-tis": {"method": "cispo", "epsilon_low": 1.0, "epsilon_high": 1.0},
+    "shuffled": dict(RUNS["clip"]),  # a control: clip's rule on shuffled rewards (``CONTROLS``)
 }
 
 
@@ -87,7 +99,7 @@ def _spec(run: str) -> dict:
     return RUNS[run] if run in RUNS else _NOT_PRESETS[run]
 
 
-_ALL_RUNS = TABLE2 + TABLE3 + PAPER_CLIP_HIGHER + DELTA_ABLATION + FORM_CONTROL + TRUST_REGION_RULES
+_ALL_RUNS = TABLE2 + TABLE3 + PAPER_CLIP_HIGHER + DELTA_ABLATION + FORM_CONTROL + TRUST_REGION_RULES + list(CONTROLS)
 
 
 MASK_FORM_RUNS = tuple(
@@ -138,7 +150,8 @@ QUICK = dict(runs=["clip", "atr"], seeds=[0], sft_steps=20, max_steps=4, save_st
 
 
 def run_args(run: str) -> list[str]:
-    """``python -m atr_llm.train`` arguments that select ``run``'s method and parameters."""
+    """``python -m atr_llm.train`` arguments that select ``run``'s method and parameters (and, for a control,
+    what makes it one: ``CONTROLS``)."""
     from atr_llm.config import config_field
 
     spec = CPU_RUNS[run]
@@ -146,6 +159,8 @@ def run_args(run: str) -> list[str]:
     for k, v in spec.items():
         if k != "method":
             args += [f"--{config_field(k)}", str(v)]
+    for k, v in CONTROLS.get(run, {}).items():
+        args += [f"--{k}", str(v)]
     return args
 
 
@@ -237,6 +252,12 @@ def train_argv(job: dict, output_dir: Path | str, max_steps: int, save_steps: in
     for knob in OFF_POLICY_KNOBS:  # how far off-policy (``--num-iterations``, ``--steps-per-generation``)
         if job.get(knob) is not None:
             argv += [f"--{knob}", str(int(job[knob]))]
+    for knob in REGIME_KNOBS:  # the learning regime's levers (``--prompts-per-step``, ``--warmup-steps``)
+        if job.get(knob) is not None:
+            argv += REGIME_KNOBS[knob](int(job[knob]))
+    checkpoints = max_steps // save_steps
+    if checkpoints > base_config_value("save_total_limit"):  # keep every evaluated checkpoint of a long run
+        argv += ["--save_total_limit", str(checkpoints + 1)]
     if job.get("device", "cpu") != "cpu":
         argv += ["--use_cpu", "false"]
     if job.get("measure_true_kl"):  # a measurement only: the same weights with it on or off (tests)
@@ -296,7 +317,7 @@ def refuse_other_protocol(result: dict, job: dict, path: Path) -> None:
     evaluation's, with a checkpoint at its first evaluation's step; those values are filled into ``result``."""
     evaluated = sorted(int(step) for step in result["evals"])
     result.setdefault("learning_rate", None)
-    for knob in OFF_POLICY_KNOBS:  # results written before the knobs existed ran at cpu-table.yaml's values
+    for knob in (*OFF_POLICY_KNOBS, *REGIME_KNOBS):  # results written before a knob existed ran at the yaml's value
         result.setdefault(knob, None)
     result.setdefault("max_steps", evaluated[-1])
     result.setdefault("save_steps", evaluated[0])
@@ -387,7 +408,27 @@ def acted_summary(history: list[dict], true_kl_delta: float = 0.07) -> dict:
     return out
 
 
-_RUN_PROTOCOL_KEYS = ("learning_rate", "max_steps", "save_steps", *OFF_POLICY_KNOBS)
+REGIME_KNOBS = {
+    "prompts_per_step": lambda prompts: ["--per_device_train_batch_size", str(prompts * GROUP_SIZE)],
+    "warmup_steps": lambda steps: ["--warmup_steps", str(steps), "--lr_scheduler_type", "constant_with_warmup"],
+}
+"""The learning regime's levers beyond the learning rate, SFT length and reuse (None: cpu-table.yaml's, 32 prompts
+per step and no warmup): each value a protocol of its own, and its ``python -m atr_llm.train`` arguments. With
+a warmup the rate is constant after it, so a checkpoint at step S still holds an S-step run's weights."""
+
+
+def regime_knob(name: str, requested: int | None) -> int | None:
+    """The setting of a ``REGIME_KNOBS`` field: None for cpu-table.yaml's own (32 prompts per step, no warmup), else
+    the requested integer (prompts per step >= 1, warmup steps >= 1)."""
+    if requested is None:
+        return None
+    if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
+        raise ValueError(f"--{name.replace('_', '-')} must be an integer >= 1, got {requested!r}")
+    own = base_config_value("per_device_train_batch_size") // GROUP_SIZE if name == "prompts_per_step" else None
+    return None if requested == own else requested
+
+
+_RUN_PROTOCOL_KEYS = ("learning_rate", "max_steps", "save_steps", *OFF_POLICY_KNOBS, *REGIME_KNOBS)
 """What a finished GRPO run records of how it was trained and saved, beyond its method, seed and SFT model."""
 
 
@@ -399,7 +440,13 @@ CURVE_KEYS = (
     "completions/clipped_ratio",
     "clip/frac_masked",
     "clip/ratio_max",
+    "reward_std",
+    "frac_reward_zero_std",
+    "grad_norm",
 )
+"""What each logged row of a run keeps in the curves file. ``reward_std``, ``frac_reward_zero_std`` (TRL: the
+fraction of groups whose rewards are all equal, which give no gradient) and ``grad_norm`` (transformers) are empty in
+rows written before 2026-11-29."""
 
 
 _PROTOCOL_KEYS = (
@@ -413,6 +460,7 @@ _PROTOCOL_KEYS = (
     "benchmarks",
     "learning_rate",
     *OFF_POLICY_KNOBS,
+    *REGIME_KNOBS,
 )
 """Settings that must agree for two invocations' rows to share one table (everything but runs, seeds, device)."""
 

@@ -15,6 +15,7 @@ from .statistics import (
     _of_start,
     _units,
     between_rule_noise,
+    comparison_validity,
     curve_tail_differences,
     curve_tails,
     delta_ablation,
@@ -61,6 +62,32 @@ def markdown_tables(rows: list[dict], runs: list[str], k: int) -> str:
             lines.append(f"- **{letter}**: {listed} ({trained_on}written by: {'; '.join(invocations)})")
         parts.append("\n".join(lines) + "\n")
     return "\n".join(parts)
+
+
+def markdown_comparison_validity(validity: dict[str, dict], k: int) -> str:
+    """The table's first lines: per benchmark, whether a rule comparison counts there (``comparison_validity``):
+    clip against its SFT model and against the shuffled-reward control, paired Mean@k with 95% intervals."""
+    if not validity:
+        return ""
+    lines = [f"## Where a rule comparison counts (clip's final Mean@{k} above its SFT model and the shuffled arm)", ""]
+    for benchmark, v in validity.items():
+        sft = v["reference_minus_sft"]
+        control = v["reference_minus_control"]
+        sft_text = "no pairs" if sft is None else difference_cell({**sft, "p_holm": 1.0})
+        if v["beats_control"] is None:
+            control_text = "not run"
+        else:
+            control_text = "no pairs" if control is None else difference_cell({**control, "p_holm": 1.0})
+        missing = [] if v["beats_sft"] else ["its SFT model"]
+        if v["beats_control"] is None:
+            missing.append("the shuffled arm (not run)")
+        elif not v["beats_control"]:
+            missing.append("the shuffled arm")
+        answer = "counts" if v["counts"] else "does not count: clip does not beat " + " or ".join(missing)
+        lines.append(
+            f"- **{sampling_label(benchmark)}**: clip - SFT {sft_text}; clip - shuffled {control_text}: {answer}"
+        )
+    return "\n".join(lines) + "\n\n"
 
 
 def masks_tokens(run: str) -> bool:
@@ -418,7 +445,7 @@ def previous_outputs(
             for point in csv.DictReader(f):
                 triple = (point["method"], int(point["seed"]), point.get("sft_model") or None)
                 if triple in kept:
-                    curves.setdefault(triple, []).append({k: _number_or_none(point[k]) for k in CURVE_KEYS})
+                    curves.setdefault(triple, []).append({k: _number_or_none(point.get(k) or "") for k in CURVE_KEYS})
     curve_sets = [{"run": run, "seed": seed, "sft_model": m, "curves": c} for (run, seed, m), c in curves.items()]
     return rows, curve_sets, f"kept {len(kept)} (run, seed, SFT model) triples of the earlier table in {out}"
 
@@ -490,7 +517,8 @@ def write_outputs(
         for r in sorted(curve_sets, key=lambda r: (r["run"], r["seed"], str(r.get("sft_model")))):
             for c in r["curves"]:
                 w.writerow({"method": r["run"], "seed": r["seed"], "sft_model": r.get("sft_model"), **c})
-    md = markdown_tables(rows, runs, k)
+    validity = comparison_validity(rows, k)
+    md = markdown_comparison_validity(validity, k) + markdown_tables(rows, runs, k)
     factorial = forms_factorial(rows, k)
     if factorial:
         md += "\n" + markdown_forms_factorial(factorial, k)
@@ -552,6 +580,7 @@ def write_outputs(
         "outcome_association": association,
         "curves_part_from_clip": parted,
         "grpo_minus_own_sft": grpo_minus_own_sft(rows, k),
+        "comparison_validity": validity,
         "rows": rows,
     }
     (out / "cpu_llm_table.json").write_text(json.dumps(summary, indent=1))

@@ -636,3 +636,33 @@ def _units(rows: list[dict], runs: list[str], labels: dict[str, str]) -> dict[st
         for r in sorted(mine, key=lambda r: labels[r.get("sft_model")]):
             units.setdefault(display_name(r, labels), []).append(r)
     return units
+
+
+def comparison_validity(
+    rows: list[dict], k: int, reference: str = "clip", control: str = "shuffled"
+) -> dict[str, dict]:
+    """Per benchmark, whether a rule comparison counts there: ``reference`` (clip) must beat its own SFT model and
+    the no-signal ``control`` (``CONTROLS``: shuffled rewards) on final Mean@k, each a ``paired_difference`` whose
+    95% interval lies above 0. ``beats_control`` is None where the control did not run (then ``counts`` is False:
+    it was not shown). Empty when ``reference`` did not run."""
+    key = f"mean_at_{k}"
+    out: dict[str, dict] = {}
+    if not any(r["method"] == reference for r in rows):
+        return out
+    for benchmark in BENCHMARKS:
+        mine = [r for r in rows if r["benchmark"] == benchmark]
+        vs_sft = paired_difference(mine, reference, "sft", key)
+        ran_control = any(r["method"] == control for r in mine)
+        vs_control = paired_difference(mine, reference, control, key) if ran_control else None
+        beats_sft = vs_sft is not None and vs_sft["low"] > 0
+        beats_control = (vs_control is not None and vs_control["low"] > 0) if ran_control else None
+        out[benchmark] = {
+            "reference": reference,
+            "control": control,
+            "reference_minus_sft": vs_sft,
+            "reference_minus_control": vs_control,
+            "beats_sft": beats_sft,
+            "beats_control": beats_control,
+            "counts": bool(beats_sft and beats_control),
+        }
+    return out
