@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 import re
 import warnings
 from pathlib import Path
@@ -78,12 +79,9 @@ def recorded_method(folder: Path | str) -> dict | None:
     args_file = folder / "training_args.bin"
     if not args_file.is_file():
         return None
-    try:
-        args = torch.load(args_file, weights_only=False, map_location="cpu")
-    except Exception:  # another package's config, or a file this torch cannot read: nothing is known
-        return None
-    method, form = getattr(args, "method", None), getattr(args, "form", None)
-    if method is None:
+    fields = pickled_fields(args_file)
+    method, form = fields.get("method"), fields.get("form")
+    if not isinstance(method, str) or not (form is None or isinstance(form, str)):
         return None
     import atr_theory as at
 
@@ -91,6 +89,61 @@ def recorded_method(folder: Path | str) -> dict | None:
     if form is None and name in FORMER_MASK_DEFAULTS:
         return {"method": name, "form": "mask", "recorded": "legacy default"}
     return {"method": name, "form": form, "recorded": "training_args.bin"}
+
+
+class _Inert:
+    """What ``pickled_fields`` builds in place of every class or function a pickle names: nothing is imported or
+    called; the state a pickle gives it (BUILD) is kept, items and appends are dropped."""
+
+    def __init__(self, *args, **kwargs):
+        self.state: dict = {}
+
+    def __setstate__(self, state):
+        if isinstance(state, tuple) and state and isinstance(state[0], dict):  # (__dict__, __slots__ state)
+            state = state[0]
+        self.state = state if isinstance(state, dict) else {}
+
+    def __call__(self, *args, **kwargs):  # a stand-in used as a callable (e.g. getattr(cls, name)(...))
+        return _Inert()
+
+    def __setitem__(self, key, value):
+        pass
+
+    def append(self, value):
+        pass
+
+    def extend(self, values):
+        pass
+
+
+class _InertUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):  # never an import: every global becomes _Inert
+        return _Inert
+
+    def persistent_load(self, pid):  # a tensor's storage: not read
+        return None
+
+
+def pickled_fields(path: Path | str) -> dict:
+    """The top-level fields of the object pickled in ``path`` (a ``torch.save`` zip archive such as TRL's
+    ``training_args.bin``), read without running any of it: no module is imported and no constructor, function or
+    ``__reduce__`` callable in the file is called (every global the pickle names becomes an inert stand-in), so a
+    crafted checkpoint cannot execute code here. Values that are plain data (str, numbers, None, lists, dicts) come
+    back as they were; anything else as a stand-in. {} when the file is not such an archive or cannot be read."""
+    import io
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            name = next((n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl"), None)
+            if name is None:
+                return {}
+            loaded = _InertUnpickler(io.BytesIO(archive.read(name))).load()
+    except Exception:  # noqa: BLE001 - a damaged or foreign file: nothing is known
+        return {}
+    if isinstance(loaded, _Inert):
+        return dict(loaded.state)
+    return dict(loaded) if isinstance(loaded, dict) else {}
 
 
 def describe_recorded_method(record: dict | None) -> str | None:
@@ -172,6 +225,69 @@ def is_complete_checkpoint(path: str | Path) -> bool:
         return False
 
 
+WEIGHT_FILES = ("model.safetensors", "adapter_model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+"""The files one of which a checkpoint holds its weights in (full model, a PEFT adapter, sharded, or legacy)."""
+
+
+def _torch_archive_problem(path: Path) -> str | None:
+    """Why ``path`` is not a readable ``torch.save`` zip archive (its central directory), or None."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            archive.namelist()
+    except (OSError, zipfile.BadZipFile) as e:
+        return f"{path.name} is damaged ({e})"
+    return None
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """Why ``path`` is not a whole safetensors file (its header parses and covers the file), or None."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            f.keys()
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error type
+        return f"{path.name} is damaged ({str(e).splitlines()[0]})"
+    return None
+
+
+def checkpoint_file_problem(checkpoint: str | Path) -> str | None:
+    """Why a resume from ``checkpoint`` would fail or silently lose state, read from its files before any model loads,
+    or None: its weights (``WEIGHT_FILES``, every safetensors file's header whole), ``optimizer.pt`` (without it
+    transformers resumes with fresh Adam moments; runs saved with ``save_only_model`` cannot be resumed),
+    ``scheduler.pt``, each ``rng_state*.pth`` and generation-cycle file (``CYCLE_FILE``) as readable archives, and
+    ``METHOD_FILE`` as a JSON object naming a method. Checks the files' structure, not every byte of their data."""
+    folder = Path(checkpoint)
+    if not any((folder / name).is_file() for name in WEIGHT_FILES):
+        return f"no model weights ({' / '.join(WEIGHT_FILES)})"
+    for path in sorted(folder.glob("*.safetensors")):
+        problem = _safetensors_problem(path)
+        if problem:
+            return problem
+    if not (folder / "optimizer.pt").is_file():
+        return (
+            "no optimizer.pt: resuming would restart Adam's moments from zero (a run saved with save_only_model "
+            "cannot be resumed; start it anew or resume from a checkpoint that holds its optimizer)"
+        )
+    archives = [folder / "optimizer.pt", folder / "scheduler.pt", *folder.glob("rng_state*.pth")]
+    archives += sorted(folder.glob(CYCLE_FILE.format(rank="*")))
+    for path in archives:
+        if path.is_file():
+            problem = _torch_archive_problem(path)
+            if problem:
+                return problem
+    if (folder / METHOD_FILE).is_file():
+        try:
+            record = json.loads((folder / METHOD_FILE).read_text())
+        except (OSError, ValueError) as e:
+            return f"{METHOD_FILE} is damaged ({e})"
+        if not isinstance(record, dict) or not isinstance(record.get("method"), str):
+            return f"{METHOD_FILE} names no method (expected a JSON object with a 'method' string)"
+    return None
+
+
 def complete_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     """``(step, folder)`` of every complete ``checkpoint-N`` in ``run_dir``, by step."""
     run_dir = Path(run_dir)
@@ -211,11 +327,22 @@ def save_cycle_state(folder: Path, rank: int, step: int, buffered_inputs) -> Pat
 
 
 def load_cycle_state(folder: Path, rank: int, device) -> dict | None:
-    """``save_cycle_state``'s record of ``folder`` for process ``rank``, tensors on ``device``; None if absent."""
+    """``save_cycle_state``'s record of ``folder`` for process ``rank``, tensors on ``device``; None if absent. Read
+    with ``weights_only=True`` (tensors and plain containers only: a crafted file cannot run code); a file that does
+    not load that way is refused with a ValueError naming it."""
     path = Path(folder) / CYCLE_FILE.format(rank=rank)
     if not path.is_file():
         return None
-    return torch.load(path, map_location=device, weights_only=False)
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - damaged, or holds more than tensors and plain data
+        raise ValueError(
+            f"{path} cannot be read as a checkpoint's generation-cycle record (tensors and plain data only): "
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; resume from another checkpoint"
+        ) from None
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int) or "buffered_inputs" not in state:
+        raise ValueError(f"{path} is not a generation-cycle record (expected step and buffered_inputs)")
+    return state
 
 
 def completed_epochs(checkpoint) -> int:

@@ -531,3 +531,19 @@ def undeclared_arguments(parser: argparse.ArgumentParser) -> list[str]:
         if declaration(action) is None and action.choices is None:
             missing.append(action.option_strings[0] if action.option_strings else action.dest)
     return missing
+
+
+def python_scalars(value: Any) -> Any:
+    """``value`` with numpy scalars, alone or as the items of a list or tuple, as the Python bool, int or float they
+    hold (``.item()``); anything else unchanged (the same object when nothing is a numpy scalar)."""
+
+    def plain(item: Any) -> Any:
+        if type(item).__module__ == "numpy" and getattr(item, "shape", None) == () and hasattr(item, "item"):
+            converted = item.item()
+            return converted if isinstance(converted, (bool, int, float)) else item
+        return item
+
+    if isinstance(value, (list, tuple)):
+        items = [plain(v) for v in value]
+        return type(value)(items) if any(a is not b for a, b in zip(items, value)) else value
+    return plain(value)

@@ -276,8 +276,9 @@ def existing_directory(argument: str, path: str | Path, *, holding: str | None =
 
 
 def output_file(argument: str, path: str | Path) -> Path:
-    """``path`` if a file can be written there: not a directory, and no part of its folder is a file; else
-    refused. Nothing is created."""
+    """``path`` if a file can be written there: not a directory, no part of its folder a file, not a symlink to a
+    missing target, and its nearest existing folder writable by a probe (``writable_where_it_lands``); else refused.
+    Nothing is left behind."""
     p = Path(path)
     if p.is_dir():
         raise refuse(argument, str(path), "a directory, not a file to write")
@@ -286,12 +287,34 @@ def output_file(argument: str, path: str | Path) -> Path:
             raise refuse(argument, str(path), f"{parent} is a file, not a folder")
     if len(p.name.encode()) > 255:
         raise refuse(argument, str(path)[:60] + "...", "a file name longer than 255 bytes")
+    if p.is_symlink() and not p.exists():
+        raise refuse(argument, str(path), "a symlink to a missing target")
+    writable_where_it_lands(argument, path, p.parent)
     return p
+
+
+def writable_where_it_lands(argument: str, path: str | Path, folder: Path) -> None:
+    """Refuse ``path`` unless a file can really be written where it would land: in ``folder``'s nearest existing
+    folder a probe file is created and removed (``os.access`` says yes to root under /proc and on a read-only mount;
+    only writing tells), and no part of the way there is a symlink to a missing target."""
+    import tempfile
+
+    for q in (folder, *folder.parents):
+        if q.is_symlink() and not q.exists():
+            raise refuse(argument, str(path), f"{q} is a symlink to a missing target")
+    existing = next((q for q in (folder, *folder.parents) if q.exists()), Path("."))
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".atr-write-probe-", dir=existing)
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as e:
+        raise refuse(argument, str(path), f"{existing} is not writable ({e.strerror or e})") from None
 
 
 def output_directory(argument: str, path: str | Path) -> Path:
     """``path`` if a folder can be made or written there: not a file, no part of it a file, no name longer than
-    255 bytes, and its nearest existing folder writable; else refused. Nothing is created."""
+    255 bytes, no symlink to a missing target, and its nearest existing folder writable by a probe file created and
+    removed there (``writable_where_it_lands``); else refused. Nothing is left behind."""
     p = Path(path)
     for part in p.parts:
         if len(part.encode()) > 255:
@@ -301,9 +324,9 @@ def output_directory(argument: str, path: str | Path) -> Path:
     for parent in p.parents:
         if parent.exists() and not parent.is_dir():
             raise refuse(argument, str(path), f"{parent} is a file, not a folder")
-    existing = next((q for q in (p, *p.parents) if q.exists()), Path("."))
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise refuse(argument, str(path), f"{existing} is not writable")
+    if p.is_symlink() and not p.exists():
+        raise refuse(argument, str(path), "a symlink to a missing target")
+    writable_where_it_lands(argument, path, p)
     return p
 
 

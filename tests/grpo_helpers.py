@@ -124,3 +124,15 @@ def policy_loss_on_logits(log_softmax, inputs, method, **kw):
         max_length=8,
         **kw,
     )
+
+
+def write_checkpoint_files(folder) -> None:
+    """The files a resumable checkpoint holds besides its state and method record, each small but real: weights
+    (``model.safetensors``), ``optimizer.pt``, ``scheduler.pt`` and ``rng_state.pth`` (tests/test_config.py,
+    tests/test_checkpoints.py)."""
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.randn(64, 64)}, str(folder / "model.safetensors"))
+    torch.save({"state": {0: {"exp_avg": torch.randn(64)}}}, folder / "optimizer.pt")
+    torch.save({"last_epoch": 2}, folder / "scheduler.pt")
+    torch.save({"cpu_rng_state": torch.get_rng_state()}, folder / "rng_state.pth")

@@ -495,3 +495,22 @@ def test_a_sims_script_runs_by_its_path_with_nothing_installed(script, tmp_path)
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"usage: python -m sims.{script[:-3]} ")
+
+
+@pytest.mark.parametrize("writer", ["output_directory", "output_file"])
+def test_a_place_to_write_is_checked_by_writing_there(tmp_path, writer):
+    """/proc passes a check by name (root may write anything by os.access) but not a probe file; a dangling symlink,
+    as the path or on the way to it, is refused; a writable folder passes and keeps no probe."""
+    from atr_llm import command_line
+
+    check = getattr(command_line, writer)
+    if Path("/proc/self").exists():
+        with pytest.raises(command_line.UsageError, match="/proc is not writable"):
+            check("--out", "/proc/atr-probe-test/x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "missing")
+    with pytest.raises(command_line.UsageError, match="a symlink to a missing target"):
+        check("--out", str(tmp_path / "dangling"))
+    with pytest.raises(command_line.UsageError, match="dangling is a symlink to a missing target"):
+        check("--out", str(tmp_path / "dangling" / "below"))
+    assert check("--out", str(tmp_path / "new" / "out")) == tmp_path / "new" / "out"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling"]  # no probe left, nothing made

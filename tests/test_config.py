@@ -321,7 +321,10 @@ def test_atr_grpo_params_meets_the_registrys_check(monkeypatch, params, match):
 
 # ------------------------------------------------------------------------------------------------------ resume
 def _checkpoint(folder: Path, resolved, model=None) -> Path:
+    from grpo_helpers import write_checkpoint_files
+
     folder.mkdir(parents=True)
+    write_checkpoint_files(folder)
     (folder / checkpoints.STATE_FILE).write_text("{}")
     checkpoints.write_method_record(folder, resolved, model)
     return folder
@@ -540,3 +543,20 @@ def test_the_reliability_page_states_the_audits_counts_from_its_file():
     assert f"{counts['cases']} bad inputs" in page
     for name, per in counts["per_class"].items():
         assert f"({per['cases']})" in page, name
+
+
+def test_numpy_scalars_are_read_as_their_python_kind_and_still_checked(tmp_path):
+    """np.int64(5) is an integer and np.float32(1e-4) a number (a sweep script's values); each is stored as the Python
+    value it holds, and a numpy NaN is refused like a float one."""
+    import numpy as np
+
+    from atr_llm.config import ATRGRPOConfig
+
+    kw = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    c = ATRGRPOConfig(max_steps=np.int64(5), learning_rate=np.float32(0.5), bf16=np.bool_(False), **kw)
+    assert (type(c.max_steps), type(c.learning_rate), type(c.bf16)) == (int, float, bool)
+    assert (c.max_steps, c.learning_rate, c.bf16) == (5, 0.5, False)
+    with pytest.raises(ValueError, match="learning_rate=nan"):
+        ATRGRPOConfig(learning_rate=np.float64("nan"), **kw)
+    with pytest.raises(ValueError, match="max_steps"):
+        ATRGRPOConfig(max_steps=np.int64(-5), **kw)

@@ -19,7 +19,18 @@ import typing
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ..cli_types import SEED, Declared, Integer, OneOf, PathDeclared, Real, Steps, Temperature, WriteDir
+from ..cli_types import (
+    SEED,
+    Declared,
+    Integer,
+    OneOf,
+    PathDeclared,
+    Real,
+    Steps,
+    Temperature,
+    WriteDir,
+    python_scalars,
+)
 from ..relations import AtMost, Exclusive, Holds, Relation, Requires, check_relations
 
 __all__ = [
@@ -297,6 +308,11 @@ def check_fields(config: Any, domains: Mapping[str, Declared], only: str | None 
     field alone (one written after the config was built); ``others``: fields another check owns (the method's
     parameters: their ``Param``). A refusal is a ``ConfigError`` naming the field, the value and what was expected."""
     fields = {f.name: f for f in dataclasses.fields(config) if only is None or f.name == only}
+    for name in fields:  # a numpy scalar (np.int64(5), np.float32(0.1), np.bool_(True)) is read as its Python kind
+        value = getattr(config, name, None)
+        plain = python_scalars(value)
+        if plain is not value:
+            object.__setattr__(config, name, plain)
     for name in flag_fields(type(config)):  # a flag is a bool: the text "false" is true
         if name in fields and not isinstance(getattr(config, name), bool):
             raise ConfigError(name, getattr(config, name), "expected true or false")

@@ -272,7 +272,7 @@ class RunConfig:
             )
         else:
             checkpoint = Path(resume)
-        from ..checkpoints import recorded_method
+        from ..checkpoints import checkpoint_file_problem, recorded_method
 
         record, resolved, delta = recorded_method(checkpoint), self.training.resolved_method, self.training.delta
         if record is not None and delta is not None and record["method"] == self.training.method != resolved.name:
@@ -286,4 +286,7 @@ class RunConfig:
             check_resume_compatible(checkpoint, resolved, model_to_train(self.script, self.model), name=config_field)
         except ValueError as e:
             raise ConfigError("resume_from_checkpoint", resume, str(e)) from None
+        problem = checkpoint_file_problem(checkpoint)  # after what it trained: a switch is named before a damage
+        if problem:
+            raise ConfigError("resume_from_checkpoint", resume, f"{checkpoint} cannot be resumed: {problem}")
         return checkpoint

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+from preregistration import assert_preregistered_before
 
 pytest.importorskip("trl")
 
@@ -20,26 +19,8 @@ PREREG = "docs/experiments/mask-mechanism-preregistration.md"
 OUTPUTS = ("figures/paper/contextual_bandit.json", "figures/experiments/mask_mechanism")
 
 
-def _first_commit(path: str) -> str | None:
-    out = subprocess.run(
-        ["git", "log", "--reverse", "--format=%H", "--", path], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout.split()
-    return out[0] if out else None
-
-
-@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs the git history")
 def test_the_preregistration_was_committed_before_any_output_of_the_study():
-    shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=ROOT, capture_output=True, text=True)
-    if shallow.stdout.strip() == "true":
-        pytest.skip("a shallow clone holds no history to order")
-    prereg = _first_commit(PREREG)
-    assert prereg is not None
-    for output in OUTPUTS:
-        first = _first_commit(output)
-        if first is None:
-            continue  # not run yet
-        ancestor = subprocess.run(["git", "merge-base", "--is-ancestor", prereg, first], cwd=ROOT)
-        assert ancestor.returncode == 0 and first != prereg, output
+    assert_preregistered_before(PREREG, OUTPUTS)
 
 
 def test_the_dose_response_commands_are_the_depths_of_the_table():

@@ -396,3 +396,19 @@ def test_the_committed_noise_check_is_the_variance_of_its_rows():
         assert got["share"] == pytest.approx(2 * s_e2 / sd[t]["sd"] ** 2)
         assert got["outcome"] == ("Mean@32" if got["share"] >= 0.25 else "Mean@8")
         assert sum(r["n"] == 32 and r["benchmark"] == bench for r in data["rows"]) == 10
+
+
+def test_the_first_screen_says_every_run_of_the_n40_contrast_ends_below_its_sft_model_at_t03():
+    """'All 80 runs of the n = 40 contrast ... end below their own SFT model in Mean@8 at T = 0.3', from the table."""
+    import json
+
+    rows = json.loads((ROOT / "figures" / "experiments" / "range_form" / "table" / "cpu_llm_table.json").read_text())[
+        "rows"
+    ]
+    mine = [r for r in rows if r["benchmark"] == "steps-test-T0.3"]
+    sft = {(r["seed"], r["sft_model"]): r["mean_at_8"] for r in mine if r["method"] == "sft"}
+    runs = [r for r in mine if r["method"] in ("clip", "atr-min") and 200 <= r["seed"] <= 239]
+    below = sum(r["mean_at_8"] < sft[r["seed"], r["sft_model"]] for r in runs)
+    assert below == len(runs)
+    flat = " ".join(PAGE.read_text().split())
+    assert f"All {len(runs)} runs of the n = 40 contrast" in flat[: flat.index("![Each cell")]

@@ -1,0 +1,122 @@
+"""The learning-regime calibration (docs/experiments/learning-regime-calibration-prereg.md): pre-registered before its
+outputs; its verdict follows the four pre-registered criteria, each checked here against scipy's t interval on
+synthetic tables built so that exactly one criterion fails; the committed analysis is what the code computes from the
+committed table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from preregistration import assert_preregistered_before
+from scipy import stats
+
+pytest.importorskip("trl")
+
+from experiments import learning_regime_analysis as lra  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+PREREG = "docs/experiments/learning-regime-calibration-prereg.md"
+OUTPUTS = ("figures/experiments/learning_regime",)
+
+
+def test_the_calibration_was_preregistered_before_any_of_its_outputs():
+    assert_preregistered_before(PREREG, OUTPUTS)
+
+
+def _table(clip_gain, shuffled_gain, clip_rise, shuffled_rise, seeds=(300, 301, 302, 303, 304)):
+    """Rows and curves of a synthetic calibration: per seed an SFT score, clip and shuffled scores sft + gain (+ a
+    seed-dependent wobble so the intervals have width), and reward curves rising by the given amounts."""
+    rows, curve_sets = [], []
+    for i, seed in enumerate(seeds):
+        wobble = (-1.0, 0.5, 1.5, -0.5, 0.2, 0.9, -1.2)[i]
+        for bench in lra.BENCHMARKS:
+            sft = 35.0 + i
+            rows.append({"method": "sft", "seed": seed, "sft_model": f"m{seed}", "benchmark": bench, "mean_at_8": sft})
+            for run, gain in (("clip", clip_gain), ("shuffled", shuffled_gain)):
+                rows.append(
+                    {
+                        "method": run,
+                        "seed": seed,
+                        "sft_model": f"m{seed}",
+                        "benchmark": bench,
+                        "mean_at_8": sft + gain + wobble,
+                    }
+                )
+        for run, rise in (("clip", clip_rise), ("shuffled", shuffled_rise)):
+            curves = [{"step": s, "reward": 0.3 + (rise + 0.01 * wobble) * (s >= 901)} for s in range(10, 1001, 10)]
+            curve_sets.append({"run": run, "seed": seed, "sft_model": f"m{seed}", "curves": curves})
+    return rows, curve_sets
+
+
+def _scipy_low(values) -> float:
+    values = np.asarray(values, float)
+    return float(stats.t.interval(0.95, len(values) - 1, loc=values.mean(), scale=stats.sem(values))[0])
+
+
+def test_a_regime_where_clip_learns_and_the_control_does_not_is_accepted():
+    rows, curves = _table(clip_gain=8, shuffled_gain=-20, clip_rise=0.2, shuffled_rise=-0.1)
+    analysis = lra.analyse(rows, curves)
+    assert analysis["acceptance"] == "accepted"
+    clip = analysis["by_benchmark"][lra.PRIMARY]["contrasts"]["clip_minus_sft"]
+    gains = [8 + w for w in (-1.0, 0.5, 1.5, -0.5, 0.2)]
+    assert clip["low"] == pytest.approx(_scipy_low(gains))
+    rise = analysis["by_benchmark"][lra.PRIMARY]["contrasts"]["clip_reward_rise"]
+    assert rise["mean"] == pytest.approx(0.2 + 0.01 * np.mean([-1.0, 0.5, 1.5, -0.5, 0.2]))
+
+
+@pytest.mark.parametrize(
+    "gains,failed",
+    [
+        ((-8, -20, 0.2, -0.1), "1_clip_beats_sft"),  # clip ends below its SFT model
+        ((8, -20, -0.2, -0.1), "2_clip_reward_rises"),
+        ((8, -20, 0.2, 0.2), "3_shuffled_does_neither"),  # the control's reward rises too: no signal needed
+        ((8, 8, 0.2, -0.1), "3_shuffled_does_neither"),  # the control beats SFT as much as clip: also criterion 4
+    ],
+)
+def test_each_failed_criterion_rejects_the_regime(gains, failed):
+    analysis = lra.analyse(*_table(*gains))
+    assert analysis["acceptance"] == "not accepted"
+    assert analysis["by_benchmark"][lra.PRIMARY]["met"][failed] is False
+
+
+def test_fewer_than_five_complete_seeds_is_pending_whatever_the_numbers():
+    rows, curves = _table(8, -20, 0.2, -0.1, seeds=(300, 301, 302, 303))
+    assert lra.analyse(rows, curves)["acceptance"] == "pending"
+    rows, curves = _table(8, -20, 0.2, -0.1)
+    rows = [r for r in rows if not (r["seed"] == 304 and r["method"] == "shuffled")]  # one arm missing on a seed
+    assert lra.analyse(rows, curves)["acceptance"] == "pending"
+
+
+def test_the_reward_rise_uses_the_preregistered_windows():
+    curves = [{"step": s, "reward": float(s)} for s in range(10, 1001, 10)]
+    early = np.mean([s for s in range(10, 101, 10)])
+    late = np.mean([s for s in range(910, 1001, 10)])
+    assert lra.reward_rise(curves) == pytest.approx(late - early)
+    assert lra.reward_rise([c for c in curves if c["step"] <= 500]) is None  # no late window yet
+
+
+def test_the_committed_analysis_is_what_the_code_computes_from_the_committed_table():
+    table = ROOT / lra.TABLE
+    if not (table / "cpu_llm_table.json").exists():
+        pytest.skip("the calibration has not run yet")
+    summary, rows, curve_sets = lra.read_table(table)
+    committed = json.loads((table.parent / "analysis.json").read_text())
+    assert json.loads(json.dumps(lra.analyse(rows, curve_sets, summary["settings"]["samples"]))) == committed
+
+
+def test_the_comparisons_planned_seeds_are_the_smallest_with_the_power_asked():
+    """Against brute force over n with the package's power functions, which have their own scipy / Monte Carlo
+    oracles (tests/studies/test_cpu_table_statistics.py)."""
+    from experiments.cpu_table import equivalence_power, paired_t_power
+
+    plan = lra.comparison_planning({"sd": 4.0})
+    sd = 4.0 * 2**0.5
+    assert plan["sd_between_rules_assumed"] == pytest.approx(sd)
+    n = plan["seeds_to_detect_paper_gap"]
+    assert paired_t_power(2.7, sd, n) >= 0.8 > paired_t_power(2.7, sd, n - 1)
+    m = plan["seeds_for_equivalence_within_margin"]
+    assert equivalence_power(sd, m, 3.0) >= 0.8 > equivalence_power(sd, m - 1, 3.0)
+    assert lra.comparison_planning(None) is None and lra.comparison_planning({"sd": 0.0}) is None

@@ -1,0 +1,136 @@
+"""atr_llm.checkpoints: nothing read from a checkpoint runs as code. A crafted ``training_args.bin`` and a crafted
+generation-cycle file each carry a pickle whose load would create a file (``__reduce__`` -> ``pathlib.Path.touch``);
+reading them leaves no such file, and the honest files still give what they hold."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+
+from atr_llm import checkpoints  # noqa: E402
+
+CPU_TINY = pathlib.Path(checkpoints.__file__).parent / "configs" / "cpu-tiny.yaml"
+
+
+class _Payload:
+    """Unpickling this calls ``Path(target).touch()``: the proof that code in a file ran."""
+
+    def __init__(self, target):
+        self.target = str(target)
+
+    def __reduce__(self):
+        return (pathlib.Path.touch, (pathlib.Path(self.target),))
+
+
+class _Config:
+    """A config-like object whose pickled state holds the payload beside a method name."""
+
+    def __init__(self, target):
+        self.method, self.form, self.hook = "atr", None, _Payload(target)
+
+
+def test_the_payload_really_runs_under_plain_unpickling(tmp_path):
+    """The control: torch.load with weights_only=False runs it (so the tests below would see it run)."""
+    target = tmp_path / "ran"
+    torch.save(_Payload(target), tmp_path / "f.bin")
+    torch.load(tmp_path / "f.bin", weights_only=False)
+    assert target.exists()
+
+
+def test_a_crafted_training_args_bin_is_read_without_running_it(tmp_path):
+    target = tmp_path / "ran"
+    folder = tmp_path / "checkpoint-2"
+    folder.mkdir()
+    torch.save(_Config(target), folder / "training_args.bin")
+    record = checkpoints.recorded_method(folder)
+    assert not target.exists()
+    assert record == {"method": "atr", "form": "mask", "recorded": "legacy default"}  # the data is still read
+    torch.save(_Payload(target), folder / "training_args.bin")  # the payload as the whole file
+    assert checkpoints.recorded_method(folder) is None and not target.exists()
+
+
+@pytest.mark.parametrize("content", [b"", b"not a zip", b"PK\x03\x04 torn"])
+def test_a_damaged_training_args_bin_says_nothing_and_raises_nothing(tmp_path, content):
+    (tmp_path / "training_args.bin").write_bytes(content)
+    assert checkpoints.recorded_method(tmp_path) is None
+
+
+def test_a_crafted_cycle_file_is_refused_without_running_it(tmp_path):
+    target = tmp_path / "ran"
+    path = tmp_path / checkpoints.CYCLE_FILE.format(rank=0)
+    torch.save({"step": 4, "buffered_inputs": [_Payload(target)]}, path)
+    with pytest.raises(ValueError, match="generation-cycle record"):
+        checkpoints.load_cycle_state(tmp_path, 0, "cpu")
+    assert not target.exists()
+    path.write_bytes(b"torn")
+    with pytest.raises(ValueError, match=str(path.name)):
+        checkpoints.load_cycle_state(tmp_path, 0, "cpu")
+
+
+def test_an_honest_cycle_file_round_trips(tmp_path):
+    inputs = {"completion_ids": torch.arange(6).view(2, 3), "advantages": torch.tensor([0.5, -0.5]), "n": 3}
+    checkpoints.save_cycle_state(tmp_path, 0, 7, [inputs, {"prompt": ["a", "b"], "x": None}])
+    state = checkpoints.load_cycle_state(tmp_path, 0, "cpu")
+    assert state["step"] == 7 and torch.equal(state["buffered_inputs"][0]["completion_ids"], inputs["completion_ids"])
+    assert state["buffered_inputs"][1] == {"prompt": ["a", "b"], "x": None}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a damaged checkpoint is refused before any model loads, naming the file
+# ---------------------------------------------------------------------------------------------------------------
+def _checkpoint(folder):
+    """A checkpoint folder with every file transformers and this package write, each small but real."""
+    import json
+
+    from grpo_helpers import write_checkpoint_files
+
+    folder.mkdir(parents=True)
+    write_checkpoint_files(folder)
+    checkpoints.save_cycle_state(folder, 0, 2, [{"advantages": torch.zeros(4)}])
+    (folder / checkpoints.STATE_FILE).write_text(json.dumps({"global_step": 2, "epoch": 0.5}))
+    (folder / checkpoints.METHOD_FILE).write_text(json.dumps({"method": "atr", "form": "min", "params": {}}))
+    return folder
+
+
+def _truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.parametrize(
+    "damage,named",
+    [
+        (lambda f: _truncate(f / "model.safetensors"), "model.safetensors is damaged"),
+        (lambda f: (f / "model.safetensors").unlink(), "no model weights"),
+        (lambda f: (f / "optimizer.pt").unlink(), "no optimizer.pt"),
+        (lambda f: _truncate(f / "optimizer.pt"), "optimizer.pt is damaged"),
+        (lambda f: _truncate(f / "scheduler.pt"), "scheduler.pt is damaged"),
+        (lambda f: _truncate(f / "rng_state.pth"), "rng_state.pth is damaged"),
+        (lambda f: _truncate(f / checkpoints.CYCLE_FILE.format(rank=0)), "atr_grpo_cycle_rank0.pt is damaged"),
+        (lambda f: (f / checkpoints.METHOD_FILE).write_text('{"method": "at'), "atr_method.json is damaged"),
+        (lambda f: (f / checkpoints.METHOD_FILE).write_text("[1]"), "atr_method.json names no method"),
+    ],
+)
+def test_every_damaged_checkpoint_file_is_named(tmp_path, damage, named):
+    folder = _checkpoint(tmp_path / "checkpoint-2")
+    assert checkpoints.checkpoint_file_problem(folder) is None  # whole, it passes
+    damage(folder)
+    assert named in checkpoints.checkpoint_file_problem(folder)
+
+
+def test_train_refuses_a_damaged_checkpoint_before_any_model_loads(tmp_path):
+    from atr_llm import train
+    from atr_llm.command_line import UsageError
+
+    folder = _checkpoint(tmp_path / "run" / "checkpoint-2")
+    (folder / "optimizer.pt").unlink()
+    argv = ["--config", str(CPU_TINY), "--output_dir", str(tmp_path / "run"), "--resume_from_checkpoint", str(folder)]
+    with pytest.raises(UsageError, match="resume_from_checkpoint.*cannot be resumed: no optimizer.pt"):
+        train.parse(argv)
+    assert not (tmp_path / "run" / ".lock").exists() and sorted(p.name for p in (tmp_path / "run").iterdir()) == [
+        "checkpoint-2"
+    ]
