@@ -98,10 +98,7 @@ def _cell(d: dict | None) -> str:
 
 
 def _counts(row: dict) -> str:
-    said = []
-    for benchmark, label in ((PRIMARY, "T 0.3"), (SECONDARY, "T 1")):
-        said.append(f"{label}: {'yes' if row['counts'][benchmark] else 'no'}")
-    return "; ".join(said)
+    return " / ".join("yes" if row["counts"][b] else "no" for b in (PRIMARY, SECONDARY))
 
 
 def markdown(rows: list[dict], link_prefix: str = "") -> str:
@@ -110,7 +107,7 @@ def markdown(rows: list[dict], link_prefix: str = "") -> str:
     model and the shuffled arm)."""
     lines = [
         "| study | lr, reuse D, steps, SFT steps | clip - SFT, T 0.3 / T 1 | shuffled - SFT, T 0.3 | "
-        "clip-mask - clip, T 0.3 | atr-min - clip, T 0.3 | a rule comparison counts |",
+        "clip-mask - clip, T 0.3 | atr-min - clip, T 0.3 | a comparison counts, T 0.3 / T 1 |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:

@@ -53,7 +53,7 @@ def test_the_pages_count_the_studies_where_clip_ended_below_its_sft_model(rows):
     assert not any(r["shuffled_minus_sft"][T03] for r in earlier)  # "none ran a no-signal control"
     index = (ss.ROOT / "docs" / "index.md").read_text()
     experiments = (ss.ROOT / "docs" / "experiments" / "index.md").read_text()
-    assert f"in all {len(earlier)} of their tables below (the 95% interval below 0 in {surely_below})" in " ".join(
+    assert f"in all {len(earlier)} of their tables (the 95% interval below 0 in {surely_below})" in " ".join(
         index.split()
     )
     text = " ".join(experiments.split())
