@@ -446,7 +446,8 @@ CURVE_KEYS = (
 )
 """What each logged row of a run keeps in the curves file. ``reward_std``, ``frac_reward_zero_std`` (TRL: the
 fraction of groups whose rewards are all equal, which give no gradient) and ``grad_norm`` (transformers) are empty in
-rows written before 2026-11-29."""
+rows written before 2026-11-29; ``grad_norm`` is also empty in a run's last row when that step is off the logging
+interval (transformers' end-of-training row does not carry it)."""
 
 
 _PROTOCOL_KEYS = (
