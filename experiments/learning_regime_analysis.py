@@ -36,6 +36,8 @@ from experiments.cpu_table import (
 
 TABLE = Path("figures/experiments/learning_regime/calibration/table")
 PRIMARY = "steps-test-T0.3"
+FALLBACK = "steps-test-T1"
+"""The pre-registered fallback endpoint (the training temperature) when no candidate is accepted at ``PRIMARY``."""
 SEEDS_NEEDED = 5
 EARLY = (1, 100)
 LATE = (901, 1000)
@@ -146,8 +148,13 @@ def analyse(rows: list[dict], curve_sets: list[dict], k: int = 8) -> dict:
         acceptance = "pending"
     else:
         acceptance = "accepted" if by_benchmark[PRIMARY]["all_met"] else "not accepted"
+    fallback = None
+    if acceptance == "not accepted":  # the pre-registered fallback: the same four criteria at the training temperature
+        met = by_benchmark[FALLBACK]["all_met"]
+        fallback = {"benchmark": FALLBACK, "all_met": met, "endpoint": FALLBACK if met else None}
     return {
         "acceptance": acceptance,
+        "fallback": fallback,
         "primary": PRIMARY,
         "seeds_complete": [s for s, _ in seeds],
         "seeds_needed": SEEDS_NEEDED,
@@ -171,6 +178,9 @@ def _rise_interval(d: dict | None) -> str:
 def markdown(analysis: dict) -> str:
     """``analysis.md``: the verdict, then each sampling's criteria."""
     lines = [f"# Learning-regime calibration: {analysis['acceptance']}", ""]
+    if analysis.get("fallback"):
+        f = analysis["fallback"]
+        lines += [f"Fallback at {f['benchmark']}: the four criteria {'hold' if f['all_met'] else 'do not hold'}.", ""]
     lines.append(
         f"Seeds with every arm: {len(analysis['seeds_complete'])} of {analysis['seeds_needed']} "
         f"({', '.join(map(str, analysis['seeds_complete'])) or 'none'}). Decided at {PRIMARY}."

@@ -82,6 +82,21 @@ def test_each_failed_criterion_rejects_the_regime(gains, failed):
     assert analysis["by_benchmark"][lra.PRIMARY]["met"][failed] is False
 
 
+def test_the_fallback_is_read_only_when_the_primary_endpoint_fails_and_at_the_training_temperature():
+    rows, curves = _table(8, -20, 0.2, -0.1)
+    assert lra.analyse(rows, curves)["fallback"] is None  # accepted at T = 0.3: no fallback
+    for r in rows:  # clip below its SFT model at T = 0.3 only
+        if r["benchmark"] == lra.PRIMARY and r["method"] == "clip":
+            r["mean_at_8"] -= 16
+    analysis = lra.analyse(rows, curves)
+    assert analysis["acceptance"] == "not accepted"
+    assert analysis["fallback"] == {"benchmark": lra.FALLBACK, "all_met": True, "endpoint": lra.FALLBACK}
+    for r in rows:  # and at T = 1 too: no endpoint left
+        if r["benchmark"] == lra.FALLBACK and r["method"] == "clip":
+            r["mean_at_8"] -= 16
+    assert lra.analyse(rows, curves)["fallback"]["endpoint"] is None
+
+
 def test_fewer_than_five_complete_seeds_is_pending_whatever_the_numbers():
     rows, curves = _table(8, -20, 0.2, -0.1, seeds=(300, 301, 302, 303))
     assert lra.analyse(rows, curves)["acceptance"] == "pending"
