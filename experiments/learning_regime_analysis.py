@@ -167,6 +167,62 @@ def analyse(rows: list[dict], curve_sets: list[dict], k: int = 8) -> dict:
     }
 
 
+COMPARISON_TABLE = Path("figures/experiments/learning_regime/comparison/table")
+COMPARISON_SEEDS = 8
+"""Paired seeds the comparison's answer waits for (its pre-registration)."""
+
+FAMILY: dict[str, dict[str, float]] = {
+    "range, min form (atr-min - clip)": {"atr-min": 1.0, "clip": -1.0},
+    "clip-higher - clip": {"clip-higher": 1.0, "clip": -1.0},
+    "range, mask form (atr - clip-mask)": {"atr": 1.0, "clip-mask": -1.0},
+    "form at clip's range (clip-mask - clip)": {"clip-mask": 1.0, "clip": -1.0},
+    "form at ATR's range (atr - atr-min)": {"atr": 1.0, "atr-min": -1.0},
+}
+"""The comparison's pre-registered family of paired contrasts (Holm over these at the endpoint)."""
+
+EQUIVALENCE = "range, min form (atr-min - clip)"
+"""The contrast also tested for equivalence within +-``MARGIN`` (two one-sided tests)."""
+
+
+def compare(rows: list[dict], endpoint: str, k: int = 8) -> dict:
+    """The comparison's answer at ``endpoint``: each ``FAMILY`` contrast (``paired_contrast``, final Mean@k) with
+    Holm's adjustment over the family, TOST within +-``MARGIN`` for ``EQUIVALENCE``, the validity rule (clip above its
+    SFT model and the shuffled arm), and ``answer``: "pending" until every arm has ``COMPARISON_SEEDS`` seeds, then per
+    contrast "positive" / "negative" (Holm p < 0.05, by sign), "within +-3 points" (TOST p < 0.05) or "inconclusive"."""
+    from experiments.cpu_table import comparison_validity, contrast_values, holm_adjusted, paired_equivalence
+
+    key = f"mean_at_{k}"
+    mine = [r for r in rows if r["benchmark"] == endpoint]
+    tests = {name: paired_contrast(mine, weights, key) for name, weights in FAMILY.items()}
+    present = [d for d in tests.values() if d is not None]
+    for d, p_holm in zip(present, holm_adjusted([d["p"] for d in present])):
+        d["p_holm"] = p_holm
+    differences = contrast_values(mine, FAMILY[EQUIVALENCE], key)
+    equivalence = paired_equivalence(differences, MARGIN) if len(differences) >= 2 else None
+    arms = {run for weights in FAMILY.values() for run in weights} | {"sft", CONTROL}
+    seeds = min(len({pairing_key(r) for r in mine if r["method"] == arm}) for arm in arms)
+    complete = seeds >= COMPARISON_SEEDS
+    answers = {}
+    for name, d in tests.items():
+        if not complete or d is None:
+            answers[name] = "pending"
+        elif d["p_holm"] < 0.05:
+            answers[name] = "positive" if d["mean"] > 0 else "negative"
+        elif name == EQUIVALENCE and equivalence is not None and equivalence["equivalent"]:
+            answers[name] = f"within +-{MARGIN:g} points"
+        else:
+            answers[name] = "inconclusive"
+    return {
+        "endpoint": endpoint,
+        "seeds_per_arm": seeds,
+        "seeds_needed": COMPARISON_SEEDS,
+        "validity": comparison_validity(rows, k).get(endpoint),
+        "tests": tests,
+        "equivalence": equivalence,
+        "answers": answers,
+    }
+
+
 def _interval(d: dict | None) -> str:
     return "n < 2" if d is None else f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}] (n = {d['n']})"
 
@@ -259,7 +315,15 @@ def main(argv: list[str] | None = None) -> dict:
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--table", type=ReadDir(), default=str(TABLE), help="the calibration's cpu_table output")
     ap.add_argument("--runs-dir", type=ReadDir(), help="its runs, for evals_by_step.csv (optional)")
+    ap.add_argument(
+        "--comparison",
+        type=ReadDir(),
+        help="the rule comparison's table (figures/experiments/learning_regime/comparison/table): write its "
+        "analysis.json beside it, at the endpoint the calibration's verdict chose, instead of the calibration's",
+    )
     args = ap.parse_args(argv)
+    if args.comparison:
+        return comparison_main(Path(args.comparison), Path(args.table))
     table = Path(args.table)
     summary, rows, curve_sets = read_table(table)
     analysis = analyse(rows, curve_sets, summary["settings"]["samples"])
@@ -275,6 +339,26 @@ def main(argv: list[str] | None = None) -> dict:
             w.writerows(by_step)
     print(markdown(analysis))
     return analysis
+
+
+def comparison_main(table: Path, calibration_table: Path) -> dict:
+    """Write the comparison's ``analysis.json`` beside ``table``: ``compare`` at the endpoint the calibration chose
+    (its primary one if accepted, else its fallback's), with the seeds and power the calibration planned."""
+    from atr_llm.command_line import refuse
+    from atr_llm.files import atomic_write_text
+
+    calibration = json.loads((calibration_table.parent / "analysis.json").read_text())
+    if calibration["acceptance"] == "accepted":
+        endpoint = calibration["primary"]
+    elif calibration.get("fallback") and calibration["fallback"]["endpoint"]:
+        endpoint = calibration["fallback"]["endpoint"]
+    else:
+        raise refuse("--comparison", str(table), "the calibration chose no endpoint: no rule comparison is run")
+    _, rows, _ = read_table(table)
+    result = {**compare(rows, endpoint), "planned": calibration["comparison_planning"][endpoint]}
+    atomic_write_text(table.parent / "analysis.json", json.dumps(result, indent=1))
+    print(json.dumps(result["answers"], indent=1))
+    return result
 
 
 if __name__ == "__main__":

@@ -135,3 +135,35 @@ def test_the_comparisons_planned_seeds_are_the_smallest_with_the_power_asked():
     m = plan["seeds_for_equivalence_within_margin"]
     assert equivalence_power(sd, m, 3.0) >= 0.8 > equivalence_power(sd, m - 1, 3.0)
     assert lra.comparison_planning(None) is None and lra.comparison_planning({"sd": 0.0}) is None
+
+
+def _comparison_rows(effects: dict[str, float], seeds=range(8)) -> list[dict]:
+    rows = []
+    for i, seed in enumerate(seeds):
+        wobble = (-1.0, 0.5, 1.5, -0.5, 0.2, 0.9, -1.2, 0.3)[i]
+        for bench in lra.BENCHMARKS:
+            base = {"seed": seed, "sft_model": f"m{seed}", "benchmark": bench}
+            rows.append({**base, "method": "sft", "mean_at_8": 20.0 + i})
+            for arm, effect in effects.items():
+                rows.append({**base, "method": arm, "mean_at_8": 20.0 + i + effect + wobble * (arm != "clip")})
+    return rows
+
+
+def test_the_comparison_answers_each_contrast_after_holm_and_tests_equivalence_for_the_range():
+    from statsmodels.stats.multitest import multipletests
+    from statsmodels.stats.weightstats import ttost_paired
+
+    effects = {"clip": 3.0, "atr-min": 3.2, "clip-higher": 9.0, "atr": -15.0, "clip-mask": -16.0, "shuffled": -10.0}
+    result = lra.compare(_comparison_rows(effects), lra.FALLBACK)
+    tests = result["tests"]
+    ps = [tests[name]["p"] for name in lra.FAMILY]
+    assert [tests[name]["p_holm"] for name in lra.FAMILY] == pytest.approx(list(multipletests(ps, method="holm")[1]))
+    assert result["answers"]["clip-higher - clip"] == "positive"
+    assert result["answers"]["form at clip's range (clip-mask - clip)"] == "negative"
+    assert result["answers"][lra.EQUIVALENCE] == "within +-3 points"
+    atr_min = np.array([r["mean_at_8"] for r in _comparison_rows(effects) if r["method"] == "atr-min"][1::2])
+    clip = np.array([r["mean_at_8"] for r in _comparison_rows(effects) if r["method"] == "clip"][1::2])
+    assert result["equivalence"]["p"] == pytest.approx(ttost_paired(atr_min, clip, -3.0, 3.0)[0])
+    assert result["validity"]["counts"] is True
+    short = lra.compare(_comparison_rows(effects, seeds=range(7)), lra.FALLBACK)
+    assert set(short["answers"].values()) == {"pending"} and short["seeds_per_arm"] == 7
