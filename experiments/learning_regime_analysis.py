@@ -168,7 +168,7 @@ def analyse(rows: list[dict], curve_sets: list[dict], k: int = 8) -> dict:
 
 
 COMPARISON_TABLE = Path("figures/experiments/learning_regime/comparison/table")
-COMPARISON_SEEDS = 8
+COMPARISON_SEEDS = 12
 """Paired seeds the comparison's answer waits for (its pre-registration)."""
 
 FAMILY: dict[str, dict[str, float]] = {

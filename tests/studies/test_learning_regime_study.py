@@ -6,6 +6,7 @@ committed table."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -137,10 +138,10 @@ def test_the_comparisons_planned_seeds_are_the_smallest_with_the_power_asked():
     assert lra.comparison_planning(None) is None and lra.comparison_planning({"sd": 0.0}) is None
 
 
-def _comparison_rows(effects: dict[str, float], seeds=range(8)) -> list[dict]:
+def _comparison_rows(effects: dict[str, float], seeds=range(12)) -> list[dict]:
     rows = []
     for i, seed in enumerate(seeds):
-        wobble = (-1.0, 0.5, 1.5, -0.5, 0.2, 0.9, -1.2, 0.3)[i]
+        wobble = (-1.0, 0.5, 1.5, -0.5, 0.2, 0.9, -1.2, 0.3, 0.7, -0.8, 1.1, -0.4)[i]
         for bench in lra.BENCHMARKS:
             base = {"seed": seed, "sft_model": f"m{seed}", "benchmark": bench}
             rows.append({**base, "method": "sft", "mean_at_8": 20.0 + i})
@@ -165,5 +166,70 @@ def test_the_comparison_answers_each_contrast_after_holm_and_tests_equivalence_f
     clip = np.array([r["mean_at_8"] for r in _comparison_rows(effects) if r["method"] == "clip"][1::2])
     assert result["equivalence"]["p"] == pytest.approx(ttost_paired(atr_min, clip, -3.0, 3.0)[0])
     assert result["validity"]["counts"] is True
-    short = lra.compare(_comparison_rows(effects, seeds=range(7)), lra.FALLBACK)
-    assert set(short["answers"].values()) == {"pending"} and short["seeds_per_arm"] == 7
+    short = lra.compare(_comparison_rows(effects, seeds=range(11)), lra.FALLBACK)
+    assert set(short["answers"].values()) == {"pending"} and short["seeds_per_arm"] == 11
+
+
+def test_the_results_page_states_the_committed_verdict_and_numbers():
+    table = ROOT / lra.TABLE
+    if not (table.parent / "analysis.json").exists():
+        pytest.skip("the calibration has not run yet")
+    a = json.loads((table.parent / "analysis.json").read_text())
+    if a["acceptance"] == "pending":
+        pytest.skip("the calibration is not complete")
+    page = " ".join((ROOT / "docs" / "experiments" / "learning-regime.md").read_text().split())
+    first = page[: page.index("## The four criteria")]
+    t03, t1 = (a["by_benchmark"][b]["contrasts"] for b in (lra.PRIMARY, lra.FALLBACK))
+
+    def cell(d, places=1):
+        return f"{d['mean']:+.{places}f} [{d['low']:+.{places}f}, {d['high']:+.{places}f}]"
+
+    assert a["acceptance"] == "not accepted" and a["fallback"]["endpoint"] == lra.FALLBACK
+    assert "Candidate A is not accepted at T = 0.3" in first and "T = 1 as its primary endpoint" in first
+    assert f"({cell(t03['clip_minus_sft'])} points of held-out Mean@8" in first
+    assert f"above its SFT model ({cell(t1['clip_minus_sft'])})" in first
+    assert f"shuffled-reward control ({cell(t1['clip_minus_shuffled'])})" in first
+    assert f"reward rises ({cell(t1['clip_reward_rise'], 3)})" in first
+    assert f"control's falls ({cell(t1['shuffled_reward_rise'], 3)})" in first
+    assert f"ends {-t1['shuffled_minus_sft']['mean']:.1f} points below its SFT model at T = 1" in first
+    assert f"{-t03['shuffled_minus_sft']['mean']:.1f} below at T = 0.3" in first
+    plan = a["comparison_planning"][lra.FALLBACK]
+    assert f"SD of {plan['sd_clip_minus_sft']:.2f} points" in page
+    assert f"about {plan['sd_between_rules_assumed']:.2f}, and {plan['seeds_to_detect_paper_gap']} seeds" in page
+    summary, rows, curves = lra.read_table(table)
+    sft = [r for r in rows if r["method"] == "sft" and r["benchmark"] == lra.PRIMARY]
+    low, high = min(r["mean_at_8"] for r in sft), max(r["mean_at_8"] for r in sft)
+    assert f"Mean@8 at T = 0.3 of {low:.1f}-{high:.1f}%" in first
+    last = [c["curves"][-1]["reward"] for c in curves if c["run"] == "shuffled"]
+    assert f"{min(last):.3f}-{max(last):.3f}" in first
+
+
+COMPARISON_PREREG = "docs/experiments/learning-regime-comparison-prereg.md"
+
+
+def test_the_comparison_was_preregistered_after_the_verdict_and_before_its_outputs():
+    from preregistration import first_commit
+
+    assert_preregistered_before(COMPARISON_PREREG, ("figures/experiments/learning_regime/comparison",))
+    verdict = subprocess.run(  # the commit that made the calibration's analysis say "not accepted" came first
+        ["git", "log", "--reverse", "--format=%H", "-S", '"acceptance": "not accepted"', "--", str(lra.TABLE.parent)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert verdict, "the calibration's verdict was never committed"
+    ancestor = subprocess.run(
+        ["git", "merge-base", "--is-ancestor", verdict[0], first_commit(COMPARISON_PREREG)], cwd=ROOT
+    )
+    assert ancestor.returncode == 0
+
+
+def test_the_comparisons_commands_run_its_arms_on_its_seeds():
+    import re
+
+    text = (ROOT / COMPARISON_PREREG).read_text()
+    runs = set(re.search(r'S="--runs (.*?) --sft-steps', text).group(1).split())
+    assert runs == {run for weights in lra.FAMILY.values() for run in weights} | {lra.CONTROL}
+    seeds = [int(s) for line in re.findall(r"--seeds ([\d ]+)$", text, re.M) for s in line.split()]
+    assert len(seeds) == len(set(seeds)) == lra.COMPARISON_SEEDS and min(seeds) > 304  # fresh, not the calibration's
