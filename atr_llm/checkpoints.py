@@ -225,7 +225,14 @@ def is_complete_checkpoint(path: str | Path) -> bool:
         return False
 
 
-WEIGHT_FILES = ("model.safetensors", "adapter_model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "adapter_model.safetensors",
+    "adapter_model.bin",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 """The files one of which a checkpoint holds its weights in (full model, a PEFT adapter, sharded, or legacy)."""
 
 
