@@ -220,10 +220,13 @@ class Steps(Real):
         self.__name__ = "steps"
 
     def expected(self) -> str:
-        return f"expected {'0, ' if self.zero else ''}a fraction of the run in (0, 1) or a whole number of steps >= 1"
+        return (
+            f"expected {'0, ' if self.zero else ''}a fraction of the run in (0, 1) or a whole number of steps in "
+            "[1, 2147483647]"
+        )
 
-    def inside(self, value: float) -> bool:
-        return super().inside(value) and (value < 1 or float(value).is_integer())
+    def inside(self, value: float) -> bool:  # a whole number of steps is at most 2^31 - 1, as Integer's
+        return super().inside(value) and (value < 1 or (float(value).is_integer() and value <= 2**31 - 1))
 
     def bad_texts(self, scratch: Path) -> list[str]:
         return super().bad_texts(scratch) + ["2.5", "1.5"]

@@ -356,7 +356,7 @@ class ATRLossMixin:
             method=self.atr_method,  # resolved once, when the config was built
             aggregation=aggregation,
             max_length=max_length,
-            generator=self._method_generator,
+            generator=at.rule_generator(self.atr_method, self._method_generator),
             token_weights=batch["token_weights"],
             **layers,
             **batch["full_kw"],

@@ -24,7 +24,16 @@ from .divergence import (
     reference_kl,
 )
 from .layers import RolloutCorrection, SequenceMask
-from .loss import AGGREGATIONS, LossOutput, aggregate, check_aggregation, outside_by_advantage, policy_loss
+from .loss import (
+    AGGREGATIONS,
+    LOGP_TOLERANCE,
+    LossOutput,
+    aggregate,
+    check_aggregation,
+    outside_by_advantage,
+    policy_loss,
+    rule_generator,
+)
 from .methods import *  # noqa: F403  (the registry's public names, listed once: methods.__all__)
 from .methods.vocab_topk_masks import topk_logps, topk_other_tokens
 from .ranges import (
@@ -44,6 +53,7 @@ __version__ = "0.1.0"
 __all__ = [
     *methods.__all__,
     "AGGREGATIONS",
+    "LOGP_TOLERANCE",
     "REFERENCE_KL_ESTIMATORS",
     "reference_kl",
     "LossOutput",
@@ -70,6 +80,7 @@ __all__ = [
     "kl3_delta_from_bound",
     "outside_by_advantage",
     "policy_loss",
+    "rule_generator",
     "topk_logps",
     "topk_other_tokens",
     "trgppo_clip_range",

@@ -24,7 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .divergence import entropy_from_log_probs, full_kl
-from .loss import LOG_RATIO_CLAMP, LossOutput, policy_loss
+from .loss import LOG_RATIO_CLAMP, LossOutput, policy_loss, rule_generator
 from .methods import get_method
 from .methods.vocab_topk_masks import DEFAULT_TOPK, topk_logps
 
@@ -81,6 +81,12 @@ def exact_surrogate(
     return out.loss * N, out
 
 
+def _generator_if_drawn(method: str, kw: dict) -> dict:
+    """``kw`` with its ``generator`` kept only where ``method`` draws from it (``rule_generator``): a simulation
+    holds one generator for every rule, and ``policy_loss`` refuses one the rule never reads."""
+    return {**kw, "generator": rule_generator(method, kw["generator"])} if "generator" in kw else kw
+
+
 def _exact_policy_loss(
     logp: torch.Tensor, old: torch.Tensor, advantages: torch.Tensor, method: str, **kw
 ) -> LossOutput:
@@ -95,7 +101,14 @@ def _exact_policy_loss(
         )
     )
     return policy_loss(
-        logp, old, advantages, mask, method=method, aggregation="seq_mean_token_sum", token_weights=old.exp(), **kw
+        logp,
+        old,
+        advantages,
+        mask,
+        method=method,
+        aggregation="seq_mean_token_sum",
+        token_weights=old.exp(),
+        **_generator_if_drawn(method, kw),
     )
 
 
@@ -171,7 +184,13 @@ def sampled_surrogate(
         )
     )
     out = policy_loss(
-        logp, old, advantages.reshape(N * S, G), mask, method=method, aggregation="seq_mean_token_mean", **kw
+        logp,
+        old,
+        advantages.reshape(N * S, G),
+        mask,
+        method=method,
+        aggregation="seq_mean_token_mean",
+        **_generator_if_drawn(method, kw),
     )
     return out.loss * N, out
 
@@ -380,7 +399,16 @@ def train_episodic(
                 )
             )
             mask = torch.ones(N * group_size, T, dtype=torch.bool)
-            out = policy_loss(logp, old, adv, mask, method=method, aggregation=aggregation, generator=generator, **kw)
+            out = policy_loss(
+                logp,
+                old,
+                adv,
+                mask,
+                method=method,
+                aggregation=aggregation,
+                generator=rule_generator(method, generator),
+                **kw,
+            )
             masked += 1.0 - out.result.kept.reshape(N, group_size * T).to(theta.dtype).mean(-1)
             theta = gradient_step(theta, out.loss * N, lr)
         masked_hist.append(masked / inner_steps)

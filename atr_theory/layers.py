@@ -42,6 +42,7 @@ __all__ = [
 RATIO_LEVELS = ("token", "sequence")
 
 _ESTIMATORS = {"k1": kl1_from_log_ratio, "k2": kl2_from_log_ratio, "k3": kl3_from_log_ratio}
+_NON_NEGATIVE = ("k2", "k3")  # estimators >= 0 on every token: a negative threshold keeps nothing
 _REDUCTIONS = ("mean", "sum", "max", "token")
 _WHICH = ("negative", "all")
 
@@ -93,6 +94,11 @@ class SequenceMask:
                 raise ValueError(f"SequenceMask {name} must be a real number, got {t!r}")
         if self.lower > self.threshold:
             raise ValueError(f"SequenceMask lower {self.lower!r} must be <= threshold {self.threshold!r}")
+        if self.estimator in _NON_NEGATIVE and self.threshold < 0:
+            raise ValueError(
+                f"SequenceMask threshold {self.threshold!r} is below 0, but {self.estimator} is >= 0 on every token: "
+                "the mask would drop every sequence it tests; a threshold is >= 0 for k2 and k3"
+            )
 
 
 def sequence_mask_keep(

@@ -15,9 +15,7 @@ Examples
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import replace
-from typing import Any, NamedTuple
 
 import torch
 
@@ -25,11 +23,20 @@ from .layers import (
     RATIO_LEVELS,
     RolloutCorrection,
     SequenceMask,
-    check_top_entropy_quantile,
     high_entropy_mask,
     rollout_correction_weights,
     sequence_log_ratio,
     sequence_mask_keep,
+)
+from .loss_inputs import (
+    LOGP_TOLERANCE,
+    ValueCheck,
+    check_scalars,
+    check_structure,
+    check_topk_pair,
+    finite_probe,
+    refuse_bad_values,
+    rule_generator,
 )
 from .loss_output import LossOutput, nearest_rank_quantiles, outside_by_advantage
 from .methods import FORMS, ResolvedMethod, TokenBatch, resolve
@@ -43,7 +50,9 @@ __all__ = [
     "nearest_rank_quantiles",
     "outside_by_advantage",
     "LOG_RATIO_CLAMP",
+    "LOGP_TOLERANCE",
     "FORMS",
+    "rule_generator",
 ]
 
 LOG_RATIO_CLAMP = 60.0
@@ -80,158 +89,6 @@ def aggregate(
     m = mask.to(objective.dtype)
     L = objective.shape[-1] if max_length is None else max_length
     return AGGREGATIONS[check_aggregation(aggregation)](objective * m, mask.bool(), L)
-
-
-def _check_tensor(name: str, t: Any, shape: tuple[int, ...] | None = None) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if shape is not None and tuple(t.shape) != shape:
-        raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
-    return t
-
-
-_WHY = {
-    "logp": "a sampled token's log-prob must be finite (its probability is > 0)",
-    "finite": "values on valid tokens must be finite",
-    "full": "a full distribution may hold -inf (probability 0) but not NaN or +inf",
-    "topk": "a top-K log-prob may be -inf (probability 0) but not NaN or +inf",
-}
-"""Why each kind of tensor argument is refused, by its ``_ValueCheck.kind``: ``logp`` (log-probs of the sampled
-tokens: -inf refused too), ``finite`` (NaN and +-inf refused), ``full`` ((B, T, V) distributions: -inf allowed, not
-everywhere in a row) and ``topk`` ((B, T, K) log-probs of K tokens: -inf allowed)."""
-
-
-class _ValueCheck(NamedTuple):
-    """One tensor argument whose values ``policy_loss`` checks on valid positions, and the ``dtype`` the loss casts
-    it to (None: read as given; a finite float64 value can overflow float32)."""
-
-    name: str
-    tensor: torch.Tensor
-    kind: str
-    dtype: torch.dtype | None = None
-
-
-def _refuse_non_finite(check: _ValueCheck, mask: torch.Tensor) -> None:
-    """ValueError naming the argument, the kind (NaN, +inf, -inf) and the first valid position holding a refused
-    value, as given, then as cast to the loss's dtype; a (B,) tensor's position ``(b,)`` is valid where sequence
-    ``b`` has a valid token, a (B, T, V) one's ``(b, t, v)`` where ``mask[b, t]``. Reads values on the host: for
-    the error path only."""
-    t = check.tensor.detach()
-    valid = mask.any(-1) if t.ndim == 1 else (mask.unsqueeze(-1) if t.ndim == 3 else mask)
-    cast = [] if check.dtype in (None, t.dtype) else [(t.to(check.dtype), f"{check.name} cast to {check.dtype}")]
-    for values, name in [(t, check.name), *cast]:
-        bad = torch.isnan(values) | torch.isposinf(values)
-        if check.kind not in ("full", "topk"):
-            bad = bad | torch.isneginf(values)
-        bad = bad & valid
-        if bool(bad.any()):
-            idx = tuple(int(i) for i in torch.nonzero(bad)[0])
-            v = float(values[idx])
-            kind = "NaN" if math.isnan(v) else ("+inf" if v > 0 else "-inf")
-            raise ValueError(f"{name} has {kind} at valid position {idx}; {_WHY[check.kind]}")
-        if check.kind == "full":
-            empty = torch.isneginf(values).all(-1) & mask
-            if bool(empty.any()):
-                idx = tuple(int(i) for i in torch.nonzero(empty)[0])
-                raise ValueError(
-                    f"{name} has -inf at every entry of valid position {idx}; a distribution needs an entry of "
-                    "probability > 0"
-                )
-
-
-def _finite_probe(check: _ValueCheck, mask: torch.Tensor, all_valid: bool) -> torch.Tensor:
-    """A 0-d tensor that is finite when ``check``'s tensor holds no refused value on a valid position (the converse
-    need not hold: a sum can overflow; the error path then finds nothing and the call goes on). No host read."""
-    t = check.tensor.detach()
-    t = t if check.dtype is None else t.to(check.dtype)
-    if check.kind == "full":  # per position: NaN or +inf anywhere in the row, or -inf everywhere, is not finite
-        t = t.amax(-1)
-    elif check.kind == "topk":  # -inf (probability 0) is allowed anywhere: the whole tensor's max (one fast pass;
-        # a row-wise max is 20x slower at K = 20) keeps NaN and +inf, -inf goes to 0. Padding is read too: a NaN or
-        # +inf there sends the call down the error path, which reads valid positions only, finds nothing and goes on
-        return t.amax().clamp_min(0.0) if t.numel() else t.new_zeros(())
-    return (t if all_valid else torch.where(mask, t, 0.0)).sum()
-
-
-def _check_topk_pair(old_topk_logp: Any, topk_logp: Any, method: str) -> None:
-    """A rule that reads the top-K gets both tensors, of one shape (``_check_structure`` checked each)."""
-    if old_topk_logp is None or topk_logp is None:
-        missing = " and ".join(n for n, t in (("old_topk_logp", old_topk_logp), ("topk_logp", topk_logp)) if t is None)
-        raise ValueError(
-            f"method {method!r} reads the top-K: pass {missing} (B, T, K), both policies' log-probs of the old "
-            "policy's K most likely tokens other than the sampled one (atr_theory.topk_logps gathers them)"
-        )
-    if old_topk_logp.shape != topk_logp.shape:
-        raise ValueError(
-            f"old_topk_logp and topk_logp must have one shape (B, T, K), got {tuple(old_topk_logp.shape)} and "
-            f"{tuple(topk_logp.shape)}"
-        )
-
-
-def _is_integer(value: Any) -> bool:
-    """An integer (Python's or numpy's) or an integral finite float such as ``512.0`` (a config may write one);
-    never a bool."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return False
-    return isinstance(value, numbers.Integral) or float(value).is_integer()  # False for inf and NaN
-
-
-def _check_scalars(
-    max_length: Any, aggregation: str, T: int, kl_chunk_size: Any, generator: Any, top_entropy_quantile: Any
-) -> None:
-    """The domain of ``policy_loss``'s scalar arguments, each refused by name with its value (either ``validate``)."""
-    if max_length is not None:
-        if not _is_integer(max_length) or max_length < T:
-            raise ValueError(f"max_length must be an integer >= T = {T}, got {max_length!r}")
-        if aggregation != "dr_grpo":
-            raise ValueError(f"max_length is used by aggregation 'dr_grpo' only, not by {aggregation!r}; leave it None")
-    if kl_chunk_size is not None and (not _is_integer(kl_chunk_size) or kl_chunk_size < 1):
-        raise ValueError(f"kl_chunk_size must be None or an integer >= 1, got {kl_chunk_size!r}")
-    if generator is not None and not isinstance(generator, torch.Generator):
-        kind = type(generator)
-        kind = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-        raise ValueError(f"generator must be None or a torch.Generator, got {kind}")
-    check_top_entropy_quantile(top_entropy_quantile)
-
-
-def _check_structure(
-    logp: Any,
-    old_logp: Any,
-    advantages: Any,
-    mask: Any,
-    optional: dict[str, Any],
-) -> tuple[int, int]:
-    """Types, shapes, dtypes and devices of ``policy_loss``'s tensors (``optional``: those that may be None, by
-    name): metadata only, no value is read (so no host synchronisation). Returns ``(B, T)``."""
-    _check_tensor("logp", logp)
-    if logp.ndim != 2:
-        raise ValueError(f"logp must have shape (B, T), got {tuple(logp.shape)}")
-    shape = tuple(logp.shape)
-    if 0 in shape:
-        raise ValueError(f"logp is empty (shape {shape}): a batch needs at least one sequence and one position")
-    _check_tensor("old_logp", old_logp, shape)
-    _check_tensor("mask", mask, shape)
-    _check_tensor("advantages", advantages)
-    if tuple(advantages.shape) not in ((shape[0],), shape):
-        raise ValueError(f"advantages must have shape ({shape[0]},) or {shape}, got {tuple(advantages.shape)}")
-    given = {"logp": logp, "old_logp": old_logp, "mask": mask, "advantages": advantages}
-    for name, t in optional.items():
-        if t is None:
-            continue
-        if name in ("old_full_logp", "full_logp", "old_topk_logp", "topk_logp"):
-            _check_tensor(name, t)
-            last = "V" if name.endswith("full_logp") else "K"
-            if t.ndim != 3 or tuple(t.shape[:2]) != shape:
-                raise ValueError(f"{name} must have shape (B, T, {last}) with (B, T) = {shape}, got {tuple(t.shape)}")
-        else:
-            _check_tensor(name, t, shape)
-        given[name] = t
-    for name, t in given.items():
-        if t.device != logp.device:
-            raise ValueError(f"{name} is on {t.device}, logp on {logp.device}: put every tensor on one device")
-        if name != "mask" and not t.is_floating_point():
-            raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
-    return shape
 
 
 def policy_loss(
@@ -295,9 +152,12 @@ def policy_loss(
         given). An entry may be -inf (a vocabulary entry of probability 0; ``full_kl`` handles it), not NaN or
         +inf, and not every entry of a valid position.
     generator : torch.Generator, optional
-        For stochastic methods (clip_cov). Anything else than None or a ``torch.Generator`` is refused.
+        For a method that draws at random (clip_cov), and only there: a generator the rule never draws from is
+        refused (``rule_generator`` passes it where it is read). Anything else than None or a ``torch.Generator``
+        is refused.
     token_weights : torch.Tensor, optional
-        (B, T) constant multiplier of the per-token objective (e.g. TRL's vLLM importance-sampling correction).
+        (B, T) constant multiplier of the per-token objective (e.g. TRL's vLLM importance-sampling correction):
+        finite and >= 0 on valid tokens (``validate=True``).
     kl_chunk_size : int, optional
         Positions per chunk when computing full KLs: None or an integer >= 1 (an integral float as for
         ``max_length``).
@@ -312,8 +172,9 @@ def policy_loss(
         Constants (no gradient is taken through them); an entry may be -inf, not NaN or +inf.
     validate : bool
         Check the *values* and skip masking / clamping work a batch does not need: a 0/1 mask, and every tensor
-        this call reads free of NaN and +-inf on its valid positions, else a ValueError naming the argument, the
-        kind (NaN, +inf, -inf) and the first such position ``(b, t)`` (``(b,)`` for (B,) advantages, ``(b, t, v)``
+        this call reads free of NaN and +-inf on its valid positions, its log-probs <= ``LOGP_TOLERANCE`` and
+        ``token_weights`` >= 0, else a ValueError naming the argument, the kind (NaN, +inf, -inf, a log-prob above
+        0, a negative weight) and the first such position ``(b, t)`` (``(b,)`` for (B,) advantages, ``(b, t, v)``
         for the full distributions, ``(b, t, k)`` for the top-K). Read means: ``logp``, ``old_logp``, ``advantages`` and ``token_weights``
         always; ``behaviour_logp`` with ``sequence_mask`` or ``rollout_correction``; ``position_kl``, or else
         ``old_full_logp`` / ``full_logp``, for a method that needs the full distributions; ``old_topk_logp`` /
@@ -383,31 +244,55 @@ def policy_loss(
         "old_topk_logp": old_topk_logp,
         "topk_logp": topk_logp,
     }
-    shape = _check_structure(logp, old_logp, advantages, mask, optional)
-    _check_scalars(max_length, aggregation, shape[1], kl_chunk_size, generator, top_entropy_quantile)
+    shape = check_structure(logp, old_logp, advantages, mask, optional)
+    check_scalars(max_length, aggregation, shape[1], kl_chunk_size, generator, top_entropy_quantile)
     if top_entropy_quantile < 1.0 and entropies is None:
         raise ValueError("top_entropy_quantile < 1 needs the per-token entropies (entropies=, shape (B, T))")
     if not isinstance(validate, bool):
         raise ValueError(f"validate must be True or False, got {validate!r}")
     full, topk = choice.spec.needs_full_distributions, choice.spec.needs_topk
     if topk:
-        _check_topk_pair(old_topk_logp, topk_logp, choice.name)
-    for name, given, reader in (  # an argument nothing reads is refused, not dropped
-        ("behaviour_logp", behaviour_logp, sequence_mask is not None or rollout_correction is not None),
-        ("entropies", entropies, top_entropy_quantile < 1.0),
-        ("position_kl", position_kl, full),
-        ("old_full_logp", old_full_logp, full and position_kl is None),
-        ("full_logp", full_logp, full and position_kl is None),
-        ("kl_chunk_size", kl_chunk_size, full and position_kl is None),
-        ("old_topk_logp", old_topk_logp, topk),
-        ("topk_logp", topk_logp, topk),
+        check_topk_pair(old_topk_logp, topk_logp, choice.name)
+    for name, given, reader, read_by in (  # an argument nothing reads is refused, not dropped
+        (
+            "behaviour_logp",
+            behaviour_logp,
+            sequence_mask is not None or rollout_correction is not None,
+            "sequence_mask or rollout_correction",
+        ),
+        ("entropies", entropies, top_entropy_quantile < 1.0, "top_entropy_quantile < 1"),
+        ("position_kl", position_kl, full, "a method that needs the full distributions"),
+        (
+            "old_full_logp",
+            old_full_logp,
+            full and position_kl is None,
+            "a method that needs the full distributions, without position_kl",
+        ),
+        (
+            "full_logp",
+            full_logp,
+            full and position_kl is None,
+            "a method that needs the full distributions, without position_kl",
+        ),
+        (
+            "kl_chunk_size",
+            kl_chunk_size,
+            full and position_kl is None,
+            "a method that needs the full distributions, without position_kl",
+        ),
+        ("old_topk_logp", old_topk_logp, topk, "a method that reads the top-K"),
+        ("topk_logp", topk_logp, topk, "a method that reads the top-K"),
+        (
+            "generator",
+            generator,
+            choice.spec.stochastic,
+            "a method that draws at random, such as clip_cov (atr_theory.rule_generator passes it only there)",
+        ),
     ):
         if given is not None and not reader:
             raise ValueError(
-                f"{name} is given, but nothing in this call reads it (behaviour_logp: sequence_mask or "
-                "rollout_correction; entropies: top_entropy_quantile < 1; position_kl and the full distributions: a "
-                f"method that needs them, not {choice.name!r}; the full distributions and kl_chunk_size: without "
-                "position_kl; old_topk_logp and topk_logp: a method that reads the top-K)"
+                f"{name} is given, but nothing in this call reads it: {name} is read by {read_by}, not by "
+                f"{choice.name!r} here"
             )
     if validate and mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
         bad = mask[(mask != 0) & (mask != 1)][0].item()
@@ -437,35 +322,39 @@ def policy_loss(
         # every tensor the loss reads, checked on valid positions: log-probs and advantages always; the others
         # only where a method or layer of this call reads them
         checks = [
-            _ValueCheck("logp", logp, "logp"),
-            _ValueCheck("old_logp", old_logp, "logp", dtype),
-            _ValueCheck("advantages", advantages, "finite", dtype),
+            ValueCheck("logp", logp, "logp"),
+            ValueCheck("old_logp", old_logp, "logp", dtype),
+            ValueCheck("advantages", advantages, "finite", dtype),
         ]
         extra = []
         if token_weights is not None:
-            checks.append(_ValueCheck("token_weights", token_weights, "finite", dtype))
+            checks.append(ValueCheck("token_weights", token_weights, "weight", dtype))
         if behaviour_logp is not None and (sequence_mask is not None or rollout_correction is not None):
-            extra.append(_ValueCheck("behaviour_logp", behaviour_logp, "logp", dtype))
+            extra.append(ValueCheck("behaviour_logp", behaviour_logp, "logp", dtype))
         if choice.spec.needs_full_distributions and position_kl is not None:  # read in place of the full ones
-            extra.append(_ValueCheck("position_kl", optional["position_kl"], "finite", dtype))
+            extra.append(ValueCheck("position_kl", optional["position_kl"], "finite", dtype))
         elif choice.spec.needs_full_distributions:  # full_kl upcasts them itself: checked as given
             extra += [
-                _ValueCheck(n, optional[n], "full") for n in ("old_full_logp", "full_logp") if optional[n] is not None
+                ValueCheck(n, optional[n], "full") for n in ("old_full_logp", "full_logp") if optional[n] is not None
             ]
         if topk:
-            extra += [_ValueCheck(n, optional[n], "topk", dtype) for n in ("old_topk_logp", "topk_logp")]
+            extra += [ValueCheck(n, optional[n], "topk", dtype) for n in ("old_topk_logp", "topk_logp")]
         if top_entropy_quantile < 1.0:
-            extra.append(_ValueCheck("entropies", entropies, "finite"))
+            extra.append(ValueCheck("entropies", entropies, "finite"))
         checks += extra
         # one reduction validates every valid token (NaN and +-inf propagate into min/max and sums) and decides
         # whether the clamp is needed; the detailed scan runs only on the error path
         y_min, y_max = torch.aminmax(log_ratio.detach())
-        check = y_min + y_max + adv.sum() + (0.0 if weights is None else weights.sum())
+        check = y_min + y_max + adv.sum()
+        top_logp = torch.maximum(lp.detach().amax(), olp.amax())  # a log-prob above 0 (padding holds 0 here)
+        check = check + torch.where(top_logp > LOGP_TOLERANCE, math.nan, 0.0)
+        if weights is not None:
+            check = check + weights.sum() + torch.where(weights.amin() < 0, math.nan, 0.0)
         for c in extra:
-            check = check + _finite_probe(c, m, all_valid)
+            check = check + finite_probe(c, m, all_valid)
         if not bool(torch.isfinite(check)):
             for c in checks:
-                _refuse_non_finite(c, m)
+                refuse_bad_values(c, m)
             if not bool(torch.isfinite(y_min + y_max)):
                 raise ValueError("log-ratio logp - old_logp overflows; log-probs must be finite and <= 0")
         if float(y_min) < -LOG_RATIO_CLAMP or float(y_max) > LOG_RATIO_CLAMP:
@@ -476,8 +365,19 @@ def policy_loss(
     if topk:
         old_topk_logp, topk_logp = old_topk_logp.detach().to(dtype), topk_logp.detach().to(dtype)
     batch = TokenBatch(
-        rule_log_ratio, adv, m, lp, olp, choice.form, generator, old_full_logp, full_logp, kl_chunk_size, position_kl,
-        old_topk_logp, topk_logp,
+        rule_log_ratio,
+        adv,
+        m,
+        lp,
+        olp,
+        choice.form,
+        generator,
+        old_full_logp,
+        full_logp,
+        kl_chunk_size,
+        position_kl,
+        old_topk_logp,
+        topk_logp,
     )
     result = choice.spec.fn(batch, **choice.params)
     objective = result.objective

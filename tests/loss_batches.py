@@ -43,3 +43,10 @@ def token_batch(seed: int, B: int = 3, T: int = 6, scale: float = 0.6):
         seed, B, T, old_spread=4.0, old_offset=0.05, scale=scale, min_length=None, dtype=None
     )
     return logp.requires_grad_(True), old, adv, mask
+
+
+def log_prob_pair(log_ratio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(logp, old)``, both <= 0, with ``logp - old == log_ratio`` exactly at every position (one of the two is 0
+    there, the other +-log_ratio): how a test of given ratios passes them to ``policy_loss``, which refuses a
+    log-probability above 0."""
+    return log_ratio.clamp(max=0.0), (-log_ratio).clamp(max=0.0)

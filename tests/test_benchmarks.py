@@ -381,7 +381,7 @@ def test_constant_range_probe_reads_the_declared_range_and_observes_without_repl
         if "mask" in spec.forms and not spec.needs_full_distributions:
             assert gap.constant_range_in_min_form(methods.resolve(name, "mask")) is None, name
     g = torch.Generator().manual_seed(0)
-    old = -torch.rand(4, 16, generator=g) - 0.1
+    old = -torch.rand(4, 16, generator=g) - 2.1  # logp < 0 below (5 sd)
     logp = old + 0.4 * torch.randn(4, 16, generator=g)
     adv, mask = torch.randn(4, generator=g), torch.ones(4, 16, dtype=torch.bool)
     before = at.policy_loss(logp, old, adv, mask, method="kl3", delta=0.07).loss

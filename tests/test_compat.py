@@ -117,7 +117,7 @@ def test_an_eager_step_does_no_range_computation_after_the_first(monkeypatch):
     monkeypatch.setattr(methods, "_RANGES", {k: counting(k, f) for k, f in methods._RANGES.items()})
     methods._constant_range_cached.cache_clear()
     g = torch.Generator().manual_seed(0)
-    old = -torch.rand(4, 8, generator=g, dtype=torch.float64)
+    old = -torch.rand(4, 8, generator=g, dtype=torch.float64) - 1.5  # logp < 0 below (5 sd)
     logp, adv, mask = old + 0.3 * torch.randn(4, 8, generator=g, dtype=torch.float64), torch.randn(4), old < 0
     choice = at.resolve("atr", "min", delta=0.0517)
     for _ in range(5):
@@ -134,7 +134,7 @@ def test_a_resolved_choice_is_not_resolved_again_and_takes_no_extra_parameters(m
     import atr_theory.loss as loss_module
 
     choice = at.resolve("clip_higher", epsilon_high=0.3)
-    old = -torch.rand(2, 5, dtype=torch.float64)
+    old = -torch.rand(2, 5, dtype=torch.float64) - 0.3
     logp, adv, mask = old + 0.2, torch.tensor([1.0, -1.0]), torch.ones(2, 5, dtype=torch.bool)
     want = at.policy_loss(logp, old, adv, mask, method="clip_higher", epsilon_high=0.3).loss
     monkeypatch.setattr(loss_module, "resolve", lambda *a, **k: (_ for _ in ()).throw(AssertionError("resolved")))

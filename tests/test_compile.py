@@ -31,7 +31,7 @@ def _batch(seed, B=4, T=24, dtype=torch.float32, per_token=False, scale=0.5):
     logp, old, adv, mask = loss_batch(
         seed, B, T, old_spread=5.0, old_offset=1e-3, scale=scale, per_token=per_token, min_length=T // 3
     )
-    logp[0, 0] = old[0, 0] + 70.0  # beyond the log-ratio clamp
+    logp[0, 0], old[0, 0] = -0.5, -70.5  # a log-ratio of 70, beyond the clamp (both log-probs < 0)
     mask[0, 0] = True
     # garbage on padding must change nothing, on either path
     logp = torch.where(mask, logp, torch.nan)
@@ -58,7 +58,9 @@ def test_unvalidated_path_equals_the_default_path(seed, method, per_token, dtype
 
     def run(validate):
         return lambda lp, o, a, m: (
-            at.policy_loss(lp, o, a, m, method=method, generator=gen(), validate=validate, **extra).loss
+            at.policy_loss(
+                lp, o, a, m, method=method, generator=at.rule_generator(method, gen()), validate=validate, **extra
+            ).loss
         )
 
     l0, g0 = _loss_and_grad(run(True), logp, old, adv, mask)

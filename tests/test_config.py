@@ -255,6 +255,8 @@ def test_every_declared_relation_of_the_trainer_is_refused_when_broken(tmp_path,
         ("WORLD_SIZE", "0"),
         ("LOCAL_WORLD_SIZE", "1.5"),
         ("THP_MEM_ALLOC_ENABLE", "yes"),
+        ("MASTER_PORT", "notaport"),  # torch's int() of it said "invalid literal for int()", naming nothing
+        ("MASTER_PORT", "70000"),
     ],
 )
 def test_a_bad_environment_variable_is_refused_by_name_before_any_work(tmp_path, monkeypatch, variable, value):

@@ -10,13 +10,11 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import atr_theory as at
+from tests.loss_batches import log_prob_pair
 from tests.loss_batches import token_batch as _batch
 from tests.rule_inputs import rule_inputs
 
 torch.set_default_dtype(torch.float64)
-
-
-
 
 
 # --------------------------------------------------------------------------------------------
@@ -278,11 +276,12 @@ def test_the_dual_clip_keeps_the_gradient_of_a_ratio_exactly_at_c(form):
     ``c`` the gradient is 0. ``c = 1.125`` lies inside ``1 + eps = 1.2`` so the mask form's kept tokens reach it
     (exp(log 1.125) = 1.125 exactly in float64)."""
     w = torch.tensor([[1.125, 1.125 * (1 + 1e-12)]], dtype=torch.float64)
-    logp = torch.log(w).requires_grad_(True)
+    logp, old = log_prob_pair(torch.log(w))  # logp - old == log w exactly, both <= 0
+    logp.requires_grad_(True)
     adv = torch.tensor([-2.0], dtype=torch.float64)
     mask = torch.ones_like(w, dtype=torch.bool)
     out = at.policy_loss(
-        logp, torch.zeros_like(w), adv, mask, method="dual_clip", dual_clip_c=1.125, form=form, aggregation="token_mean"
+        logp, old, adv, mask, method="dual_clip", dual_clip_c=1.125, form=form, aggregation="token_mean"
     )
     (g,) = torch.autograd.grad(out.loss, logp)
     assert g[0, 0].item() == pytest.approx(2.0 * 1.125 / 2, rel=1e-15) and g[0, 1].item() == 0.0
@@ -308,8 +307,8 @@ def test_clip_cov_in_the_mask_form_drops_only_tokens_its_clip_rule_keeps():
     a token clipped low is never also flagged clipped high."""
     logp, old, adv, mask = (t.double() if t.is_floating_point() else t for t in _batch(5, B=4, T=16, scale=0.4))
     with torch.no_grad():
-        old[0, :2] = 0.0  # so that log w = logp exactly
-        logp[0, :2] = torch.log(torch.tensor([0.75, 1.25], dtype=torch.float64))
+        # log w = log 0.75 and log 1.25 exactly (log_prob_pair)
+        logp[0, :2], old[0, :2] = log_prob_pair(torch.log(torch.tensor([0.75, 1.25], dtype=torch.float64)))
     assert torch.exp(logp - old)[0, :2].tolist() == [0.75, 1.25]
     kw = dict(form="mask", epsilon=0.25)
     base = at.policy_loss(logp, old, adv, mask, method="clip", **kw).result
@@ -567,7 +566,7 @@ def test_nearest_rank_quantiles_refuse_what_has_no_rank():
 def test_metrics_quantiles_are_the_nearest_ranks_of_the_valid_ratios():
     """ratio_p05 / p50 / p95 of policy_loss's metrics on a batch large enough that a rank error would show."""
     g = torch.Generator().manual_seed(4)
-    old = -torch.rand(16, 512, generator=g, dtype=torch.float64) * 3
+    old = -torch.rand(16, 512, generator=g, dtype=torch.float64) * 3 - 1.5  # so that logp stays < 0 (7 sd)
     logp = old + 0.2 * torch.randn(16, 512, generator=g, dtype=torch.float64)
     mask = torch.rand(16, 512, generator=g) > 0.3
     out = at.policy_loss(logp, old, torch.randn(16, generator=g, dtype=torch.float64), mask, method="atr")

@@ -132,7 +132,7 @@ def _bad(**kw):
         # the messages whole (anchored): a search would also match them inside a garbled one
         (
             dict(token_weights=torch.full((3, 6), math.nan)),
-            r"^token_weights has NaN at valid position \(0, 0\); values on valid tokens must be finite$",
+            r"^token_weights has NaN at valid position \(0, 0\); a token weight must be finite$",
         ),
         (
             dict(advantages=torch.tensor([0.0, math.inf, 1.0])),
@@ -272,6 +272,16 @@ def _call_with(reader: str, value: torch.Tensor, mask: torch.Tensor, seed: int, 
     return at.policy_loss(**args, **options, **kw)
 
 
+def _draw_position(reader: str, seed: int, data):
+    """``reader``'s argument name, its finite value from ``seed``, a random mask, one random position of the value
+    and whether that position is to be valid (the mask is set by the caller)."""
+    g = torch.Generator().manual_seed(seed)
+    clean = _READERS[reader][0](g, _batch(seed, B=_B, T=_T))
+    mask = torch.tensor(data.draw(st.lists(st.booleans(), min_size=_B * _T, max_size=_B * _T))).reshape(_B, _T)
+    pos = tuple(data.draw(st.integers(0, n - 1)) for n in clean.shape)
+    return reader.split(" ")[0].rstrip(","), clean, mask, pos, data.draw(st.booleans(), label="valid")
+
+
 @settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 10_000), data=st.data())
 @pytest.mark.parametrize("kind", sorted(_KINDS))
@@ -280,12 +290,7 @@ def test_a_non_finite_value_is_refused_at_a_valid_position_and_ignored_at_a_padd
     """A NaN / +inf / -inf put at one random position of a random mask: valid -> ValueError naming the argument,
     the kind and that position, except -inf in a full distribution (a vocabulary entry of probability 0), which is
     taken; padded -> the same loss and per-token values as the finite batch; ``validate=False`` reads nothing."""
-    name = reader.split(" ")[0].rstrip(",")
-    g = torch.Generator().manual_seed(seed)
-    clean = _READERS[reader][0](g, _batch(seed, B=_B, T=_T))
-    mask = torch.tensor(data.draw(st.lists(st.booleans(), min_size=_B * _T, max_size=_B * _T))).reshape(_B, _T)
-    pos = tuple(data.draw(st.integers(0, n - 1)) for n in clean.shape)
-    valid = data.draw(st.booleans(), label="valid")
+    name, clean, mask, pos, valid = _draw_position(reader, seed, data)
     if clean.ndim == 1:  # (B,) advantages: position (b,) is valid where sequence b has a valid token
         mask[pos[0]] = False
         if valid:
@@ -306,6 +311,64 @@ def test_a_non_finite_value_is_refused_at_a_valid_position_and_ignored_at_a_padd
         assert torch.isfinite(got.loss)
         return
     assert torch.equal(got.loss, want.loss) and torch.equal(got.per_token, want.per_token)
+
+
+_LOG_PROB_READERS = ("logp", "old_logp", "behaviour_logp", "behaviour_logp, sequence mask", "old_full_logp", "full_logp")
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 10_000), data=st.data())
+@pytest.mark.parametrize("reader", [*_LOG_PROB_READERS, "token_weights"])
+def test_a_log_prob_above_0_or_a_negative_weight_is_refused_where_valid_and_ignored_on_padding(reader, seed, data):
+    """A log-prob above ``LOGP_TOLERANCE`` (logits or probabilities passed as log-probs), or a negative token weight,
+    put at one random position: valid -> ValueError naming the argument, the value and the position; padded -> the
+    same loss as the clean batch; a log-prob of 0 < v <= ``LOGP_TOLERANCE`` (rounding) or a weight of 0 is taken."""
+    name, clean, mask, pos, valid = _draw_position(reader, seed, data)
+    mask[pos[:2]] = valid
+    weight = name == "token_weights"
+    bad = -data.draw(st.floats(1e-6, 10.0)) if weight else data.draw(st.floats(2 * at.LOGP_TOLERANCE, 30.0))
+    dirty = clean.clone()
+    dirty[pos] = bad
+    if valid:
+        where = ", ".join(map(str, pos))
+        kind = "a token weight is >= 0" if weight else "a log-probability is <= 0"
+        with pytest.raises(ValueError, match=rf"^{name} holds .* at valid position \({where}\): {kind}"):
+            _call_with(reader, dirty, mask, seed)
+        edge = clean.clone()
+        edge[pos] = 0.0 if weight else at.LOGP_TOLERANCE
+        assert torch.isfinite(_call_with(reader, edge, mask, seed).loss)  # the boundary is taken
+        return
+    want, got = _call_with(reader, clean, mask, seed), _call_with(reader, dirty, mask, seed)
+    assert torch.equal(got.loss, want.loss) and torch.equal(got.per_token, want.per_token)
+
+
+def test_a_top_k_log_prob_above_0_is_refused_naming_it():
+    """The top-K log-probs are log-probs too: a value above ``LOGP_TOLERANCE`` is refused (a -inf is taken)."""
+    logp, old, adv, mask = _batch(2, B=_B, T=_T)
+    topk = rule_inputs("dppo_topk_tv", _B, _T)
+    topk["topk_logp"] = topk["topk_logp"].clone()
+    topk["topk_logp"][1, 2, 0] = 0.75
+    with pytest.raises(ValueError, match=r"^topk_logp holds 0\.7\d* at valid position \(1, 2, 0\): a log-prob"):
+        at.policy_loss(logp, old, adv, torch.ones_like(mask), method="dppo_topk_tv", **topk)
+
+
+def test_a_generator_is_refused_by_a_rule_that_never_draws_and_rule_generator_passes_it_only_to_one_that_does():
+    logp, old, adv, mask = _batch(4, B=_B, T=_T)
+    g = torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError, match=r"^generator is given, but nothing in this call reads it: .* not by 'atr'"):
+        at.policy_loss(logp, old, adv, mask, method="atr", generator=g)
+    assert at.rule_generator("atr", g) is None and at.rule_generator(at.resolve("clip_cov"), g) is g
+    out = at.policy_loss(logp, old, adv, mask, method="clip_cov", generator=at.rule_generator("clip_cov", g))
+    assert torch.isfinite(out.loss)
+
+
+@pytest.mark.parametrize("estimator", ["k2", "k3"])
+def test_a_sequence_mask_below_0_on_a_non_negative_estimator_is_refused(estimator):
+    """k2 and k3 are >= 0 on every token: a negative threshold would drop every sequence it tests; k1 (a mean log
+    ratio, of either sign) takes one (verl's lower bound log(lo) < 0)."""
+    with pytest.raises(ValueError, match=rf"^SequenceMask threshold -0\.1 is below 0, but {estimator} is >= 0"):
+        at.SequenceMask(estimator, "mean", -0.1, "all")
+    assert at.SequenceMask("k1", "mean", -0.1, "all", lower=-0.5).threshold == -0.1
 
 
 @pytest.mark.parametrize("kl_source", ["full distributions", "position_kl"])
@@ -431,12 +494,13 @@ def test_a_method_sees_every_tensor_in_the_losss_precision(dtype, expected, padd
     assert seen == dict.fromkeys(("logp", "old_logp", "advantages", "log_ratio"), expected)
 
 
-def test_a_log_ratio_that_overflows_from_finite_log_probs_raises():
-    """float32 log-probs of opposite signs near the float32 limit: each finite, their difference -inf."""
+def test_finite_log_probs_whose_difference_overflows_are_refused_as_a_log_prob_above_0():
+    """float32 log-probs of opposite signs near the float32 limit (each finite, their difference -inf): the positive
+    one is no log-probability, and is named (two finite log-probs <= 0 cannot overflow their difference)."""
     logp, old, adv, mask = (t.float() for t in _batch(0))
     logp, old = logp.detach().clone(), old.clone()
     logp[0, 1], old[0, 1] = -3e38, 3e38
-    with pytest.raises(ValueError, match=r"^log-ratio logp - old_logp overflows; log-probs must be finite and <= 0$"):
+    with pytest.raises(ValueError, match=r"^old_logp holds 3\.0\d*e\+38 at valid position \(0, 1\): a log-probability"):
         at.policy_loss(logp, old, adv, mask)
 
 
@@ -475,7 +539,7 @@ def test_non_finite_values_on_padding_change_nothing(method):
     def run(a, w, b=behaviour, topk=topk):
         lp = logp.detach().clone().requires_grad_(True)
         g = torch.Generator().manual_seed(0)
-        kw_here = {**kw, **topk, "generator": g}
+        kw_here = {**kw, **topk, "generator": at.rule_generator(method, g)}
         out = at.policy_loss(lp, old, a, mask, token_weights=w, behaviour_logp=b, **layers, **kw_here)
         out.loss.backward()
         return out.loss.detach(), lp.grad, out.metrics

@@ -231,8 +231,9 @@ def problems(draw, method):
     full = old_full = None
     if at.METHODS[method].needs_full_distributions:
         V = 5
-        old_full = torch.randn(B, T, V, generator=g, dtype=torch.float64)
-        full = old_full + draw(st.sampled_from([0.05, 0.3])) * torch.randn(B, T, V, generator=g, dtype=torch.float64)
+        old_full = torch.log_softmax(torch.randn(B, T, V, generator=g, dtype=torch.float64), -1)  # log-probs
+        spread = draw(st.sampled_from([0.05, 0.3]))
+        full = torch.log_softmax(old_full + spread * torch.randn(B, T, V, generator=g, dtype=torch.float64), -1)
     return logp, old, adv, mask, old_full, full
 
 
@@ -288,6 +289,7 @@ def test_the_oracle_catches_a_perturbed_formula(monkeypatch):
     old = -torch.rand(3, 6, generator=g, dtype=torch.float64) * 4 - 0.05
     logp = (old + 0.8 * torch.randn(3, 6, generator=g, dtype=torch.float64)).clamp(max=0.0)
     adv = torch.randn(3, generator=g, dtype=torch.float64)
+    old[1] = old[1] - 1.5  # so that logp stays <= 0 below
     logp[1], adv[1] = old[1] + 1.5, -1.0  # w = e^1.5 > c = 3 with A < 0: the dual clip acts
     mask = torch.ones(3, 6, dtype=torch.bool)
 

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _moved_batch(seed=0, B=6, T=40):
-    return loss_batch(seed, B, T, old_offset=0.05, scale=0.5, clamp=False, per_token=True, min_length=None)
+    return loss_batch(seed, B, T, old_offset=2.5, scale=0.5, clamp=False, per_token=True, min_length=None)  # logp < 0
 
 
 def _loss_and_grad(method, batch, **kw):

@@ -39,7 +39,7 @@ def throwaway():
 
 
 def _batch(B=3, T=5, seed=0):
-    logp, old, adv, _ = loss_batch(seed, B, T, old_spread=1.0, old_offset=0.1, scale=0.1, clamp=False)
+    logp, old, adv, _ = loss_batch(seed, B, T, old_spread=1.0, old_offset=0.6, scale=0.1, clamp=False)  # logp < 0
     return logp, old, adv
 
 

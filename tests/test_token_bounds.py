@@ -1,7 +1,6 @@
 """atr_theory.token_bounds: one bound per token, chosen by the sign of the advantage, and the divergence masks' decisions
 at every representable log-ratio near their bounds, against mpmath."""
 
-
 import math
 
 import mpmath as mp
@@ -13,8 +12,10 @@ from hypothesis import strategies as st
 from mp_reference import float32_log_p_grid
 
 import atr_theory as at
+from tests.loss_batches import log_prob_pair
 
 mp.mp.dps = 50
+
 
 # --------------------------------------------------------------------------------------------
 # one bound per token, chosen by the sign of the advantage (what PPO's min objective reads)
@@ -83,7 +84,9 @@ def test_trgppo_table_reads_float64_log_probs_as_their_float32_rounding_and_need
         at.token_bounds.trgppo_kl_range_table(u64, 0.07), at.token_bounds.trgppo_kl_range_table(u64.float(), 0.07)
     ):
         assert got.shape == (300,) and torch.equal(got, want)
-    assert torch.equal(at.token_bounds.trgppo_bound_by_sign(u64, adv), at.token_bounds.trgppo_bound_by_sign(u64.float(), adv))
+    assert torch.equal(
+        at.token_bounds.trgppo_bound_by_sign(u64, adv), at.token_bounds.trgppo_bound_by_sign(u64.float(), adv)
+    )
     for call in (at.token_bounds.trgppo_kl_range_table, lambda u, d: at.token_bounds.trgppo_bound_by_sign(u, adv, d)):
         with pytest.raises(ValueError, match=r"^delta must be a scalar, got an array of shape \(2,\)$"):
             call(u64, np.array([0.07, 0.1]))
@@ -148,9 +151,9 @@ def test_divergence_masks_decide_every_representable_log_ratio_near_their_bounds
     roots = [r for r in at.ranges._float64_log_range(kind, delta) if math.isfinite(r)]
     y = torch.cat([_representable_neighbours(float(r), dtype, 25) for r in roots])[None, :]
     y = y.clamp(-at.loss.LOG_RATIO_CLAMP, at.loss.LOG_RATIO_CLAMP)
-    zeros = torch.zeros_like(y)
+    logp, old = log_prob_pair(y)  # logp - old == y exactly
     mask = torch.ones_like(y, dtype=torch.bool)
-    out = at.policy_loss(y, zeros, torch.ones(1, dtype=dtype), mask, method=method, delta=delta, form="mask")
+    out = at.policy_loss(logp, old, torch.ones(1, dtype=dtype), mask, method=method, delta=delta, form="mask")
     expected = [_exact_at_most(method, float(v), delta) for v in y[0].double()]
     assert out.result.kept[0].tolist() == expected
     assert 0 < sum(expected) < len(expected)  # the window straddles the bounds

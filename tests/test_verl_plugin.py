@@ -159,7 +159,13 @@ def test_params_from_the_environment_are_honoured_and_checked(monkeypatch):
     lo, _ = our_loss(logp, old, adv, mask, "atr", "token_mean", delta=0.02)
     ld, _ = our_loss(logp, old, adv, mask, "atr", "token_mean")
     assert agree(lo, lv) and not agree(ld, lv)
-    for raw, match in (('{"tau_pos": 2}', "does not take"), ("delta=0.1", "JSON object"), ('{"delta": -1}', "delta")):
+    deep = "[" * 50_000 + "]" * 50_000  # json reads nesting by recursion: RecursionError, naming nothing
+    for raw, match in (
+        ('{"tau_pos": 2}', "does not take"),
+        ("delta=0.1", "JSON object"),
+        ('{"delta": -1}', "delta"),
+        (deep, r"^ATR_GRPO_PARAMS nests too deeply to read \(100000 characters\)"),
+    ):
         monkeypatch.setenv(verl_plugin.PARAMS_ENV, raw)
         with pytest.raises(ValueError, match=match):
             _plugin(logp, old, adv, mask, "atr", "token-mean")

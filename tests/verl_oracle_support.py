@@ -68,7 +68,7 @@ def oracle_batch(seed: int, per_token: bool, B: int = 6, T: int = 9, scale: floa
     """The shared batch with advantages of shape (B, T) as verl takes them (a sequence's repeated when not
     ``per_token``), every sequence at least 2 tokens long."""
     logp, old, adv, mask = loss_batch(
-        seed, B, T, old_offset=0.05, scale=scale, clamp=False, per_token=per_token, min_length=2
+        seed, B, T, old_offset=0.05, scale=scale, clamp=True, per_token=per_token, min_length=2  # logp clamped at 0
     )
     return logp, old, (adv if per_token else adv[:, None].expand(B, T)).contiguous(), mask
 

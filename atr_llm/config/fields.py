@@ -33,19 +33,9 @@ from ..cli_types import (
 )
 from ..relations import AtMost, Exclusive, Holds, Relation, Requires, check_relations
 
-__all__ = [
-    "ConfigError",
-    "ENVIRONMENT",
-    "GENERATION_RELATIONS",
-    "MODEL_DOMAINS",
-    "RUN_RELATIONS",
-    "script_domains",
-    "training_relations",
-    "check_environment",
-    "check_fields",
-    "check_relations_of",
-    "is_set",
-    "training_domains",
+__all__ = [  # noqa: RUF022  (grouped: the error, the declarations, the checks)
+    "ConfigError", "ENVIRONMENT", "GENERATION_RELATIONS", "MODEL_DOMAINS", "RUN_RELATIONS", "script_domains",
+    "training_relations", "check_environment", "check_fields", "check_relations_of", "is_set", "training_domains"
 ]
 
 
@@ -86,6 +76,7 @@ def training_domains() -> dict[str, Declared]:
     from atr_theory.divergence import REFERENCE_KL_ESTIMATORS
 
     from ..fast_generation import ATTENTIONS, MODES
+    from .library_domains import library_domains
 
     return {
         # transformers' TrainingArguments
@@ -141,6 +132,7 @@ def training_domains() -> dict[str, Declared]:
         "fast_generation": OneOf(MODES),
         "fast_generation_attention": OneOf(ATTENTIONS),
         "fast_generation_prompt_tokens": Integer(1),
+        **library_domains(),  # TRL's and transformers' fields declared by their values (scale_rewards, ...)
     }
 
 
@@ -182,11 +174,12 @@ ENVIRONMENT: dict[str, Declared] = {
     "LOCAL_RANK": Integer(-1),
     "WORLD_SIZE": Integer(1),
     "LOCAL_WORLD_SIZE": Integer(1),
+    "MASTER_PORT": Integer(1, 65535),
     "THP_MEM_ALLOC_ENABLE": OneOf(("0", "1")),
 }
 """The environment variables a run reads (``accelerate launch`` and ``torchrun`` set them): ``RANK`` decides which
 process takes the output folder's lock (``atr_llm.run_lock``); transformers reads ``LOCAL_RANK`` and ``WORLD_SIZE``
-when the config is built (``int()`` of ``"abc"`` failed there, naming nothing); torch reads
+when the config is built (``int()`` of ``"abc"`` failed there, naming nothing), torch ``MASTER_PORT``; torch reads
 ``THP_MEM_ALLOC_ENABLE`` (``atr_llm.huge_pages``: 1 unless the user set it) and ignores a value other than 0 or 1 with a
 warning. Unset or empty: not given."""
 
@@ -282,11 +275,21 @@ def choice_fields(cls: type) -> dict[str, tuple[str, ...]]:
     import enum
 
     hints, out = typing.get_type_hints(cls), {}
-    for f in dataclasses.fields(cls):
+    for f in dataclasses.fields(cls):  # or with the choices its metadata offers HfArgumentParser (log_level, dtype)
         for kind in typing.get_args(hints.get(f.name)) or (hints.get(f.name),):
             if isinstance(kind, type) and issubclass(kind, enum.Enum):
                 out[f.name] = tuple(str(member.value) for member in kind)
+        if "choices" in f.metadata:
+            out[f.name] = tuple(str(choice) for choice in f.metadata["choices"])
     return out
+
+
+@functools.cache
+def list_fields(cls: type) -> frozenset[str]:
+    """The fields of dataclass ``cls`` annotated as a list (or a list or something else): checked item by item."""
+    hints = typing.get_type_hints(cls)
+    kinds = {f.name: typing.get_args(hints.get(f.name)) or (hints.get(f.name),) for f in dataclasses.fields(cls)}
+    return frozenset(name for name, args in kinds.items() if any(typing.get_origin(a) is list for a in args))
 
 
 @functools.cache
@@ -334,7 +337,7 @@ def check_fields(config: Any, domains: Mapping[str, Declared], only: str | None 
         value = getattr(config, name)
         if value is None and field_default(config, name) is None:
             continue
-        if name == "report_to" and isinstance(value, (list, tuple)):
+        if name in list_fields(type(config)) and isinstance(value, (list, tuple)):  # report_to, reward_weights
             items = list(value)
         elif isinstance(value, (list, tuple, dict, set)):
             raise ConfigError(name, value, f"expected {_words(declaration)}, got {_kind(value)}")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .fields import MODEL_DOMAINS, RUN_RELATIONS, ConfigError, check_fields, check_relations_of, script_domains
+from .library_fields import check_train_reward_weights
 from .trainer_config import ATRGRPOConfig
 
 __all__ = ["RunConfig", "ScriptArguments", "UNSLOTH_MODEL_OPTIONS", "finished_run", "model_to_train"]
@@ -232,6 +233,7 @@ class RunConfig:
                 raise ConfigError(name, type(config).__name__, f"expected a {cls.__name__}")
         check_model_options(model, training, backend=script.backend)
         check_model_source(getattr(model, "model_name_or_path", None))
+        check_train_reward_weights(training)  # atr_llm.train scores with one reward function
         check_relations_of(RUN_RELATIONS, (script, training, model))
         for name, source, path in (
             ("dataset_path", script.dataset_name, script.dataset_path),

@@ -38,11 +38,13 @@ from .fields import (
     check_fields,
     check_installed,
     check_relations_of,
+    choice_fields,
     flag_fields,
     number_fields,
     training_domains,
     training_relations,
 )
+from .library_fields import LIBRARY_FIELDS, check_library_fields, library_values_read
 
 __all__ = ["ATRGRPOConfig", "CONFIG_FIELD", "TRL_METHOD", "config_field", "resolve_method", "trl_rule"]
 
@@ -121,6 +123,7 @@ def method_inputs() -> frozenset[str]:
     the method again (``ATRGRPOConfig.__setattr__``)."""
     peers = [f for spec in at.METHODS.values() if spec.trl is not None for f in spec.trl.fields]
     rule_options = ("method_seed", "kl_chunk_size", "measure_true_kl", "dppo_topk")  # only some rules read them
+    rule_options += ("use_vllm", "vllm_importance_sampling_correction")  # vespo refuses the two together
     return frozenset(
         ("method", "form", "loss_type", "delta", "epsilon", "epsilon_high", *rule_options, *method_fields(), *peers)
     )
@@ -507,7 +510,9 @@ class ATRGRPOConfig(GRPOConfig):
     def __post_init__(self):
         check_environment()  # transformers reads LOCAL_RANK / WORLD_SIZE in the next line but one
         check_supported_versions(self.allow_untested_versions)  # before TRL's own checks and before any model loads
+        library_values_read(self)  # scale_rewards True / False as TRL reads them
         check_fields(self, training_domains(), others=_METHOD_INPUTS)  # before TRL and transformers read them
+        check_library_fields(self)
         check_relations_of(GENERATION_RELATIONS, (self,))  # TRL's own check names none of the fields it reads
         super().__post_init__()
         self.method = default_method(self.method, self.loss_type)
@@ -533,10 +538,13 @@ class ATRGRPOConfig(GRPOConfig):
         super().__setattr__(name, value)
         try:
             check_fields(self, training_domains(), only=name, others=_METHOD_INPUTS)
+            check_library_fields(self, only=name)
             if name in _RELATED:
                 check_relations_of(_AFTER_TRL, (self,))
             if name in _METHOD_INPUTS:
                 self._resolved_method = resolve_method(self)
+            if name in _INSTALLED:  # use_vllm, use_liger_kernel, deepspeed: their packages
+                check_installed(self)
         except ValueError:
             super().__setattr__(name, before)
             raise
@@ -552,6 +560,17 @@ _AFTER_TRL = (*(r for r in GENERATION_RELATIONS if not isinstance(r, Exclusive))
 """The relations a field written after the config was built meets (TRL sets both steps_per_generation and
 generation_batch_size when the config is built: their exclusion holds for what was given only)."""
 _RELATED = frozenset(n for relation in _AFTER_TRL for n in relation.names)
+_INSTALLED = frozenset({"use_vllm", "use_liger_kernel", "deepspeed"})
 _CHECKED_AFTER_BUILD = frozenset(
-    {*_METHOD_INPUTS, *_RELATED, *training_domains(), *flag_fields(ATRGRPOConfig), *number_fields(ATRGRPOConfig)}
+    {
+        *_METHOD_INPUTS,
+        *_RELATED,
+        *training_domains(),
+        *flag_fields(ATRGRPOConfig),
+        *number_fields(ATRGRPOConfig),
+        *choice_fields(ATRGRPOConfig),
+        *LIBRARY_FIELDS,
+        *_INSTALLED,
+        "lr_scheduler_type",
+    }
 )

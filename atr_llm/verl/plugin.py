@@ -56,6 +56,11 @@ def env_params() -> dict[str, Any]:
         raise ValueError(
             f"{PARAMS_ENV} must be a JSON object such as '{{\"delta\": 0.05}}', got {raw!r}: {e}"
         ) from None
+    except RecursionError:  # json nests by recursion: a deeply nested value exhausts the stack
+        raise ValueError(
+            f"{PARAMS_ENV} nests too deeply to read ({len(raw)} characters); it holds a flat JSON object of "
+            "parameters such as '{\"delta\": 0.05}'"
+        ) from None
     if not isinstance(value, dict):
         raise ValueError(f"{PARAMS_ENV} must be a JSON object such as '{{\"delta\": 0.05}}', got {raw!r}")
     return value

@@ -1,0 +1,26 @@
+"""The domains of TRL's and transformers' own fields that a value declares alone (``training_domains`` holds them,
+so ``check_fields`` checks them on every way in, the command line's types included); the fields that need more (a
+mapping read against the function it is passed to) are checked by ``atr_llm.config.library_fields``."""
+
+from __future__ import annotations
+
+from ..cli_types import Declared, OneOf, Real
+
+__all__ = ["SCALE_REWARDS", "library_domains"]
+
+SCALE_REWARDS = ("group", "batch", "none")
+"""TRL 1.16's ``scale_rewards`` values (``GRPOTrainer._generate_and_score_completions`` raises on any other at the
+first step); its ``GRPOConfig.__post_init__`` reads ``True`` as ``"group"`` and ``False`` as ``"none"``."""
+
+
+def library_domains() -> dict[str, Declared]:
+    """Domains of TRL's and transformers' fields declared by their values: ``scale_rewards`` (``SCALE_REWARDS``),
+    ``cache_implementation`` (transformers' ``ALL_CACHE_IMPLEMENTATIONS``; ``None`` is its default) and each item of
+    ``reward_weights`` (a finite number: TRL multiplies the rewards by them, and a NaN weight trains on NaN)."""
+    from transformers.generation.configuration_utils import ALL_CACHE_IMPLEMENTATIONS
+
+    return {
+        "scale_rewards": OneOf(SCALE_REWARDS),
+        "cache_implementation": OneOf(tuple(ALL_CACHE_IMPLEMENTATIONS)),
+        "reward_weights": Real(),
+    }

@@ -1,0 +1,135 @@
+"""TRL's and transformers' own fields (``atr_llm.config.library_fields``): each value refused when the config is
+built is one the library itself refuses later (shown by calling the library the way TRL does), and a value the
+library takes is taken; a write after the build meets the same checks, the rule's included."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+pytest.importorskip("trl")
+
+import torch  # noqa: E402
+from transformers import GenerationConfig  # noqa: E402
+from transformers.optimization import get_scheduler  # noqa: E402
+from trl import ModelConfig  # noqa: E402
+
+from atr_llm.config import ATRGRPOConfig, ConfigError, RunConfig, ScriptArguments  # noqa: E402
+
+CPU = dict(use_cpu=True, bf16=False, report_to="none")
+
+
+def _config(tmp_path, **kw) -> ATRGRPOConfig:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ATRGRPOConfig(output_dir=str(tmp_path), **CPU, **kw)
+
+
+@pytest.mark.parametrize(
+    "field, value, expected",
+    [
+        ("reward_weights", [math.nan], r"^reward_weights=nan: expected a finite number$"),
+        ("reward_weights", ["1.0"], r"^reward_weights='1\.0': expected a finite number, got a text$"),
+        ("log_level", "bogus", r"^log_level='bogus': expected one of detail, debug, info"),
+        ("scale_rewards", "bogus", r"^scale_rewards='bogus': expected one of group, batch, none$"),
+        ("warmup_steps", 1e300, r"^warmup_steps=1e\+300: expected 0, a fraction .* in \[1, 2147483647\]$"),
+        ("cache_implementation", "bogus", r"^cache_implementation='bogus': expected one of static"),
+        ("pad_to_multiple_of", "abc", r"^pad_to_multiple_of='abc': expected an integer >= 1, 'auto' or None$"),
+        ("pad_to_multiple_of", 0, r"^pad_to_multiple_of=0: expected an integer >= 1"),
+        ("lr_scheduler_kwargs", {"bogus_kwarg": 1}, r"'bogus_kwarg' is not a parameter of the linear scheduler"),
+        ("generation_kwargs", {"max_new_tokens": -5}, r"GenerationConfig refuses it: `max_new_tokens` must be"),
+        ("generation_kwargs", {"bogus": 1}, r"'bogus' is not an attribute of GenerationConfig$"),
+        ("generation_kwargs", ["top_k"], r"expected a mapping of GenerationConfig attributes$"),
+    ],
+)
+def test_a_library_fields_bad_value_is_refused_when_the_config_is_built(tmp_path, field, value, expected):
+    with pytest.raises(ConfigError, match=expected):
+        _config(tmp_path, **{field: value})
+
+
+@pytest.mark.parametrize(
+    "field, value, read",
+    [
+        ("reward_weights", [0.5], [0.5]),
+        ("reward_weights", [np.float64(2.0)], [2.0]),
+        ("scale_rewards", True, "group"),  # TRL's own reading of a flag
+        ("scale_rewards", False, "none"),
+        ("scale_rewards", "batch", "batch"),
+        ("pad_to_multiple_of", "8", 8),
+        ("pad_to_multiple_of", "none", None),
+        ("pad_to_multiple_of", 16, 16),
+        ("warmup_steps", 0.1, 0.1),
+        ("cache_implementation", "static", "static"),
+        ("generation_kwargs", {"top_k": 5, "use_cache": False}, {"top_k": 5, "use_cache": False}),
+    ],
+)
+def test_a_value_the_library_takes_is_taken_as_trl_reads_it(tmp_path, field, value, read):
+    assert getattr(_config(tmp_path, **{field: value}), field) == read
+
+
+def test_the_scheduler_kwargs_refused_are_those_transformers_refuses_and_those_taken_run(tmp_path):
+    """The peer is the spec: ``get_scheduler`` with a key the scheduler does not take raises (at the first step,
+    in a run); a key it takes builds the scheduler."""
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    with pytest.raises(TypeError, match="bogus_kwarg"):
+        get_scheduler("cosine", optimizer, 1, 10, scheduler_specific_kwargs={"bogus_kwarg": 1})
+    with pytest.raises(ConfigError, match=r"'bogus_kwarg' is not a parameter of the cosine scheduler"):
+        _config(tmp_path, lr_scheduler_type="cosine", lr_scheduler_kwargs={"bogus_kwarg": 1})
+    get_scheduler("cosine", optimizer, 1, 10, scheduler_specific_kwargs={"num_cycles": 1.0})
+    assert _config(tmp_path, lr_scheduler_type="cosine", lr_scheduler_kwargs={"num_cycles": 1.0}).lr_scheduler_kwargs
+
+
+def test_the_generation_kwargs_refused_are_those_trls_generation_config_refuses(tmp_path):
+    """TRL 1.16 builds ``GenerationConfig(**{its settings, **generation_kwargs}, disable_compile=True)`` in
+    ``GRPOTrainer.__init__``: the same construction raises on what the config refuses, and not on ``top_k`` alone
+    (TRL samples, so ``do_sample`` is set)."""
+    trl_settings = dict(max_new_tokens=256, do_sample=True, temperature=1.0, top_p=1.0, top_k=0, min_p=None)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        GenerationConfig(**{**trl_settings, "max_new_tokens": -5}, disable_compile=True)
+    GenerationConfig(**{**trl_settings, "top_k": 5}, disable_compile=True)
+    with pytest.raises(ConfigError):
+        _config(tmp_path, generation_kwargs={"max_new_tokens": -5})
+
+
+def test_a_write_after_the_build_meets_the_same_checks_and_leaves_the_config_as_it_was(tmp_path):
+    config = _config(tmp_path)
+    for field, value in [
+        ("lr_scheduler_type", "bogus"),
+        ("scale_rewards", "bogus"),
+        ("pad_to_multiple_of", "x"),
+        ("generation_kwargs", {"bogus": 1}),
+        ("log_level", "bogus"),
+    ]:
+        before = getattr(config, field)
+        with pytest.raises(ConfigError, match=rf"^{field}="):
+            setattr(config, field, value)
+        assert getattr(config, field) == before
+    config.lr_scheduler_type = "cosine"  # and then its kwargs are read against the cosine scheduler
+    with pytest.raises(ConfigError, match="of the cosine scheduler"):
+        config.lr_scheduler_kwargs = {"bogus_kwarg": 1}
+
+
+def test_use_vllm_written_after_the_build_meets_vespos_refusal(tmp_path):
+    """VESPO refuses TRL's vLLM importance-sampling correction (the trainer does not fold it into the sequence
+    weight): setting ``use_vllm`` after the build is refused by that rule, not taken."""
+    config = _config(tmp_path, method="vespo", vllm_importance_sampling_correction=True)
+    with pytest.raises(ConfigError, match=r"^vllm_importance_sampling_correction=True: TRL folds vLLM"):
+        config.use_vllm = True
+    assert config.use_vllm is False and config.resolved_method.name == "vespo"
+
+
+def test_a_train_run_takes_one_reward_weight(tmp_path):
+    """``atr_llm.train`` scores with one reward function; TRL refuses another count only when the trainer is built
+    (after the SFT stage)."""
+    script, model = ScriptArguments(), ModelConfig(model_name_or_path="tiny")
+    with pytest.raises(ConfigError, match=r"^reward_weights=\[1\.0, 2\.0\]: expected 1 finite number"):
+        RunConfig(script, _config(tmp_path, reward_weights=[1.0, 2.0]), model)
+    assert RunConfig(script, _config(tmp_path, reward_weights=[2.0]), model).training.reward_weights == [2.0]
+
+
+def test_model_config_dtype_meets_its_declared_choices(tmp_path):
+    with pytest.raises(ConfigError, match=r"^dtype='float13': expected one of auto, bfloat16, float16, float32$"):
+        RunConfig(ScriptArguments(), _config(tmp_path), ModelConfig(model_name_or_path="tiny", dtype="float13"))
