@@ -40,7 +40,9 @@ def _config(tmp_path, **kw) -> ATRGRPOConfig:
         ("pad_to_multiple_of", "abc", r"^pad_to_multiple_of='abc': expected an integer >= 1, 'auto' or None$"),
         ("pad_to_multiple_of", 0, r"^pad_to_multiple_of=0: expected an integer >= 1"),
         ("lr_scheduler_kwargs", {"bogus_kwarg": 1}, r"'bogus_kwarg' is not a parameter of the linear scheduler"),
-        ("generation_kwargs", {"max_new_tokens": -5}, r"GenerationConfig refuses it: `max_new_tokens` must be"),
+        ("generation_kwargs", {"max_new_tokens": -5}, r"transformers refuses it: `max_new_tokens` must be"),
+        ("generation_kwargs", {"temperature": -1.0}, r"transformers refuses it: `temperature` \(=-1\.0\) has to be"),
+        ("generation_kwargs", {"top_k": -2}, r"transformers refuses it: `top_k` has to be a strictly positive"),
         ("generation_kwargs", {"bogus": 1}, r"'bogus' is not an attribute of GenerationConfig$"),
         ("generation_kwargs", ["top_k"], r"expected a mapping of GenerationConfig attributes$"),
     ],
@@ -92,6 +94,26 @@ def test_the_generation_kwargs_refused_are_those_trls_generation_config_refuses(
     GenerationConfig(**{**trl_settings, "top_k": 5}, disable_compile=True)
     with pytest.raises(ConfigError):
         _config(tmp_path, generation_kwargs={"max_new_tokens": -5})
+
+
+@pytest.mark.parametrize("settings", [{"temperature": -1.0}, {"top_p": -0.5}, {"top_k": -2}, {"repetition_penalty": 0.0}])
+def test_sampling_values_refused_are_those_transformers_generate_refuses(tmp_path, settings):
+    """The peer is the spec: a tiny model's ``generate`` with TRL's settings and ``settings`` laid over them raises
+    ValueError (at the first generation, in a run); the config refuses the same mapping when it is built. (A
+    ``top_p`` of 1.5 is not among them: ``generate`` builds no top-p warper for ``top_p >= 1`` and samples as at 1.)"""
+    from atr_llm import tiny
+
+    tok = tiny.build_tiny_tokenizer()
+    model = tiny.build_tiny_model(tok)
+    trl_settings = dict(max_new_tokens=2, do_sample=True, temperature=1.0, top_p=1.0, top_k=0, min_p=None)
+    config = GenerationConfig(**{**trl_settings, **settings}, disable_compile=True)
+    with pytest.raises(ValueError):
+        model.generate(torch.ones(1, 3, dtype=torch.long), generation_config=config, pad_token_id=0)
+    with pytest.raises(ConfigError, match=r"^generation_kwargs=.*: transformers refuses it"):
+        _config(tmp_path, generation_kwargs=settings)
+    model.generate(  # and TRL's own settings alone generate
+        torch.ones(1, 3, dtype=torch.long), generation_config=GenerationConfig(**trl_settings), pad_token_id=0
+    )
 
 
 def test_a_write_after_the_build_meets_the_same_checks_and_leaves_the_config_as_it_was(tmp_path):

@@ -79,7 +79,8 @@ def _check_scheduler_kwargs(config: Any) -> None:
 def _check_generation_kwargs(config: Any) -> None:
     """``generation_kwargs`` without vLLM: a mapping of ``transformers.GenerationConfig`` attributes, which TRL 1.16
     (``GRPOTrainer.__init__``, after the SFT stage) lays over its own sampling settings and builds a
-    ``GenerationConfig`` from; built the same way here, so what it refuses is refused now. An unknown key, which
+    ``GenerationConfig`` from; built the same way here, with the logits processors ``generate`` builds from it, so
+    what either refuses is refused now. An unknown key, which
     ``GenerationConfig`` keeps silently and generation never reads, is refused too. With ``use_vllm`` the keys go
     to vLLM's ``SamplingParams`` instead (not checked here: vLLM is an optional extra)."""
     kwargs = getattr(config, "generation_kwargs", None)
@@ -105,9 +106,30 @@ def _check_generation_kwargs(config: Any) -> None:
         "cache_implementation": config.cache_implementation,
     }
     try:
-        GenerationConfig(**{**trl_settings, **kwargs}, disable_compile=True)
+        settings = GenerationConfig(**{**trl_settings, **kwargs}, disable_compile=True)
+        _build_samplers(settings, kwargs)
     except (ValueError, TypeError) as e:
-        raise ConfigError("generation_kwargs", kwargs, f"GenerationConfig refuses it: {e}") from None
+        raise ConfigError("generation_kwargs", kwargs, f"transformers refuses it: {e}") from None
+
+
+def _build_samplers(settings: Any, given: dict) -> None:
+    """The logits processors transformers' ``generate`` builds from ``settings`` (``_get_logits_processor``, under
+    its own conditions), for the keys in ``given``: their constructors are where transformers checks these values
+    (a temperature of -1 passes ``GenerationConfig`` and fails at the first generation)."""
+    from transformers.generation import logits_process as lp
+
+    builds = {
+        "temperature": (lambda v: v is not None and v != 1.0, lp.TemperatureLogitsWarper),
+        "top_k": (lambda v: v is not None and v != 0, lp.TopKLogitsWarper),
+        "top_p": (lambda v: v is not None and v < 1.0, lp.TopPLogitsWarper),
+        "min_p": (lambda v: v is not None, lp.MinPLogitsWarper),
+        "typical_p": (lambda v: v is not None and v < 1.0, lp.TypicalLogitsWarper),
+        "repetition_penalty": (lambda v: v is not None and v != 1.0, lp.RepetitionPenaltyLogitsProcessor),
+    }
+    for key, (built, processor) in builds.items():
+        value = getattr(settings, key, None)
+        if key in given and built(value):
+            processor(value)
 
 
 def _check_pad_to_multiple_of(config: Any) -> None:
