@@ -20,6 +20,7 @@ import csv
 import difflib
 import json
 import math
+import os
 from collections import defaultdict
 from pathlib import Path
 
@@ -444,12 +445,46 @@ def check_same_architecture(argument: str, checkpoint: Path, base_argument: str,
         raise refuse(argument, str(checkpoint), f"another architecture than {base_argument} {base}: {shown}")
 
 
+SETTINGS_FILE = "generation_settings.json"
+"""Written in ``--output_dir`` by the first run: the settings its samples were generated with (``generation_settings``),
+against which a rerun, which reuses the samples written, is checked."""
+
+
+def generation_settings(args) -> dict:
+    """What decides the samples an evaluation writes: the weights (model, tiny model, adapter, checkpoints) and the
+    sampling (temperature, top_p, max_tokens, thinking, seed), as given."""
+    names = ("model", "tiny_model", "adapter", "checkpoints", "temperature", "top_p", "max_tokens", "thinking", "seed")
+    values = {name: getattr(args, name, None) for name in names}
+    return {name: str(v) if isinstance(v, os.PathLike) else v for name, v in values.items()}
+
+
 def check_args(args, given=()) -> None:
     """The combinations of arguments (each value's own domain was checked by its declaration in ``parse_args``),
     checked before a model loads or a file is written; a refusal names the argument. ``given``: the arguments typed
     (their dests; a default is not typed)."""
     from .command_line import refuse
+    from .config.fields import ConfigError, check_environment
 
+    try:  # the variables a run reads, as train checks them (THP_MEM_ALLOC_ENABLE: torch reads it once)
+        check_environment()
+    except ConfigError as e:
+        raise refuse(e.name, e.value, e.expected) from None
+    recorded = Path(args.output_dir) / SETTINGS_FILE
+    if recorded.is_file():  # its samples are reused: they must come from these settings
+        try:
+            before = json.loads(recorded.read_text())
+        except (OSError, ValueError):
+            raise refuse("--output_dir", args.output_dir, f"its {SETTINGS_FILE} does not parse") from None
+        now = generation_settings(args)
+        changed = [k for k in now if before.get(k) != now[k]]
+        if changed:
+            shown = ", ".join(f"{k} {before.get(k)!r} there, {now[k]!r} now" for k in changed)
+            raise refuse(
+                "--output_dir",
+                args.output_dir,
+                f"holds samples generated with other settings ({shown}); give another --output_dir, or the same "
+                "settings to resume",
+            )
     if args.model is None and args.tiny_model is None:
         raise refuse("--model", None, "give --model (hub id or folder) or --tiny-model FOLDER")
     # not a declared relation (ap.relate): the fuzzer's candidate temperatures (tests/fuzzing.py) hold no 0 to break it
@@ -532,6 +567,9 @@ def main(argv=None) -> dict:
     runs = checkpoints_every(Path(args.checkpoints), args.every) if args.checkpoints else [(0, None)]
     if args.checkpoints and not runs:
         raise ValueError(f"no checkpoint-* folders in {args.checkpoints}")
+    out.mkdir(parents=True, exist_ok=True)
+    if not (out / SETTINGS_FILE).is_file():  # check_args compared a rerun's settings with these
+        (out / SETTINGS_FILE).write_text(json.dumps(generation_settings(args), indent=1))
     results_by_step = {}
     for step, ckpt in runs:
         sub = out / (f"step-{step}" if ckpt is not None else "model")

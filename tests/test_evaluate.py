@@ -292,3 +292,35 @@ def test_k_that_is_no_power_of_two_fills_the_table_with_the_brute_force_pass_at_
     row = md.strip().splitlines()[-1]
     assert f"{brute_mean:.2f} ({brute_mean:.2f})" in row and f"{brute_pass:.2f} ({brute_pass:.2f})" in row
     assert " - " not in row  # every cell filled
+
+
+def _tiny_eval_argv(model_dir, out, *extra):
+    return ["--tiny-model", str(model_dir), "--benchmarks", "arith", "--benchmark_path", f"arith={BENCH}",
+            "--n", "2", "--max_tokens", "4", "--output_dir", str(out), *extra]  # fmt: skip
+
+
+def test_a_rerun_with_other_sampling_settings_is_refused_before_it_reuses_the_samples(tmp_path):
+    """The samples written are reused by a rerun (resume): a rerun at another temperature (or model, top-p, length,
+    thinking, seed) would have mixed them silently into its table. It is refused, naming the settings, before any
+    model loads; the same settings resume."""
+    from atr_llm.command_line import UsageError
+
+    model_dir = tiny.save_tiny(tmp_path / "tiny")
+    out = tmp_path / "ev"
+    ev.main(_tiny_eval_argv(model_dir, out, "--temperature", "1.0"))
+    written = json.loads((out / ev.SETTINGS_FILE).read_text())
+    assert written["temperature"] == 1.0 and written["max_tokens"] == 4
+    with pytest.raises(UsageError, match=r"^--output_dir .*: holds samples generated with other settings \(temperature"):
+        ev.parse_args(_tiny_eval_argv(model_dir, out, "--temperature", "0.3"))
+    ev.parse_args(_tiny_eval_argv(model_dir, out, "--temperature", "1.0"))  # the same settings: a resume
+
+
+def test_evaluate_checks_the_environment_as_train_does(monkeypatch, tmp_path):
+    from atr_llm.command_line import UsageError
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text("{}")  # what the option's type reads; the rest is read later
+    monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "2")
+    with pytest.raises(UsageError, match=r"^\$THP_MEM_ALLOC_ENABLE"):
+        ev.parse_args(_tiny_eval_argv(model_dir, tmp_path / "ev"))
