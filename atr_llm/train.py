@@ -86,8 +86,9 @@ def read_config_file(path: str) -> dict:
     StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _strict_mapping)
     if not os.path.exists(path):
         raise refuse("--config", path, "no such file")
-    if not os.path.isfile(path):
-        raise refuse("--config", path, "expected a YAML file, got a folder")
+    if not os.path.isfile(path):  # a folder, or a device, pipe or socket (/dev/null)
+        what = "a folder" if os.path.isdir(path) else "no regular file (a device, pipe or socket)"
+        raise refuse("--config", path, f"expected a YAML file, got {what}")
     try:
         with open(path, encoding="utf-8") as handle:
             content = yaml.load(handle, Loader=StrictLoader)  # noqa: S506 - a SafeLoader

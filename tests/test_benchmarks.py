@@ -1,6 +1,7 @@
 """The lab's scripts run as their commands do: the CPU loss timing, mutation testing, run packing, the studies'
 read-outs and investigations (the GPU benchmarks: tests/test_gpu_step.py)."""
 
+import re
 import json
 import subprocess
 import sys
@@ -267,8 +268,10 @@ def test_range_gap_tokens_are_where_clip_higher_and_atr_min_differ(seed):
     assert len(found) == int(differ.sum()) > 0
     assert sorted(t["w"] for t in found) == sorted(torch.exp(y.detach())[differ].tolist())
     assert {t["side"] for t in found} == {"high", "low"}
-    with pytest.raises(ValueError, match="lower < 1 < upper"):
-        gap.other_range("1.2,0.8")
+    for bad in ("1.2,0.8", "0.5,1.5,2.0", "0.5", "kl3:abc", "kl3:0", "kl3:0.1,0.2", "0.5,inf", "a,b"):
+        with pytest.raises(ValueError, match=rf"^--other {re.escape(bad)}: expected kl3:DELTA .* 0 < LOWER < 1 < UPPER"):
+            gap.other_range(bad)
+    assert gap.other_range("0.5,1.5") == (0.5, 1.5) and gap.other_range("kl3:0.07") == ranges.kl3_clip_range(0.07)
     gap.check_replayable("clip-higher-0.329-0.422")
     gap.check_replayable("atr-min")
     for run in ("atr", "clip-mask", "dcpo", "dual-clip", "sapo"):  # mask form, per-token bounds, a floor, a soft gate
@@ -436,6 +439,16 @@ def test_replication_readout_tests_one_difference_on_fresh_starts():
         replication.replication_readout(rows(exploratory), rows({10: (1.0, 2.0)}), "atr", "clip", "below")
     with pytest.raises(ValueError, match="direction must be one of"):
         replication.replication_readout(rows(exploratory), rows(fresh), "atr", "clip", "lower")
+
+
+def test_replication_refuses_a_run_against_itself():
+    from atr_llm.command_line import UsageError
+
+    replication = script_module("replication")
+    table = str(ROOT / "figures/experiments/cpu_table/startC")
+    argv = ["--exploratory", table, "--replication", table, "--run", "atr", "--reference", "atr", "--direction", "below"]
+    with pytest.raises(UsageError, match=r"^--reference atr: the same run as --run atr; compare two runs$"):
+        replication.main(argv)
 
 
 def test_replication_readout_reproduces_the_readme_numbers_from_the_committed_tables():

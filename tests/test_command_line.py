@@ -139,6 +139,7 @@ def test_train_refuses_bad_input_before_any_model_or_file(tmp_path, monkeypatch,
     [
         ("{tmp}/missing.yaml", "--config .*missing.yaml: no such file"),
         ("{tmp}", "--config .*: expected a YAML file, got a folder"),
+        ("/dev/null", "--config /dev/null: expected a YAML file, got no regular file \\(a device, pipe or socket\\)"),
         ("{tmp}/broken.yaml", "--config .*broken.yaml: not a readable YAML file"),
         ("{tmp}/list.yaml", "--config .*list.yaml: expected a YAML mapping of option: value, got a list"),
         ("{tmp}/unknown.yaml", "--config .*unknown.yaml: unknown key\\(s\\) max_stepz: not an option"),

@@ -35,12 +35,20 @@ def other_range(spec: str) -> tuple[float, float]:
     """``kl3:0.07`` -> ATR's range at delta 0.07; ``0.671,1.422`` -> that range."""
     from atr_theory import ranges
 
+    from atr_llm.command_line import refuse
+
+    expected = "expected kl3:DELTA (a number > 0) or LOWER,UPPER (two numbers, 0 < LOWER < 1 < UPPER)"
+    try:
+        numbers = [float(x) for x in (spec[4:] if spec.startswith("kl3:") else spec).split(",")]
+    except ValueError:
+        raise refuse("--other", spec, expected) from None
     if spec.startswith("kl3:"):
-        return ranges.kl3_clip_range(float(spec[4:]))
-    lower, upper = (float(x) for x in spec.split(","))
-    if not 0 < lower < 1 < upper:
-        raise ValueError(f"--other: expected 0 < lower < 1 < upper, got {lower}, {upper}")
-    return lower, upper
+        if len(numbers) != 1 or not 0 < numbers[0] < float("inf"):
+            raise refuse("--other", spec, expected)
+        return ranges.kl3_clip_range(numbers[0])
+    if len(numbers) != 2 or not 0 < numbers[0] < 1 < numbers[1] < float("inf"):
+        raise refuse("--other", spec, expected)
+    return numbers[0], numbers[1]
 
 
 def gap_tokens(batch, lower: float, upper: float, other: tuple[float, float]) -> list[dict]:

@@ -100,6 +100,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--direction", choices=DIRECTIONS, required=True, help="the pre-registered side of run - reference")
     ap.add_argument("--out", type=WriteFile(as_path=True))
     args = ap.parse_args(argv)
+    if args.run == args.reference:  # a run against itself: every difference is 0, nothing is replicated
+        from atr_llm.command_line import refuse
+
+        raise refuse("--reference", args.reference, f"the same run as --run {args.run}; compare two runs")
     (_, exploratory_rows, _), (replication_summary, replication_rows, _) = cpu_table.read_tables_of_one_protocol(
         args.exploratory, args.replication
     )
