@@ -1,8 +1,8 @@
 """The lab's scripts run as their commands do: the CPU loss timing, mutation testing, run packing, the studies'
 read-outs and investigations (the GPU benchmarks: tests/test_gpu_step.py)."""
 
-import re
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path

@@ -33,9 +33,8 @@ WALL_CLOCK = {"step_time", "train_runtime", "train_samples_per_second", "train_s
 
 def other_range(spec: str) -> tuple[float, float]:
     """``kl3:0.07`` -> ATR's range at delta 0.07; ``0.671,1.422`` -> that range."""
-    from atr_theory import ranges
-
     from atr_llm.command_line import refuse
+    from atr_theory import ranges
 
     expected = "expected kl3:DELTA (a number > 0) or LOWER,UPPER (two numbers, 0 < LOWER < 1 < UPPER)"
     try:
