@@ -68,3 +68,32 @@ def test_every_figures_folder_is_named_with_its_command():
         head = folder.split("/")[0]
         named = f"figures/{folder}/" in page or (head == "bench" and "figures/bench/<machine>/" in page)
         assert named, f"figures/{folder}/ is not on docs/figures.md"
+
+
+def test_the_api_page_shows_the_config_as_tables_of_its_declarations_not_its_source():
+    """``ATRGRPOConfig``'s own fields (each with its type, default, domain and help) and the TRL / transformers fields
+    checked when it is built come from the class and its declarations (the mkdocs hook), not from mkdocstrings'
+    rendering of the ``field(...)`` source."""
+    pytest.importorskip("trl")
+    import dataclasses
+    import importlib.util
+
+    from trl import GRPOConfig
+
+    from atr_llm.config import ATRGRPOConfig
+    from atr_llm.config.fields import training_domains
+    from atr_llm.config.trainer_config import method_fields
+
+    spec = importlib.util.spec_from_file_location("config_fields_hook", ROOT / "docs" / "hooks" / "config_fields.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    page = (ROOT / "docs" / "api.md").read_text()
+    rendered = hook.on_page_markdown(page, None)
+    assert "<!-- config fields -->" in page and "<!-- library fields -->" in page and "field(" not in rendered
+    assert "members: true" not in page.split("::: atr_llm.config.ATRGRPOConfig")[1].split(":::")[0]
+    trl = {f.name for f in dataclasses.fields(GRPOConfig)}
+    own = [f.name for f in dataclasses.fields(ATRGRPOConfig) if f.name not in trl and f.name not in method_fields()]
+    assert own and all(f'id="atr_llm.config.ATRGRPOConfig.{name}"' in rendered for name in own)
+    for name in ("scale_rewards", "cache_implementation", "reward_weights", "log_level", "lr_scheduler_kwargs"):
+        assert f"| `{name}` |" in rendered, name
+    assert training_domains()["kl_chunk_size"].describe() in rendered
