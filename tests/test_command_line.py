@@ -59,7 +59,11 @@ TRAIN_CASES = [
     (["--dataset_name", "dapo-math-17k", "--dataset_path", "{not_object}"], "line 1 is not a JSON object"),
     (
         ["--dataset_name", "dapo-math-17k", "--dataset_path", "{wrong_columns}"],
-        "line 1 has no column 'prompt.0.content'",
+        "^--dataset_path .*: line 1 has no column 'prompt.0.content'",
+    ),
+    (  # named as typed: the flag, not the field (a bad row used to say "dataset_path")
+        ["--dataset_name", "dapo-math-17k", "--dataset-path", "{wrong_columns}"],
+        "^--dataset-path .*: line 1 has no column 'prompt.0.content'",
     ),
     (["--dataset_name", "dapo-math-17k", "--dataset_path", "{bad_suffix}"], "expected a .jsonl, .json or .parquet"),
     (["--dataset_name", "dapo-math-17k", "--dataset_path", "{parquet_garbage}"], "cannot be read as parquet"),

@@ -274,7 +274,13 @@ def load_source(
     if path is not None:
         p = Path(path)
         raw, lines = _read_local(p, argument)
-        rows = map_rows(raw, src, f"{argument} {p}", lines)
+        origin = f"{argument} {p}"
+        try:
+            rows = map_rows(raw, src, origin, lines)
+        except ValueError as e:  # a bad row, refused as the argument it came from (the flag as typed)
+            from atr_llm.command_line import refuse
+
+            raise refuse(argument, str(p), str(e).removeprefix(f"{origin}: ")) from None
     else:
         rows = []
         for cfg in src.configs:
