@@ -514,3 +514,28 @@ print("OK")
     root = Path(__file__).resolve().parents[1]
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=root, env=env, timeout=300)
     assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
+
+
+def test_the_plugin_resolves_its_rule_once_per_process(monkeypatch):
+    """verl calls the loss every micro-batch with the same actor config: the rule is resolved on the first call and
+    handed to ``policy_loss`` resolved, so five calls resolve once (``atr_theory.resolve``, wherever it is called)."""
+    import atr_theory
+    import atr_theory.loss as loss_module
+    from atr_llm.verl import plugin as verl_plugin
+
+    monkeypatch.delenv(verl_plugin.PARAMS_ENV, raising=False)
+    monkeypatch.setattr(verl_plugin, "_CHOICES", {})
+    calls = []
+    real = atr_theory.resolve
+
+    def counting(*args, **kwargs):
+        calls.append(args[0] if args else kwargs.get("method"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(atr_theory, "resolve", counting)
+    monkeypatch.setattr(loss_module, "resolve", counting)
+    logp, old, adv, mask = oracle_batch(0, per_token=False)
+    cfg = verl_config("vanilla", clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0)
+    fn = core_algos.get_policy_loss_fn("atr_grpo_clip")
+    losses = [fn(old, logp, adv, mask.to(torch.float64), "token-mean", cfg, None)[0] for _ in range(5)]
+    assert calls == ["clip"] and len({float(loss) for loss in losses}) == 1

@@ -253,12 +253,10 @@ def make_verl_policy_loss(method: str):
             old_log_prob,
             advantages,
             mask,
-            method=choice.name,
-            form=choice.form,
+            method=choice,  # resolved once per process (choice_for): policy_loss resolves nothing
             aggregation="token_mean",  # unused: verl aggregates out.per_token below
             token_weights=None if rollout_is_weights is None else rollout_is_weights.to(log_prob.dtype),
             **layers,
-            **choice.params,
         )
         batch_info = dict(getattr(config, "global_batch_info", None) or {})
         pg_loss = agg_loss(loss_mat=-out.per_token, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **batch_info)
