@@ -100,7 +100,24 @@ def read_config_file(path: str) -> dict:
         return {}
     if not isinstance(content, dict):
         raise refuse("--config", path, f"expected a YAML mapping of option: value, got a {type(content).__name__}")
+    for key, value in content.items():
+        odd = _not_plain(value)
+        if odd is not None:  # !!binary, a timestamp, !!set: read as their text they named a folder b'run'
+            raise refuse(
+                "--config", path, f"key {key}: a YAML {type(odd).__name__} ({odd!r}); options take text, numbers, "
+                "true / false, null, and lists or mappings of them",
+            )
     return content
+
+
+def _not_plain(value: object) -> object | None:
+    """The first value in ``value`` (a YAML value, lists and mappings walked) that is not text, a number, a bool or
+    null, else None."""
+    if isinstance(value, (list, tuple)):
+        return next((odd for v in value if (odd := _not_plain(v)) is not None), None)
+    if isinstance(value, dict):
+        return next((odd for v in [*value, *value.values()] if (odd := _not_plain(v)) is not None), None)
+    return None if value is None or isinstance(value, (str, int, float, bool)) else value
 
 
 def config_path(argv: list[str]) -> str | None:

@@ -148,6 +148,8 @@ def test_train_refuses_bad_input_before_any_model_or_file(tmp_path, monkeypatch,
         ("{tmp}/list.yaml", "--config .*list.yaml: expected a YAML mapping of option: value, got a list"),
         ("{tmp}/unknown.yaml", "--config .*unknown.yaml: unknown key\\(s\\) max_stepz: not an option"),
         ("{tmp}/wrong_type.yaml", "--config .*wrong_type.yaml: key warmup_steps: often: expected 0, a fraction of the run"),
+        ("{tmp}/binary.yaml", r"--config .*binary.yaml: key output_dir: a YAML bytes \(b'run'\); options take text"),
+        ("{tmp}/date.yaml", r"--config .*date.yaml: key run_name: a YAML date \(datetime.date\(2026, 11, 29\)\)"),
     ],
 )
 @pytest.mark.parametrize("spelling", ["--config FILE", "--config=FILE"])
@@ -157,6 +159,9 @@ def test_train_refuses_a_bad_config_file_in_one_line(tmp_path, config, match, sp
     tiny = (CONFIGS / "cpu-tiny.yaml").read_text()
     (tmp_path / "unknown.yaml").write_text(tiny + "max_stepz: 3\n")
     (tmp_path / "wrong_type.yaml").write_text(tiny + "warmup_steps: often\n")
+    no_output = "".join(line for line in tiny.splitlines(keepends=True) if not line.startswith("output_dir"))
+    (tmp_path / "binary.yaml").write_text(no_output + "output_dir: !!binary cnVu\n")  # trained into "b'run'"
+    (tmp_path / "date.yaml").write_text(tiny + "run_name: 2026-11-29\n")
     path = config.format(tmp=tmp_path)
     argv = ["--config", path] if spelling == "--config FILE" else [f"--config={path}"]
     with pytest.raises(UsageError, match=match):
