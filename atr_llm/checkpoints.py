@@ -260,12 +260,13 @@ def _safetensors_problem(path: Path) -> str | None:
     return None
 
 
-def checkpoint_file_problem(checkpoint: str | Path) -> str | None:
+def checkpoint_file_problem(checkpoint: str | Path, *, allow_fresh_optimizer: bool = False) -> str | None:
     """Why a resume from ``checkpoint`` would fail or silently lose state, read from its files before any model loads,
     or None: its weights (``WEIGHT_FILES``, every safetensors file's header whole), ``optimizer.pt`` (without it
     transformers resumes with fresh Adam moments; runs saved with ``save_only_model`` cannot be resumed),
     ``scheduler.pt``, each ``rng_state*.pth`` and generation-cycle file (``CYCLE_FILE``) as readable archives, and
-    ``METHOD_FILE`` as a JSON object naming a method. Checks the files' structure, not every byte of their data."""
+    ``METHOD_FILE`` as a JSON object naming a method. Checks the files' structure, not every byte of their data.
+    ``allow_fresh_optimizer``: a missing ``optimizer.pt`` is taken (the run asked to restart Adam's moments)."""
     folder = Path(checkpoint)
     if not any((folder / name).is_file() for name in WEIGHT_FILES):
         return f"no model weights ({' / '.join(WEIGHT_FILES)})"
@@ -273,10 +274,11 @@ def checkpoint_file_problem(checkpoint: str | Path) -> str | None:
         problem = _safetensors_problem(path)
         if problem:
             return problem
-    if not (folder / "optimizer.pt").is_file():
+    if not (folder / "optimizer.pt").is_file() and not allow_fresh_optimizer:
         return (
-            "no optimizer.pt: resuming would restart Adam's moments from zero (a run saved with save_only_model "
-            "cannot be resumed; start it anew or resume from a checkpoint that holds its optimizer)"
+            "no optimizer.pt: resuming would restart Adam's moments from zero (a run saved with save_only_model); "
+            "resume from a checkpoint that holds its optimizer, or set allow_fresh_optimizer true "
+            "(--allow_fresh_optimizer true) to restart them"
         )
     archives = [folder / "optimizer.pt", folder / "scheduler.pt", *folder.glob("rng_state*.pth")]
     archives += sorted(folder.glob(CYCLE_FILE.format(rank="*")))

@@ -134,3 +134,23 @@ def test_train_refuses_a_damaged_checkpoint_before_any_model_loads(tmp_path):
     assert not (tmp_path / "run" / ".lock").exists() and sorted(p.name for p in (tmp_path / "run").iterdir()) == [
         "checkpoint-2"
     ]
+
+
+def test_a_checkpoint_without_its_optimizer_resumes_only_when_asked(tmp_path):
+    """A checkpoint saved with ``save_only_model`` has no optimizer.pt: refused (Adam's moments would restart from
+    zero silently) unless ``--allow_fresh_optimizer true``, which is itself refused where nothing is resumed."""
+    from atr_llm import train
+    from atr_llm.command_line import UsageError
+
+    folder = _checkpoint(tmp_path / "run" / "checkpoint-2")
+    (folder / "optimizer.pt").unlink()
+    assert "allow_fresh_optimizer" in checkpoints.checkpoint_file_problem(folder)
+    assert checkpoints.checkpoint_file_problem(folder, allow_fresh_optimizer=True) is None
+    _truncate(folder / "scheduler.pt")  # what is there is still checked
+    assert "scheduler.pt is damaged" in checkpoints.checkpoint_file_problem(folder, allow_fresh_optimizer=True)
+    (folder / "scheduler.pt").unlink()
+    base = ["--config", str(CPU_TINY), "--output_dir", str(tmp_path / "run")]
+    run = train.parse([*base, "--resume_from_checkpoint", str(folder), "--allow_fresh_optimizer", "true"])
+    assert run.checkpoint == folder
+    with pytest.raises(UsageError, match=r"^--allow_fresh_optimizer true: set, but nothing is resumed"):
+        train.parse([*base, "--allow_fresh_optimizer", "true"])

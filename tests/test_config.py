@@ -73,9 +73,13 @@ def _field_cases() -> list[tuple[str, str, object]]:
     """``(config, field, bad value)`` for every declared field of the three configs and every method field."""
     cases = []
     defaults = {f.name: f.default for f in dataclasses.fields(ATRGRPOConfig)}
+    listed = config_fields.list_fields(ATRGRPOConfig)  # checked item by item: a bad item inside a list
     for name, declared in config_fields.training_domains().items():
         if name in defaults:
-            cases += [("training", name, bad) for bad in bad_values(declared, defaults[name])]
+            bad = bad_values(declared, defaults[name])
+            if name in listed:
+                bad = [[b] for b in bad if b is not None and not isinstance(b, (list, dict))] + [{"a": 1}]
+            cases += [("training", name, b) for b in bad]
     script_defaults = {f.name: f.default for f in dataclasses.fields(ScriptArguments)}
     for name, declared in config_fields.script_domains().items():
         cases += [("script", name, bad) for bad in bad_values(declared, script_defaults[name])]

@@ -33,6 +33,7 @@ def _config(tmp_path, **kw) -> ATRGRPOConfig:
     [
         ("reward_weights", [math.nan], r"^reward_weights=nan: expected a finite number$"),
         ("reward_weights", ["1.0"], r"^reward_weights='1\.0': expected a finite number, got a text$"),
+        ("reward_weights", 0.5, r"^reward_weights=0\.5: expected a list of finite numbers, one per reward function$"),
         ("log_level", "bogus", r"^log_level='bogus': expected one of detail, debug, info"),
         ("scale_rewards", "bogus", r"^scale_rewards='bogus': expected one of group, batch, none$"),
         ("warmup_steps", 1e300, r"^warmup_steps=1e\+300: expected 0, a fraction .* in \[1, 2147483647\]$"),

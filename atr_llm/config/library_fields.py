@@ -24,7 +24,7 @@ __all__ = [
     "library_values_read",
 ]
 
-LIBRARY_FIELDS = ("lr_scheduler_kwargs", "generation_kwargs", "pad_to_multiple_of")
+LIBRARY_FIELDS = ("lr_scheduler_kwargs", "generation_kwargs", "pad_to_multiple_of", "reward_weights")
 """The fields ``check_library_fields`` checks (beside ``library_domains``' ones, which ``check_fields`` checks)."""
 
 
@@ -132,6 +132,14 @@ def _build_samplers(settings: Any, given: dict) -> None:
             processor(value)
 
 
+def _check_reward_weights_listed(config: Any) -> None:
+    """``reward_weights``: None or a list (TRL takes ``len()`` of it when the trainer is built; each item's domain is
+    ``check_fields``')."""
+    weights = getattr(config, "reward_weights", None)
+    if weights is not None and not isinstance(weights, (list, tuple)):
+        raise ConfigError("reward_weights", weights, "expected a list of finite numbers, one per reward function")
+
+
 def _check_pad_to_multiple_of(config: Any) -> None:
     """``pad_to_multiple_of``: None, ``"auto"``, an integer >= 1, or the text of one (or ``"none"`` / ``"null"``),
     which TRL's ``GRPOConfig.__post_init__`` reads with ``int()`` (``"abc"`` failed there naming nothing)."""
@@ -151,6 +159,7 @@ def check_library_fields(config: Any, only: str | None = None) -> None:
     """The checks of ``LIBRARY_FIELDS`` on ``config`` (``only``: that field alone, written after the build); a
     refusal is a ``ConfigError`` naming the field."""
     checks = {
+        "reward_weights": _check_reward_weights_listed,
         "lr_scheduler_kwargs": _check_scheduler_kwargs,
         "generation_kwargs": _check_generation_kwargs,
         "pad_to_multiple_of": _check_pad_to_multiple_of,

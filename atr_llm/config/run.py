@@ -70,6 +70,13 @@ class ScriptArguments:
             "permuted among its completions (seeded by seed and step; atr_llm.rewards.GroupShuffledReward)"
         },
     )
+    allow_fresh_optimizer: bool = field(
+        default=False,
+        metadata={
+            "help": "with --resume_from_checkpoint: resume from a checkpoint without optimizer.pt (saved with "
+            "save_only_model), Adam's moments restarting from zero (refused without it)"
+        },
+    )
     overwrite: bool = field(
         default=False,
         metadata={"help": "train into an --output_dir that holds a finished run (its final/ model is replaced)"},
@@ -261,6 +268,10 @@ class RunConfig:
 
         resume, out = self.training.resume_from_checkpoint, Path(self.training.output_dir)
         if resume is None:
+            if self.script.allow_fresh_optimizer:  # an option nothing reads is refused, not dropped
+                raise ConfigError(
+                    "allow_fresh_optimizer", True, "set, but nothing is resumed: it applies to resume_from_checkpoint"
+                )
             return None
         if str(resume) in LATEST:
             checkpoint = latest_complete_checkpoint(out)
@@ -288,7 +299,8 @@ class RunConfig:
             check_resume_compatible(checkpoint, resolved, model_to_train(self.script, self.model), name=config_field)
         except ValueError as e:
             raise ConfigError("resume_from_checkpoint", resume, str(e)) from None
-        problem = checkpoint_file_problem(checkpoint)  # after what it trained: a switch is named before a damage
+        allow = self.script.allow_fresh_optimizer
+        problem = checkpoint_file_problem(checkpoint, allow_fresh_optimizer=allow)  # after what it trained
         if problem:
             raise ConfigError("resume_from_checkpoint", resume, f"{checkpoint} cannot be resumed: {problem}")
         return checkpoint
