@@ -36,6 +36,7 @@ from .loss_inputs import (
     check_topk_pair,
     finite_probe,
     refuse_bad_values,
+    refuse_unread,
     rule_generator,
 )
 from .loss_output import LossOutput, nearest_rank_quantiles, outside_by_advantage
@@ -250,50 +251,12 @@ def policy_loss(
         raise ValueError("top_entropy_quantile < 1 needs the per-token entropies (entropies=, shape (B, T))")
     if not isinstance(validate, bool):
         raise ValueError(f"validate must be True or False, got {validate!r}")
-    full, topk = choice.spec.needs_full_distributions, choice.spec.needs_topk
+    topk = choice.spec.needs_topk
     if topk:
         check_topk_pair(old_topk_logp, topk_logp, choice.name)
-    for name, given, reader, read_by in (  # an argument nothing reads is refused, not dropped
-        (
-            "behaviour_logp",
-            behaviour_logp,
-            sequence_mask is not None or rollout_correction is not None,
-            "sequence_mask or rollout_correction",
-        ),
-        ("entropies", entropies, top_entropy_quantile < 1.0, "top_entropy_quantile < 1"),
-        ("position_kl", position_kl, full, "a method that needs the full distributions"),
-        (
-            "old_full_logp",
-            old_full_logp,
-            full and position_kl is None,
-            "a method that needs the full distributions, without position_kl",
-        ),
-        (
-            "full_logp",
-            full_logp,
-            full and position_kl is None,
-            "a method that needs the full distributions, without position_kl",
-        ),
-        (
-            "kl_chunk_size",
-            kl_chunk_size,
-            full and position_kl is None,
-            "a method that needs the full distributions, without position_kl",
-        ),
-        ("old_topk_logp", old_topk_logp, topk, "a method that reads the top-K"),
-        ("topk_logp", topk_logp, topk, "a method that reads the top-K"),
-        (
-            "generator",
-            generator,
-            choice.spec.stochastic,
-            "a method that draws at random, such as clip_cov (atr_theory.rule_generator passes it only there)",
-        ),
-    ):
-        if given is not None and not reader:
-            raise ValueError(
-                f"{name} is given, but nothing in this call reads it: {name} is read by {read_by}, not by "
-                f"{choice.name!r} here"
-            )
+    refuse_unread(  # an argument nothing reads is refused, not dropped
+        choice, optional, kl_chunk_size, generator, sequence_mask, rollout_correction, top_entropy_quantile
+    )
     if validate and mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
         bad = mask[(mask != 0) & (mask != 1)][0].item()
         raise ValueError(f"mask must be boolean or hold only 0 and 1, got the value {bad!r}")

@@ -24,6 +24,7 @@ __all__ = [
     "finite_probe",
     "is_integer",
     "refuse_bad_values",
+    "refuse_unread",
     "rule_generator",
 ]
 
@@ -223,3 +224,62 @@ def check_structure(
         if name != "mask" and not t.is_floating_point():
             raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
     return shape
+
+
+def refuse_unread(
+    choice: ResolvedMethod,
+    optional: dict[str, Any],
+    kl_chunk_size: Any,
+    generator: Any,
+    sequence_mask: Any,
+    rollout_correction: Any,
+    top_entropy_quantile: float,
+) -> None:
+    """ValueError naming an argument of ``policy_loss`` given to a call that never reads it (``optional``: its
+    optional tensors by name), and what would read it."""
+    full, topk = choice.spec.needs_full_distributions, choice.spec.needs_topk
+    position_kl = optional["position_kl"]
+    behaviour_logp, entropies = optional["behaviour_logp"], optional["entropies"]
+    old_full_logp, full_logp = optional["old_full_logp"], optional["full_logp"]
+    old_topk_logp, topk_logp = optional["old_topk_logp"], optional["topk_logp"]
+    for name, given, reader, read_by in (
+        (
+            "behaviour_logp",
+            behaviour_logp,
+            sequence_mask is not None or rollout_correction is not None,
+            "sequence_mask or rollout_correction",
+        ),
+        ("entropies", entropies, top_entropy_quantile < 1.0, "top_entropy_quantile < 1"),
+        ("position_kl", position_kl, full, "a method that needs the full distributions"),
+        (
+            "old_full_logp",
+            old_full_logp,
+            full and position_kl is None,
+            "a method that needs the full distributions, without position_kl",
+        ),
+        (
+            "full_logp",
+            full_logp,
+            full and position_kl is None,
+            "a method that needs the full distributions, without position_kl",
+        ),
+        (
+            "kl_chunk_size",
+            kl_chunk_size,
+            full and position_kl is None,
+            "a method that needs the full distributions, without position_kl",
+        ),
+        ("old_topk_logp", old_topk_logp, topk, "a method that reads the top-K"),
+        ("topk_logp", topk_logp, topk, "a method that reads the top-K"),
+        (
+            "generator",
+            generator,
+            choice.spec.stochastic,
+            "a method that draws at random, such as clip_cov (atr_theory.rule_generator passes it only there)",
+        ),
+    ):
+        if given is not None and not reader:
+            raise ValueError(
+                f"{name} is given, but nothing in this call reads it: {name} is read by {read_by}, not by "
+                f"{choice.name!r} here"
+            )
