@@ -22,7 +22,8 @@ test: install
 	$(PIP) install --quiet --no-deps areal==1.0.4
 	$(PY) -m ruff check .
 	$(PY) -m pytest atr_theory tests -m "not slow"
-	SITE=$$(mktemp -d) && $(PY) -m mkdocs build --strict --site-dir $$SITE && $(PY) -m tools.check_site $$SITE
+	SITE=$$(mktemp -d) && $(PY) -m mkdocs build --strict --site-dir $$SITE && $(PY) -m tools.check_site $$SITE \
+		&& $(PY) -m tools.site_layout $$SITE --if-browser  # no code block or table wider than its column at 1280 px
 
 # the tests marked slow (end-to-end runs, killed-and-resumed runs, long compilations): CI runs them after make test
 test-slow: install

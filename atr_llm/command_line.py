@@ -94,7 +94,7 @@ class Parser(argparse.ArgumentParser):
         return super().add_argument(*args, **kwargs)
 
     def parse_args(self, args=None, namespace=None):  # noqa: D102 - argparse's, with unknown options first
-        argv = sys.argv[1:] if args is None else list(args)
+        argv = negative_values_attached(sys.argv[1:] if args is None else list(args))
         self.typed = argv
         refuse_unknown_options(self, argv)
         given = options_given(self, argv)
@@ -152,7 +152,21 @@ def reworded(message: str, argv: list[str]) -> str:
     return f"{typed}: {rest}" if rest.startswith(ARGPARSE_OWN) else f"{typed} {rest}"
 
 
-NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+(e[+-]?\d+)?$|^-inf$|^-nan$", re.I)
+NEGATIVE_NUMBER = re.compile(r"-(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|-inf(?:inity)?|-nan", re.IGNORECASE)
+"""A token that is a negative number (``-1``, ``-1e-4``, ``-.5``, ``-inf``), matched whole (``fullmatch``): a value,
+never an option. The one definition, for every command (``Parser``) and ``python -m atr_llm.train``."""
+
+
+def negative_values_attached(argv: list[str]) -> list[str]:
+    """``--flag -1e-4`` as ``--flag=-1e-4``: argparse reads a token that starts with ``-`` and is not a plain
+    negative integer or decimal (``-1e-4``, ``-inf``) as an option, so ``--x -1e-4`` and ``--x=-1e-4`` would differ."""
+    out: list[str] = []
+    for token in argv:
+        if out and NEGATIVE_NUMBER.fullmatch(token) and out[-1].startswith("--") and "=" not in out[-1]:
+            out[-1] = f"{out[-1]}={token}"
+        else:
+            out.append(token)
+    return out
 
 
 def _collects(action: argparse.Action) -> bool:
@@ -183,7 +197,7 @@ def options_given(
             value, i = inline, i + 1
         else:
             j = i + 1
-            while j < len(argv) and not (argv[j].startswith("-") and not NEGATIVE_NUMBER.match(argv[j])):
+            while j < len(argv) and not (argv[j].startswith("-") and not NEGATIVE_NUMBER.fullmatch(argv[j])):
                 j += 1
                 if action.nargs in (None, "?"):
                     break
@@ -206,7 +220,7 @@ def refuse_unknown_options(parser: argparse.ArgumentParser, argv: list[str]) -> 
     for token in argv:
         if token == "--":
             return
-        if not token.startswith("-") or token == "-" or NEGATIVE_NUMBER.match(token):
+        if not token.startswith("-") or token == "-" or NEGATIVE_NUMBER.fullmatch(token):
             continue
         name = token.split("=", 1)[0]
         if name not in known:

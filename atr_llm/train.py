@@ -10,22 +10,20 @@ on the command line. Several GPUs: ``accelerate launch -m atr_llm.train --config
     python -m atr_llm.train --config ... --resume_from_checkpoint runs/x/checkpoint-20
 
 Bad configurations (unknown method, delta <= 0, a missing dataset file, Unsloth without CUDA) fail
-before any model is loaded.
+before any model is loaded. This module only turns the command line (and ``atr_llm.config_file``, its YAML file)
+into a checked ``RunConfig``; the run itself is ``atr_llm.training_run.run``.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import os
-import re
 import sys
 import warnings
-from pathlib import Path
 
-from .command_line import refuse, refuse_unknown_options
-from .files import atomic_write_text, directory_written_whole
+from .command_line import negative_values_attached, refuse, refuse_unknown_options
+from .config_file import config_path, file_values, read_config_file
+from .training_run import run
 
 USAGE = """\
 python -m atr_llm.train needs a config or arguments. To start:
@@ -40,96 +38,6 @@ Presets for every method of the paper's Tables 2-3: atr_llm/configs/qwen3-{1.7b,
 # ---------------------------------------------------------------------------------------------------------------
 # the command line and its --config file: text -> values (the configs check them, atr_llm.config)
 # ---------------------------------------------------------------------------------------------------------------
-NEGATIVE_NUMBER = re.compile(r"-(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|-inf(?:inity)?|-nan", re.IGNORECASE)
-
-
-def negative_values_attached(argv: list[str]) -> list[str]:
-    """``--flag -1e-4`` as ``--flag=-1e-4``: argparse reads a token that starts with ``-`` and is not a plain
-    negative integer or decimal (``-1e-4``, ``-inf``) as an option, so ``--x -1e-4`` and ``--x=-1e-4`` would differ."""
-    out: list[str] = []
-    for token in argv:
-        if out and NEGATIVE_NUMBER.fullmatch(token) and out[-1].startswith("--") and "=" not in out[-1]:
-            out[-1] = f"{out[-1]}={token}"
-        else:
-            out.append(token)
-    return out
-
-
-class YamlKeyError(ValueError):
-    """A ``--config`` file's key that is not an option name, or a name given twice."""
-
-
-def _strict_mapping(loader, node, deep=False):
-    """A YAML mapping whose keys are names (strings), each given once; else ``YamlKeyError`` naming the line(s)."""
-    import yaml
-
-    loader.flatten_mapping(node)
-    seen: dict[str, int] = {}
-    for key_node, _ in node.value:
-        key, line = loader.construct_object(key_node, deep=True), key_node.start_mark.line + 1
-        if not isinstance(key, str):
-            raise YamlKeyError(f"key {key!r} (line {line}) is not an option name")
-        if key in seen:
-            raise YamlKeyError(f"key {key} is given twice (lines {seen[key]} and {line}); give it once")
-        seen[key] = line
-    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
-
-
-def read_config_file(path: str) -> dict:
-    """The mapping of option: value in the YAML file ``path``; a file that is missing, a folder, unreadable, not YAML,
-    not a mapping, or with a key that is not a name or is given twice, is refused in one line naming it."""
-    import yaml
-
-    class StrictLoader(yaml.SafeLoader):
-        pass
-
-    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _strict_mapping)
-    if not os.path.exists(path):
-        raise refuse("--config", path, "no such file")
-    if not os.path.isfile(path):  # a folder, or a device, pipe or socket (/dev/null)
-        what = "a folder" if os.path.isdir(path) else "no regular file (a device, pipe or socket)"
-        raise refuse("--config", path, f"expected a YAML file, got {what}")
-    try:
-        with open(path, encoding="utf-8") as handle:
-            content = yaml.load(handle, Loader=StrictLoader)  # noqa: S506 - a SafeLoader
-    except YamlKeyError as e:
-        raise refuse("--config", path, str(e)) from None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise refuse("--config", path, f"not a readable YAML file ({type(e).__name__})") from None
-    if content is None:
-        return {}
-    if not isinstance(content, dict):
-        raise refuse("--config", path, f"expected a YAML mapping of option: value, got a {type(content).__name__}")
-    for key, value in content.items():
-        odd = _not_plain(value)
-        if odd is not None:  # !!binary, a timestamp, !!set: read as their text they named a folder b'run'
-            raise refuse(
-                "--config", path, f"key {key}: a YAML {type(odd).__name__} ({odd!r}); options take text, numbers, "
-                "true / false, null, and lists or mappings of them",
-            )
-    return content
-
-
-def _not_plain(value: object) -> object | None:
-    """The first value in ``value`` (a YAML value, lists and mappings walked) that is not text, a number, a bool or
-    null, else None."""
-    if isinstance(value, (list, tuple)):
-        return next((odd for v in value if (odd := _not_plain(v)) is not None), None)
-    if isinstance(value, dict):
-        return next((odd for v in [*value, *value.values()] if (odd := _not_plain(v)) is not None), None)
-    return None if value is None or isinstance(value, (str, int, float, bool)) else value
-
-
-def config_path(argv: list[str]) -> str | None:
-    """The FILE of ``--config FILE`` / ``--config=FILE`` in ``argv``, None without one."""
-    for i, arg in enumerate(argv):
-        if arg == "--config" and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith("--config="):
-            return arg.split("=", 1)[1]
-    return None
-
-
 def build_parser():
     """The declaration of ``python -m atr_llm.train``: an option per field of ``ScriptArguments``, ``ATRGRPOConfig``
     and ``trl.ModelConfig`` (transformers' ``HfArgumentParser``, TRL's convention), plus ``--config FILE``. A field
@@ -156,46 +64,6 @@ def build_parser():
         if action.dest in declared:
             action.type = declared[action.dest].parse
     return parser
-
-
-def _yaml_value(action, value, annotations: dict):
-    """A ``--config`` file's ``value`` for ``action``'s field, turned into its type as the command line turns text
-    (``action.type``, its choices), or ``ValueError`` saying what was expected: null only where the field's default is
-    None, a list only for a field of several values, a mapping only for a field that takes one."""
-    annotation = str(annotations.get(action.dest, ""))
-    if value is None:
-        if action.default is None:
-            return None
-        raise ValueError("null: expected a value (the field has no 'unset')")
-    if isinstance(value, dict):
-        if "dict" in annotation:
-            return value
-        raise ValueError(f"a mapping: expected one value{_expected(action)}")
-    if isinstance(value, list):
-        if action.nargs not in ("+", "*") and "list" not in annotation:
-            raise ValueError(f"a list {value}: expected one value{_expected(action)}")
-        return [_yaml_scalar(action, item) for item in value]
-    return _yaml_scalar(action, value)
-
-
-def _expected(action) -> str:
-    describe = getattr(getattr(action.type, "__self__", None), "describe", None)
-    return f" ({describe()})" if describe else ""
-
-
-def _yaml_scalar(action, value):
-    text = str(value).lower() if isinstance(value, bool) else str(value)
-    if isinstance(value, (list, dict)):
-        raise ValueError(f"{text}: expected one value{_expected(action)}")
-    try:
-        converted = action.type(text) if action.type is not None else text
-    except argparse.ArgumentTypeError as e:
-        raise ValueError(str(e)) from None
-    except (TypeError, ValueError):
-        raise ValueError(f"{text}: expected a {getattr(action.type, '__name__', 'value')}") from None
-    if action.choices is not None and converted not in action.choices:
-        raise ValueError(f"{text}: expected one of {', '.join(str(c) for c in action.choices)}")
-    return converted
 
 
 def parse(argv=None):
@@ -228,44 +96,6 @@ def command_line_values(parser, argv: list[str]) -> tuple[dict, dict]:
         raise ValueError(reworded(str(e), argv)) from None
     values = {dest: value for dest, value in parsed.items() if dest in given}
     return values, {dest: (given[dest][0][1], given[dest][0][2], None) for dest in values}
-
-
-def file_values(parser, path: str) -> tuple[dict, dict, dict | None]:
-    """The values of the ``--config`` file ``path``, each typed as the command line types its text
-    (``_yaml_value``), where each came from (``("--config", path, "key NAME: VALUE")``), and its ``env:`` mapping
-    (TRL's convention: variables to set for the run; None without one)."""
-    import typing
-
-    from trl import ModelConfig
-
-    from .config import ATRGRPOConfig, ScriptArguments
-    from .relations import shown_value
-
-    content = read_config_file(path)
-    environment = content.pop("env", None)
-    if environment is not None and (
-        not isinstance(environment, dict) or not all(isinstance(k, str) for k in environment)
-    ):
-        raise refuse("--config", path, "key env: expected a mapping of variable: value")
-    dests = {}
-    for action in parser._actions:  # a flag's --no_<field> complement shares its dest: keep the field's own option
-        dests.setdefault(action.dest, action)
-    unknown = [k for k in content if k not in dests or k == "config"]
-    if unknown:
-        raise refuse("--config", path, f"unknown key(s) {', '.join(unknown)}: not an option of atr_llm.train")
-    annotations = {}
-    for cls in (ScriptArguments, ATRGRPOConfig, ModelConfig):
-        annotations.update(typing.get_type_hints(cls))
-    values, where = {}, {}
-    for variable, raw in (environment or {}).items():  # a refused variable is named as the file's key
-        where[f"${variable}"] = ("--config", path, f"key env: {variable}: {shown_value(raw)}")
-    for key, raw in content.items():
-        try:
-            values[key] = _yaml_value(dests[key], raw, annotations)
-        except ValueError as e:
-            raise refuse("--config", path, f"key {key}: {e}") from None
-        where[key] = ("--config", path, f"key {key}: {shown_value(raw)}")
-    return values, where, environment
 
 
 def build_run(values: dict, where: dict, path: str | None, environment: dict | None):
@@ -347,39 +177,6 @@ def requested_backend(argv=None) -> str:
     return str((read_config_file(path) if path else {}).get("backend", "trl"))
 
 
-def load_model_and_tokenizer(script_args, model_args, training_args):
-    from .tiny import build_tokenizer_and_model
-
-    attention = getattr(model_args, "attn_implementation", None)  # checked by check_model_options
-    if script_args.tiny:
-        tok, model = build_tokenizer_and_model(script_args.tiny_vocab, seed=training_args.seed)
-        if attention is not None:
-            model.set_attn_implementation(attention)
-        dtype = getattr(model_args, "dtype", None)
-        if dtype not in (None, "auto"):  # trl.ModelConfig's dtype, honoured for the tiny model too
-            import torch
-
-            model = model.to(getattr(torch, dtype))
-        return model, tok
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    name = model_args.model_name_or_path
-    if not name:
-        raise ValueError("set --model_name_or_path (a hub id such as Qwen/Qwen3-1.7B or a local folder) or --tiny")
-    # TRL >= 1.16's ModelConfig has no trust_remote_code field (older ones do)
-    hub = {
-        "revision": getattr(model_args, "model_revision", None) or "main",
-        "trust_remote_code": getattr(model_args, "trust_remote_code", False),
-    }
-    tok = AutoTokenizer.from_pretrained(name, **hub)
-    if tok.pad_token is None or tok.pad_token_id == tok.eos_token_id:
-        tok.pad_token = "<|endoftext|>" if "<|endoftext|>" in tok.get_vocab() else tok.eos_token
-    dtype = model_args.dtype if getattr(model_args, "dtype", None) not in (None, "auto") else "auto"
-    extra = {"attn_implementation": attention} if attention is not None else {}
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **hub, **extra)
-    return model, tok
-
-
 def main(argv=None) -> dict:
     """``python -m atr_llm.train``: build and check the run's configuration (``parse``), then ``run`` it."""
     from .config.fields import ConfigError, check_environment
@@ -402,150 +199,6 @@ def main(argv=None) -> dict:
     for w in deferred:  # the checks passed: show what the libraries said while the configs were built
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return run(config)
-
-
-def run(config) -> dict:
-    """Train as ``config`` (an ``atr_llm.config.RunConfig``, checked whole when it was built) says: SFT (unless
-    resuming), GRPO, the final model and the summary, in its output folder, which one run at a time holds."""
-    from .evaluation_generators import vllm_available
-    from .run_lock import output_dir_lock
-
-    note = choose_generation(config.script, config.training, vllm_usable=vllm_available())
-    if note:
-        warnings.warn(note, stacklevel=1)
-    out = Path(config.training.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    with output_dir_lock(out):  # one run per folder: a second one is refused here, before any model loads
-        return _train(config.script, config.training, config.model, config.datasets, out)
-
-
-def _train(script_args, training_args, model_args, loaded, out: Path) -> dict:
-    """The run itself, from the data to the final model and the summary, inside the folder's lock."""
-    from trl import get_peft_config
-
-    from .data import load_source, to_grpo_dataset
-    from .rewards import CorrectnessReward, GroupShuffledReward
-    from .trainer import ATRGRPOTrainer
-
-    train_ds = loaded.get("dataset_path") or load_source(  # a local file was read by the checks already
-        script_args.dataset_name, script_args.dataset_path, script_args.dataset_limit, seed=training_args.seed
-    )
-
-    if script_args.backend == "unsloth":
-        from .unsloth_backend import load_unsloth_model, unsloth_trainer_class
-
-        model, tok = load_unsloth_model(model_args, training_args)
-        trainer_cls = unsloth_trainer_class()
-    else:
-        model, tok = load_model_and_tokenizer(script_args, model_args, training_args)
-        trainer_cls = ATRGRPOTrainer
-    peft_config = get_peft_config(model_args)
-
-    resuming = training_args.resume_from_checkpoint is not None
-    if script_args.sft_steps > 0 and not resuming:
-        from .sft import run_sft
-
-        sft_ds = loaded.get("sft_dataset_path") or load_source(
-            script_args.sft_dataset_name or script_args.dataset_name,
-            script_args.sft_dataset_path,
-            script_args.dataset_limit,
-            seed=training_args.seed + 1,
-        )
-        model = run_sft(
-            model,
-            tok,
-            sft_ds,
-            out / "sft",
-            max_steps=script_args.sft_steps,
-            learning_rate=script_args.sft_learning_rate,
-            batch_size=script_args.sft_batch_size,
-            seed=training_args.seed,
-            peft_config=peft_config,
-            implementation=script_args.sft_implementation,
-        )
-        if peft_config is not None:  # RL trains a fresh adapter on top of the merged SFT weights
-            model = model.merge_and_unload()
-
-    reward = CorrectnessReward(
-        timeout_seconds=script_args.reward_timeout_seconds,
-        truncated_reward=script_args.truncated_reward,
-        eos_token_ids=eos_token_ids(tok, model),
-    )
-    if script_args.reward_control == "shuffled":  # the no-signal control: same rewards, permuted within each group
-        reward = GroupShuffledReward(reward, training_args.num_generations, training_args.seed)
-    trainer = trainer_cls(
-        model=model,
-        reward_funcs=[reward],
-        args=training_args,
-        train_dataset=to_grpo_dataset(train_ds),
-        processing_class=tok,
-        peft_config=peft_config,
-    )
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    save_final_model(trainer, out)
-    summary = summarise(trainer.state.log_history)
-    atomic_write_text(out / "train_summary.json", json.dumps(summary, indent=1))
-    atomic_write_text(out / "log_history.json", json.dumps(trainer.state.log_history))
-    print(json.dumps(summary, indent=1))
-    return summary
-
-
-def save_final_model(trainer, out: Path) -> Path:
-    """``out/final``, written whole or not at all: saved into ``final.partial`` and renamed into place (a run killed
-    while saving leaves no ``final/`` that looks finished; an earlier ``final/``, with ``--overwrite``, is replaced)."""
-    from .checkpoints import write_method_record
-
-    with directory_written_whole(out / "final") as partial:
-        trainer.save_model(str(partial))
-        if hasattr(trainer.args, "resolved_method"):
-            write_method_record(partial, trainer.args.resolved_method, trainer.model)
-    return out / "final"
-
-
-def choose_generation(script_args, training_args, *, vllm_usable: bool) -> str | None:
-    """Apply ``use_vllm_if_available``: switch on TRL's colocated vLLM (``use_vllm``, ``vllm_mode="colocate"``)
-    when ``vllm_usable`` (vllm importable and CUDA present); else return the warning to print (None: nothing
-    to say: the user chose ``use_vllm`` themselves, did not ask, or runs the Unsloth backend, whose vLLM is its
-    own ``fast_inference`` and which refuses TRL's vLLM importance-sampling correction)."""
-    if not script_args.use_vllm_if_available or training_args.use_vllm or script_args.backend == "unsloth":
-        return None
-    if vllm_usable:
-        training_args.use_vllm = True
-        training_args.vllm_mode = "colocate"
-        return None
-    return (
-        "vllm is not usable here (not installed, or no CUDA device): generating with transformers' generate, "
-        "which is several times slower for long completions; pip install vllm on a CUDA machine for TRL's "
-        "colocated vLLM generation"
-    )
-
-
-def eos_token_ids(tokenizer, model) -> set[int]:
-    """The ids that end a completion: the tokenizer's eos and the model's generation-config eos (an int or a
-    list), as TRL's generation stops on them."""
-    ids = {tokenizer.eos_token_id}
-    gen = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids.update(gen if isinstance(gen, (list, tuple)) else [gen])
-    return {int(i) for i in ids if i is not None}
-
-
-def summarise(log_history: list[dict]) -> dict:
-    """Mean reward over the first and last quarter of logged steps, and the constraint's masked fraction."""
-    steps = [h for h in log_history if "reward" in h]
-    if not steps:
-        return {"logged_steps": 0}
-    q = max(1, len(steps) // 4)
-    mean = lambda rows, k: sum(r.get(k, 0.0) for r in rows) / len(rows)  # noqa: E731
-    return {
-        "logged_steps": len(steps),
-        "reward_first_quarter": mean(steps[:q], "reward"),
-        "reward_last_quarter": mean(steps[-q:], "reward"),
-        "frac_masked_mean": mean(steps, "clip/frac_masked"),
-        "ratio_max_mean": mean(steps, "clip/ratio_max"),
-        "entropy_last": steps[-1].get("entropy"),
-        "completion_length_last": steps[-1].get("completions/mean_length"),
-        "truncated_frac_last_quarter": mean(steps[-q:], "completions/clipped_ratio"),
-    }
 
 
 if __name__ == "__main__":

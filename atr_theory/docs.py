@@ -124,6 +124,6 @@ def readme_with_table(text: str) -> str:
     if PEERS_BEGIN in text:
         text = replace_block(text, PEERS_BEGIN, PEERS_END, f"\n{peers_markdown()}\n", "the page")
     if REFERENCE_BEGIN in text:
-        code = f"\n```py\n{reference_forms_source()}\n```\n"
+        code = f"\n``` {{ .python .wrap-long-lines }}\n{reference_forms_source()}\n```\n"
         text = replace_block(text, REFERENCE_BEGIN, REFERENCE_END, code, "the page")
     return text

@@ -15,7 +15,9 @@ Examples
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -31,16 +33,16 @@ from .layers import (
 from .loss_inputs import (
     LOGP_TOLERANCE,
     ValueCheck,
+    check_layers,
     check_scalars,
     check_structure,
     check_topk_pair,
     finite_probe,
     refuse_bad_values,
-    refuse_unread,
     rule_generator,
 )
 from .loss_output import LossOutput, nearest_rank_quantiles, outside_by_advantage
-from .methods import FORMS, ResolvedMethod, TokenBatch, resolve
+from .methods import FORMS, MethodResult, ResolvedMethod, TokenBatch, resolve
 
 __all__ = [
     "policy_loss",
@@ -219,22 +221,7 @@ def policy_loss(
         ``loss`` (scalar, to minimise), ``per_token`` ((B, T) objective, 0 on padding) and ``metrics`` (a dict of
         floats, computed on first access).
     """
-    if isinstance(method, ResolvedMethod):  # validated once by the caller (the trainer, at config time)
-        if form is not None or params:
-            raise ValueError(
-                f"method is an already resolved choice ({method.name!r}, form {method.form!r}); pass its form and "
-                f"parameters to resolve(), not here (got form={form!r}, parameters {sorted(params)})"
-            )
-        choice = method
-    else:
-        choice = resolve(method, form, **params)
-    check_aggregation(aggregation)
-    if ratio_level not in RATIO_LEVELS:
-        raise ValueError(f"ratio_level must be one of {RATIO_LEVELS}, got {ratio_level!r}")
-    if sequence_mask is not None and not isinstance(sequence_mask, SequenceMask):
-        raise ValueError(f"sequence_mask must be a SequenceMask, got {type(sequence_mask).__name__}")
-    if rollout_correction is not None and not isinstance(rollout_correction, RolloutCorrection):
-        raise ValueError(f"rollout_correction must be a RolloutCorrection, got {type(rollout_correction).__name__}")
+    choice = _resolved_choice(method, form, params)
     optional = {
         "token_weights": token_weights,
         "behaviour_logp": behaviour_logp,
@@ -246,32 +233,141 @@ def policy_loss(
         "topk_logp": topk_logp,
     }
     shape = check_structure(logp, old_logp, advantages, mask, optional)
-    check_scalars(max_length, aggregation, shape[1], kl_chunk_size, generator, top_entropy_quantile)
-    if top_entropy_quantile < 1.0 and entropies is None:
-        raise ValueError("top_entropy_quantile < 1 needs the per-token entropies (entropies=, shape (B, T))")
-    if not isinstance(validate, bool):
-        raise ValueError(f"validate must be True or False, got {validate!r}")
-    topk = choice.spec.needs_topk
-    if topk:
-        check_topk_pair(old_topk_logp, topk_logp, choice.name)
-    refuse_unread(  # an argument nothing reads is refused, not dropped
-        choice, optional, kl_chunk_size, generator, sequence_mask, rollout_correction, top_entropy_quantile
+    _check_call(
+        choice,
+        optional,
+        shape[1],
+        aggregation,
+        max_length,
+        kl_chunk_size,
+        generator,
+        top_entropy_quantile,
+        validate,
+        ratio_level,
     )
+    check_layers(choice, optional, kl_chunk_size, generator, sequence_mask, rollout_correction, top_entropy_quantile)
     if validate and mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
         bad = mask[(mask != 0) & (mask != 1)][0].item()
         raise ValueError(f"mask must be boolean or hold only 0 and 1, got the value {bad!r}")
+    p = _prepare(logp, old_logp, advantages, mask, token_weights, behaviour_logp, position_kl, validate)
+    if validate:
+        always = [
+            ValueCheck("logp", logp, "logp"),
+            ValueCheck("old_logp", old_logp, "logp", p.dtype),
+            ValueCheck("advantages", advantages, "finite", p.dtype),
+        ]
+        if token_weights is not None:
+            always.append(ValueCheck("token_weights", token_weights, "weight", p.dtype))
+        reads_behaviour = sequence_mask is not None or rollout_correction is not None
+        read_here = _read_optional(choice, optional, p.dtype, reads_behaviour, top_entropy_quantile)
+        log_ratio = _checked_log_ratio(p, always, read_here)
+    else:
+        log_ratio = torch.clamp(p.log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    rule_log_ratio = (
+        log_ratio if ratio_level == "token" else sequence_log_ratio(torch.where(p.mask, log_ratio, p.zero), p.mask)
+    )
+    if choice.spec.needs_topk:
+        old_topk_logp, topk_logp = old_topk_logp.detach().to(p.dtype), topk_logp.detach().to(p.dtype)
+    batch = TokenBatch(
+        rule_log_ratio,
+        p.advantages,
+        p.mask,
+        p.logp,
+        p.old_logp,
+        choice.form,
+        generator,
+        old_full_logp,
+        full_logp,
+        kl_chunk_size,
+        p.position_kl,
+        old_topk_logp,
+        topk_logp,
+    )
+    result = choice.spec.fn(batch, **choice.params)  # the one evaluation of the rule in this call
+    objective, dropped = _apply_layers(
+        result.objective, p, sequence_mask, entropies, top_entropy_quantile, rollout_correction
+    )
+    per_token = objective if p.all_valid else torch.where(p.mask, objective, p.zero)
+    max_len = shape[1] if max_length is None else int(max_length)
+    return LossOutput(
+        loss=-AGGREGATIONS[aggregation](per_token, p.mask, max_len),
+        per_token=per_token,
+        result=result,
+        log_ratio=rule_log_ratio.detach(),
+        mask=p.mask,
+        dropped=dropped,
+        advantages=p.advantages.detach(),
+        mask_form_kept=_mask_form_kept(choice, result),
+    )
 
+
+def _resolved_choice(method: str | ResolvedMethod, form: str | None, params: dict[str, Any]) -> ResolvedMethod:
+    """``method`` resolved with ``form`` and ``params`` (``atr_theory.resolve``), or as given when already resolved
+    (then ``form`` and ``params`` must be empty)."""
+    if not isinstance(method, ResolvedMethod):
+        return resolve(method, form, **params)
+    if form is not None or params:  # validated once by the caller (the trainer, at config time)
+        raise ValueError(
+            f"method is an already resolved choice ({method.name!r}, form {method.form!r}); pass its form and "
+            f"parameters to resolve(), not here (got form={form!r}, parameters {sorted(params)})"
+        )
+    return method
+
+
+def _check_call(
+    choice: ResolvedMethod,
+    optional: dict[str, Any],
+    length: int,
+    aggregation: str,
+    max_length: Any,
+    kl_chunk_size: Any,
+    generator: Any,
+    top_entropy_quantile: Any,
+    validate: Any,
+    ratio_level: Any,
+) -> None:
+    """ValueError for a bad scalar argument of ``policy_loss`` (``length``: the batch's T)."""
+    check_aggregation(aggregation)
+    if ratio_level not in RATIO_LEVELS:
+        raise ValueError(f"ratio_level must be one of {RATIO_LEVELS}, got {ratio_level!r}")
+    check_scalars(max_length, aggregation, length, kl_chunk_size, generator, top_entropy_quantile)
+    if not isinstance(validate, bool):
+        raise ValueError(f"validate must be True or False, got {validate!r}")
+    if choice.spec.needs_topk:
+        check_topk_pair(optional["old_topk_logp"], optional["topk_logp"], choice.name)
+
+
+@dataclass
+class _Prepared:
+    """``policy_loss``'s tensors in the loss's dtype (float32 or wider), constants detached, and every padding
+    position replaced by 0 unless the batch has none (``all_valid``, known only when validating)."""
+
+    mask: torch.Tensor  # (B, T) bool
+    dtype: torch.dtype
+    all_valid: bool
+    zero: torch.Tensor
+    logp: torch.Tensor
+    old_logp: torch.Tensor
+    advantages: torch.Tensor  # (B, T)
+    weights: torch.Tensor | None
+    behaviour: torch.Tensor | None
+    position_kl: torch.Tensor | None  # not detached: truly_ppo differentiates through it
+    log_ratio: torch.Tensor  # logp - old_logp, not yet clamped
+
+
+def _prepare(logp, old_logp, advantages, mask, token_weights, behaviour_logp, position_kl, validate) -> _Prepared:
+    """``_Prepared`` of ``policy_loss``'s tensors. Without validation nothing may read a value on the host, so the
+    padding is always replaced; with it, a batch without padding skips that work."""
     m = mask.bool() if mask.dtype != torch.bool else mask
     dtype = torch.promote_types(logp.dtype, torch.float32)
     adv = advantages.detach().to(dtype)
     if adv.ndim == 1:
-        adv = adv.unsqueeze(-1).expand(shape)
-    # without validation nothing may read a value on the host: always mask the padding, always clamp
+        adv = adv.unsqueeze(-1).expand(m.shape)
     all_valid = validate and int(torch.count_nonzero(m)) == m.numel()  # count_nonzero: ~5x faster than all() here
     zero = torch.zeros((), dtype=dtype, device=logp.device)
     weights = None if token_weights is None else token_weights.detach().to(dtype)
     behaviour = None if behaviour_logp is None else behaviour_logp.detach().to(dtype)
-    if position_kl is not None:  # truly_ppo differentiates through it: not detached
+    if position_kl is not None:
         position_kl = position_kl.to(dtype) if all_valid else torch.where(m, position_kl.to(dtype), zero)
     if all_valid:
         lp, olp = logp.to(dtype), old_logp.detach().to(dtype)
@@ -280,108 +376,100 @@ def policy_loss(
         olp = torch.where(m, old_logp.detach().to(dtype), zero)
         adv = torch.where(m, adv, zero)
         weights = None if weights is None else torch.where(m, weights, zero)
-    log_ratio = lp - olp
-    if validate:
-        # every tensor the loss reads, checked on valid positions: log-probs and advantages always; the others
-        # only where a method or layer of this call reads them
-        checks = [
-            ValueCheck("logp", logp, "logp"),
-            ValueCheck("old_logp", old_logp, "logp", dtype),
-            ValueCheck("advantages", advantages, "finite", dtype),
+    return _Prepared(m, dtype, all_valid, zero, lp, olp, adv, weights, behaviour, position_kl, lp - olp)
+
+
+def _read_optional(
+    choice: ResolvedMethod,
+    optional: dict[str, Any],
+    dtype: torch.dtype,
+    reads_behaviour: bool,
+    top_entropy_quantile: float,
+) -> list[ValueCheck]:
+    """The optional tensors other than ``token_weights`` this call reads, as ``ValueCheck``s: ``behaviour_logp`` where a layer reads it,
+    ``position_kl`` or the full distributions for a method that needs them, the top-K for one that reads it, the
+    entropies for ``top_entropy_quantile < 1``."""
+    checks = []
+    if optional["behaviour_logp"] is not None and reads_behaviour:
+        checks.append(ValueCheck("behaviour_logp", optional["behaviour_logp"], "logp", dtype))
+    if choice.spec.needs_full_distributions and optional["position_kl"] is not None:  # read instead of the full ones
+        checks.append(ValueCheck("position_kl", optional["position_kl"], "finite", dtype))
+    elif choice.spec.needs_full_distributions:  # full_kl upcasts them itself: checked as given
+        checks += [
+            ValueCheck(n, optional[n], "full") for n in ("old_full_logp", "full_logp") if optional[n] is not None
         ]
-        extra = []
-        if token_weights is not None:
-            checks.append(ValueCheck("token_weights", token_weights, "weight", dtype))
-        if behaviour_logp is not None and (sequence_mask is not None or rollout_correction is not None):
-            extra.append(ValueCheck("behaviour_logp", behaviour_logp, "logp", dtype))
-        if choice.spec.needs_full_distributions and position_kl is not None:  # read in place of the full ones
-            extra.append(ValueCheck("position_kl", optional["position_kl"], "finite", dtype))
-        elif choice.spec.needs_full_distributions:  # full_kl upcasts them itself: checked as given
-            extra += [
-                ValueCheck(n, optional[n], "full") for n in ("old_full_logp", "full_logp") if optional[n] is not None
-            ]
-        if topk:
-            extra += [ValueCheck(n, optional[n], "topk", dtype) for n in ("old_topk_logp", "topk_logp")]
-        if top_entropy_quantile < 1.0:
-            extra.append(ValueCheck("entropies", entropies, "finite"))
-        checks += extra
-        # one reduction validates every valid token (NaN and +-inf propagate into min/max and sums) and decides
-        # whether the clamp is needed; the detailed scan runs only on the error path
-        y_min, y_max = torch.aminmax(log_ratio.detach())
-        check = y_min + y_max + adv.sum()
-        top_logp = torch.maximum(lp.detach().amax(), olp.amax())  # a log-prob above 0 (padding holds 0 here)
-        check = check + torch.where(top_logp > LOGP_TOLERANCE, math.nan, 0.0)
-        if weights is not None:
-            check = check + weights.sum() + torch.where(weights.amin() < 0, math.nan, 0.0)
-        for c in extra:
-            check = check + finite_probe(c, m, all_valid)
-        if not bool(torch.isfinite(check)):
-            for c in checks:
-                refuse_bad_values(c, m)
-            if not bool(torch.isfinite(y_min + y_max)):
-                raise ValueError("log-ratio logp - old_logp overflows; log-probs must be finite and <= 0")
-        if float(y_min) < -LOG_RATIO_CLAMP or float(y_max) > LOG_RATIO_CLAMP:
-            log_ratio = torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    else:
-        log_ratio = torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    rule_log_ratio = log_ratio if ratio_level == "token" else sequence_log_ratio(torch.where(m, log_ratio, zero), m)
-    if topk:
-        old_topk_logp, topk_logp = old_topk_logp.detach().to(dtype), topk_logp.detach().to(dtype)
-    batch = TokenBatch(
-        rule_log_ratio,
-        adv,
-        m,
-        lp,
-        olp,
-        choice.form,
-        generator,
-        old_full_logp,
-        full_logp,
-        kl_chunk_size,
-        position_kl,
-        old_topk_logp,
-        topk_logp,
-    )
-    result = choice.spec.fn(batch, **choice.params)
-    objective = result.objective
+    if choice.spec.needs_topk:
+        checks += [ValueCheck(n, optional[n], "topk", dtype) for n in ("old_topk_logp", "topk_logp")]
+    if top_entropy_quantile < 1.0:
+        checks.append(ValueCheck("entropies", optional["entropies"], "finite"))
+    return checks
+
+
+def _checked_log_ratio(p: _Prepared, always: list[ValueCheck], extra: list[ValueCheck]) -> torch.Tensor:
+    """``p.log_ratio``, clamped to ``+-LOG_RATIO_CLAMP`` only where it goes beyond, after checking every value the
+    loss reads on valid positions (``always``: the log-probs, advantages and weights, probed here through ``p``;
+    ``extra``: the optional tensors, probed by ``finite_probe``): one fused reduction decides (NaN and +-inf propagate into min / max and sums;
+    log-probs above ``LOGP_TOLERANCE`` and negative weights are turned into NaN), so a clean batch pays one host
+    read; the detailed scan (``refuse_bad_values``, naming the argument and the position) runs on the error path
+    only."""
+    y_min, y_max = torch.aminmax(p.log_ratio.detach())
+    check = y_min + y_max + p.advantages.sum()
+    top_logp = torch.maximum(p.logp.detach().amax(), p.old_logp.amax())  # padding holds 0 here
+    check = check + torch.where(top_logp > LOGP_TOLERANCE, math.nan, 0.0)
+    if p.weights is not None:
+        check = check + p.weights.sum() + torch.where(p.weights.amin() < 0, math.nan, 0.0)
+    for c in extra:
+        check = check + finite_probe(c, p.mask, p.all_valid)
+    if not bool(torch.isfinite(check)):
+        for c in always + extra:
+            refuse_bad_values(c, p.mask)  # raises naming the argument and the position
+        if not bool(torch.isfinite(y_min + y_max)):
+            raise ValueError("log-ratio logp - old_logp overflows; log-probs must be finite and <= 0")
+    if float(y_min) < -LOG_RATIO_CLAMP or float(y_max) > LOG_RATIO_CLAMP:
+        return torch.clamp(p.log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return p.log_ratio
+
+
+def _apply_layers(
+    objective: torch.Tensor,
+    p: _Prepared,
+    sequence_mask: SequenceMask | None,
+    entropies: torch.Tensor | None,
+    top_entropy_quantile: float,
+    rollout_correction: RolloutCorrection | None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The rule's per-token ``objective`` after the layers (``atr_theory.layers``), in this order: the sequence
+    mask and the entropy mask set a dropped token's objective to 0, the rollout correction multiplies by its
+    detached weight (and drops where it masks), ``token_weights`` multiply last. Returns the objective and
+    ``{layer: the tokens it dropped}``."""
     dropped: dict[str, torch.Tensor] = {}
     if sequence_mask is not None:
-        reference = olp if behaviour is None else behaviour
-        dropped["sequence_mask"] = ~sequence_mask_keep(lp.detach() - reference, adv, m, sequence_mask)
+        reference = p.old_logp if p.behaviour is None else p.behaviour
+        dropped["sequence_mask"] = ~sequence_mask_keep(p.logp.detach() - reference, p.advantages, p.mask, sequence_mask)
     if top_entropy_quantile < 1.0:
-        dropped["entropy_mask"] = ~high_entropy_mask(entropies, m, float(top_entropy_quantile))
+        dropped["entropy_mask"] = ~high_entropy_mask(entropies, p.mask, float(top_entropy_quantile))
     for drop in dropped.values():
-        objective = torch.where(drop, zero, objective)
+        objective = torch.where(drop, p.zero, objective)
     if rollout_correction is not None:
-        if behaviour is None:  # bypass: old_logp is the behaviour policy, the proximal one is pi itself
-            log_rho = lp.detach() - olp
+        if p.behaviour is None:  # bypass: old_logp is the behaviour policy, the proximal one is pi itself
+            log_rho = p.logp.detach() - p.old_logp
         else:
-            log_rho = olp - behaviour
-        rho = rollout_correction_weights(log_rho, m, rollout_correction)
+            log_rho = p.old_logp - p.behaviour
+        rho = rollout_correction_weights(log_rho, p.mask, rollout_correction)
         if rollout_correction.mode == "mask":
-            dropped["rollout_correction"] = (rho == 0) & m
+            dropped["rollout_correction"] = (rho == 0) & p.mask
         objective = objective * rho
-    if weights is not None:
-        objective = objective * weights
-    per_token = objective if all_valid else torch.where(m, objective, zero)
-    max_len = shape[1] if max_length is None else int(max_length)
-    loss = -AGGREGATIONS[aggregation](per_token, m, max_len)
-    mask_form_kept = None
+    if p.weights is not None:
+        objective = objective * p.weights
+    return objective, dropped
+
+
+def _mask_form_kept(choice: ResolvedMethod, result: MethodResult) -> Callable[[], torch.Tensor] | None:
+    """What ``LossOutput.mask_form_kept`` reads: the kept tokens of a mask-form run, the rule's own
+    ``MethodResult.mask_form_kept`` for a rule with a mask form run in another form (no second evaluation), else
+    None."""
     if choice.form == "mask":
-        mask_form_kept = lambda: result.kept  # noqa: E731
-    elif "mask" in choice.spec.forms and not (choice.spec.stochastic or choice.spec.needs_full_distributions):
-
-        def mask_form_kept() -> torch.Tensor:
-            with torch.no_grad():
-                return choice.spec.fn(replace(batch, form="mask"), **choice.params).kept
-
-    return LossOutput(
-        loss=loss,
-        per_token=per_token,
-        result=result,
-        log_ratio=rule_log_ratio.detach(),
-        mask=m,
-        dropped=dropped,
-        advantages=adv.detach(),
-        mask_form_kept=mask_form_kept,
-    )
+        return lambda: result.kept
+    if "mask" in choice.spec.forms:
+        return result.mask_form_kept
+    return None

@@ -17,6 +17,7 @@ from .methods import ResolvedMethod, get_method
 __all__ = [
     "LOGP_TOLERANCE",
     "ValueCheck",
+    "check_layers",
     "check_scalars",
     "check_structure",
     "check_tensor",
@@ -24,7 +25,6 @@ __all__ = [
     "finite_probe",
     "is_integer",
     "refuse_bad_values",
-    "refuse_unread",
     "rule_generator",
 ]
 
@@ -226,7 +226,7 @@ def check_structure(
     return shape
 
 
-def refuse_unread(
+def check_layers(
     choice: ResolvedMethod,
     optional: dict[str, Any],
     kl_chunk_size: Any,
@@ -235,8 +235,17 @@ def refuse_unread(
     rollout_correction: Any,
     top_entropy_quantile: float,
 ) -> None:
-    """ValueError naming an argument of ``policy_loss`` given to a call that never reads it (``optional``: its
-    optional tensors by name), and what would read it."""
+    """ValueError for a layer of ``policy_loss`` of the wrong type or without what it reads, and for an argument given
+    to a call that never reads it (``optional``: its optional tensors by name), naming what would read it: an
+    argument nothing reads is refused, not dropped."""
+    from .layers import RolloutCorrection, SequenceMask
+
+    if sequence_mask is not None and not isinstance(sequence_mask, SequenceMask):
+        raise ValueError(f"sequence_mask must be a SequenceMask, got {type(sequence_mask).__name__}")
+    if rollout_correction is not None and not isinstance(rollout_correction, RolloutCorrection):
+        raise ValueError(f"rollout_correction must be a RolloutCorrection, got {type(rollout_correction).__name__}")
+    if top_entropy_quantile < 1.0 and optional["entropies"] is None:
+        raise ValueError("top_entropy_quantile < 1 needs the per-token entropies (entropies=, shape (B, T))")
     full, topk = choice.spec.needs_full_distributions, choice.spec.needs_topk
     position_kl = optional["position_kl"]
     behaviour_logp, entropies = optional["behaviour_logp"], optional["entropies"]

@@ -56,9 +56,9 @@ class LossOutput:
     advantages: torch.Tensor | None = field(default=None, repr=False)
     """(B, T) the advantages the rule saw (zero on padding)."""
     mask_form_kept: Callable[[], torch.Tensor] | None = field(default=None, repr=False)
-    """The tokens the rule's mask form keeps, (B, T) bool, computed when called (``None``: a rule without a mask
-    form; or one run in another form that is stochastic, which a second evaluation would draw random numbers for, or
-    reads the full distributions, whose KL a second evaluation would compute again)."""
+    """The tokens the rule's mask form keeps, (B, T) bool, computed when called from the call's one evaluation of the
+    rule (``MethodResult.mask_form_kept``; ``None``: a rule without a mask form, or ``clip_cov`` run in its min
+    form)."""
 
     @cached_property
     def outside(self) -> tuple[torch.Tensor, torch.Tensor] | None:

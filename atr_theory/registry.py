@@ -91,6 +91,11 @@ class MethodResult:
 
     objective: torch.Tensor
     flags: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(repr=False)
+    mask_form_kept: Callable[[], torch.Tensor] | None = field(default=None, repr=False)
+    """A rule with a mask form, run in another form: the tokens its mask form would keep (where its constraint
+    holds), computed when called from this evaluation's own tensors, so reading the forms metric
+    (``LossOutput.outside``) never evaluates the rule a second time. ``None`` where the rule cannot say without a
+    second evaluation (``clip_cov``: its mask form would draw its random tokens among other candidates)."""
 
     @cached_property
     def _resolved(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

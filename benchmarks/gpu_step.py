@@ -507,7 +507,7 @@ def one_case(kind: str, backend: str, args, grad_path: Path) -> dict:
             method, fields = parse_kind(kind)  # "atr+merged_lora": ATR with atr_llm.fast_generation's mode
             cfg = ATRGRPOConfig(method=method, **fields, **common)
             if backend == "unsloth":
-                from atr_llm.unsloth_backend import unsloth_trainer_class
+                from atr_llm.unsloth_trainer import unsloth_trainer_class
 
                 cls = unsloth_trainer_class()
             else:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from atr_llm import evaluate, train
+from atr_llm import evaluate, train, training_run
 from atr_llm.command_line import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,7 +127,7 @@ def test_train_refuses_bad_input_before_any_model_or_file(tmp_path, monkeypatch,
     def boom(*a, **k):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr(train, "load_model_and_tokenizer", boom)
+    monkeypatch.setattr(training_run, "load_model_and_tokenizer", boom)
     monkeypatch.setattr(tiny, "build_tiny_model", boom)
     files = {k: str(v) for k, v in _bad_files(tmp_path).items()}
     files |= {"missing": str(tmp_path / "missing.jsonl"), "tmp": str(tmp_path)}
@@ -271,6 +271,8 @@ DRIVER_CASES = [
     (["--workers", "0"], "--workers 0"),
     (["--learning-rate", "nan"], "--learning-rate nan"),
     (["--learning-rate=-1e-4"], "--learning-rate -1e-4: expected a finite number > 0"),
+    (["--learning-rate", "-1e-4"], "--learning-rate -1e-4: expected a finite number > 0"),  # a value, not an option
+    (["--learning-rate", "-inf"], "--learning-rate -inf: expected a finite number > 0"),
     (["--at-step", "3"], "--at-step 3: the runs save checkpoints every"),
     (["--runs", "nope"], "--runs: invalid choice"),
     (["--rewrite", "--out", "{tmp}"], "--out .*: not a written table"),
@@ -433,9 +435,9 @@ def test_train_honours_attn_implementation_for_a_local_model_and_the_tiny_one(tm
     for attention in ("eager", "sdpa"):
         args = ModelConfig(model_name_or_path=str(tmp_path / "m"), attn_implementation=attention)
         script = SimpleNamespace(tiny=False, tiny_vocab="toy")
-        loaded, _ = train.load_model_and_tokenizer(script, args, SimpleNamespace(seed=0))
+        loaded, _ = training_run.load_model_and_tokenizer(script, args, SimpleNamespace(seed=0))
         assert loaded.config._attn_implementation == attention
-        small, _ = train.load_model_and_tokenizer(
+        small, _ = training_run.load_model_and_tokenizer(
             SimpleNamespace(tiny=True, tiny_vocab="toy"), args, SimpleNamespace(seed=0)
         )
         assert small.config._attn_implementation == attention
@@ -450,9 +452,9 @@ def test_train_honours_the_model_configs_dtype_for_the_tiny_model_too():
     from trl import ModelConfig
 
     script = SimpleNamespace(tiny=True, tiny_vocab="toy")
-    model, _ = train.load_model_and_tokenizer(script, ModelConfig(dtype="bfloat16"), SimpleNamespace(seed=0))
+    model, _ = training_run.load_model_and_tokenizer(script, ModelConfig(dtype="bfloat16"), SimpleNamespace(seed=0))
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
-    model, _ = train.load_model_and_tokenizer(script, ModelConfig(), SimpleNamespace(seed=0))
+    model, _ = training_run.load_model_and_tokenizer(script, ModelConfig(), SimpleNamespace(seed=0))
     assert {p.dtype for p in model.parameters()} == {torch.float32}  # ModelConfig's default
 
 

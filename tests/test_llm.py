@@ -17,7 +17,7 @@ pytest.importorskip("math_verify")
 from grpo_helpers import grpo_config_kwargs, loss_and_grads, random_batch, tiny_trainer  # noqa: E402
 
 import atr_theory as at  # noqa: E402
-from atr_llm import data, rewards, tiny, train  # noqa: E402
+from atr_llm import data, rewards, tiny, train, training_run  # noqa: E402
 from atr_llm.trainer import (  # noqa: E402
     ATRGRPOConfig,
     ATRGRPOTrainer,
@@ -276,10 +276,11 @@ def test_every_method_trains_a_few_steps_on_the_tiny_model(tmp_path, tok, method
     logs = [h for h in trainer.state.log_history if "loss" in h]
     assert logs and all(torch.isfinite(torch.tensor(h["loss"])) for h in logs)
     assert "clip/frac_kept" in logs[-1] and "entropy" in logs[-1] and "clip/frac_ratio_moved" in logs[-1]
-    spec = at.METHODS[method]  # where the two forms part: logged for a rule with a mask form
-    other_form_again = spec.default_form != "mask" and (spec.stochastic or spec.needs_full_distributions)
+    spec = at.METHODS[method]  # where the two forms part: logged for a rule with a mask form (clip_cov, whose
+    # mask form would draw its random tokens among other candidates, run in its min form: not logged)
+    draws_again = spec.default_form != "mask" and spec.stochastic
     for key in ("clip/frac_outside_against_advantage", "clip/frac_outside_with_advantage"):
-        assert (key in logs[-1]) == ("mask" in spec.forms and not other_form_again), key
+        assert (key in logs[-1]) == ("mask" in spec.forms and not draws_again), key
     assert not trainer.clipping_inert
 
 
@@ -375,7 +376,7 @@ def test_bad_configs_fail_before_any_model_is_loaded(tmp_path, monkeypatch, extr
     def boom(*a, **k):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr(train, "load_model_and_tokenizer", boom)
+    monkeypatch.setattr(training_run, "load_model_and_tokenizer", boom)
     monkeypatch.setattr(tiny, "build_tiny_model", boom)
     argv = ["--config", str(CONFIGS / "cpu-tiny.yaml"), "--output_dir", str(tmp_path), *extra]
     with pytest.raises(ValueError, match=match):
@@ -606,7 +607,7 @@ def test_presets_generate_with_colocated_vllm_where_usable_and_warn_otherwise():
     def case(usable, **script):
         sa = SimpleNamespace(**{"use_vllm_if_available": True, "backend": "trl", **script})
         ta = SimpleNamespace(use_vllm=False, vllm_mode="server")
-        return train.choose_generation(sa, ta, vllm_usable=usable), ta
+        return training_run.choose_generation(sa, ta, vllm_usable=usable), ta
 
     note, ta = case(True)
     assert note is None and ta.use_vllm and ta.vllm_mode == "colocate"

@@ -5,6 +5,8 @@ and the two forms' gradients equal on every batch with no token outside against 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from hypothesis import assume, given, settings
@@ -46,13 +48,7 @@ def test_every_two_form_rule_and_every_mask_rule_is_covered():
 @given(seed=st.integers(0, 2**31 - 1), scale=st.sampled_from([0.1, 0.4, 1.0]))
 def test_the_fractions_outside_are_a_count_of_where_the_mask_forms_gradient_vanishes(name, seed, scale):
     logp, old, adv, mask, extra = _batch(name, seed, scale)
-    spec = at.METHODS[name]
-    if spec.default_form != "mask" and spec.needs_full_distributions:  # its KL is not computed a second time
-        assert "frac_outside_against_advantage" not in at.policy_loss(logp, old, adv, mask, method=name, **extra).metrics
-        run_form = "mask"
-    else:
-        run_form = spec.default_form
-    metrics = at.policy_loss(logp, old, adv, mask, method=name, form=run_form, **extra).metrics
+    metrics = at.policy_loss(logp, old, adv, mask, method=name, **extra).metrics  # the rule's default form
     _, grad = _loss_and_grad(name, "mask", logp, old, adv, mask, extra)
     against = with_ = 0
     a = adv if adv.dim() == 2 else adv[:, None].expand_as(logp)
@@ -116,3 +112,57 @@ def test_a_rule_without_a_mask_form_and_a_stochastic_one_run_in_its_min_form_rep
     assert "frac_outside_against_advantage" not in at.policy_loss(logp, old, adv, mask, method="clip_cov").metrics
     masked = at.policy_loss(logp, old, adv, mask, method="clip_cov", form="mask").metrics
     assert "frac_outside_against_advantage" in masked
+
+
+def _evaluated_once_and_matching(name, seed, scale, dtype, params):
+    logp, old, adv, mask, extra = _batch(name, seed, scale)
+    logp, old, adv = logp.to(dtype), old.to(dtype), adv.to(dtype)
+    extra = {k: v.to(dtype) for k, v in extra.items()}
+    spec = at.METHODS[name]
+    calls = []
+
+    def counted(batch, **rule_params):
+        calls.append(batch.form)
+        return spec.fn(batch, **rule_params)
+
+    choice = at.resolve(name, "min", **params)
+    out = at.policy_loss(logp, old, adv, mask, method=replace(choice, spec=replace(spec, fn=counted)), **extra)
+    metrics = out.metrics
+    assert calls == ["min"]
+    if spec.stochastic:
+        assert out.mask_form_kept is None and "frac_outside_against_advantage" not in metrics
+        return
+    masked = at.policy_loss(logp, old, adv, mask, method=name, form="mask", **params, **extra)
+    assert torch.equal(out.mask_form_kept() & mask, masked.result.kept & mask)
+    assert metrics["frac_outside_against_advantage"] == masked.metrics["frac_outside_against_advantage"]
+    assert metrics["frac_outside_with_advantage"] == masked.metrics["frac_outside_with_advantage"]
+
+
+DTYPES = st.sampled_from([torch.float32, torch.float64])
+
+
+@pytest.mark.parametrize("name", BOTH_FORMS + ["clip_cov"])
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), scale=st.sampled_from([0.1, 0.4, 1.0]), dtype=DTYPES)
+def test_the_forms_metric_reads_the_rules_one_evaluation_and_matches_a_mask_form_run(name, seed, scale, dtype):
+    """Reading the metrics of a min-form call evaluates the rule once (its registered function is counted), and the
+    tokens it says the mask form keeps are those a separate mask-form call keeps, bit for bit, in float32 (the
+    table-read bounds of trgppo, dcpo's per-sign bounds) and float64. clip_cov, whose mask form would draw its
+    random tokens among other candidates, reports no fraction rather than evaluate twice."""
+    _evaluated_once_and_matching(name, seed, scale, dtype, {})
+
+
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("dual_clip", {"epsilon": 0.9, "dual_clip_c": 1.2}),
+        ("dual_clip_higher", {"epsilon_high": 3.0, "dual_clip_c": 1.5}),
+        ("dcpo", {"epsilon_high": 3.0, "dual_clip_c": 1.1}),
+    ],
+)
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), dtype=DTYPES)
+def test_a_dual_clip_inside_the_range_takes_its_capped_tokens_out_of_the_mask_forms_kept_set(name, params, seed, dtype):
+    """With ``c`` below the range's upper end the mask form's dual clip caps tokens it would keep (``w > c``,
+    ``A < 0``): the min form's answer must leave them out too."""
+    _evaluated_once_and_matching(name, seed, 1.0, dtype, params)

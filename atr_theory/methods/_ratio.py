@@ -6,6 +6,7 @@ it registers no rule (``atr_theory.methods`` imports only the modules whose name
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import lru_cache
 
 import torch
@@ -87,8 +88,11 @@ def divergence_range_rule(batch: TokenBatch, kind: str, delta: float) -> MethodR
     """A per-token divergence rule (``kind`` of ``atr_theory.ranges.LOG_RANGE_KINDS``): in the mask form ``w A``
     where ``within_divergence_bound`` holds, in the min form PPO's min with the equivalent ratio range."""
     lower, upper = _constant_range(kind, delta)
-    constraint = within_divergence_bound(batch.log_ratio, kind, delta) if batch.form == "mask" else None
-    return ratio_objective(batch, lower, upper, constraint)
+    if batch.form == "mask":
+        return ratio_objective(batch, lower, upper, within_divergence_bound(batch.log_ratio, kind, delta))
+    return ratio_objective(
+        batch, lower, upper, mask_form_kept=lambda: within_divergence_bound(batch.log_ratio, kind, delta)
+    )
 
 
 def _bound_tensor(bound: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -101,6 +105,7 @@ def ratio_objective(
     upper: float | torch.Tensor,
     constraint: torch.Tensor | None = None,
     negative_cap: float = math.inf,
+    mask_form_kept: Callable[[], torch.Tensor] | None = None,
 ) -> MethodResult:
     r"""Objective of a ratio-range rule ``[lower, upper]`` in ``batch.form``.
 
@@ -117,7 +122,8 @@ def ratio_objective(
 
     ``lower``/``upper`` are floats or (B, T) tensors (per-token ranges: DCPO, TRGPPO); since a token's sign picks
     one of them, a per-token bound computed only for that sign (``atr_theory.token_bounds.dcpo_bound_by_sign``) can be
-    passed as both.
+    passed as both; such a caller passes ``mask_form_kept`` too (the min form's result says, when asked, which
+    tokens the mask form would keep: by default ``mask_form_keep`` of these bounds, the dual clip included).
     """
     y, adv = batch.log_ratio, batch.advantages
     # log w is clamped to +-LOG_RATIO_CLAMP upstream, so w = exp(y) is finite in float32 and a masked
@@ -129,18 +135,51 @@ def ratio_objective(
                 constraint = mask_and(w >= lower, w <= upper)
         keep = constraint
         objective = torch.where(keep, w * adv, adv)
-        return MethodResult(objective, lambda: range_flags(w, y, adv, lower, upper, "mask", keep))
-    return clamp_objective(batch, w, *_bounds_by_sign(adv, lower, upper, negative_cap, y.dtype), negative_cap)
+        return MethodResult(objective, lambda: range_flags(w, y, adv, lower, upper, "mask", keep), lambda: keep)
+    if mask_form_kept is None:
+
+        def mask_form_kept() -> torch.Tensor:
+            return mask_form_keep(w, adv, lower, upper, constraint, negative_cap)
+
+    bounds = _bounds_by_sign(adv, lower, upper, negative_cap, y.dtype)
+    return clamp_objective(batch, w, *bounds, negative_cap, mask_form_kept)
 
 
-def clamp_objective(batch: TokenBatch, w, lo: torch.Tensor, hi: torch.Tensor, negative_cap: float = math.inf):
-    """``A clamp(w, lo, hi)``: ``ratio_objective``'s min form once its per-token bounds are chosen by sign."""
+def mask_form_keep(
+    w: torch.Tensor,
+    adv: torch.Tensor,
+    lower: float | torch.Tensor,
+    upper: float | torch.Tensor,
+    constraint: torch.Tensor | None = None,
+    negative_cap: float = math.inf,
+) -> torch.Tensor:
+    """The tokens ``ratio_objective``'s mask form keeps: ``constraint`` (default ``lower <= w <= upper``), less
+    those the dual clip with ``negative_cap`` caps (``apply_dual_clip``), computed as that form computes them, from
+    the same tensors. No gradient."""
+    with torch.no_grad():
+        w = w.detach()
+        keep = constraint if constraint is not None else mask_and(w >= lower, w <= upper)
+        if negative_cap == math.inf:
+            return keep
+        return mask_and_not(keep, dual_clip_capped(torch.where(keep, w * adv, adv), adv, negative_cap)[0])
+
+
+def clamp_objective(
+    batch: TokenBatch,
+    w,
+    lo: torch.Tensor,
+    hi: torch.Tensor,
+    negative_cap: float = math.inf,
+    mask_form_kept: Callable[[], torch.Tensor] | None = None,
+):
+    """``A clamp(w, lo, hi)``: ``ratio_objective``'s min form once its per-token bounds are chosen by sign;
+    ``mask_form_kept`` is passed on to the result (``MethodResult.mask_form_kept``)."""
     objective = torch.clamp(w, lo, hi) * batch.advantages
 
     def flags():
         return range_flags(w, batch.log_ratio, batch.advantages, lo, hi, "min", negative_cap=negative_cap)
 
-    return MethodResult(objective, flags)
+    return MethodResult(objective, flags, mask_form_kept)
 
 
 def _bounds_by_sign(adv: torch.Tensor, lower, upper, negative_cap: float, dtype: torch.dtype):
@@ -178,12 +217,21 @@ def apply_dual_clip(result: MethodResult, adv: torch.Tensor, c: float) -> Method
     The floor is ``c min(A, 0)``: where ``A >= 0`` it is 0, and a ratio-range objective is ``>= 0`` there (``w``,
     ``l``, ``u`` are), so one comparison finds the capped tokens (no ``A < 0`` mask; ``torch.maximum`` would be
     simpler but its backward costs more than ``where``'s on CPU)."""
-    floor = adv.detach().clamp(max=0.0).mul_(c)
-    capped = result.objective.detach() < floor
+    capped, floor = dual_clip_capped(result.objective, adv, c)
     objective = torch.where(capped, floor, result.objective)
 
     def flags():  # from result.flags(), not its cached .kept, whose lock torch.compile cannot trace
         kept, low, high = result.flags()
         return mask_and_not(kept, capped), low, _or(high, capped)
 
-    return MethodResult(objective, flags)
+    def mask_form_kept() -> torch.Tensor:
+        return mask_and_not(result.mask_form_kept(), capped)
+
+    return MethodResult(objective, flags, mask_form_kept if result.mask_form_kept is not None else None)
+
+
+def dual_clip_capped(objective: torch.Tensor, adv: torch.Tensor, c: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(capped, floor)`` of the dual clip (Ye et al. 2020) on a mask-form ``objective``: ``floor = c min(A, 0)``
+    and ``capped = objective < floor`` (both without gradient)."""
+    floor = adv.detach().clamp(max=0.0).mul_(c)
+    return objective.detach() < floor, floor

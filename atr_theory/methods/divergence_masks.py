@@ -108,20 +108,25 @@ def binary_kl_fast_error_bound(log_ratio: torch.Tensor, old_logp: torch.Tensor) 
     return 8 * eps * torch.nan_to_num(scale, nan=torch.inf, posinf=torch.inf)
 
 
-def dppo_drop(batch: TokenBatch, divergence: torch.Tensor, delta_low: float, delta_high: float) -> torch.Tensor:
-    """Where DPPO drops a token, given its divergence (0 where the ratio is 1; NaN counts as past the bound): past
-    ``delta_high`` where its probability rose, past ``delta_low`` where it fell; ``form="min"`` only on the side the
-    advantage pushes towards (``A > 0``: rising; ``A <= 0``: falling)."""
+def dppo_drop(
+    batch: TokenBatch, divergence: torch.Tensor, delta_low: float, delta_high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(drop, past)``: where DPPO drops a token, and where its divergence is past its bound (0 where the ratio is 1;
+    NaN counts as past): past ``delta_high`` where its probability rose, past ``delta_low`` where it fell.
+    ``form="mask"`` drops every token past; ``form="min"`` only those on the side the advantage pushes towards
+    (``A > 0``: rising; ``A <= 0``: falling)."""
     rose = batch.log_ratio.detach() > 0
     bound = delta_high if delta_low == delta_high else torch.where(rose, delta_high, delta_low)
     past = ~(divergence <= bound)
     if batch.form == "mask":
-        return past
-    return past & (rose == (batch.advantages > 0))
+        return past, past
+    return past & (rose == (batch.advantages > 0)), past
 
 
-def dppo_result(batch: TokenBatch, drop: torch.Tensor, is_cap: float) -> MethodResult:
-    """DPPO's objective given where it drops a token (``dppo_drop``): see the module docstring."""
+def dppo_result(batch: TokenBatch, decision: tuple[torch.Tensor, torch.Tensor], is_cap: float) -> MethodResult:
+    """DPPO's objective given ``dppo_drop``'s decision: see the module docstring. Its mask form keeps the tokens
+    not past the bound (``MethodResult.mask_form_kept``)."""
+    drop, past = decision
     adv = batch.advantages
     w = torch.exp(batch.log_ratio)
     weight = torch.clamp(w.detach(), max=is_cap)
@@ -131,7 +136,7 @@ def dppo_result(batch: TokenBatch, drop: torch.Tensor, is_cap: float) -> MethodR
         y = batch.log_ratio
         return ~drop, drop & (y < 0), (drop & (y > 0)) | (~drop & (w > is_cap))
 
-    return MethodResult(objective, flags)
+    return MethodResult(objective, flags, lambda: ~past)
 
 
 def _binary_kl_reference(p_old, p_new):
@@ -172,8 +177,8 @@ def dppo_tv(batch: TokenBatch, delta_low: float, delta_high: float, is_cap: floa
     (``binary_tv``): a per-token ratio range ``[1 - delta_low / p, 1 + delta_high / p]``."""
     with torch.no_grad():
         change = binary_tv(batch.log_ratio, batch.old_logp).abs()
-        drop = dppo_drop(batch, change, delta_low, delta_high)
-    return dppo_result(batch, drop, is_cap)
+        decision = dppo_drop(batch, change, delta_low, delta_high)
+    return dppo_result(batch, decision, is_cap)
 
 
 def dppo_kl_reference(logp, old_logp, advantages, mask, *, delta_low, delta_high, is_cap, form):
@@ -200,5 +205,5 @@ def dppo_kl(batch: TokenBatch, delta_low: float, delta_high: float, is_cap: floa
     r"""DPPO-Binary-KL: keep a token while ``KL(Ber(p) || Ber(p w))`` (``binary_kl_fast``) is at most ``delta_high``
     (probability rose) or ``delta_low`` (fell): TRGPPO's range ``[l_KL(p), u_KL(p)]`` with two bounds."""
     with torch.no_grad():
-        drop = dppo_drop(batch, binary_kl_fast(batch.log_ratio, batch.old_logp), delta_low, delta_high)
-    return dppo_result(batch, drop, is_cap)
+        decision = dppo_drop(batch, binary_kl_fast(batch.log_ratio, batch.old_logp), delta_low, delta_high)
+    return dppo_result(batch, decision, is_cap)

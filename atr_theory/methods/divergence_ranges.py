@@ -10,7 +10,7 @@ from .. import ranges, token_bounds
 from ..registry import MethodResult, TokenBatch, register
 from . import _reference as plain
 from ._params import DELTA, DUAL_CLIP_C, EPSILON, EPSILON_HIGH, EPSILON_LOW
-from ._ratio import apply_dual_clip, clamp_objective, divergence_range_rule, ratio_objective
+from ._ratio import apply_dual_clip, clamp_objective, divergence_range_rule, mask_form_keep, ratio_objective
 
 
 def _clip_range(epsilon: float) -> tuple[float, float]:
@@ -140,11 +140,18 @@ def dcpo(batch: TokenBatch, epsilon_low: float, epsilon_high: float, dual_clip_c
     r"""Dynamic clipping: per-token ``[l(p), u(p)]`` of ``atr_theory.ranges.dcpo_clip_range`` with
     ``p = pi_old(token)``, ``u`` capped at ``max(c, 10)``, then the dual clip with ``c`` (as in the source)."""
     cap = max(dual_clip_c, 10.0)
+
+    def full_range() -> tuple[torch.Tensor, torch.Tensor]:
+        return ranges.dcpo_clip_range_from_log(batch.old_logp.detach(), epsilon_low, epsilon_high, cap)
+
     if batch.form == "min":
         bound = token_bounds.dcpo_bound_by_sign(batch.old_logp, batch.advantages, epsilon_low, epsilon_high, cap)
-        return ratio_objective(batch, bound, bound, negative_cap=dual_clip_c)
-    lower, upper = ranges.dcpo_clip_range_from_log(batch.old_logp.detach(), epsilon_low, epsilon_high, cap)
-    return apply_dual_clip(ratio_objective(batch, lower, upper), batch.advantages, dual_clip_c)
+
+        def mask_form_kept() -> torch.Tensor:
+            return mask_form_keep(torch.exp(batch.log_ratio), batch.advantages, *full_range(), None, dual_clip_c)
+
+        return ratio_objective(batch, bound, bound, negative_cap=dual_clip_c, mask_form_kept=mask_form_kept)
+    return apply_dual_clip(ratio_objective(batch, *full_range()), batch.advantages, dual_clip_c)
 
 
 @register(
@@ -167,16 +174,23 @@ def trgppo(batch: TokenBatch, delta: float, epsilon: float) -> MethodResult:
     if y.dtype != torch.float64 and batch.form == "min":
         negative = token_bounds._sign_mask(batch.advantages.detach())
         lo, hi = token_bounds._trgppo_sided_bounds(batch.old_logp, negative, delta, epsilon)
-        return clamp_objective(batch, torch.exp(y), lo, hi)
+        w = torch.exp(y)
+        return clamp_objective(
+            batch, w, lo, hi, mask_form_kept=lambda: mask_form_keep(w, batch.advantages, *_trgppo_range(batch, delta, epsilon))
+        )
+    return ratio_objective(batch, *_trgppo_range(batch, delta, epsilon))
+
+
+def _trgppo_range(batch: TokenBatch, delta: float, epsilon: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """TRGPPO's per-token ratio range ``[min(l_KL(p), 1-eps), max(u_KL(p), 1+eps)]`` in the batch's dtype."""
+    y = batch.log_ratio
     if y.dtype == torch.float64:
         p_old = torch.exp(batch.old_logp.detach()).clamp(min=1e-300, max=1.0)
         y_lo, y_hi = ranges.trgppo_kl_log_range_torch(p_old, delta)
         lower_kl, upper_kl = torch.exp(y_lo), torch.exp(y_hi)
     else:
         lower_kl, upper_kl = token_bounds.trgppo_kl_range_table(batch.old_logp, delta)
-    lower = torch.clamp(lower_kl, max=1.0 - epsilon).to(y.dtype)
-    upper = torch.clamp(upper_kl, min=1.0 + epsilon).to(y.dtype)
-    return ratio_objective(batch, lower, upper)
+    return torch.clamp(lower_kl, max=1.0 - epsilon).to(y.dtype), torch.clamp(upper_kl, min=1.0 + epsilon).to(y.dtype)
 
 
 def atr_reference(logp, old_logp, advantages, mask, *, delta, form):

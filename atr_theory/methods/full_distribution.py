@@ -67,7 +67,7 @@ def tr_ppo(batch: TokenBatch, delta: float) -> MethodResult:
         frozen = mask_and(outside, w * adv > adv)
         return ~frozen, mask_and(frozen, batch.log_ratio < 0), mask_and(frozen, batch.log_ratio > 0)
 
-    return MethodResult(objective, flags)
+    return MethodResult(objective, flags, lambda: kl <= delta)  # the mask form's constraint (ties: kept)
 
 
 @register(

@@ -147,8 +147,8 @@ def dppo_topk_tv(batch: TokenBatch, delta_low: float, delta_high: float, is_cap:
     token, the old policy's K most likely other tokens, the rest} (``topk_tv``) is at most ``delta_high``
     (probability rose) or ``delta_low`` (fell); ``K = 0`` is ``dppo_tv``."""
     with torch.no_grad():
-        drop = dppo_drop(batch, topk_tv(*_topk(batch)), delta_low, delta_high)
-    return dppo_result(batch, drop, is_cap)
+        decision = dppo_drop(batch, topk_tv(*_topk(batch)), delta_low, delta_high)
+    return dppo_result(batch, decision, is_cap)
 
 
 @register(
@@ -165,5 +165,5 @@ def dppo_topk_kl(batch: TokenBatch, delta_low: float, delta_high: float, is_cap:
     tokens, the rest} (``topk_kl``) is at most ``delta_high`` (probability rose) or ``delta_low`` (fell); ``K = 0``
     is ``dppo_kl``, ``K = V - 1`` the full KL."""
     with torch.no_grad():
-        drop = dppo_drop(batch, topk_kl(*_topk(batch)), delta_low, delta_high)
-    return dppo_result(batch, drop, is_cap)
+        decision = dppo_drop(batch, topk_kl(*_topk(batch)), delta_low, delta_high)
+    return dppo_result(batch, decision, is_cap)
