@@ -126,6 +126,23 @@ def attention_implementations() -> set[str]:
     return {"eager", *AttentionInterface._global_mapping}
 
 
+def optimizers_reading_optim_args() -> frozenset[str] | None:
+    """The ``optim`` names whose transformers handler reads ``optim_args`` (its source mentions it: transformers'
+    private ``trainer_optimizer._OPTIMIZER_HANDLERS``, 5.x); None where that registry is not there (another version:
+    the caller then checks the text's syntax only)."""
+    try:
+        from transformers import trainer_optimizer
+
+        handlers = trainer_optimizer._OPTIMIZER_HANDLERS
+    except (ImportError, AttributeError):
+        return None
+    return frozenset(
+        str(getattr(name, "value", name))
+        for name, handler in handlers.items()
+        if "optim_args" in inspect.getsource(handler)
+    )
+
+
 def _grpo_trainer():
     from trl import GRPOTrainer
 
@@ -265,7 +282,19 @@ def _check_unsloth_scorer() -> None:
     )
 
 
+def _check_optimizer_handlers() -> None:
+    readers = optimizers_reading_optim_args()
+    if readers is None or "adamw_torch" in readers or "galore_adamw" not in readers:
+        raise AssertionError("transformers.trainer_optimizer._OPTIMIZER_HANDLERS changed: optim_args readers unknown")
+
+
 PRIVATE_NAMES: tuple[PrivateName, ...] = (
+    PrivateName(
+        "transformers.trainer_optimizer._OPTIMIZER_HANDLERS",
+        "which optimizers read optim_args (a handler whose source mentions it): the config refuses optim_args for "
+        "any other",
+        _check_optimizer_handlers,
+    ),
     PrivateName(
         "trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE / _ChunkedLogProbFunction",
         "the tile width of TRL 1.16's fused log-prob head (narrowed per call); TRL 1.15's Triton kernel or None",

@@ -17,20 +17,22 @@ from __future__ import annotations
 
 import argparse
 import csv
-import difflib
 import json
 import math
-import os
 from collections import defaultdict
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from .evaluation_checks import (  # noqa: F401  (part of this module's API)
+    PAPER_BENCHMARKS,
+    SETTINGS_FILE,
+    check_args,
+    checkpoints_every,
+    generation_settings,
+)
 from .evaluation_generators import HFGenerator, VLLMGenerator, vllm_available  # noqa: F401  (part of this module's API)
 from .rewards import grade_many
-
-PAPER_BENCHMARKS = {"amc23": "AMC2023", "aime24": "AIME2024", "aime25": "AIME2025"}
-"""The paper's Table 2 benchmarks (83, 30 and 30 problems; ``amc23-40`` is another, 40-problem AMC set)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,17 +274,6 @@ def write_reports(results_by_step: dict[int, dict], out_dir: Path, k: int, label
 # ---------------------------------------------------------------------------------------------
 # CLI
 # ---------------------------------------------------------------------------------------------
-def checkpoints_every(run_dir: Path, every: int) -> list[tuple[int, Path]]:
-    """Every ``every``-th complete checkpoint of ``run_dir`` and the last one (a checkpoint cut by a kill is skipped)."""
-    from .checkpoints import complete_checkpoints
-
-    found = complete_checkpoints(run_dir)
-    chosen = found[::every]
-    if found and found[-1] not in chosen:
-        chosen.append(found[-1])
-    return chosen
-
-
 def build_generator(args, checkpoint: Path | None):
     """(generate function) for the base model + optional adapter / checkpoint."""
     if vllm_available() and not args.no_vllm and not args.tiny_model:  # pragma: no cover
@@ -406,125 +397,19 @@ def parse_args(argv=None):
     return args
 
 
-ARCHITECTURE_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
-"""``config.json`` entries a full-model checkpoint must share with the base model it is evaluated with."""
-
-
-def check_chat_template(argument: str, folder: Path) -> None:
-    """Refuse a local model folder whose tokenizer has no chat template (evaluation formats every prompt with it):
-    neither ``chat_template.jinja`` nor a ``chat_template`` entry in ``tokenizer_config.json``."""
+def loaded_generator(args, checkpoint: Path | None):
+    """``build_generator``, a model or tokenizer that does not load (a hub id that cannot be fetched, a folder the
+    checks above passed but transformers refuses) refused in one line naming the argument, not a traceback."""
     from .command_line import refuse
 
-    config = folder / "tokenizer_config.json"
-    has = (folder / "chat_template.jinja").is_file()
-    if not has and config.is_file():
-        try:
-            has = bool(json.loads(config.read_text()).get("chat_template"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise refuse(argument, str(folder), "its tokenizer_config.json is not JSON") from None
-    if not has:
-        raise refuse(
-            argument,
-            str(folder),
-            "its tokenizer has no chat template (no chat_template.jinja, no chat_template in tokenizer_config.json); "
-            "evaluation formats every prompt with it",
-        )
-
-
-def check_same_architecture(argument: str, checkpoint: Path, base_argument: str, base: Path) -> None:
-    """Refuse a full-model checkpoint whose ``config.json`` differs from the base model's in ``ARCHITECTURE_KEYS``
-    (a run of another model): its weights would not load into the base's tokenizer and shapes."""
-    from .command_line import refuse
-
-    if not (checkpoint / "config.json").is_file() or not (base / "config.json").is_file():
-        return
-    mine, theirs = (json.loads((p / "config.json").read_text()) for p in (checkpoint, base))
-    differ = [k for k in ARCHITECTURE_KEYS if mine.get(k) != theirs.get(k)]
-    if differ:
-        shown = ", ".join(f"{k} {mine.get(k)!r} vs {theirs.get(k)!r}" for k in differ)
-        raise refuse(argument, str(checkpoint), f"another architecture than {base_argument} {base}: {shown}")
-
-
-SETTINGS_FILE = "generation_settings.json"
-"""Written in ``--output_dir`` by the first run: the settings its samples were generated with (``generation_settings``),
-against which a rerun, which reuses the samples written, is checked."""
-
-
-def generation_settings(args) -> dict:
-    """What decides the samples an evaluation writes: the weights (model, tiny model, adapter, checkpoints) and the
-    sampling (temperature, top_p, max_tokens, thinking, seed), as given."""
-    names = ("model", "tiny_model", "adapter", "checkpoints", "temperature", "top_p", "max_tokens", "thinking", "seed")
-    values = {name: getattr(args, name, None) for name in names}
-    return {name: str(v) if isinstance(v, os.PathLike) else v for name, v in values.items()}
-
-
-def check_args(args, given=()) -> None:
-    """The combinations of arguments (each value's own domain was checked by its declaration in ``parse_args``),
-    checked before a model loads or a file is written; a refusal names the argument. ``given``: the arguments typed
-    (their dests; a default is not typed)."""
-    from .command_line import refuse
-    from .config.fields import ConfigError, check_environment
-
-    try:  # the variables a run reads, as train checks them (THP_MEM_ALLOC_ENABLE: torch reads it once)
-        check_environment()
-    except ConfigError as e:
-        raise refuse(e.name, e.value, e.expected) from None
-    recorded = Path(args.output_dir) / SETTINGS_FILE
-    if recorded.is_file():  # its samples are reused: they must come from these settings
-        try:
-            before = json.loads(recorded.read_text())
-        except (OSError, ValueError):
-            raise refuse("--output_dir", args.output_dir, f"its {SETTINGS_FILE} does not parse") from None
-        now = generation_settings(args)
-        changed = [k for k in now if before.get(k) != now[k]]
-        if changed:
-            shown = ", ".join(f"{k} {before.get(k)!r} there, {now[k]!r} now" for k in changed)
-            raise refuse(
-                "--output_dir",
-                args.output_dir,
-                f"holds samples generated with other settings ({shown}); give another --output_dir, or the same "
-                "settings to resume",
-            )
-    if args.model is None and args.tiny_model is None:
-        raise refuse("--model", None, "give --model (hub id or folder) or --tiny-model FOLDER")
-    # not a declared relation (ap.relate): the fuzzer's candidate temperatures (tests/fuzzing.py) hold no 0 to break it
-    if args.temperature == 0 and "top_p" in given:
-        raise refuse(
-            "--top_p",
-            args.top_p,
-            "greedy decoding (--temperature 0) ignores top-p; leave --top_p out or give a temperature > 0",
-        )
-    if args.checkpoints is not None and not checkpoints_every(Path(args.checkpoints), 1):
-        raise refuse("--checkpoints", args.checkpoints, "holds no complete checkpoint-* folder")
-    names = [b for b in args.benchmarks.split(",") if b]
-    if not names:
-        raise refuse("--benchmarks", args.benchmarks, "expected a comma-separated list of benchmark names")
-    twice = next((b for i, b in enumerate(names) if b in names[:i]), None)
-    if twice is not None:  # its samples would be generated twice and its rows would count twice in the average
-        raise refuse("--benchmarks", args.benchmarks, f"names {twice!r} twice; give each benchmark once")
-    for spec in args.benchmark_path:
-        name = spec.partition("=")[0]
-        if name not in names:
-            raise refuse("--benchmark_path", spec, f"benchmark {name!r} is not in --benchmarks {args.benchmarks}")
-    given = {spec.partition("=")[0] for spec in args.benchmark_path}
-    known = (*PAPER_BENCHMARKS, "amc23-40")
-    for name in names:  # a name that is neither a published set nor given a file: a typo, most likely
-        if name not in known and name not in given:
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise refuse(
-                "--benchmarks",
-                name,
-                f"unknown benchmark; {hint}known: {', '.join(known)}, or any name given a "
-                f"file with --benchmark_path {name}=FILE (columns question, answer)",
-            )
-    base = args.tiny_model or args.model
-    flag = "--tiny-model" if args.tiny_model else "--model"
-    if Path(base).is_dir():  # a local folder: what loading it would find wrong, found before it loads
-        check_chat_template(flag, Path(base))
-        if args.checkpoints is not None:
-            for _, checkpoint in checkpoints_every(Path(args.checkpoints), args.every):
-                check_same_architecture("--checkpoints", checkpoint, flag, Path(base))
+    try:
+        return build_generator(args, checkpoint)
+    except (OSError, ValueError) as e:
+        flag, value = ("--tiny-model", args.tiny_model) if args.tiny_model else ("--model", args.model)
+        if checkpoint is not None:
+            flag, value = "--checkpoints", str(checkpoint)
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise refuse(flag, value, f"cannot be loaded ({type(e).__name__}: {first[:200]})") from None
 
 
 def table_ks(n: int, k: int) -> list[int]:
@@ -567,13 +452,14 @@ def main(argv=None) -> dict:
     runs = checkpoints_every(Path(args.checkpoints), args.every) if args.checkpoints else [(0, None)]
     if args.checkpoints and not runs:
         raise ValueError(f"no checkpoint-* folders in {args.checkpoints}")
+    first = loaded_generator(args, runs[0][1])  # before anything is written: a model that does not load writes nothing
     out.mkdir(parents=True, exist_ok=True)
     if not (out / SETTINGS_FILE).is_file():  # check_args compared a rerun's settings with these
         (out / SETTINGS_FILE).write_text(json.dumps(generation_settings(args), indent=1))
     results_by_step = {}
-    for step, ckpt in runs:
+    for i, (step, ckpt) in enumerate(runs):
         sub = out / (f"step-{step}" if ckpt is not None else "model")
-        gen = build_generator(args, ckpt)
+        gen = first if i == 0 else loaded_generator(args, ckpt)
         rows = evaluate_benchmarks(
             gen, benchmarks, sub, n=args.n, timeout_seconds=args.grading_timeout, workers=args.workers
         )

@@ -113,6 +113,36 @@ def _truncate(path):
         (lambda f: _truncate(f / checkpoints.CYCLE_FILE.format(rank=0)), "atr_grpo_cycle_rank0.pt is damaged"),
         (lambda f: (f / checkpoints.METHOD_FILE).write_text('{"method": "at'), "atr_method.json is damaged"),
         (lambda f: (f / checkpoints.METHOD_FILE).write_text("[1]"), "atr_method.json names no method"),
+        (lambda f: (f / "scheduler.pt").unlink(), "no scheduler.pt"),
+        (lambda f: (f / "rng_state.pth").unlink(), "no rng_state*.pth"),
+        (lambda f: torch.save({"state": _Payload(f / "ran")}, f / "optimizer.pt"), "optimizer.pt holds more than"),
+        (lambda f: (f / "optimizer.pt").write_bytes(b"not a zip"), "optimizer.pt is damaged (not a torch.save"),
+        (
+            lambda f: torch.save({"step": 1, "buffered_inputs": [_Payload(f / "ran")]}, f / "atr_grpo_cycle_rank0.pt"),
+            "atr_grpo_cycle_rank0.pt holds more than tensors",
+        ),
+        (lambda f: (f / checkpoints.STATE_FILE).write_text("{}"), "trainer_state.json has no step count"),
+        (
+            lambda f: (f / checkpoints.STATE_FILE).write_text('{"global_step": "one", "epoch": 0}'),
+            "trainer_state.json has no step count (global_step 'one'",
+        ),
+        (
+            lambda f: (f / checkpoints.STATE_FILE).write_text('{"global_step": 2, "epoch": "x"}'),
+            "trainer_state.json has no epoch",
+        ),
+        (
+            lambda f: (f / checkpoints.METHOD_FILE).write_text('{"method": "atr", "params": "delta=0.07"}'),
+            "atr_method.json's params 'delta=0.07' are not an object of numbers",
+        ),
+        (
+            lambda f: (f / checkpoints.METHOD_FILE).write_text('{"method": "atr", "params": {"delta": "abc"}}'),
+            "are not an object of numbers",
+        ),
+        (
+            lambda f: (f / checkpoints.METHOD_FILE).write_text('{"method": "atr", "model": "tiny"}'),
+            "atr_method.json's model 'tiny' is not an object",
+        ),
+        (lambda f: (f / checkpoints.METHOD_FILE).write_text('{"method": "atr", "form": 3}'), "form 3 is not"),
     ],
 )
 def test_every_damaged_checkpoint_file_is_named(tmp_path, damage, named):
@@ -120,6 +150,7 @@ def test_every_damaged_checkpoint_file_is_named(tmp_path, damage, named):
     assert checkpoints.checkpoint_file_problem(folder) is None  # whole, it passes
     damage(folder)
     assert named in checkpoints.checkpoint_file_problem(folder)
+    assert not (folder / "ran").exists()  # a crafted file's payload never ran
 
 
 def test_train_refuses_a_damaged_checkpoint_before_any_model_loads(tmp_path):

@@ -225,6 +225,7 @@ def test_evaluate_refuses_bad_input_before_any_model_or_file(tmp_path, extra, ma
     for folder in (model, untemplated):
         folder.mkdir()
         (folder / "config.json").write_text('{"model_type": "qwen3", "hidden_size": 64}')
+        (folder / "tokenizer.json").write_text("{}")  # present: what the checks read before anything loads
     (model / "chat_template.jinja").write_text("{{ messages }}")
     other = tmp_path / "other_run" / "checkpoint-2"  # a run of another model: its own config.json
     other.mkdir(parents=True)

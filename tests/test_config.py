@@ -331,7 +331,7 @@ def _checkpoint(folder: Path, resolved, model=None) -> Path:
 
     folder.mkdir(parents=True)
     write_checkpoint_files(folder)
-    (folder / checkpoints.STATE_FILE).write_text("{}")
+    (folder / checkpoints.STATE_FILE).write_text('{"global_step": 2, "epoch": 1.0}')
     checkpoints.write_method_record(folder, resolved, model)
     return folder
 

@@ -3,6 +3,7 @@
 import itertools
 import json
 import math
+import re
 import time
 from pathlib import Path
 
@@ -324,3 +325,48 @@ def test_evaluate_checks_the_environment_as_train_does(monkeypatch, tmp_path):
     monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "2")
     with pytest.raises(UsageError, match=r"^\$THP_MEM_ALLOC_ENABLE"):
         ev.parse_args(_tiny_eval_argv(model_dir, tmp_path / "ev"))
+
+
+@pytest.mark.parametrize(
+    "damage, named",
+    [
+        (lambda d: (d / "config.json").write_text("{not json"), r"config\.json is damaged"),
+        (lambda d: (d / "config.json").write_text("[1, 2, 3]"), r"config\.json is not a JSON object"),
+        (
+            lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:1000]),
+            r"model\.safetensors is damaged",
+        ),
+        (lambda d: (d / "tokenizer.json").unlink(), r"has no tokenizer"),
+    ],
+)
+def test_a_damaged_model_folder_is_refused_before_anything_loads_or_is_written(tmp_path, damage, named):
+    """Each of these was a transformers traceback (or, for the tokenizer, a message naming no folder); each is now
+    refused by the argument, and the output folder is not made."""
+    from atr_llm.command_line import UsageError
+
+    model_dir = tiny.save_tiny(tmp_path / "tiny")
+    damage(model_dir)
+    with pytest.raises(UsageError, match=rf"^--tiny-model {re.escape(str(model_dir))}: cannot be loaded: {named}"):
+        ev.main(_tiny_eval_argv(model_dir, tmp_path / "ev"))
+    assert not (tmp_path / "ev").exists()
+
+
+def test_a_hub_id_that_does_not_load_is_refused_in_one_line_and_writes_nothing(tmp_path, monkeypatch):
+    from atr_llm.command_line import UsageError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    argv = ["--model", "Qwen/NotCached-0.1B", *_tiny_eval_argv("x", tmp_path / "ev")[2:]]
+    with pytest.raises(UsageError, match=r"^--model Qwen/NotCached-0\.1B: not in the local hub cache"):
+        ev.main(argv)
+
+    def unreachable(*a, **k):  # what transformers raises after its retries when the hub cannot be reached
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    import transformers
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", unreachable)
+    monkeypatch.setattr(ev, "vllm_available", lambda: False)
+    with pytest.raises(UsageError, match=r"^--model Qwen/NotCached-0\.1B: cannot be loaded \(OSError: We couldn't"):
+        ev.main(argv)
+    assert not (tmp_path / "ev").exists()

@@ -46,6 +46,19 @@ def _config(tmp_path, **kw) -> ATRGRPOConfig:
         ("generation_kwargs", {"top_k": -2}, r"transformers refuses it: `top_k` has to be a strictly positive"),
         ("generation_kwargs", {"bogus": 1}, r"'bogus' is not an attribute of GenerationConfig$"),
         ("generation_kwargs", ["top_k"], r"expected a mapping of GenerationConfig attributes$"),
+        ("multi_objective_aggregation", "bogus", r"expected one of sum_then_normalize, normalize_then_sum$"),
+        ("neftune_noise_alpha", -1.0, r"^neftune_noise_alpha=-1\.0: expected a finite number > 0$"),
+        ("ref_model_mixup_alpha", 2.0, r"expected a finite number >= 0 and <= 1$"),
+        ("ref_model_sync_steps", 0, r"expected an integer >= 1"),
+        ("optim_args", "foo", r"'foo' is not key=value"),
+        ("optim_args", "momentum=0.5", r"the adamw_torch_fused optimizer never reads it"),
+        ("torch_compile_backend", "bogus", r"^torch_compile_backend='bogus': expected one of no, eager"),
+        ("label_smoothing_factor", 0.1, r"expected 0: GRPO's loss never reads it"),
+        ("sync_ref_model", True, r"needs a reference model: set beta > 0"),
+        ("accelerator_config", {"bogus": 1}, r"'bogus' is not a field of AcceleratorConfig"),
+        ("accelerator_config", '{"bogus": 1}', r"'bogus' is not a field of AcceleratorConfig"),
+        ("accelerator_config", "{bogus: 1}", r"not valid JSON \(Expecting property name"),
+        ("lr_scheduler_kwargs", "{x", r"^lr_scheduler_kwargs='\{x': not valid JSON"),
     ],
 )
 def test_a_library_fields_bad_value_is_refused_when_the_config_is_built(tmp_path, field, value, expected):
@@ -156,3 +169,60 @@ def test_a_train_run_takes_one_reward_weight(tmp_path):
 def test_model_config_dtype_meets_its_declared_choices(tmp_path):
     with pytest.raises(ConfigError, match=r"^dtype='float13': expected one of auto, bfloat16, float16, float32$"):
         RunConfig(ScriptArguments(), _config(tmp_path), ModelConfig(model_name_or_path="tiny", dtype="float13"))
+
+
+def test_optim_args_is_refused_exactly_where_transformers_drops_it(tmp_path):
+    """The peer's behaviour is the spec: ``Trainer.get_optimizer_cls_and_kwargs`` gives the same optimizer kwargs with
+    and without ``optim_args`` for the default optimizer (it drops them: refused here), different ones for sgd (it
+    reads them: taken here)."""
+    from transformers import Trainer, TrainingArguments
+
+    def kwargs(**kw):
+        args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **kw)
+        return Trainer.get_optimizer_cls_and_kwargs(args)[1]
+
+    default = _config(tmp_path).optim
+    assert kwargs(optim=default, optim_args="momentum=0.5") == kwargs(optim=default)
+    with pytest.raises(ConfigError, match="never reads it"):
+        _config(tmp_path, optim_args="momentum=0.5")
+    assert kwargs(optim="sgd", optim_args="momentum=0.5") != kwargs(optim="sgd")
+    assert _config(tmp_path, optim="sgd", optim_args="momentum=0.5").optim_args == "momentum=0.5"
+    config = _config(tmp_path, optim="sgd", optim_args="momentum=0.5")
+    with pytest.raises(ConfigError, match="never reads it"):  # a write of the optimizer meets the same check
+        config.optim = default
+    assert config.optim == "sgd"
+
+
+def test_the_reference_sync_and_compile_backend_take_the_values_their_libraries_take(tmp_path):
+    from accelerate.utils import DynamoBackend
+
+    assert _config(tmp_path, sync_ref_model=True, beta=0.1, ref_model_sync_steps=4).sync_ref_model
+    for backend in ("inductor", "INDUCTOR", "eager"):
+        assert DynamoBackend(backend.upper())  # accelerate's own enum takes it
+        assert _config(tmp_path, torch_compile_backend=backend).torch_compile_backend.upper() == backend.upper()
+    assert _config(tmp_path, accelerator_config={"split_batches": False}).accelerator_config.split_batches is False
+
+
+@pytest.mark.parametrize(
+    "field, value, expected",
+    [
+        ("eval_strategy", "steps", r"^eval_strategy='steps': expected no: atr_llm.train passes no evaluation dataset"),
+        ("model_init_kwargs", {"dtype": "float13"}, r"^model_init_kwargs=.*: is not read: atr_llm.train builds"),
+    ],
+)
+def test_a_run_refuses_a_library_field_it_cannot_honour(tmp_path, field, value, expected):
+    extra = {"eval_steps": 1} if field == "eval_strategy" else {}
+    with pytest.raises(ConfigError, match=expected):
+        RunConfig(ScriptArguments(tiny=True, sft_steps=0), _config(tmp_path, **{field: value}, **extra), ModelConfig())
+
+
+def test_push_to_hub_needs_a_token_and_a_script_field_written_after_the_build_is_checked_again(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: None)
+    with pytest.raises(ConfigError, match="^push_to_hub=True: needs a Hugging Face token"):
+        RunConfig(ScriptArguments(tiny=True, sft_steps=0), _config(tmp_path, push_to_hub=True), ModelConfig())
+    script = ScriptArguments(tiny=True)
+    script.sft_steps = -5
+    with pytest.raises(ConfigError, match="^sft_steps=-5"):
+        RunConfig(script, _config(tmp_path), ModelConfig())

@@ -94,7 +94,7 @@ def page_layout(site: Path, page: str, width: int = 1280, height: int = 800, exe
 
 
 def main(argv: list[str] | None = None) -> int:
-    from atr_llm.cli_types import Integer, ReadDir
+    from atr_llm.cli_types import Integer, ReadDir, Text
     from atr_llm.command_line import Parser
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -105,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--width", type=Integer(320, 10_000), default=1280)
     ap.add_argument("--height", type=Integer(200, 100_000), default=800)
-    ap.add_argument("--page", nargs="+", default=list(FIRST_PAGES), help="pages, relative to the site")
+    ap.add_argument(
+        "--page", type=Text(), nargs="+", default=list(FIRST_PAGES), help="pages, relative to the site"
+    )
     ap.add_argument(
         "--if-browser",
         action="store_true",

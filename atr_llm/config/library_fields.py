@@ -20,11 +20,22 @@ from .fields import ConfigError
 __all__ = [
     "LIBRARY_FIELDS",
     "check_library_fields",
+    "check_train_library_fields",
     "check_train_reward_weights",
     "library_values_read",
 ]
 
-LIBRARY_FIELDS = ("lr_scheduler_kwargs", "generation_kwargs", "pad_to_multiple_of", "reward_weights")
+LIBRARY_FIELDS = (
+    "lr_scheduler_kwargs",
+    "generation_kwargs",
+    "pad_to_multiple_of",
+    "reward_weights",
+    "optim_args",
+    "torch_compile_backend",
+    "label_smoothing_factor",
+    "sync_ref_model",
+    "accelerator_config",
+)
 """The fields ``check_library_fields`` checks (beside ``library_domains``' ones, which ``check_fields`` checks)."""
 
 
@@ -34,6 +45,25 @@ def library_values_read(config: Any) -> None:
     value = getattr(config, "scale_rewards", None)
     if isinstance(value, bool):
         object.__setattr__(config, "scale_rewards", "group" if value else "none")
+    for name in getattr(type(config), "_VALID_DICT_FIELDS", ()):  # JSON text transformers parses: refused by name
+        _json_mapping(name, getattr(config, name, None))
+
+
+def _json_mapping(name: str, value: Any) -> dict | None:
+    """A mapping field's value as transformers reads it: the mapping, or the JSON text of one (``"{...}"``, which
+    ``TrainingArguments.__post_init__`` parses), refused naming the field when that text is not JSON; None for
+    anything else (a path, None)."""
+    if isinstance(value, dict):
+        return value
+    if not (isinstance(value, str) and value.startswith("{")):
+        return None
+    import json
+
+    try:
+        loaded = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise ConfigError(name, value, f"not valid JSON ({e.msg}, at character {e.pos})") from None
+    return loaded if isinstance(loaded, dict) else None
 
 
 def _scheduler_parameters(scheduler_type: Any) -> tuple[str, ...] | None:
@@ -155,6 +185,88 @@ def _check_pad_to_multiple_of(config: Any) -> None:
     raise ConfigError("pad_to_multiple_of", value, "expected an integer >= 1, 'auto' or None")
 
 
+def _check_optim_args(config: Any) -> None:
+    """``optim_args``: ``"key=value,key=value"`` (transformers splits it so; a piece without ``=`` fails at the first
+    step), and only for an optimizer whose transformers handler reads it (``compat.optimizers_reading_optim_args``):
+    for any other, ``adamw_torch`` included, transformers drops it silently."""
+    from ..compat import optimizers_reading_optim_args
+
+    value = getattr(config, "optim_args", None)
+    if value is None or value == "":
+        return
+    if not isinstance(value, str):
+        raise ConfigError("optim_args", value, "expected text of key=value pairs separated by commas")
+    pieces = value.replace(" ", "").split(",")
+    bad = next((p for p in pieces if p.count("=") != 1 or p.startswith("=")), None)
+    if bad is not None:
+        raise ConfigError(
+            "optim_args", value, f"{bad!r} is not key=value (expected key=value pairs separated by commas)"
+        )
+    optimizer = str(getattr(config.optim, "value", config.optim))
+    readers = optimizers_reading_optim_args()
+    if readers is not None and optimizer not in readers:
+        raise ConfigError(
+            "optim_args",
+            value,
+            f"the {optimizer} optimizer never reads it (transformers passes optim_args only to "
+            f"{', '.join(sorted(readers))}); leave it unset or choose one of those with --optim",
+        )
+
+
+def _check_torch_compile_backend(config: Any) -> None:
+    """``torch_compile_backend``: a name of accelerate's ``DynamoBackend`` (transformers upper-cases it; any other
+    fails when the accelerator is built, naming no field)."""
+    value = getattr(config, "torch_compile_backend", None)
+    if value is None:
+        return
+    from accelerate.utils import DynamoBackend
+
+    names = [b.value for b in DynamoBackend]
+    if not isinstance(value, str) or value.upper() not in names:
+        raise ConfigError("torch_compile_backend", value, f"expected one of {', '.join(n.lower() for n in names)}")
+
+
+def _check_label_smoothing_factor(config: Any) -> None:
+    """``label_smoothing_factor``: 0. transformers applies it only to a cross-entropy on labels in
+    ``Trainer.compute_loss``, which GRPO's loss replaces: any other value would be dropped silently."""
+    value = getattr(config, "label_smoothing_factor", 0.0)
+    if value != 0:
+        raise ConfigError(
+            "label_smoothing_factor", value, "expected 0: GRPO's loss never reads it (no labels cross-entropy)"
+        )
+
+
+def _check_sync_ref_model(config: Any) -> None:
+    """``sync_ref_model`` needs a reference model, i.e. ``beta > 0`` (TRL 1.16 refuses it with ``beta = 0`` when the
+    trainer is built, after the SFT stage)."""
+    if getattr(config, "sync_ref_model", False) and getattr(config, "beta", 0.0) == 0:
+        raise ConfigError(
+            "sync_ref_model",
+            True,
+            "needs a reference model: set beta > 0 (with beta = 0 no reference model is loaded, so none is synced)",
+        )
+
+
+def _check_accelerator_config(config: Any) -> None:
+    """``accelerator_config``: a mapping of ``transformers.trainer_pt_utils.AcceleratorConfig`` fields, or the path of
+    a JSON file of one (an unknown key was a TypeError traceback when the config was built)."""
+    value = _json_mapping("accelerator_config", getattr(config, "accelerator_config", None))
+    if value is None:
+        return  # a path: transformers reads it when the config is built and names the file; the built object: done
+    import dataclasses
+
+    from transformers.trainer_pt_utils import AcceleratorConfig
+
+    known = [f.name for f in dataclasses.fields(AcceleratorConfig)]
+    stray = [key for key in value if key not in known]
+    if stray:
+        raise ConfigError(
+            "accelerator_config",
+            value,
+            f"{stray[0]!r} is not a field of AcceleratorConfig (its fields: {', '.join(known)})",
+        )
+
+
 def check_library_fields(config: Any, only: str | None = None) -> None:
     """The checks of ``LIBRARY_FIELDS`` on ``config`` (``only``: that field alone, written after the build); a
     refusal is a ``ConfigError`` naming the field."""
@@ -163,9 +275,15 @@ def check_library_fields(config: Any, only: str | None = None) -> None:
         "lr_scheduler_kwargs": _check_scheduler_kwargs,
         "generation_kwargs": _check_generation_kwargs,
         "pad_to_multiple_of": _check_pad_to_multiple_of,
+        "optim_args": _check_optim_args,
+        "torch_compile_backend": _check_torch_compile_backend,
+        "label_smoothing_factor": _check_label_smoothing_factor,
+        "sync_ref_model": _check_sync_ref_model,
+        "accelerator_config": _check_accelerator_config,
     }
+    also = {"lr_scheduler_type": "lr_scheduler_kwargs", "optim": "optim_args", "beta": "sync_ref_model"}
     for name, check in checks.items():
-        if only is None or only == name or (only, name) == ("lr_scheduler_type", "lr_scheduler_kwargs"):
+        if only is None or only == name or also.get(only) == name:
             check(config)
 
 
@@ -181,4 +299,38 @@ def check_train_reward_weights(config: Any, reward_functions: int = 1) -> None:
             list(weights),
             f"expected {reward_functions} finite number{'s' if reward_functions > 1 else ''}: atr_llm.train scores "
             f"with {reward_functions} reward function{'s' if reward_functions > 1 else ''}",
+        )
+
+
+def check_train_library_fields(training: Any, model: Any) -> None:
+    """The library fields a run of ``atr_llm.train`` cannot honour, refused before any work: ``reward_weights``
+    (``check_train_reward_weights``); ``eval_strategy`` other than ``no`` (the run passes no evaluation dataset:
+    transformers refuses it when the trainer is built, after the SFT stage); ``model_init_kwargs`` (the run builds
+    the model itself, from ``ModelConfig``'s ``--dtype`` / ``--attn_implementation``: TRL reads it only for a model
+    given by name); ``push_to_hub`` without a Hugging Face token (the push fails at the first save);
+    ``sync_ref_model`` with a LoRA adapter (TRL refuses it when the trainer is built)."""
+    check_train_reward_weights(training)
+    strategy = str(getattr(training.eval_strategy, "value", training.eval_strategy))
+    if strategy != "no":
+        raise ConfigError(
+            "eval_strategy",
+            strategy,
+            "expected no: atr_llm.train passes no evaluation dataset (atr_llm.evaluate scores a run)",
+        )
+    if training.model_init_kwargs:
+        raise ConfigError(
+            "model_init_kwargs",
+            training.model_init_kwargs,
+            "is not read: atr_llm.train builds the model itself; set --dtype / --attn_implementation instead",
+        )
+    if training.push_to_hub:
+        from huggingface_hub import get_token
+
+        if get_token() is None:
+            raise ConfigError(
+                "push_to_hub", True, "needs a Hugging Face token (huggingface-cli login, or $HF_TOKEN); none is set"
+            )
+    if getattr(training, "sync_ref_model", False) and getattr(model, "use_peft", False):
+        raise ConfigError(
+            "sync_ref_model", True, "cannot sync a reference model with a LoRA adapter (use_peft): TRL refuses it"
         )

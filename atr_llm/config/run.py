@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .fields import MODEL_DOMAINS, RUN_RELATIONS, ConfigError, check_fields, check_relations_of, script_domains
-from .library_fields import check_train_reward_weights
+from .library_fields import check_train_library_fields
 from .trainer_config import ATRGRPOConfig
 
 __all__ = ["RunConfig", "ScriptArguments", "UNSLOTH_MODEL_OPTIONS", "finished_run", "model_to_train"]
@@ -73,8 +73,9 @@ class ScriptArguments:
     allow_fresh_optimizer: bool = field(
         default=False,
         metadata={
-            "help": "with --resume_from_checkpoint: resume from a checkpoint without optimizer.pt (saved with "
-            "save_only_model), Adam's moments restarting from zero (refused without it)"
+            "help": "with --resume_from_checkpoint: resume from a checkpoint without optimizer.pt, scheduler.pt or "
+            "rng_state*.pth (saved with save_only_model), Adam's moments, the schedule or the random streams "
+            "restarting (refused without it)"
         },
     )
     overwrite: bool = field(
@@ -238,9 +239,10 @@ class RunConfig:
         ):
             if not isinstance(config, cls):
                 raise ConfigError(name, type(config).__name__, f"expected a {cls.__name__}")
+        check_fields(script, script_domains())  # again: a field may have been written after the build
         check_model_options(model, training, backend=script.backend)
         check_model_source(getattr(model, "model_name_or_path", None))
-        check_train_reward_weights(training)  # atr_llm.train scores with one reward function
+        check_train_library_fields(training, model)  # one reward function, no evaluation set, the model built here
         check_relations_of(RUN_RELATIONS, (script, training, model))
         for name, source, path in (
             ("dataset_path", script.dataset_name, script.dataset_path),
@@ -285,8 +287,11 @@ class RunConfig:
             )
         else:
             checkpoint = Path(resume)
-        from ..checkpoints import checkpoint_file_problem, recorded_method
+        from ..checkpoints import checkpoint_file_problem, method_record_problem, recorded_method
 
+        problem = method_record_problem(checkpoint)  # before what it trained is read from it
+        if problem:
+            raise ConfigError("resume_from_checkpoint", resume, f"{checkpoint} cannot be resumed: {problem}")
         record, resolved, delta = recorded_method(checkpoint), self.training.resolved_method, self.training.delta
         if record is not None and delta is not None and record["method"] == self.training.method != resolved.name:
             raise ConfigError(
