@@ -25,6 +25,13 @@ def test_each_fault_is_found():
         assert page_findings("a.html", page), what
 
 
+def test_a_figure_that_does_not_open_larger_on_click_is_found():
+    plain = '<p><img alt="x" src="figures/a.png"></p>'
+    assert page_findings("a.html", plain) == ["a.html: 1 of its 1 figures do not open at full size on click"]
+    linked = '<p><a class="glightbox" data-type="image" href="figures/a.png"><img alt="x" src="figures/a.png"></a></p>'
+    assert page_findings("a.html", linked) == []
+
+
 def test_code_blocks_are_not_checked():
     assert page_findings("a.html", "<pre><code>x = ``a`` :func:`b` \\|</code></pre>") == []
 
@@ -42,7 +49,7 @@ def test_an_unshown_figure_and_a_missing_bundle_are_found(tmp_path):
     assert any("divergence_delta" in f for f in found)
     (site / "javascripts" / "mathjax").mkdir(parents=True)
     (site / "javascripts" / "mathjax" / "tex-svg.js").write_text("")
-    (site / "index.html").write_text(GOOD + '<img src="figures/a.png">')
+    (site / "index.html").write_text(GOOD + '<a class="glightbox" href="figures/a.png"><img src="figures/a.png"></a>')
     fields = "".join(
         f"atr_llm.config.ATRGRPOConfig.{f} "
         for f in ("divergence_delta", "epsilon_low", "method_seed", "fast_generation")

@@ -5,7 +5,8 @@
 Fails (exit 1, one line per finding) on: a doctest shown as nested quotes, a raw Sphinx role (``:func:`` and kin) or an escaped pipe (``\\|``) shown
 as text; Markdown left unrendered in a paragraph (a list item or a heading that lost its blank line); RST double
 backticks shown as text; a page that writes TeX without the site's own MathJax (``javascripts/mathjax/tex-svg.js``);
-a PNG under ``docs/`` that no page shows; an API page without ATRGRPOConfig's fields.
+a PNG under ``docs/`` that no page shows; a figure that does not open at full size on click (an image outside a
+glightbox link, ``mkdocs-glightbox``); an API page without ATRGRPOConfig's fields.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from pathlib import Path
 ROLE = re.compile(r":(?:func|class|mod|meth|data|attr|obj|exc):(?:<code>|`)")
 UNRENDERED_LIST = re.compile(r"<p>[^<]*(?:<[^/p][^>]*>[^<]*</[^>]+>[^<]*)*\n(?:\* |- |\d+\. )\*\*")
 CONFIG_FIELDS = ("divergence_delta", "epsilon_low", "method_seed", "fast_generation")
+FIGURE = re.compile(r'<img\b[^>]*\bsrc="[^"]+\.(?:png|jpg|jpeg|svg)"')
+ENLARGED_FIGURE = re.compile(r'<a class="glightbox"[^>]*>\s*<img\b')
 
 
 def _visible_text(page: str) -> str:
@@ -42,6 +45,9 @@ def page_findings(name: str, page: str) -> list[str]:
         found.append(f"{name}: nested quotes (a >>> example outside an Examples section)")
     if UNRENDERED_LIST.search(body):
         found.append(f"{name}: a list was left inside a paragraph (no blank line before it)")
+    figures, enlarged = len(FIGURE.findall(body)), len(ENLARGED_FIGURE.findall(body))
+    if figures > enlarged:
+        found.append(f"{name}: {figures - enlarged} of its {figures} figures do not open at full size on click")
     if 'class="arithmatex"' in page and "javascripts/mathjax/tex-svg.js" not in page:
         found.append(f"{name}: TeX on the page but no MathJax loaded")
     return found
