@@ -77,10 +77,6 @@ def tiny_model_identity(vocab: str) -> dict:
     return {**TINY_ARCHITECTURE, "vocab_size": rows, "name_or_path": ""}
 
 
-TINY_MAX_POSITIONS = 512
-"""The tiny model's positions (``max_position_embeddings``): a prompt and its completion together fit in them."""
-
-
 def build_tiny_model(
     tokenizer, *, vocab_size: int | None = None, hidden_size: int = 64, layers: int = 2, seed: int = 0
 ):
@@ -98,7 +94,7 @@ def build_tiny_model(
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=hidden_size // 4,
-        max_position_embeddings=TINY_MAX_POSITIONS,
+        max_position_embeddings=512,
         tie_word_embeddings=True,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

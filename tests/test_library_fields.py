@@ -208,7 +208,6 @@ def test_the_reference_sync_and_compile_backend_take_the_values_their_libraries_
     [
         ("eval_strategy", "steps", r"^eval_strategy='steps': expected no: atr_llm.train passes no evaluation dataset"),
         ("model_init_kwargs", {"dtype": "float13"}, r"^model_init_kwargs=.*: is not read: atr_llm.train builds"),
-        ("max_completion_length", 512, r"^max_completion_length=512: expected fewer than the tiny model's 512"),
     ],
 )
 def test_a_run_refuses_a_library_field_it_cannot_honour(tmp_path, field, value, expected):

@@ -243,15 +243,6 @@ class RunConfig:
         check_model_options(model, training, backend=script.backend)
         check_model_source(getattr(model, "model_name_or_path", None))
         check_train_library_fields(training, model)  # one reward function, no evaluation set, the model built here
-        if script.tiny:
-            from ..tiny import TINY_MAX_POSITIONS
-
-            if training.max_completion_length >= TINY_MAX_POSITIONS:  # past them generation runs on garbage positions
-                raise ConfigError(
-                    "max_completion_length",
-                    training.max_completion_length,
-                    f"expected fewer than the tiny model's {TINY_MAX_POSITIONS} positions (its prompt included)",
-                )
         check_relations_of(RUN_RELATIONS, (script, training, model))
         for name, source, path in (
             ("dataset_path", script.dataset_name, script.dataset_path),
