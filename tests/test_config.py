@@ -566,3 +566,34 @@ def test_numpy_scalars_are_read_as_their_python_kind_and_still_checked(tmp_path)
         ATRGRPOConfig(learning_rate=np.float64("nan"), **kw)
     with pytest.raises(ValueError, match="max_steps"):
         ATRGRPOConfig(max_steps=np.int64(-5), **kw)
+
+
+def test_accelerates_flag_variables_are_checked_as_accelerate_reads_them(monkeypatch):
+    """The names: every ``ACCELERATE_*`` variable accelerate's installed source reads with ``parse_flag_from_env``. The
+    values: refused exactly where accelerate's own ``str_to_bool`` raises, naming the variable."""
+    import os
+    import re
+
+    import accelerate
+    from accelerate.utils.environment import str_to_bool
+
+    from atr_llm.config.environment import ACCELERATE_FLAGS
+    from atr_llm.config.fields import ConfigError, check_environment
+
+    root = Path(os.path.dirname(accelerate.__file__))
+    read = set()
+    for path in root.rglob("*.py"):
+        read |= set(re.findall(r'parse_flag_from_env\(\s*"(ACCELERATE_[A-Z_]+)"', path.read_text()))
+    assert read == set(ACCELERATE_FLAGS)
+    for value in ("maybe", "YES", "on", "0", "", "2", "False", "tru"):
+        try:
+            str_to_bool(value)
+            takes = True
+        except ValueError:
+            takes = False
+        environ = {"ACCELERATE_USE_CPU": value}
+        if takes:
+            check_environment(environ)
+        else:
+            with pytest.raises(ConfigError, match=r"^\$ACCELERATE_USE_CPU="):
+                check_environment(environ)

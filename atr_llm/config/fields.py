@@ -32,34 +32,13 @@ from ..cli_types import (
     python_scalars,
 )
 from ..relations import AtMost, Exclusive, Holds, Relation, Requires, check_relations
+from .environment import ENVIRONMENT, check_environment  # noqa: F401  (part of this module's API)
+from .errors import ConfigError
 
 __all__ = [  # noqa: RUF022  (grouped: the error, the declarations, the checks)
     "ConfigError", "ENVIRONMENT", "GENERATION_RELATIONS", "MODEL_DOMAINS", "RUN_RELATIONS", "script_domains",
     "training_relations", "check_environment", "check_fields", "check_relations_of", "is_set", "training_domains"
 ]
-
-
-class ConfigError(ValueError):
-    """A refused configuration value: ``name`` (a config field, or an environment variable), the value and what was
-    ``expected``, where ``{field}`` names another field (a relation's). The message reads ``name=value: expected ...``
-    with the fields' names; the command line words it with the place each value came from (``worded``: ``--flag``,
-    a YAML file's key), so that one check speaks to every way in in its own words."""
-
-    def __init__(
-        self, name: str, value: Any, expected: str, *, others: tuple[str, ...] = (), message: str | None = None
-    ):
-        self.name, self.value, self.template, self.others = name, value, expected, others
-        self.relation = None  # the relation that refused it (check_relations_of), if one did
-        self.expected = self.worded(lambda other: other)
-        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-        super().__init__(message or f"{name}={shown}: {self.expected}")
-
-    def worded(self, shown) -> str:
-        """``expected`` with each other field named as ``shown(field)`` says."""
-        text = self.template
-        for other in self.others:
-            text = text.replace("{" + other + "}", shown(other))
-        return text
 
 
 def _report_to() -> OneOf:
@@ -167,59 +146,6 @@ MODEL_DOMAINS = {
     "lora_dropout": Real(0, 1, open_high=True),
 }
 """trl.ModelConfig's numbers (TRL hands them to PEFT, which checks them when the adapter is built, after SFT)."""
-
-
-ENVIRONMENT: dict[str, Declared] = {
-    "RANK": Integer(0),
-    "LOCAL_RANK": Integer(-1),
-    "WORLD_SIZE": Integer(1),
-    "LOCAL_WORLD_SIZE": Integer(1),
-    "MASTER_PORT": Integer(1, 65535),
-    "THP_MEM_ALLOC_ENABLE": OneOf(("0", "1")),
-}
-"""The environment variables a run reads (``accelerate launch`` and ``torchrun`` set them): ``RANK`` decides which
-process takes the output folder's lock (``atr_llm.run_lock``); transformers reads ``LOCAL_RANK`` and ``WORLD_SIZE``
-when the config is built (``int()`` of ``"abc"`` failed there, naming nothing), torch ``MASTER_PORT``; torch reads
-``THP_MEM_ALLOC_ENABLE`` (``atr_llm.huge_pages``: 1 unless the user set it) and ignores a value other than 0 or 1 with a
-warning. Unset or empty: not given."""
-
-
-def check_environment(environ: Mapping[str, str] | None = None) -> None:
-    """Each variable of ``ENVIRONMENT`` that is set, against its domain, and what a launch sets together: a rank
-    below the world size (``RANK`` > 0 or ``LOCAL_RANK`` >= 0 means a distributed launch, which needs ``WORLD_SIZE``),
-    ``LOCAL_RANK`` below ``LOCAL_WORLD_SIZE``, and a world of several processes its rendezvous (``MASTER_ADDR``,
-    ``MASTER_PORT``, which ``accelerate launch`` and ``torchrun`` set; torch's ``env://`` needs them). A refusal is a
-    ``ConfigError`` naming the variable (``$RANK``)."""
-    environ = os.environ if environ is None else environ
-    values: dict[str, Any] = {}
-    for name, declaration in ENVIRONMENT.items():
-        text = environ.get(name, "")
-        if text.strip():
-            try:
-                values[name] = declaration(text)
-            except argparse.ArgumentTypeError as e:
-                raise ConfigError(f"${name}", text, str(e).split(": ", 1)[-1]) from None
-    world = values.get("WORLD_SIZE")
-    for rank, size in (("RANK", "WORLD_SIZE"), ("LOCAL_RANK", "LOCAL_WORLD_SIZE"), ("LOCAL_RANK", "WORLD_SIZE")):
-        value = values.get(rank)
-        launched = value is not None and (value > 0 if rank == "RANK" else value >= 0)
-        if launched and values.get(size) is None and size == "WORLD_SIZE":
-            raise ConfigError(
-                f"${rank}",
-                value,
-                "a distributed launch's rank, set without $WORLD_SIZE; launch with "
-                "accelerate launch or torchrun, which set both",
-            )
-        if value is not None and values.get(size) is not None and value >= values[size]:
-            raise ConfigError(f"${rank}", value, f"expected a rank below ${size} {values[size]}")
-    if world is not None and world > 1:
-        missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not environ.get(v, "").strip()]
-        if missing:
-            raise ConfigError(
-                "$WORLD_SIZE",
-                world,
-                f"a launch of {world} processes needs ${missing[0]} (accelerate launch and torchrun set it)",
-            )
 
 
 def field_default(config: Any, name: str) -> Any:
