@@ -129,97 +129,53 @@ def policy_loss(
 
     Parameters
     ----------
-    logp : torch.Tensor
-        (B, T) log-probabilities of the sampled tokens under pi_theta. Values on masked-out positions are ignored.
-    old_logp : torch.Tensor
-        (B, T) log-probabilities under pi_old, treated as a constant.
+    logp, old_logp : torch.Tensor
+        (B, T) log-probabilities of the sampled tokens under pi_theta and under pi_old (a constant); values on
+        masked-out positions are ignored.
     advantages : torch.Tensor
-        (B,) or (B, T).
-    mask : torch.Tensor
-        (B, T) bool or 0/1: which tokens count.
+        (B,) or (B, T). ``mask``: (B, T) bool or 0/1, the tokens that count.
     method : str or ResolvedMethod
-        A registered name, whose parameters come as ``**params`` (``delta``, ``epsilon``, ...); or a choice resolved
-        once by ``atr_theory.resolve`` (then ``form`` and ``**params`` stay empty): a training loop validates its
-        choice once instead of every step.
+        A registered name with its parameters as ``**params`` (``delta``, ``epsilon``, ...), or a choice resolved once
+        by ``atr_theory.resolve`` (then ``form`` and ``**params`` stay empty).
     form : str, optional
         ``"min"`` (the rule's clip inside PPO's min: the paper's Section 2 surrogate) or ``"mask"`` (pure clip: its
-        Section 4 objective); None: the method's default (``"min"`` for every rule with a ratio range).
-    aggregation : str
-        ``dr_grpo`` (sum / (B max_length)), ``token_mean``, ``seq_mean_token_mean``, ``seq_mean_token_sum`` or
-        ``token_sum``.
-    max_length : int, optional
-        ``dr_grpo`` only: the generation budget, an integer >= T (default T). A float is taken only when it is
-        finite and integral (``512.0``, as a config may write it); a bool, ``2.5``, inf and NaN are refused.
+        Section 4 objective); None: the method's default.
+    aggregation, max_length : str, int
+        ``dr_grpo`` (sum / (B max_length), ``max_length`` an integer >= T, default T), ``token_mean``,
+        ``seq_mean_token_mean``, ``seq_mean_token_sum`` or ``token_sum`` (``AGGREGATIONS``).
     old_full_logp, full_logp : torch.Tensor, optional
-        (B, T, V), only for methods that need the full distributions (and read only when ``position_kl`` is not
-        given). An entry may be -inf (a vocabulary entry of probability 0; ``full_kl`` handles it), not NaN or
-        +inf, and not every entry of a valid position.
-    generator : torch.Generator, optional
-        For a method that draws at random (clip_cov), and only there: a generator the rule never draws from is
-        refused (``rule_generator`` passes it where it is read). Anything else than None or a ``torch.Generator``
-        is refused.
-    token_weights : torch.Tensor, optional
-        (B, T) constant multiplier of the per-token objective (e.g. TRL's vLLM importance-sampling correction):
-        finite and >= 0 on valid tokens (``validate=True``).
-    kl_chunk_size : int, optional
-        Positions per chunk when computing full KLs: None or an integer >= 1 (an integral float as for
-        ``max_length``).
-    position_kl : torch.Tensor, optional
-        (B, T) ``KL(pi_old || pi)`` per position, in place of ``old_full_logp`` / ``full_logp`` (e.g.
-        ``atr_theory.head_kl_chunked``'s, which never holds the (B, T, V) tensors). truly_ppo differentiates
-        through it; values on padding are ignored; finite on valid tokens.
+        (B, T, V), for a method that needs the full distributions (entries may be -inf); ``position_kl`` ((B, T)
+        ``KL(pi_old || pi)`` per position, e.g. ``atr_theory.head_kl_chunked``'s) replaces them; ``kl_chunk_size``:
+        positions per chunk of the full KLs.
     old_topk_logp, topk_logp : torch.Tensor, optional
-        (B, T, K), only for a method that reads the top-K (``MethodSpec.needs_topk``: ``dppo_topk_tv``,
-        ``dppo_topk_kl``): pi_old's and pi's log-probs of the K tokens, other than the sampled one, that pi_old
-        found most likely at each position (``atr_theory.topk_logps`` gathers both from the two policies' logits).
-        Constants (no gradient is taken through them); an entry may be -inf, not NaN or +inf.
+        (B, T, K), for a method that reads the top-K (``dppo_topk_*``): both policies' log-probs of the K tokens pi_old
+        found most likely (``atr_theory.topk_logps``), constants.
+    generator : torch.Generator, optional
+        For a rule that draws at random (clip_cov), and only there (``rule_generator``).
+    token_weights : torch.Tensor, optional
+        (B, T) constant multiplier of the per-token objective, >= 0 (e.g. TRL's vLLM importance-sampling correction).
     validate : bool
-        Check the *values* and skip masking / clamping work a batch does not need: a 0/1 mask, and every tensor
-        this call reads free of NaN and +-inf on its valid positions, its log-probs <= ``LOGP_TOLERANCE`` and
-        ``token_weights`` >= 0, else a ValueError naming the argument, the kind (NaN, +inf, -inf, a log-prob above
-        0, a negative weight) and the first such position ``(b, t)`` (``(b,)`` for (B,) advantages, ``(b, t, v)``
-        for the full distributions, ``(b, t, k)`` for the top-K). Read means: ``logp``, ``old_logp``, ``advantages`` and ``token_weights``
-        always; ``behaviour_logp`` with ``sequence_mask`` or ``rollout_correction``; ``position_kl``, or else
-        ``old_full_logp`` / ``full_logp``, for a method that needs the full distributions; ``old_topk_logp`` /
-        ``topk_logp`` for a method that reads the top-K; ``entropies`` with
-        ``top_entropy_quantile < 1``. The full distributions may hold -inf (see above); the others may not (a
-        sampled token's log-prob is finite). A float64 value that overflows the loss's dtype is refused as the
-        cast's inf. One fused reduction decides whether anything needs a closer look, so a clean batch pays
-        one host read for all of them. ``False``: no value is read on the host, so the call never
-        synchronises a GPU stream and compiles with ``torch.compile(fullgraph=True)`` for every method except
-        ``clip_cov`` (its random token choice has a data-dependent size); padding is still ignored and log w still
-        clamped, but NaN on a valid token gives a NaN loss instead of an error. Types, shapes, devices and
-        parameters are checked either way, and so are the scalars (``max_length``, ``kl_chunk_size``,
-        ``generator``, ``top_entropy_quantile``).
+        Check the values this call reads on valid positions (``atr_theory.loss_inputs`` lists them) with one host
+        read on a clean batch, else a ValueError naming the argument, the kind and the position. ``False``: no host
+        read (``torch.compile(fullgraph=True)`` works for every method but ``clip_cov``); a NaN gives a NaN loss.
     ratio_level : str
-        ``"token"`` or ``"sequence"``: every token sees its sequence's ratio ``exp(mean_t log w_t)``, with gradient
-        through the mean (TRL ``importance_sampling_level``; ``atr_theory.layers.sequence_log_ratio``).
-    sequence_mask : SequenceMask, optional
-        Sequences (or tokens) it rejects contribute 0 (DeepSeek-V3.2's off-policy masking is
-        ``SequenceMask("k1", "mean", delta, "negative")``; verl's ``rollout_rs`` options are the others); its ratio
-        is ``pi / pi_behaviour``.
-    behaviour_logp : torch.Tensor, optional
-        (B, T) log-probabilities of the policy that sampled (e.g. vLLM's); default ``old_logp``. Finite on valid
-        tokens (``validate=True``): a caller whose engine gives NaN for a token it could not score replaces it
-        first (the layers alone would read NaN as "no evidence", log ratio 0).
-    entropies : torch.Tensor, optional
-        (B, T) per-token entropies, for ``top_entropy_quantile`` (finite on valid tokens: a NaN would make the
-        quantile NaN and drop every token).
-    top_entropy_quantile : float
-        The fraction ``rho`` of highest-entropy valid tokens that keep their loss
-        (``atr_theory.layers.high_entropy_mask``; 1 = all): a real number in [0, 1], not a bool.
-    rollout_correction : RolloutCorrection, optional
-        Every token's objective is multiplied by its detached importance weight ``pi_old / pi_behaviour``
-        (``behaviour_logp`` given) or ``sg[pi] / pi_old`` (not given: ``old_logp`` is the behaviour policy, verl's
-        bypass mode), truncated or masked.
+        ``"token"`` or ``"sequence"`` (every token sees ``exp(mean_t log w_t)``: TRL's ``importance_sampling_level``).
+    sequence_mask, rollout_correction, behaviour_logp : optional
+        Layers (``atr_theory.layers``): a ``SequenceMask`` drops the sequences or tokens it rejects (DeepSeek-V3.2,
+        verl's ``rollout_rs``); a ``RolloutCorrection`` multiplies by the detached weight ``pi_old / pi_behaviour``
+        (or ``sg[pi] / pi_old`` without ``behaviour_logp``: verl's bypass mode); ``behaviour_logp`` is the (B, T)
+        log-prob of the policy that sampled (default ``old_logp``).
+    entropies, top_entropy_quantile : torch.Tensor, float
+        Only the fraction ``top_entropy_quantile`` in [0, 1] of highest-entropy valid tokens keeps its loss
+        (``atr_theory.layers.high_entropy_mask``; 1 = all).
     **params : float
         The method's parameters.
 
     Returns
     -------
     LossOutput
-        ``loss`` (scalar, to minimise), ``per_token`` ((B, T) objective, 0 on padding) and ``metrics`` (a dict of
-        floats, computed on first access).
+        ``loss`` (scalar, to minimise), ``per_token`` ((B, T) objective, 0 on padding) and ``metrics`` (floats,
+        computed on first access).
     """
     choice = _resolved_choice(method, form, params)
     optional = {
@@ -233,56 +189,15 @@ def policy_loss(
         "topk_logp": topk_logp,
     }
     shape = check_structure(logp, old_logp, advantages, mask, optional)
-    _check_call(
-        choice,
-        optional,
-        shape[1],
-        aggregation,
-        max_length,
-        kl_chunk_size,
-        generator,
-        top_entropy_quantile,
-        validate,
-        ratio_level,
-    )
-    check_layers(choice, optional, kl_chunk_size, generator, sequence_mask, rollout_correction, top_entropy_quantile)
-    if validate and mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
-        bad = mask[(mask != 0) & (mask != 1)][0].item()
-        raise ValueError(f"mask must be boolean or hold only 0 and 1, got the value {bad!r}")
+    scalars = (aggregation, max_length, kl_chunk_size, generator, top_entropy_quantile, validate, ratio_level)
+    _check_call(choice, optional, shape[1], mask, *scalars, sequence_mask, rollout_correction)
     p = _prepare(logp, old_logp, advantages, mask, token_weights, behaviour_logp, position_kl, validate)
-    if validate:
-        always = [
-            ValueCheck("logp", logp, "logp"),
-            ValueCheck("old_logp", old_logp, "logp", p.dtype),
-            ValueCheck("advantages", advantages, "finite", p.dtype),
-        ]
-        if token_weights is not None:
-            always.append(ValueCheck("token_weights", token_weights, "weight", p.dtype))
-        reads_behaviour = sequence_mask is not None or rollout_correction is not None
-        read_here = _read_optional(choice, optional, p.dtype, reads_behaviour, top_entropy_quantile)
-        log_ratio = _checked_log_ratio(p, always, read_here)
-    else:
-        log_ratio = torch.clamp(p.log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    reads_behaviour = sequence_mask is not None or rollout_correction is not None
+    log_ratio = _log_ratio(p, choice, optional, validate, reads_behaviour, top_entropy_quantile)
     rule_log_ratio = (
         log_ratio if ratio_level == "token" else sequence_log_ratio(torch.where(p.mask, log_ratio, p.zero), p.mask)
     )
-    if choice.spec.needs_topk:
-        old_topk_logp, topk_logp = old_topk_logp.detach().to(p.dtype), topk_logp.detach().to(p.dtype)
-    batch = TokenBatch(
-        rule_log_ratio,
-        p.advantages,
-        p.mask,
-        p.logp,
-        p.old_logp,
-        choice.form,
-        generator,
-        old_full_logp,
-        full_logp,
-        kl_chunk_size,
-        p.position_kl,
-        old_topk_logp,
-        topk_logp,
-    )
+    batch = _token_batch(choice, p, rule_log_ratio, generator, optional, kl_chunk_size)
     result = choice.spec.fn(batch, **choice.params)  # the one evaluation of the rule in this call
     objective, dropped = _apply_layers(
         result.objective, p, sequence_mask, entropies, top_entropy_quantile, rollout_correction
@@ -318,6 +233,7 @@ def _check_call(
     choice: ResolvedMethod,
     optional: dict[str, Any],
     length: int,
+    mask: torch.Tensor,
     aggregation: str,
     max_length: Any,
     kl_chunk_size: Any,
@@ -325,8 +241,11 @@ def _check_call(
     top_entropy_quantile: Any,
     validate: Any,
     ratio_level: Any,
+    sequence_mask: Any,
+    rollout_correction: Any,
 ) -> None:
-    """ValueError for a bad scalar argument of ``policy_loss`` (``length``: the batch's T)."""
+    """ValueError for a bad scalar argument of ``policy_loss`` (``length``: the batch's T), a layer it cannot apply
+    (``check_layers``), or a mask holding other values than 0 and 1 (read only when validating)."""
     check_aggregation(aggregation)
     if ratio_level not in RATIO_LEVELS:
         raise ValueError(f"ratio_level must be one of {RATIO_LEVELS}, got {ratio_level!r}")
@@ -335,6 +254,10 @@ def _check_call(
         raise ValueError(f"validate must be True or False, got {validate!r}")
     if choice.spec.needs_topk:
         check_topk_pair(optional["old_topk_logp"], optional["topk_logp"], choice.name)
+    check_layers(choice, optional, kl_chunk_size, generator, sequence_mask, rollout_correction, top_entropy_quantile)
+    if validate and mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
+        bad = mask[(mask != 0) & (mask != 1)][0].item()
+        raise ValueError(f"mask must be boolean or hold only 0 and 1, got the value {bad!r}")
 
 
 @dataclass
@@ -353,6 +276,7 @@ class _Prepared:
     behaviour: torch.Tensor | None
     position_kl: torch.Tensor | None  # not detached: truly_ppo differentiates through it
     log_ratio: torch.Tensor  # logp - old_logp, not yet clamped
+    given: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # logp, old_logp, advantages as given (errors name them)
 
 
 def _prepare(logp, old_logp, advantages, mask, token_weights, behaviour_logp, position_kl, validate) -> _Prepared:
@@ -376,7 +300,8 @@ def _prepare(logp, old_logp, advantages, mask, token_weights, behaviour_logp, po
         olp = torch.where(m, old_logp.detach().to(dtype), zero)
         adv = torch.where(m, adv, zero)
         weights = None if weights is None else torch.where(m, weights, zero)
-    return _Prepared(m, dtype, all_valid, zero, lp, olp, adv, weights, behaviour, position_kl, lp - olp)
+    given = (logp, old_logp, advantages)
+    return _Prepared(m, dtype, all_valid, zero, lp, olp, adv, weights, behaviour, position_kl, lp - olp, given)
 
 
 def _read_optional(
@@ -403,6 +328,59 @@ def _read_optional(
     if top_entropy_quantile < 1.0:
         checks.append(ValueCheck("entropies", optional["entropies"], "finite"))
     return checks
+
+
+def _log_ratio(
+    p: _Prepared,
+    choice: ResolvedMethod,
+    optional: dict[str, Any],
+    validate: bool,
+    reads_behaviour: bool,
+    top_entropy_quantile: float,
+) -> torch.Tensor:
+    """log w on every position, clamped to ``+-LOG_RATIO_CLAMP``; with ``validate``, after checking every value the
+    call reads (``_checked_log_ratio``)."""
+    if not validate:
+        return torch.clamp(p.log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    logp, old_logp, advantages = p.given
+    always = [
+        ValueCheck("logp", logp, "logp"),
+        ValueCheck("old_logp", old_logp, "logp", p.dtype),
+        ValueCheck("advantages", advantages, "finite", p.dtype),
+    ]
+    if optional["token_weights"] is not None:
+        always.append(ValueCheck("token_weights", optional["token_weights"], "weight", p.dtype))
+    read_here = _read_optional(choice, optional, p.dtype, reads_behaviour, top_entropy_quantile)
+    return _checked_log_ratio(p, always, read_here)
+
+
+def _token_batch(
+    choice: ResolvedMethod,
+    p: _Prepared,
+    rule_log_ratio: torch.Tensor,
+    generator: torch.Generator | None,
+    optional: dict[str, Any],
+    kl_chunk_size: int | None,
+) -> TokenBatch:
+    """The ``TokenBatch`` a rule reads: the prepared tensors, the top-K detached in the loss's dtype."""
+    old_topk, topk = optional["old_topk_logp"], optional["topk_logp"]
+    if choice.spec.needs_topk:
+        old_topk, topk = old_topk.detach().to(p.dtype), topk.detach().to(p.dtype)
+    return TokenBatch(
+        rule_log_ratio,
+        p.advantages,
+        p.mask,
+        p.logp,
+        p.old_logp,
+        choice.form,
+        generator,
+        optional["old_full_logp"],
+        optional["full_logp"],
+        kl_chunk_size,
+        p.position_kl,
+        old_topk,
+        topk,
+    )
 
 
 def _checked_log_ratio(p: _Prepared, always: list[ValueCheck], extra: list[ValueCheck]) -> torch.Tensor:

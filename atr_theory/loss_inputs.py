@@ -1,7 +1,24 @@
 """The inputs of ``atr_theory.policy_loss``, checked: the tensors' types, shapes, devices and dtypes (metadata only),
 the scalars' domains, and the values on valid positions (finite; log-probs <= ``LOGP_TOLERANCE``; token weights
 >= 0), the last by one fused reduction on a clean batch and a detailed scan, naming the argument and the position,
-on the error path only. ``rule_generator`` passes a generator only to a rule that draws from it."""
+on the error path only. ``rule_generator`` passes a generator only to a rule that draws from it.
+
+What ``policy_loss(..., validate=True)`` reads, and so checks: ``logp``, ``old_logp``, ``advantages`` and
+``token_weights`` always; ``behaviour_logp`` with a sequence mask or a rollout correction; ``position_kl``, or else
+``old_full_logp`` / ``full_logp``, for a method that needs the full distributions; the top-K pair for a method that
+reads it; ``entropies`` with ``top_entropy_quantile < 1``. A refusal names the argument, the kind (NaN, +inf, -inf,
+a log-prob above 0, a negative weight) and the first such position ``(b, t)`` (``(b,)`` for (B,) advantages,
+``(b, t, v)`` for the full distributions, ``(b, t, k)`` for the top-K). The full distributions and the top-K may
+hold -inf (a vocabulary entry of probability 0), not NaN or +inf, and not every entry of a valid position; the
+others may not (a sampled token's log-prob is finite; a NaN entropy would drop every token). A float64 value that
+overflows the loss's dtype is refused as the cast's inf. ``validate=False`` reads no value on the host: padding is
+still ignored and log w still clamped, but NaN on a valid token gives a NaN loss.
+
+The scalars are checked either way: ``max_length`` and ``kl_chunk_size`` are integers (a float only when finite and
+integral, ``512.0`` as a config may write it; a bool, ``2.5``, inf and NaN are refused), ``generator`` is None or a
+``torch.Generator`` that the rule draws from, ``top_entropy_quantile`` a real number in [0, 1] (not a bool), and a
+layer's thresholds lie in their domains (``check_layers``).
+"""
 
 from __future__ import annotations
 
