@@ -1,4 +1,6 @@
-"""mkdocs hook: the API page's table of ``ATRGRPOConfig``'s method fields, written from the registry at build time.
+"""mkdocs hook: the API page's tables of ``ATRGRPOConfig``'s fields, written from the registry and the declarations at
+build time, and the trainer page's table of logged metrics (``<!-- logged metrics -->``, from
+``atr_llm.logged_metrics``).
 
 ``ATRGRPOConfig`` gets one field per parameter of every registered rule when ``atr_llm.config`` is imported
 (``atr_llm.config.trainer_config.with_method_fields``), so the fields are in no source file for mkdocstrings to read.
@@ -11,6 +13,8 @@ from __future__ import annotations
 MARKER = "<!-- method fields -->"
 CONFIG_MARKER = "<!-- config fields -->"
 LIBRARY_MARKER = "<!-- library fields -->"
+METRICS_MARKER = "<!-- logged metrics -->"
+RULES_MARKER = "<!-- trainer rules -->"
 
 
 def _cell(text: object) -> str:
@@ -82,7 +86,54 @@ def method_fields_markdown() -> str:
     return "\n".join(rows)
 
 
+def _name(text: str) -> str:
+    """``text`` as code that breaks only after a '/' or a '_' (``code.name`` in ``docs/stylesheets/extra.css``)."""
+    return '<code class="name">' + text.replace("/", "/<wbr>").replace("_", "_<wbr>") + "</code>"
+
+
+def _text(text: str) -> str:
+    """``text`` for one table cell, its pipes kept as pipes (an HTML entity, not a column break)."""
+    return " ".join(str(text).replace("|", "&#124;").split())
+
+
+def logged_metrics_markdown() -> str:
+    """One row per key the trainer logs (``atr_llm.logged_metrics.LOGGED_METRICS``, which
+    ``tests/test_logged_metrics.py`` holds to the code that logs): the key, who defines it, its meaning, its range
+    and when it is logged."""
+    from atr_llm.logged_metrics import LOGGED_METRICS
+
+    rows = ["| key | defined by | what it is | range | logged |", "|---|---|---|---|---|"]
+    for m in LOGGED_METRICS:
+        when = m.when + (f" (not on a CPU run here: {m.cpu_absent})" if m.cpu_absent else "")
+        rows.append(f"| {_name(m.key)} | {m.source} | {_text(m.meaning)} | {_text(m.value_range)} | {_text(when)} |")
+    return "\n".join(rows)
+
+
+def rules_markdown() -> str:
+    """One row per registered rule (``atr_theory.METHODS``): its name and aliases, the command line that trains it at
+    its defaults (a parameter's flag is ``atr_llm.config.trainer_config.CONFIG_FIELD``'s, else its own name), its
+    forms (default first) and the peers that ship it (TRL's ``loss_type``, verl's ``loss_mode``, other code)."""
+    import atr_theory as at
+    from atr_llm.config.trainer_config import CONFIG_FIELD
+
+    rows = ["| rule | to train it (its defaults) | forms | shipped by a peer as |", "|---|---|---|---|"]
+    for name in at.method_names(aliases=False):
+        spec = at.get_method(name)
+        label = f"[{_name(name)}](methods.md#every-rule)" + "".join(f" ({_name(a)})" for a in spec.aliases)
+        flags = " ".join(f"--{CONFIG_FIELD.get(k, k)} {p.default:g}" for k, p in spec.params.items())
+        forms = ", ".join([spec.default_form, *[f for f in spec.forms if f != spec.default_form]])
+        peers = [f"TRL `loss_type={spec.trl.loss_type}`"] if spec.trl is not None else []
+        peers += [f"verl `loss_mode={spec.verl_loss_mode}`"] if spec.verl_loss_mode is not None else []
+        peers += [f"{p.peer} `{_cell(p.name)}`" for p in spec.peers]
+        rows.append(f"| {label} | `--method {name}{' ' + flags if flags else ''}` | {forms} | {', '.join(peers) or '-'} |")
+    return "\n".join(rows)
+
+
 def on_page_markdown(markdown: str, page, **kwargs) -> str:
+    if RULES_MARKER in markdown:
+        markdown = markdown.replace(RULES_MARKER, rules_markdown())
+    if METRICS_MARKER in markdown:
+        markdown = markdown.replace(METRICS_MARKER, logged_metrics_markdown())
     if MARKER not in markdown:
         return markdown
     markdown = markdown.replace(CONFIG_MARKER, config_fields_markdown())
