@@ -131,8 +131,9 @@ def _yaml_scalar(action, value):
     return converted
 
 
-def file_values(parser, path: str) -> tuple[dict, dict, dict | None]:
-    """The values of the ``--config`` file ``path``, each typed as the command line types its text
+def file_values(parser, path: str, content: dict | None = None) -> tuple[dict, dict, dict | None]:
+    """The values of the ``--config`` file ``path`` (``content``: the mapping ``read_config_file`` already read from
+    it, so that a command reads its file once), each typed as the command line types its text
     (``_yaml_value``), where each came from (``("--config", path, "key NAME: VALUE")``), and its ``env:`` mapping
     (TRL's convention: variables to set for the run; None without one)."""
     import typing
@@ -142,7 +143,7 @@ def file_values(parser, path: str) -> tuple[dict, dict, dict | None]:
     from .config import ATRGRPOConfig, ScriptArguments
     from .relations import shown_value
 
-    content = read_config_file(path)
+    content = dict(read_config_file(path) if content is None else content)
     environment = content.pop("env", None)
     if environment is not None and (
         not isinstance(environment, dict) or not all(isinstance(k, str) for k in environment)

@@ -17,6 +17,7 @@ into a checked ``RunConfig``; the run itself is ``atr_llm.training_run.run``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import sys
 import warnings
@@ -66,7 +67,7 @@ def build_parser():
     return parser
 
 
-def parse(argv=None):
+def parse(argv=None, file_content: dict | None = None):
     """Build the run's configuration (``atr_llm.config.RunConfig``) from a command line: TRL-style ``--field value``
     options and ``--config FILE.yaml``, whose keys are the same fields (the command line overrides a key). Parsing
     only turns text into values; the configs' constructors check every value, domain and relation, and a refusal is
@@ -76,7 +77,7 @@ def parse(argv=None):
     values, where = command_line_values(parser, negative_values_attached(sys.argv[1:] if argv is None else list(argv)))
     path = values.pop("config", None)
     where.pop("config", None)
-    from_file, file_where, environment = file_values(parser, path) if path is not None else ({}, {}, None)
+    from_file, file_where, environment = file_values(parser, path, file_content) if path is not None else ({}, {}, None)
     return build_run({**from_file, **values}, {**file_where, **where}, path, environment)
 
 
@@ -99,82 +100,111 @@ def command_line_values(parser, argv: list[str]) -> tuple[dict, dict]:
 
 
 def build_run(values: dict, where: dict, path: str | None, environment: dict | None):
-    """``RunConfig`` of the three configs built from ``values`` (every one counted as given, ``fields_given``; the
-    file's ``environment`` set first, as TRL does, and restored when the build is refused); a ``ConfigError`` worded
-    with where each value came from. The command line overrides the file: a file's key that an option typed on the
-    command line makes unused (a relation ``Requires`` or ``Exclusive`` between them, e.g. the file's
-    ``sft_batch_size`` with ``--sft_steps 0``) is left out with a warning naming it, instead of refused."""
-    import warnings
-
+    """``RunConfig`` of the three configs built once from ``values`` (every one counted as given, ``fields_given``;
+    the file's ``environment`` set first, as TRL does, and restored when the build is refused); a ``ConfigError``
+    worded with where each value came from. The command line overrides the file: a file's key that an option typed on
+    the command line makes unused (``unused_file_keys``, e.g. the file's ``sft_batch_size`` with ``--sft_steps 0``)
+    is left out with a warning naming it before the build, instead of refused."""
     from trl import ModelConfig
 
     from .config import ATRGRPOConfig, ConfigError, RunConfig, ScriptArguments
     from .config.fields import fields_given
-    from .relations import Exclusive, Requires, shown_value
+    from .relations import shown_value
 
     def option(name: str) -> str:  # how the user knows a field: the flag as typed, or the file's key
         flag, _, key = where.get(name, (name if name.startswith("$") else f"--{name}", None, None))
         return f"{key.split(':')[0]} (in {path})" if key is not None else flag
 
+    for name, why in unused_file_keys(values, where).items():  # the command line overrides the file, and says so
+        warnings.warn(f"--config {path}: key {name} is not used: {why(option)}", UserWarning, stacklevel=2)
+        values.pop(name), where.pop(name)
+    saved_environment = dict(os.environ)
+    os.environ.update({k: str(v) for k, v in (environment or {}).items()})
+    part = {
+        cls: {k: v for k, v in values.items() if k in {f.name for f in dataclasses.fields(cls)}}
+        for cls in (ScriptArguments, ATRGRPOConfig, ModelConfig)
+    }
+    try:
+        with fields_given(values):
+            script, training = ScriptArguments(**part[ScriptArguments]), ATRGRPOConfig(**part[ATRGRPOConfig])
+            return RunConfig(script, training, ModelConfig(**part[ModelConfig]))
+    except ConfigError as e:
+        os.environ.clear()
+        os.environ.update(saved_environment)
+        flag, shown, key = where.get(e.name, (option(e.name), None, None))
+        if key is not None:  # a key of the --config file
+            raise refuse(flag, shown, f"{key}: {e.worded(option)}") from None
+        raise refuse(flag, shown if shown is not None else shown_value(e.value), e.worded(option)) from None
+    except ValueError as e:
+        os.environ.clear()
+        os.environ.update(saved_environment)
+        if "bf16" in str(e) and "use_cpu" in str(e):  # transformers' check, reworded for this package
+            raise ValueError(
+                "this configuration asks for bf16 on a GPU, and no CUDA device is available here: run it on a "
+                "CUDA machine, or on CPU with --bf16 false --use_cpu true (slow at Qwen3 scale; the CPU demo is "
+                "--config atr_llm/configs/cpu-tiny.yaml)"
+            ) from None
+        raise
+
+
+def unused_file_keys(values: dict, where: dict) -> dict:
+    """``{file key: why(option)}`` for the ``--config`` file's keys that an option typed on the command line makes
+    unused: a relation ``Requires`` whose field comes from the file and whose needed field was typed and does not hold
+    (``--sft_steps 0`` leaves the file's ``sft_batch_size`` unused), or an ``Exclusive`` of which a typed field is set
+    (the file's others are left out). Read from the declared relations (``atr_llm.config.fields``) on the values as
+    given, each unset field at its default; ``why(option)`` words the reason with each field named by ``option``."""
+    from trl import ModelConfig
+
+    from .config import ATRGRPOConfig, ScriptArguments
+    from .config.fields import GENERATION_RELATIONS, RUN_RELATIONS, training_relations
+    from .relations import Exclusive, Requires
+
+    defaults: dict = {}
+    for cls in (ScriptArguments, ATRGRPOConfig, ModelConfig):
+        for f in dataclasses.fields(cls):
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            defaults.setdefault(f.name, default)
+
     def from_file(name: str) -> bool:
         return name in where and where[name][2] is not None and not name.startswith("$")
 
-    saved_environment, notes = dict(os.environ), []
-    os.environ.update({k: str(v) for k, v in (environment or {}).items()})
-    while True:
-        part = {
-            cls: {k: v for k, v in values.items() if k in {f.name for f in dataclasses.fields(cls)}}
-            for cls in (ScriptArguments, ATRGRPOConfig, ModelConfig)
-        }
-        try:
-            with fields_given(values):
-                script, training = ScriptArguments(**part[ScriptArguments]), ATRGRPOConfig(**part[ATRGRPOConfig])
-                run = RunConfig(script, training, ModelConfig(**part[ModelConfig]))
-            break
-        except ConfigError as e:
-            involved = [e.name, *(n for n in e.others if n != e.name)]
-            unused = []
-            typed = lambda name: name in where and not from_file(name)  # noqa: E731 - on the command line
-            if isinstance(e.relation, Requires) and from_file(e.name) and typed(e.relation.needed):
-                unused = [e.name]
-            elif isinstance(e.relation, Exclusive) and any(typed(n) for n in involved):
-                unused = [n for n in involved if from_file(n)]
-            if not unused:
-                os.environ.clear()
-                os.environ.update(saved_environment)
-                flag, shown, key = where.get(e.name, (option(e.name), None, None))
-                if key is not None:  # a key of the --config file
-                    raise refuse(flag, shown, f"{key}: {e.worded(option)}") from None
-                raise refuse(flag, shown if shown is not None else shown_value(e.value), e.worded(option)) from None
-            for name in unused:  # the command line overrides the file: its key is left out, and said so
-                notes.append(f"--config {path}: key {name} is not used: {e.worded(option)}")
-                values.pop(name), where.pop(name)
-        except ValueError as e:
-            os.environ.clear()
-            os.environ.update(saved_environment)
-            if "bf16" in str(e) and "use_cpu" in str(e):  # transformers' check, reworded for this package
-                raise ValueError(
-                    "this configuration asks for bf16 on a GPU, and no CUDA device is available here: run it on a "
-                    "CUDA machine, or on CPU with --bf16 false --use_cpu true (slow at Qwen3 scale; the CPU demo is "
-                    "--config atr_llm/configs/cpu-tiny.yaml)"
-                ) from None
-            raise
-    for note in notes:
-        warnings.warn(note, UserWarning, stacklevel=2)
-    return run
+    def typed(name: str) -> bool:  # on the command line
+        return name in where and not from_file(name)
+
+    def value(name: str):
+        return values[name] if name in values else defaults[name]
+
+    def wording(template: str, names: tuple[str, ...]):
+        return lambda option: functools.reduce(lambda t, n: t.replace("{" + n + "}", option(n)), names, template)
+
+    unused: dict = {}
+    for relation in (*GENERATION_RELATIONS, *training_relations(), *RUN_RELATIONS):
+        if any(name not in defaults for name in relation.names):  # a field this TRL release does not have
+            continue
+        broken = relation.violation(lambda name: name in values, value)
+        if broken is None:
+            continue
+        if isinstance(relation, Requires) and from_file(relation.name) and typed(relation.needed):
+            unused[relation.name] = wording(broken[1], relation.names)
+        elif isinstance(relation, Exclusive) and any(typed(n) for n in relation.names if n in values):
+            unused.update({n: wording(broken[1], relation.names) for n in relation.names if from_file(n)})
+    return unused
 
 
-def requested_backend(argv=None) -> str:
-    """``--backend`` from the command line, else from the ``--config`` file, else 'trl' (read before anything imports
-    trl's trainer: Unsloth must be imported first to patch it)."""
+def requested_backend(argv=None, file_content: dict | None = None) -> str:
+    """``--backend`` from the command line, else from the ``--config`` file (``file_content``, as
+    ``read_config_file`` read it), else 'trl' (read before anything imports trl's trainer: Unsloth must be imported
+    first to patch it)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     for i, a in enumerate(argv):
         if a == "--backend" and i + 1 < len(argv):
             return argv[i + 1]
         if a.startswith("--backend="):
             return a.split("=", 1)[1]
-    path = config_path(argv)
-    return str((read_config_file(path) if path else {}).get("backend", "trl"))
+    if file_content is None:
+        path = config_path(argv)
+        file_content = read_config_file(path) if path else {}
+    return str(file_content.get("backend", "trl"))
 
 
 def main(argv=None) -> dict:
@@ -187,7 +217,9 @@ def main(argv=None) -> dict:
     except ConfigError as e:
         raise refuse(e.name, e.value, e.expected) from None
     enable_huge_pages_for_large_cpu_tensors()  # before any model is built: torch reads it once
-    if requested_backend(argv) == "unsloth":  # before trl's GRPOTrainer / GRPOConfig are imported anywhere
+    path = config_path(list(sys.argv[1:] if argv is None else argv))
+    file_content = read_config_file(path) if path else {}  # the --config file, read once
+    if requested_backend(argv, file_content) == "unsloth":  # before trl's GRPOTrainer / GRPOConfig are imported anywhere
         from .unsloth_backend import require_unsloth
 
         require_unsloth()
@@ -195,7 +227,7 @@ def main(argv=None) -> dict:
 
     with warnings.catch_warnings(record=True) as deferred:  # a refusal is one line: the libraries' warnings wait
         warnings.simplefilter("always")
-        config = parse(argv)
+        config = parse(argv, file_content if path else None)
     for w in deferred:  # the checks passed: show what the libraries said while the configs were built
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return run(config)

@@ -56,11 +56,12 @@ def run(config) -> dict:
     out = Path(config.training.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     with output_dir_lock(out):  # one run per folder: a second one is refused here, before any model loads
-        return _train(config.script, config.training, config.model, config.datasets, out)
+        return _train(config.script, config.training, config.model, config.datasets, out, config.checkpoint)
 
 
-def _train(script_args, training_args, model_args, loaded, out: Path) -> dict:
-    """The run itself, from the data to the final model and the summary, inside the folder's lock."""
+def _train(script_args, training_args, model_args, loaded, out: Path, checkpoint: Path | None) -> dict:
+    """The run itself, from the data to the final model and the summary, inside the folder's lock; ``checkpoint``
+    is the folder the run resumes, as ``RunConfig`` resolved and checked it (``latest`` resolved once, there)."""
     from trl import get_peft_config
 
     from .data import load_source, to_grpo_dataset
@@ -82,8 +83,7 @@ def _train(script_args, training_args, model_args, loaded, out: Path) -> dict:
         trainer_cls = ATRGRPOTrainer
     peft_config = get_peft_config(model_args)
 
-    resuming = training_args.resume_from_checkpoint is not None
-    if script_args.sft_steps > 0 and not resuming:
+    if script_args.sft_steps > 0 and checkpoint is None:
         from .sft import run_sft
 
         sft_ds = loaded.get("sft_dataset_path") or load_source(
@@ -122,7 +122,7 @@ def _train(script_args, training_args, model_args, loaded, out: Path) -> dict:
         processing_class=tok,
         peft_config=peft_config,
     )
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.train(resume_from_checkpoint=None if checkpoint is None else str(checkpoint))
     save_final_model(trainer, out)
     summary = summarise(trainer.state.log_history)
     atomic_write_text(out / "train_summary.json", json.dumps(summary, indent=1))

@@ -198,8 +198,10 @@ class TRLPeer:
     ``LossOutput``, ``advantages`` (B, 1) or (B, T), ``log_ratio`` the token log-ratios, ``params`` the rule's
     parameters, ``mean`` averaging a boolean (B, T) flag as TRL does), and how TRL aggregates that loss type: an
     ``atr_theory.AGGREGATIONS`` name, and whether TRL divides the token sum by the generation batch's token count
-    (``num_items_in_batch``) instead. ``tests/test_trl_options.py`` pins each against TRL's own loss and metrics on
-    the same batch."""
+    (``num_items_in_batch``) instead. ``folds_vllm_ratio``: TRL folds vLLM's importance-sampling ratio into the
+    rule's own weight (VESPO's sequence weight) instead of multiplying the loss by it, which the package's trainer
+    does not reproduce, so it refuses that pairing. ``tests/test_trl_options.py`` pins each against TRL's own loss
+    and metrics on the same batch."""
 
     loss_type: str
     fields: tuple[str, ...]
@@ -207,6 +209,7 @@ class TRLPeer:
     metrics: Callable[..., dict[str, float]]
     aggregation: str
     by_generation_tokens: bool = False
+    folds_vllm_ratio: bool = False
 
 
 @dataclass(frozen=True)

@@ -527,6 +527,37 @@ def test_a_library_choice_or_a_number_beyond_any_float_is_refused_naming_the_fie
         _training(tmp_path, **kw)
 
 
+def test_the_configs_are_built_once(tmp_path, monkeypatch):
+    """The file keys the command line makes unused are found from the declared relations before the build
+    (``train.unused_file_keys``), so the configs are built once: no build-refuse-retry loop."""
+    builds = []
+    original = ATRGRPOConfig.__post_init__
+    monkeypatch.setattr(ATRGRPOConfig, "__post_init__", lambda self: builds.append(1) or original(self))
+    with pytest.warns(UserWarning, match="is not used"):
+        train.parse(["--config", str(TINY), "--output_dir", str(tmp_path / "run"), "--sft_steps", "0"])
+    assert len(builds) == 1
+    assert train.unused_file_keys({"sft_steps": 0, "sft_batch_size": 4}, {
+        "sft_steps": ("--sft_steps", "0", None), "sft_batch_size": (None, "4", "sft_batch_size: 4")
+    }).keys() == {"sft_batch_size"}
+    typed_in_file = {"sft_steps": (None, "0", "sft_steps: 0"), "sft_batch_size": (None, "4", "sft_batch_size: 4")}
+    assert not train.unused_file_keys({"sft_steps": 0, "sft_batch_size": 4}, typed_in_file)  # the file's own clash
+
+
+def test_the_config_file_is_read_once(tmp_path, monkeypatch):
+    """``python -m atr_llm.train --config FILE`` reads FILE once: the backend (needed before TRL's trainer is
+    imported) and the values come from the same reading."""
+    from atr_llm import config_file
+
+    reads = []
+    original = config_file.read_config_file
+    counted = lambda path: reads.append(path) or original(path)  # noqa: E731
+    monkeypatch.setattr(config_file, "read_config_file", counted)
+    monkeypatch.setattr(train, "read_config_file", counted)
+    monkeypatch.setattr(train, "run", lambda config: {"planned": config})
+    out = train.main(["--config", str(TINY), "--output_dir", str(tmp_path / "run")])
+    assert reads == [str(TINY)] and out["planned"].training.output_dir == str(tmp_path / "run")
+
+
 def test_a_files_key_the_file_itself_makes_unused_is_refused_not_left_out(tmp_path):
     """Only an option typed on the command line overrides the file: a LoRA key in a file without use_peft is refused,
     naming the file and the key (nothing on the command line asked for it to go unused)."""

@@ -334,12 +334,13 @@ def resolve_method(args) -> at.ResolvedMethod:
             getattr(args, stray[0]),
             f"set, but method {args.method!r} does not use it (its parameters: {own_shown})",
         )
-    if resolved.name == "vespo" and args.use_vllm and args.vllm_importance_sampling_correction:
+    folds = resolved.spec.trl is not None and resolved.spec.trl.folds_vllm_ratio
+    if folds and args.use_vllm and args.vllm_importance_sampling_correction:
         raise ConfigError(
             "vllm_importance_sampling_correction",
             True,
-            "TRL folds vLLM's importance ratios into VESPO's sequence weight, which ATRGRPOTrainer does not "
-            "(untested without vLLM); set it to false or use another loss type",
+            f"TRL folds vLLM's importance ratios into {resolved.name.upper()}'s sequence weight, which "
+            "ATRGRPOTrainer does not (untested without vLLM); set it to false or use another loss type",
         )
     rule_options_read(args, resolved)
     return resolved

@@ -183,7 +183,9 @@ def _vespo_trl_metrics(out, advantages, log_ratio, params, mean) -> dict[str, fl
     "vespo",
     reference_form=vespo_reference,
     params=_VESPO_PARAMS,
-    trl=TRLPeer("vespo", tuple(_VESPO_PARAMS), _vespo_from_trl, _vespo_trl_metrics, "token_mean", True),
+    trl=TRLPeer(
+        "vespo", tuple(_VESPO_PARAMS), _vespo_from_trl, _vespo_trl_metrics, "token_mean", True, folds_vllm_ratio=True
+    ),
     default_form="soft",
     forms=("soft",),
     reference="VESPO (variational sequence-level soft policy optimisation); TRL loss_type 'vespo'",
