@@ -30,9 +30,14 @@ FIRST_PAGES = (
     "trainer/index.html",
     "methods/index.html",
     "api/index.html",
+    "experiments/index.html",
     "experiments/learning-regime/index.html",
+    "experiments/cpu-table/index.html",
+    "experiments/trust-region/index.html",
+    "experiments/range-form/index.html",
+    "experiments/mask-mechanism/index.html",
 )
-"""The pages a user reads first: the home, getting started, the trainer, the methods, the API, and a study."""
+"""The pages a user reads first: the home, getting started, the trainer, the methods, the API, and the studies."""
 
 _MEASURE = """
 <script>
