@@ -24,6 +24,10 @@ from atr_theory import equivalences as E
 from atr_theory import theorems as T
 
 
+JSON_FENCE = "``` { .json .wrap-long-lines }"
+"""A counterexample's one-line JSON wraps at the docs column's edge (``.wrap-long-lines`` in the site's CSS) instead of
+scrolling sideways."""
+
 def build_report(n: int, seed: int) -> list[dict]:
     """One row per ``atr_theory.theorems.THEOREMS`` record, in order, from one seeded generator."""
     gen = torch.Generator().manual_seed(seed)
@@ -93,7 +97,7 @@ def write_markdown(report: list[dict], path: Path, n: int, seed: int) -> None:
             lines += [
                 "Counterexample (first state):",
                 "",
-                "```",
+                JSON_FENCE,
                 json.dumps({k: v for k, v in ce.items()}, indent=None)[:1500],
                 "```",
                 "",
@@ -133,7 +137,7 @@ def write_equivalences(rows: list[dict], path: Path, n: int, seed: int) -> None:
     lines += ["", "## Counterexamples", ""]
     for r in rows:
         if r["counterexample"]:
-            lines += [f"### `{r['id']}`", "", "```", json.dumps(r["counterexample"])[:1200], "```", ""]
+            lines += [f"### `{r['id']}`", "", JSON_FENCE, json.dumps(r["counterexample"])[:1200], "```", ""]
     path.write_text("\n".join(lines) + "\n")
 
 
