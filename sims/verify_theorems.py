@@ -23,10 +23,10 @@ from tqdm.auto import tqdm
 from atr_theory import equivalences as E
 from atr_theory import theorems as T
 
-
 JSON_FENCE = "``` { .json .wrap-long-lines }"
 """A counterexample's one-line JSON wraps at the docs column's edge (``.wrap-long-lines`` in the site's CSS) instead of
 scrolling sideways."""
+
 
 def build_report(n: int, seed: int) -> list[dict]:
     """One row per ``atr_theory.theorems.THEOREMS`` record, in order, from one seeded generator."""
