@@ -4,8 +4,10 @@ library takes is taken; a write after the build meets the same checks, the rule'
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -226,3 +228,39 @@ def test_push_to_hub_needs_a_token_and_a_script_field_written_after_the_build_is
     script.sft_steps = -5
     with pytest.raises(ConfigError, match="^sft_steps=-5"):
         RunConfig(script, _config(tmp_path), ModelConfig())
+
+
+TINY = Path(__file__).resolve().parents[1] / "atr_llm" / "configs" / "cpu-tiny.yaml"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--lr_scheduler_type", "cosine", "--lr_scheduler_kwargs", '{"num_cycles": 0.5}'],
+        ["--generation_kwargs", '{"top_k": 5}'],
+    ],
+)
+def test_a_mapping_typed_as_json_on_the_command_line_is_read_as_the_mapping(tmp_path, argv):
+    """transformers parses the JSON text of its mapping fields (``_VALID_DICT_FIELDS``); the checks read the mapping
+    that text gives, so a valid one typed on the command line is accepted (it was refused as 'expected a mapping')."""
+    from atr_llm import train
+
+    run = train.parse(["--config", str(TINY), "--output_dir", str(tmp_path / "run"), *argv])
+    field = argv[-2].removeprefix("--")
+    assert getattr(run.training, field) == json.loads(argv[-1])
+
+
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["--lr_scheduler_type", "polynomial", "--lr_scheduler_kwargs", '{"lr_end": 1.0}'], "lr_end 1.0 must be below"),
+        (["--generation_kwargs", '{"num_beams": 0}'], "num_beams=0: expected an integer >= 1"),
+        (["--generation_kwargs", "[1, 2]"], "expected a mapping of GenerationConfig attributes"),
+    ],
+)
+def test_a_mapping_transformers_would_refuse_at_the_first_step_is_refused_when_typed(tmp_path, argv, match):
+    from atr_llm import train
+
+    with pytest.raises(ValueError, match=f"^{argv[-2]} .*{match}"):
+        train.parse(["--config", str(TINY), "--output_dir", str(tmp_path / "run"), *argv])
+    assert not (tmp_path / "run").exists()

@@ -88,11 +88,12 @@ def _check_scheduler_kwargs(config: Any) -> None:
     """``lr_scheduler_kwargs``: a mapping whose keys the chosen scheduler function takes (transformers passes them
     as keywords, ignoring none: a key it does not take fails at the first step, or is dropped by a scheduler that
     takes ``**kwargs``)."""
-    kwargs = getattr(config, "lr_scheduler_kwargs", None)
-    if kwargs is None or kwargs == {}:
+    given = getattr(config, "lr_scheduler_kwargs", None)
+    if given is None or given == {}:
         return
-    if not isinstance(kwargs, dict):
-        raise ConfigError("lr_scheduler_kwargs", kwargs, "expected a mapping of the scheduler's keyword arguments")
+    kwargs = _json_mapping("lr_scheduler_kwargs", given)  # the command line gives JSON text, which transformers parses
+    if kwargs is None:
+        raise ConfigError("lr_scheduler_kwargs", given, "expected a mapping of the scheduler's keyword arguments")
     taken = _scheduler_parameters(config.lr_scheduler_type)
     if taken is None:
         return
@@ -104,6 +105,13 @@ def _check_scheduler_kwargs(config: Any) -> None:
             kwargs,
             f"{stray[0]!r} is not a parameter of the {config.lr_scheduler_type} scheduler (its parameters: {shown})",
         )
+    lr_end = kwargs.get("lr_end")  # the polynomial scheduler's end: transformers refuses it at the first step
+    if isinstance(lr_end, (int, float)) and not lr_end < getattr(config, "learning_rate", math.inf):
+        raise ConfigError(
+            "lr_scheduler_kwargs",
+            kwargs,
+            f"lr_end {lr_end} must be below the learning rate {config.learning_rate} (the polynomial decay ends there)",
+        )
 
 
 def _check_generation_kwargs(config: Any) -> None:
@@ -113,11 +121,12 @@ def _check_generation_kwargs(config: Any) -> None:
     what either refuses is refused now. An unknown key, which
     ``GenerationConfig`` keeps silently and generation never reads, is refused too. With ``use_vllm`` the keys go
     to vLLM's ``SamplingParams`` instead (not checked here: vLLM is an optional extra)."""
-    kwargs = getattr(config, "generation_kwargs", None)
-    if kwargs is None:
+    given = getattr(config, "generation_kwargs", None)
+    if given is None:
         return
-    if not isinstance(kwargs, dict):
-        raise ConfigError("generation_kwargs", kwargs, "expected a mapping of GenerationConfig attributes")
+    kwargs = _json_mapping("generation_kwargs", given)  # the command line gives JSON text, which transformers parses
+    if kwargs is None:
+        raise ConfigError("generation_kwargs", given, "expected a mapping of GenerationConfig attributes")
     if getattr(config, "use_vllm", False):
         return
     from transformers import GenerationConfig
@@ -140,6 +149,10 @@ def _check_generation_kwargs(config: Any) -> None:
         _build_samplers(settings, kwargs)
     except (ValueError, TypeError) as e:
         raise ConfigError("generation_kwargs", kwargs, f"transformers refuses it: {e}") from None
+    for key in ("num_beams", "num_beam_groups", "num_return_sequences"):  # GenerationConfig takes 0; generate divides
+        value = getattr(settings, key, None)
+        if isinstance(value, int) and value < 1:
+            raise ConfigError("generation_kwargs", kwargs, f"{key}={value}: expected an integer >= 1")
 
 
 def _build_samplers(settings: Any, given: dict) -> None:
