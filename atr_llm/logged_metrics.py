@@ -43,6 +43,7 @@ class LoggedMetric:
 
 _RULE = "a rule's metrics (`atr_theory.LossOutput.metrics`), one loss call's valid tokens averaged over processes"
 _MASK_FORM = "for a rule with a mask form (a ratio range, DPPO, the k-masks)"
+_TRUE_KL = "`--measure_true_kl true`"
 
 LOGGED_METRICS: tuple[LoggedMetric, ...] = (
     # -- this package: the rule, every step -------------------------------------------------------------------------
@@ -81,28 +82,28 @@ LOGGED_METRICS: tuple[LoggedMetric, ...] = (
                  "`--rollout_correction_mode mask`)"),
     # -- this package: the true KL (--measure_true_kl) ------------------------------------------------------------
     LoggedMetric("true_kl/mean", OURS, "mean over valid positions of the full-vocabulary KL(pi_old || pi)",
-                 "[0, inf)", "`--measure_true_kl true`"),
+                 "[0, inf)", _TRUE_KL),
     LoggedMetric("true_kl/p95", OURS, "95th percentile of KL(pi_old || pi) over valid positions", "[0, inf)",
-                 "`--measure_true_kl true`"),
+                 _TRUE_KL),
     LoggedMetric("true_kl/reverse_mean", OURS, "mean of the reverse KL(pi || pi_old)", "[0, inf)",
-                 "`--measure_true_kl true`"),
+                 _TRUE_KL),
     LoggedMetric("true_kl/reverse_p95", OURS, "95th percentile of KL(pi || pi_old)", "[0, inf)",
-                 "`--measure_true_kl true`"),
+                 _TRUE_KL),
     LoggedMetric("true_kl/frac_above_delta", OURS, "fraction of valid positions with KL(pi_old || pi) > "
-                 "`true_kl_delta` (default the rule's delta)", FRACTION, "`--measure_true_kl true`"),
+                 "`true_kl_delta` (default the rule's delta)", FRACTION, _TRUE_KL),
     LoggedMetric("true_kl/frac_above_delta_kept", OURS, "that fraction among the tokens the rule kept", FRACTION,
-                 "`--measure_true_kl true`, a kept token in the step"),
+                 _TRUE_KL + ", a kept token in the step"),
     LoggedMetric("true_kl/frac_above_delta_dropped", OURS, "that fraction among the tokens the rule dropped",
-                 FRACTION, "`--measure_true_kl true`, a dropped token in the step"),
+                 FRACTION, _TRUE_KL + ", a dropped token in the step"),
     LoggedMetric("true_kl/k3_rank_corr", OURS, "rank correlation between the sampled token's k3 and its position's "
                  "true KL (how well the one-sample estimate orders positions)", "[-1, 1]",
-                 "`--measure_true_kl true`"),
+                 _TRUE_KL),
     LoggedMetric("true_kl/k1_mean", OURS, "mean of the sampled-token estimate k1 = -log w", "(-inf, inf)",
-                 "`--measure_true_kl true`"),
+                 _TRUE_KL),
     LoggedMetric("true_kl/k3_mean", OURS, "mean of the sampled-token estimate k3 = w - 1 - log w", "[0, inf)",
-                 "`--measure_true_kl true`"),
+                 _TRUE_KL),
     LoggedMetric("true_kl/mean_against_advantage", OURS, "mean true KL at the positions outside the rule's range "
-                 "against their advantage", "[0, inf)", "`--measure_true_kl true`, " + _MASK_FORM.replace("for ", "")),
+                 "against their advantage", "[0, inf)", _TRUE_KL + ", " + _MASK_FORM.replace("for ", "")),
     # -- this package: the math reward's grading ------------------------------------------------------------------
     LoggedMetric("reward/{outcome}_frac", OURS, "fraction of graded completions by outcome (`correct`, `wrong`, "
                  "`unparsable`, `timeout`, `error`; `truncated` with `--truncated_reward`)", FRACTION,

@@ -17,7 +17,6 @@ into a checked ``RunConfig``; the run itself is ``atr_llm.training_run.run``.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import sys
 import warnings
@@ -155,15 +154,14 @@ def unused_file_keys(values: dict, where: dict) -> dict:
     given, each unset field at its default; ``why(option)`` words the reason with each field named by ``option``."""
     from trl import ModelConfig
 
-    from .config import ATRGRPOConfig, ScriptArguments
-    from .config.fields import GENERATION_RELATIONS, RUN_RELATIONS, training_relations
+    from .config import ATRGRPOConfig, ConfigError, ScriptArguments
+    from .config.fields import GENERATION_RELATIONS, RUN_RELATIONS, field_default, training_relations
     from .relations import Exclusive, Requires
 
-    defaults: dict = {}
+    owner = {}
     for cls in (ScriptArguments, ATRGRPOConfig, ModelConfig):
         for f in dataclasses.fields(cls):
-            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            defaults.setdefault(f.name, default)
+            owner.setdefault(f.name, cls)
 
     def from_file(name: str) -> bool:
         return name in where and where[name][2] is not None and not name.startswith("$")
@@ -172,14 +170,14 @@ def unused_file_keys(values: dict, where: dict) -> dict:
         return name in where and not from_file(name)
 
     def value(name: str):
-        return values[name] if name in values else defaults[name]
+        return values[name] if name in values else field_default(owner[name], name)
 
-    def wording(template: str, names: tuple[str, ...]):
-        return lambda option: functools.reduce(lambda t, n: t.replace("{" + n + "}", option(n)), names, template)
+    def wording(template: str, names: tuple[str, ...]):  # ConfigError.worded: each other field as the user knows it
+        return ConfigError("", None, template, others=names).worded
 
     unused: dict = {}
     for relation in (*GENERATION_RELATIONS, *training_relations(), *RUN_RELATIONS):
-        if any(name not in defaults for name in relation.names):  # a field this TRL release does not have
+        if any(name not in owner for name in relation.names):  # a field this TRL release does not have
             continue
         broken = relation.violation(lambda name: name in values, value)
         if broken is None:
