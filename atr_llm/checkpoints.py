@@ -225,159 +225,6 @@ def is_complete_checkpoint(path: str | Path) -> bool:
         return False
 
 
-WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "adapter_model.safetensors",
-    "adapter_model.bin",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
-"""The files one of which a checkpoint holds its weights in (full model, a PEFT adapter, sharded, or legacy)."""
-
-
-def _torch_archive_problem(path: Path) -> str | None:
-    """Why ``path`` does not load as transformers and this package load it, or None: ``torch.load`` with
-    ``weights_only=True`` (nothing in it is called or imported) under transformers' ``safe_globals`` (numpy's RNG
-    state, as ``Trainer._load_rng_state`` allows it), memory-mapped so that the tensors' bytes are not read. A zip
-    whose pickle is garbage, or names a function (a crafted file), is refused naming the file."""
-    import zipfile
-
-    from transformers.trainer_pt_utils import safe_globals
-
-    if not zipfile.is_zipfile(path):
-        return f"{path.name} is damaged (not a torch.save archive)"
-    try:
-        with safe_globals():
-            torch.load(path, weights_only=True, mmap=True, map_location="cpu")
-    except pickle.UnpicklingError:
-        return (
-            f"{path.name} holds more than tensors and numbers (torch.load with weights_only=True refuses it: a "
-            "damaged, crafted or foreign file; nothing in it was run)"
-        )
-    except Exception as e:  # noqa: BLE001 - zipfile and torch each raise their own
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        return f"{path.name} is damaged ({type(e).__name__}: {first[:160]})"
-    return None
-
-
-def _json_object(path: Path) -> tuple[dict | None, str | None]:
-    """``(the JSON object in path, None)``, or ``(None, why it is not one)`` naming the file."""
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        return None, f"{path.name} is damaged ({e})"
-    return (value, None) if isinstance(value, dict) else (None, f"{path.name} is not a JSON object")
-
-
-def _trainer_state_problem(folder: Path) -> str | None:
-    """Why ``STATE_FILE`` cannot restart the trainer (transformers reads its ``global_step`` and ``epoch`` as numbers
-    and its ``log_history`` as a list), or None."""
-    state, problem = _json_object(folder / STATE_FILE)
-    if problem:
-        return problem
-    step, epoch = state.get("global_step"), state.get("epoch")
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        return f"{STATE_FILE} has no step count (global_step {step!r}; expected an integer >= 0)"
-    if isinstance(epoch, bool) or not isinstance(epoch, (int, float)) or not math.isfinite(epoch) or epoch < 0:
-        return f"{STATE_FILE} has no epoch (epoch {epoch!r}; expected a number >= 0)"
-    if not isinstance(state.get("log_history", []), list):
-        return f"{STATE_FILE}'s log_history is not a list"
-    return None
-
-
-def method_record_problem(folder: Path | str) -> str | None:
-    """Why ``METHOD_FILE`` of ``folder`` (where there is one) is not a record ``write_method_record`` wrote: a JSON
-    object with a ``method`` string, a ``form`` string or null, ``params`` an object of finite numbers and
-    ``model`` an object; or None."""
-    path = Path(folder) / METHOD_FILE
-    if not path.is_file():
-        return None
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        return f"{METHOD_FILE} is damaged ({e})"
-    if not isinstance(record, dict) or not isinstance(record.get("method"), str):
-        return f"{METHOD_FILE} names no method (expected a JSON object with a 'method' string)"
-    if not (record.get("form") is None or isinstance(record["form"], str)):
-        return f"{METHOD_FILE}'s form {record['form']!r} is not a form name"
-    params = record.get("params", {})
-    if not isinstance(params, dict) or not all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in params.values()
-    ):
-        return f"{METHOD_FILE}'s params {params!r} are not an object of numbers"
-    if not isinstance(record.get("model", {}), dict):
-        return f"{METHOD_FILE}'s model {record['model']!r} is not an object"
-    return None
-
-
-def _safetensors_problem(path: Path) -> str | None:
-    """Why ``path`` is not a whole safetensors file (its header parses and covers the file), or None."""
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            f.keys()
-    except Exception as e:  # noqa: BLE001 - safetensors raises its own error type
-        return f"{path.name} is damaged ({str(e).splitlines()[0]})"
-    return None
-
-
-def model_folder_problem(folder: Path | str, *, tokenizer: bool = False) -> str | None:
-    """Why the saved model or adapter in ``folder`` would not load, read from its files before anything loads, or
-    None: ``config.json`` / ``adapter_config.json`` not a JSON object, a safetensors file torn
-    (``_safetensors_problem``), or (``tokenizer``) no tokenizer file (``tokenizer.json``, ``tokenizer.model`` or
-    ``vocab.json``)."""
-    folder = Path(folder)
-    for name in ("config.json", "adapter_config.json"):
-        if (folder / name).is_file() and (problem := _json_object(folder / name)[1]):
-            return problem
-    for path in sorted(folder.glob("*.safetensors")):
-        problem = _safetensors_problem(path)
-        if problem:
-            return problem
-    if tokenizer and not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
-        return "has no tokenizer (tokenizer.json, tokenizer.model or vocab.json)"
-    return None
-
-
-def checkpoint_file_problem(checkpoint: str | Path, *, allow_fresh_optimizer: bool = False) -> str | None:
-    """Why a resume from ``checkpoint`` would fail or silently lose state, read from its files before any model loads,
-    or None: its weights (``WEIGHT_FILES``, every safetensors file's header whole), ``optimizer.pt`` (without it
-    transformers resumes with fresh Adam moments; runs saved with ``save_only_model`` cannot be resumed),
-    ``scheduler.pt`` and the random streams (``rng_state*.pth``: without them transformers resumes with fresh ones,
-    and the resume is no longer exact), each of those and each generation-cycle file (``CYCLE_FILE``) loading as
-    ``_torch_archive_problem`` loads it, ``STATE_FILE``'s step and epoch (``_trainer_state_problem``) and
-    ``METHOD_FILE`` (``method_record_problem``). ``allow_fresh_optimizer``: a missing ``optimizer.pt``,
-    ``scheduler.pt`` or ``rng_state*.pth`` is taken (the run asked to restart them)."""
-    folder = Path(checkpoint)
-    if not any((folder / name).is_file() for name in WEIGHT_FILES):
-        return f"no model weights ({' / '.join(WEIGHT_FILES)})"
-    for path in sorted(folder.glob("*.safetensors")):
-        problem = _safetensors_problem(path)
-        if problem:
-            return problem
-    problem = _trainer_state_problem(folder) or method_record_problem(folder)
-    if problem:
-        return problem
-    missing = [name for name in ("optimizer.pt", "scheduler.pt") if not (folder / name).is_file()]
-    missing += [] if any(folder.glob("rng_state*.pth")) else ["rng_state*.pth"]
-    if missing and not allow_fresh_optimizer:
-        return (
-            f"no {' / '.join(missing)}: resuming would restart Adam's moments, the learning-rate schedule or the random "
-            "streams (a run saved with save_only_model); resume from a checkpoint that holds them, or set "
-            "allow_fresh_optimizer true (--allow_fresh_optimizer true) to restart them"
-        )
-    archives = [folder / "optimizer.pt", folder / "scheduler.pt", *sorted(folder.glob("rng_state*.pth"))]
-    archives += sorted(folder.glob(CYCLE_FILE.format(rank="*")))
-    for path in archives:
-        if path.is_file():
-            problem = _torch_archive_problem(path)
-            if problem:
-                return problem
-    return None
-
-
 def complete_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     """``(step, folder)`` of every complete ``checkpoint-N`` in ``run_dir``, by step."""
     run_dir = Path(run_dir)
@@ -430,17 +277,31 @@ def load_cycle_state(folder: Path, rank: int, device) -> dict | None:
             f"{path} cannot be read as a checkpoint's generation-cycle record (tensors and plain data only): "
             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; resume from another checkpoint"
         ) from None
-    if not isinstance(state, dict) or not isinstance(state.get("step"), int) or "buffered_inputs" not in state:
-        raise ValueError(f"{path} is not a generation-cycle record (expected step and buffered_inputs)")
+    problem = cycle_record_problem(state)
+    if problem:
+        raise ValueError(f"{path} is not a generation-cycle record ({problem})")
     return state
+
+
+def cycle_record_problem(state) -> str | None:
+    """Why ``state`` (a loaded ``CYCLE_FILE``) is not what ``save_cycle_state`` writes, or None: a dict whose ``step``
+    is an integer >= 0 (TRL's micro-step counter) and which holds ``buffered_inputs``."""
+    if not isinstance(state, dict) or "buffered_inputs" not in state:
+        return "expected a step and buffered_inputs"
+    step = state.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return f"step {step!r}; expected an integer >= 0"
+    return None
+
+
+def trained_steps(checkpoint) -> int:
+    """The optimizer steps a saved checkpoint had taken: the ``global_step`` in its ``trainer_state.json``."""
+    return int(json.loads((Path(checkpoint) / STATE_FILE).read_text())["global_step"])
 
 
 def completed_epochs(checkpoint) -> int:
     """Whole epochs a saved checkpoint had finished: ``floor`` of the ``epoch`` in its ``trainer_state.json``."""
-    import json
-    from pathlib import Path
-
-    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
+    state = json.loads((Path(checkpoint) / STATE_FILE).read_text())
     return math.floor(state["epoch"] + 1e-6)  # 250 steps of 250 per epoch may be stored as 0.9999999
 
 

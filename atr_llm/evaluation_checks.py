@@ -143,11 +143,11 @@ def check_args(args, given=()) -> None:
 
 
 def check_model_folders(args, flag: str, base: str) -> None:
-    """The weights an evaluation loads, checked before any loads (``atr_llm.checkpoints.model_folder_problem``): the
+    """The weights an evaluation loads, checked before any loads (``atr_llm.checkpoint_files.model_folder_problem``): the
     base model's folder (its tokenizer included) or hub id (``atr_llm.config.run.check_model_source``: a path that is
     no folder, or a hub id missing from the cache under ``HF_HUB_OFFLINE``), the adapter, and each checkpoint to
     evaluate (of the base model's architecture); a refusal names the argument."""
-    from .checkpoints import model_folder_problem
+    from .checkpoint_files import model_folder_problem
     from .command_line import refuse
     from .config.fields import ConfigError
     from .config.run import check_model_source

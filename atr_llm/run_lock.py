@@ -33,7 +33,12 @@ def output_dir_lock(out: Path) -> Iterator[Path]:
         yield out
         return
     path = Path(out) / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:  # a folder or an unreadable file in the lock's place
+        raise refuse(
+            "--output_dir", str(out), f"its run lock {LOCK_NAME} cannot be opened ({e.strerror}); remove {path}"
+        ) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

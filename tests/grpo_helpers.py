@@ -126,13 +126,38 @@ def policy_loss_on_logits(log_softmax, inputs, method, **kw):
     )
 
 
-def write_checkpoint_files(folder) -> None:
-    """The files a resumable checkpoint holds besides its state and method record, each small but real: weights
-    (``model.safetensors``), ``optimizer.pt``, ``scheduler.pt`` and ``rng_state.pth`` (tests/test_config.py,
-    tests/test_checkpoints.py)."""
-    from safetensors.torch import save_file
+_CHECKPOINT_FILES: dict[str, bytes] = {}
 
-    save_file({"w": torch.randn(64, 64)}, str(folder / "model.safetensors"))
-    torch.save({"state": {0: {"exp_avg": torch.randn(64)}}}, folder / "optimizer.pt")
-    torch.save({"last_epoch": 2}, folder / "scheduler.pt")
-    torch.save({"cpu_rng_state": torch.get_rng_state()}, folder / "rng_state.pth")
+
+def write_checkpoint_files(folder) -> None:
+    """The files a resumable checkpoint holds besides its state and method record, each small but real, as
+    transformers writes them: the tiny model of ``atr_llm/configs/cpu-tiny.yaml`` (``config.json``,
+    ``model.safetensors``), ``optimizer.pt`` (AdamW after one step over the two groups transformers' Trainer makes),
+    ``scheduler.pt`` (a ``LambdaLR``) and ``rng_state.pth`` (``Trainer._save_rng_state``'s entries). Built once per
+    test process (tests/test_config.py, tests/test_checkpoints.py)."""
+    import pathlib
+    import random
+    import tempfile
+
+    import numpy as np
+
+    if not _CHECKPOINT_FILES:
+        from atr_llm.tiny import build_tokenizer_and_model
+
+        _, model = build_tokenizer_and_model("toy")
+        with tempfile.TemporaryDirectory() as tmp:
+            model.save_pretrained(tmp)
+            decay = [p for n, p in model.named_parameters() if "norm" not in n]
+            rest = [p for n, p in model.named_parameters() if "norm" in n]
+            optimizer = torch.optim.AdamW([{"params": decay}, {"params": rest, "weight_decay": 0.0}], lr=1e-4)
+            model(torch.tensor([[1, 2, 3]])).logits.sum().backward()
+            optimizer.step()
+            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+            torch.save(optimizer.state_dict(), f"{tmp}/optimizer.pt")
+            torch.save(scheduler.state_dict(), f"{tmp}/scheduler.pt")
+            rng = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}
+            torch.save(rng, f"{tmp}/rng_state.pth")
+            for name in ("config.json", "model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth"):
+                _CHECKPOINT_FILES[name] = (pathlib.Path(tmp) / name).read_bytes()
+    for name, data in _CHECKPOINT_FILES.items():
+        (pathlib.Path(folder) / name).write_bytes(data)

@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("trl")
 
-from atr_llm import checkpoints  # noqa: E402
+from atr_llm import checkpoint_files, checkpoints  # noqa: E402
 
 CPU_TINY = pathlib.Path(checkpoints.__file__).parent / "configs" / "cpu-tiny.yaml"
 
@@ -96,6 +96,26 @@ def _checkpoint(folder):
     return folder
 
 
+def _edit_json(path, **entries):
+    import json
+
+    path.write_text(json.dumps({**json.loads(path.read_text()), **entries}))
+
+
+def _edit_weights(folder, drop=None, reshape=None, add=None):
+    """Rewrite ``model.safetensors`` whole (a valid file) without ``drop``, with ``reshape`` cut by half, or with an
+    ``add``ed tensor."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(folder / "model.safetensors"))
+    weights.pop(drop, None)
+    if reshape:
+        weights[reshape] = weights[reshape][: weights[reshape].shape[0] // 2].clone()
+    if add:
+        weights[add] = torch.zeros(2)
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
 def _truncate(path):
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
@@ -112,7 +132,7 @@ def _truncate(path):
         (lambda f: _truncate(f / "rng_state.pth"), "rng_state.pth is damaged"),
         (lambda f: _truncate(f / checkpoints.CYCLE_FILE.format(rank=0)), "atr_grpo_cycle_rank0.pt is damaged"),
         (lambda f: (f / checkpoints.METHOD_FILE).write_text('{"method": "at'), "atr_method.json is damaged"),
-        (lambda f: (f / checkpoints.METHOD_FILE).write_text("[1]"), "atr_method.json names no method"),
+        (lambda f: (f / checkpoints.METHOD_FILE).write_text("[1]"), "atr_method.json is not a JSON object"),
         (lambda f: (f / "scheduler.pt").unlink(), "no scheduler.pt"),
         (lambda f: (f / "rng_state.pth").unlink(), "no rng_state*.pth"),
         (lambda f: torch.save({"state": _Payload(f / "ran")}, f / "optimizer.pt"), "optimizer.pt holds more than"),
@@ -143,13 +163,37 @@ def _truncate(path):
             "atr_method.json's model 'tiny' is not an object",
         ),
         (lambda f: (f / checkpoints.METHOD_FILE).write_text('{"method": "atr", "form": 3}'), "form 3 is not"),
+        # parseable but not what the resume reads (each once a traceback, a hang or a silent loss after the build)
+        (lambda f: _edit_json(f / checkpoints.STATE_FILE, bogus_field=1), "TrainerState does not know (bogus_field)"),
+        (lambda f: _edit_json(f / checkpoints.STATE_FILE, global_step=1000), "global_step 1000 is not the step"),
+        (lambda f: _edit_json(f / checkpoints.STATE_FILE, epoch=1e12), "epoch 1e+12 is more than its global_step 2"),
+        (lambda f: _edit_json(f / checkpoints.STATE_FILE, log_history=[1, "x"]), "log_history is not a list of"),
+        (lambda f: torch.save({}, f / "rng_state.pth"), "rng_state.pth lacks the random state of python, numpy, cpu"),
+        (lambda f: torch.save({}, f / "optimizer.pt"), "optimizer.pt is not an optimizer's state"),
+        (
+            lambda f: torch.save({"state": {}, "param_groups": [{"lr": 1.0, "params": [0]}]}, f / "optimizer.pt"),
+            "optimizer.pt holds the state of 1 tensors; the checkpoint's model trains 24",
+        ),
+        (lambda f: torch.save({}, f / "scheduler.pt"), "scheduler.pt is not a scheduler's state"),
+        (lambda f: _edit_weights(f, drop="model.layers.1.mlp.up_proj.weight"), "lack model.layers.1.mlp.up_proj"),
+        (lambda f: _edit_weights(f, reshape="model.norm.weight"), "another shape: model.norm.weight (32,)"),
+        (lambda f: _edit_weights(f, add="extra.weight"), "no place for: extra.weight"),
+        (lambda f: (f / "config.json").write_text("garbage"), "config.json is damaged"),
+        (lambda f: _edit_json(f / "config.json", model_type="bogus"), "config.json does not describe a model"),
+        (lambda f: _edit_json(f / "config.json", vocab_size=100), "another shape: model.embed_tokens.weight (334, 64)"),
+        (
+            lambda f: torch.save({"step": "x", "buffered_inputs": []}, f / checkpoints.CYCLE_FILE.format(rank=0)),
+            "atr_grpo_cycle_rank0.pt is not a generation-cycle record (step 'x'",
+        ),
+        (lambda f: _edit_json(f / checkpoints.METHOD_FILE, method="bogus_rule"), "method this package does not have"),
+        (lambda f: _edit_json(f / checkpoints.METHOD_FILE, form="sideways"), "form 'sideways' is not a form"),
     ],
 )
 def test_every_damaged_checkpoint_file_is_named(tmp_path, damage, named):
     folder = _checkpoint(tmp_path / "checkpoint-2")
-    assert checkpoints.checkpoint_file_problem(folder) is None  # whole, it passes
+    assert checkpoint_files.checkpoint_file_problem(folder) is None  # whole, it passes
     damage(folder)
-    assert named in checkpoints.checkpoint_file_problem(folder)
+    assert named in checkpoint_files.checkpoint_file_problem(folder)
     assert not (folder / "ran").exists()  # a crafted file's payload never ran
 
 
@@ -175,13 +219,49 @@ def test_a_checkpoint_without_its_optimizer_resumes_only_when_asked(tmp_path):
 
     folder = _checkpoint(tmp_path / "run" / "checkpoint-2")
     (folder / "optimizer.pt").unlink()
-    assert "allow_fresh_optimizer" in checkpoints.checkpoint_file_problem(folder)
-    assert checkpoints.checkpoint_file_problem(folder, allow_fresh_optimizer=True) is None
+    assert "allow_fresh_optimizer" in checkpoint_files.checkpoint_file_problem(folder)
+    assert checkpoint_files.checkpoint_file_problem(folder, allow_fresh_optimizer=True) is None
     _truncate(folder / "scheduler.pt")  # what is there is still checked
-    assert "scheduler.pt is damaged" in checkpoints.checkpoint_file_problem(folder, allow_fresh_optimizer=True)
+    assert "scheduler.pt is damaged" in checkpoint_files.checkpoint_file_problem(folder, allow_fresh_optimizer=True)
     (folder / "scheduler.pt").unlink()
     base = ["--config", str(CPU_TINY), "--output_dir", str(tmp_path / "run")]
     run = train.parse([*base, "--resume_from_checkpoint", str(folder), "--allow_fresh_optimizer", "true"])
     assert run.checkpoint == folder
     with pytest.raises(UsageError, match=r"^--allow_fresh_optimizer true: set, but nothing is resumed"):
         train.parse([*base, "--allow_fresh_optimizer", "true"])
+
+
+def test_a_checkpoint_past_max_steps_and_a_lock_that_is_a_folder_are_refused_before_work(tmp_path):
+    """A checkpoint saved at step 2 resumed with ``--max_steps 1`` trained nothing and replaced the final model with
+    the checkpoint's weights; a folder in the run lock's place failed with a traceback after the checks."""
+    from atr_llm import train
+    from atr_llm.command_line import UsageError
+    from atr_llm.run_lock import LOCK_NAME
+
+    folder = _checkpoint(tmp_path / "run" / "checkpoint-2")
+    base = ["--config", str(CPU_TINY), "--output_dir", str(tmp_path / "run"), "--resume_from_checkpoint", str(folder)]
+    with pytest.raises(UsageError, match=r"^--max_steps 1: .*checkpoint-2 has trained 2 steps already"):
+        train.parse([*base, "--max_steps", "1"])
+    assert train.parse([*base, "--max_steps", "2"]).checkpoint == folder
+    (tmp_path / "run" / LOCK_NAME).mkdir()
+    with pytest.raises(UsageError, match=r"^--output_dir .*: its run lock .* is not a file"):
+        train.parse(base)
+
+
+def test_evaluate_refuses_a_checkpoint_with_a_damaged_method_record_before_generating(tmp_path):
+    """``atr_llm.evaluate --checkpoints`` reads each checkpoint's rule to name it: a damaged record was a bare JSON
+    error after every checkpoint had generated."""
+    from types import SimpleNamespace
+
+    from atr_llm.command_line import UsageError
+    from atr_llm.evaluation_checks import check_model_folders
+
+    run = tmp_path / "run"
+    _checkpoint(run / "checkpoint-2")
+    (run / "checkpoint-2" / checkpoints.METHOD_FILE).write_text("{broken")
+    base = _checkpoint(tmp_path / "base")
+    (base / "tokenizer.json").write_text("{}")
+    (base / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    args = SimpleNamespace(adapter=None, checkpoints=str(run), every=1)
+    with pytest.raises(UsageError, match=r"^--checkpoints .*: checkpoint-2 cannot be loaded: atr_method.json is damaged"):
+        check_model_folders(args, "--tiny-model", str(base))

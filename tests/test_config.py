@@ -628,3 +628,56 @@ def test_accelerates_flag_variables_are_checked_as_accelerate_reads_them(monkeyp
         else:
             with pytest.raises(ConfigError, match=r"^\$ACCELERATE_USE_CPU="):
                 check_environment(environ)
+
+
+@pytest.mark.parametrize("value", ["fp17", "FP16", "bf16", "no", "fp16"])
+def test_accelerates_mixed_precision_and_dynamo_variables_are_checked_as_accelerate_reads_them(value):
+    """``ACCELERATE_MIXED_PRECISION`` is taken as it is and must be a ``PrecisionType`` value (accelerate's check when
+    the accelerator is built); ``ACCELERATE_DYNAMO_BACKEND`` is upper-cased into ``DynamoBackend``. Refused exactly
+    where the peer's own parsing raises."""
+    from accelerate.utils import DynamoBackend, PrecisionType
+
+    from atr_llm.config.fields import ConfigError, check_environment
+
+    takes = value in [p.value for p in PrecisionType]
+    if takes:
+        check_environment({"ACCELERATE_MIXED_PRECISION": value})
+    else:
+        with pytest.raises(ConfigError, match=rf"^\$ACCELERATE_MIXED_PRECISION='{value}'"):
+            check_environment({"ACCELERATE_MIXED_PRECISION": value})
+    for backend in ("bogus", "inductor", "EAGER"):
+        try:
+            DynamoBackend(backend.upper())
+            check_environment({"ACCELERATE_DYNAMO_BACKEND": backend})
+        except ValueError:
+            with pytest.raises(ConfigError, match=r"^\$ACCELERATE_DYNAMO_BACKEND='bogus'"):
+                check_environment({"ACCELERATE_DYNAMO_BACKEND": backend})
+
+
+def test_a_local_world_larger_than_the_world_and_a_bad_thread_count_are_refused():
+    from atr_llm.config.fields import ConfigError, check_environment
+
+    with pytest.raises(ConfigError, match=r"^\$LOCAL_WORLD_SIZE=8: expected at most \$WORLD_SIZE 1"):
+        check_environment({"LOCAL_WORLD_SIZE": "8", "WORLD_SIZE": "1"})
+    for threads in ("-4", "0", "four", "4,", "4,-2"):
+        with pytest.raises(ConfigError, match=r"^\$OMP_NUM_THREADS="):
+            check_environment({"OMP_NUM_THREADS": threads})
+    for threads in ("4", "4,2", "1"):
+        check_environment({"OMP_NUM_THREADS": threads})
+
+
+def test_a_top_k_above_the_tiny_vocabulary_is_refused_before_the_sft_stage(tmp_path):
+    """The tiny model's vocabulary (334 rows) is known before it is built: ``dppo_topk`` 100000 was refused by the
+    trainer on the loaded model, after the SFT stage had trained and saved; 333 is the largest K it takes."""
+    from atr_llm import train
+    from atr_llm.command_line import UsageError
+
+    preset = Path(__file__).resolve().parents[1] / "atr_llm" / "configs" / "cpu-tiny.yaml"
+    text = "".join(line for line in preset.read_text().splitlines(True) if not line.startswith(("method:", "divergence_delta:")))
+    config = tmp_path / "topk.yaml"
+    config.write_text(text + "method: dppo_topk_tv\ndppo_topk: 100000\n")
+    base = ["--config", str(config), "--output_dir", str(tmp_path / "run"), "--sft_steps", "2"]
+    with pytest.raises(UsageError, match=r"key dppo_topk: 100000: expected at most the vocabulary size - 1 = 333"):
+        train.parse(base)
+    assert train.parse([*base, "--dppo_topk", "333"]).training.dppo_topk == 333
+    assert not (tmp_path / "run").exists()

@@ -264,3 +264,112 @@ def test_a_mapping_transformers_would_refuse_at_the_first_step_is_refused_when_t
     with pytest.raises(ValueError, match=f"^{argv[-2]} .*{match}"):
         train.parse(["--config", str(TINY), "--output_dir", str(tmp_path / "run"), *argv])
     assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# fields the peers read late (after the output folder, the model or SFT) or drop silently, refused when planned;
+# each peer's own behaviour on the same value is shown beside the refusal
+# ---------------------------------------------------------------------------------------------------------------
+def _peer_refuses(call, error=Exception, match=None):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_a_scheduler_missing_a_parameter_it_needs_is_refused_as_transformers_refuses_it(tmp_path):
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    for scheduler, kwargs, peer_error in (
+        ("cosine_with_min_lr", {}, ValueError),
+        ("warmup_stable_decay", {}, TypeError),
+    ):
+        _peer_refuses(lambda: get_scheduler(scheduler, optimizer, 1, 10, scheduler_specific_kwargs=kwargs), peer_error)
+        with pytest.raises(ConfigError, match=rf"^lr_scheduler_type='{scheduler}': needs .* in lr_scheduler_kwargs"):
+            _config(tmp_path, lr_scheduler_type=scheduler)
+    taken = {"min_lr": 1e-6}
+    get_scheduler("cosine_with_min_lr", optimizer, 1, 10, scheduler_specific_kwargs=taken)
+    assert _config(tmp_path, lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs=taken).lr_scheduler_kwargs
+    taken = {"num_decay_steps": 2}
+    get_scheduler("warmup_stable_decay", optimizer, 1, 10, scheduler_specific_kwargs=taken)
+    assert _config(tmp_path, lr_scheduler_type="warmup_stable_decay", lr_scheduler_kwargs=taken).lr_scheduler_kwargs
+
+
+def test_torch_compile_mode_and_checkpointing_kwargs_meet_torchs_own_domains(tmp_path):
+    from torch.utils.checkpoint import checkpoint
+
+    _peer_refuses(lambda: torch.compile(torch.nn.Linear(1, 1), mode="bogus"), RuntimeError, "Unrecognized mode")
+    with pytest.raises(ConfigError, match=r"^torch_compile_mode='bogus': expected one of default"):
+        _config(tmp_path, torch_compile_mode="bogus")
+    assert _config(tmp_path, torch_compile_mode="max-autotune").torch_compile_mode == "max-autotune"
+    x = torch.ones(2, requires_grad=True)
+    _peer_refuses(lambda: checkpoint(torch.sin, x, bogus=True), ValueError, "bogus")
+    with pytest.raises(ConfigError, match=r"'bogus' is not one of torch's"):
+        _config(tmp_path, gradient_checkpointing_kwargs={"bogus": True})
+    with pytest.raises(ConfigError, match=r"use_reentrant 'maybe': expected true or false"):
+        _config(tmp_path, gradient_checkpointing_kwargs={"use_reentrant": "maybe"})
+    checkpoint(torch.sin, x, use_reentrant=False)
+    assert _config(tmp_path, gradient_checkpointing_kwargs={"use_reentrant": False}).gradient_checkpointing_kwargs
+
+
+def test_fields_a_grpo_run_never_reads_are_refused_not_dropped(tmp_path):
+    """transformers reads ``optim_target_modules`` only in its GaLore / APOLLO handlers (grep of its trainer's
+    optimizer module: every other optimizer ignores it), and ``label_names`` only for evaluation losses."""
+    import inspect
+
+    import transformers.trainer_optimizer as optimizers
+
+    own = [f for f in vars(optimizers).values() if inspect.isfunction(f) and f.__module__ == optimizers.__name__]
+    readers = [f.__name__ for f in own if "optim_target_modules" in inspect.getsource(f)]
+    assert readers == ["_setup_low_rank_optimizer"]
+    with pytest.raises(ConfigError, match=r"^optim_target_modules=.*never reads it \(only GaLore and APOLLO do\)"):
+        _config(tmp_path, optim="adamw_torch", optim_target_modules=["q_proj"])
+    with pytest.raises(ConfigError, match=r"^label_names=\['foo'\]: expected it unset"):
+        _config(tmp_path, label_names=["foo"])
+    with pytest.raises(ConfigError, match=r"^chat_template_kwargs='\[1, 2\]': expected a mapping"):
+        _config(tmp_path, chat_template_kwargs="[1, 2]")
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--save_strategy", "best"], r"^--save_strategy best: atr_llm.train evaluates nothing"),
+        (["--fp16", "true"], r"^--fp16 true: needs a GPU"),
+        (["--fsdp", "full_shard"], r"^--fsdp full_shard: needs a distributed launch"),
+        (["--attn_implementation", "flash_attention_2"], r"^--attn_implementation flash_attention_2: needs the flash"),
+        (["--dataset_limit", "2"], r"^--dataset_limit 2: 2 prompts, fewer than one generation's 4"),
+        (["--use_peft", "true", "--lora_target_modules", "q_projx"], r"^--lora_target_modules q_projx: the model has no"),
+        (["--use_peft", "true", "--lora_target_modules", "q_proj", "v_projx"], r"^--lora_target_modules .*no such module"),
+        (["--deepspeed", "ds.json"], r"^--deepspeed ds.json: needs DeepSpeed, which is not installed"),
+    ],
+)
+def test_a_run_refuses_what_this_machine_or_its_peers_would_refuse_after_work(tmp_path, argv, match):
+    """Each of these was refused by transformers, accelerate or PEFT after the output folder, the model or the SFT
+    stage (or, for fp16 on a CPU and a 2-prompt set, ran to a "finished" run that trained nothing in that form)."""
+    from atr_llm import train
+
+    if "fp16" in argv and torch.cuda.is_available():
+        pytest.skip("fp16 is honoured on a GPU")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValueError, match=match):
+            train.parse(["--config", str(TINY), "--output_dir", str(tmp_path / "run"), *argv])
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_lora_targets_refused_are_those_peft_refuses(tmp_path):
+    """PEFT's rule (a list item matches a module name or a name's last parts; a single text is a pattern matched
+    against whole names): the refused targets make ``get_peft_model`` raise, the taken ones wrap the model."""
+    from peft import LoraConfig, get_peft_model
+
+    from atr_llm import train
+    from atr_llm.tiny import build_tokenizer_and_model
+
+    base = ["--config", str(TINY), "--output_dir", str(tmp_path / "run"), "--use_peft", "true", "--lora_target_modules"]
+    for targets, refused in ((["q_projx"], True), (["q_proj"], True), ([".*q_proj"], False), (["q_proj", "v_proj"], False)):
+        peft_targets = targets[0] if len(targets) == 1 else targets  # one typed value is a text, as TRL passes it
+        _, model = build_tokenizer_and_model("toy")
+        if refused:
+            _peer_refuses(lambda: get_peft_model(model, LoraConfig(target_modules=peft_targets)), ValueError)
+            with pytest.raises(ValueError, match="^--lora_target_modules"):
+                train.parse([*base, *targets])
+        else:
+            get_peft_model(model, LoraConfig(target_modules=peft_targets))
+            assert train.parse([*base, *targets]).model.lora_target_modules == peft_targets

@@ -38,12 +38,14 @@ ENVIRONMENT: dict[str, Declared] = {
     "LOCAL_WORLD_SIZE": Integer(1),
     "MASTER_PORT": Integer(1, 65535),
     "THP_MEM_ALLOC_ENABLE": OneOf(("0", "1")),
+    "ACCELERATE_MIXED_PRECISION": OneOf(("no", "fp16", "bf16", "fp8")),
 }
 """The environment variables a run reads (``accelerate launch`` and ``torchrun`` set them): ``RANK`` decides which
 process takes the output folder's lock (``atr_llm.run_lock``); transformers reads ``LOCAL_RANK`` and ``WORLD_SIZE``
 when the config is built (``int()`` of ``"abc"`` failed there, naming nothing), torch ``MASTER_PORT``; torch reads
 ``THP_MEM_ALLOC_ENABLE`` (``atr_llm.huge_pages``: 1 unless the user set it) and ignores a value other than 0 or 1 with a
-warning. Unset or empty: not given."""
+warning; accelerate ``ACCELERATE_MIXED_PRECISION`` (as it is: ``PrecisionType``'s values) when the accelerator is
+built, after the output folder is made. Unset or empty: not given."""
 
 
 def check_environment(environ: Mapping[str, str] | None = None) -> None:
@@ -64,7 +66,11 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
     for name in ACCELERATE_FLAGS:
         if name in environ and environ[name].lower() not in TRUTH_VALUES:
             raise ConfigError(f"${name}", environ[name], f"expected a flag accelerate reads: {', '.join(TRUTH_VALUES)}")
+    _check_library_variables(environ)
     world = values.get("WORLD_SIZE")
+    local = values.get("LOCAL_WORLD_SIZE")
+    if local is not None and world is not None and local > world:
+        raise ConfigError("$LOCAL_WORLD_SIZE", local, f"expected at most $WORLD_SIZE {world} (processes on this machine)")
     for rank, size in (("RANK", "WORLD_SIZE"), ("LOCAL_RANK", "LOCAL_WORLD_SIZE"), ("LOCAL_RANK", "WORLD_SIZE")):
         value = values.get(rank)
         launched = value is not None and (value > 0 if rank == "RANK" else value >= 0)
@@ -85,3 +91,19 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
                 world,
                 f"a launch of {world} processes needs ${missing[0]} (accelerate launch and torchrun set it)",
             )
+
+
+def _check_library_variables(environ: Mapping[str, str]) -> None:
+    """``ACCELERATE_DYNAMO_BACKEND``: a name of accelerate's ``DynamoBackend``, any case (accelerate upper-cases it when
+    the accelerator is built, after the output folder is made); ``OMP_NUM_THREADS``: OpenMP's list of positive thread
+    counts (``4`` or ``4,2``: OpenMP ignores anything else, without a word)."""
+    backend = environ.get("ACCELERATE_DYNAMO_BACKEND", "")
+    if backend.strip():
+        from accelerate.utils import DynamoBackend
+
+        names = [b.value for b in DynamoBackend]
+        if backend.upper() not in names:
+            raise ConfigError("$ACCELERATE_DYNAMO_BACKEND", backend, f"expected one of {', '.join(n.lower() for n in names)}")
+    threads = environ.get("OMP_NUM_THREADS", "")
+    if threads.strip() and not all(p.strip().isdigit() and int(p) >= 1 for p in threads.split(",")):
+        raise ConfigError("$OMP_NUM_THREADS", threads, "expected a thread count >= 1 (or OpenMP's list of them: 4,2)")

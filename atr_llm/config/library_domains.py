@@ -24,7 +24,10 @@ def library_domains() -> dict[str, Declared]:
     ``reward_weights`` (a finite number: TRL multiplies the rewards by them, and a NaN weight trains on NaN),
     ``multi_objective_aggregation`` (``MULTI_OBJECTIVE_AGGREGATIONS``), ``neftune_noise_alpha`` (transformers scales
     its embedding noise by it: > 0, or None for none), and TRL's TR-DPO reference sync (``ref_model_mixup_alpha``, a
-    mixing weight in [0, 1]; ``ref_model_sync_steps``, a step count >= 1)."""
+    mixing weight in [0, 1]; ``ref_model_sync_steps``, a step count >= 1), ``torch_compile_mode`` (a mode of
+    ``torch.compile``: ``torch._inductor.list_mode_options``; any other failed at the first compile, after the model
+    was built)."""
+    import torch._inductor
     from transformers.generation.configuration_utils import ALL_CACHE_IMPLEMENTATIONS
 
     return {
@@ -35,4 +38,5 @@ def library_domains() -> dict[str, Declared]:
         "neftune_noise_alpha": Real(0.0, open_low=True),
         "ref_model_mixup_alpha": Real(0.0, 1.0),
         "ref_model_sync_steps": Integer(1),
+        "torch_compile_mode": OneOf(tuple(torch._inductor.list_mode_options())),
     }

@@ -35,6 +35,11 @@ LIBRARY_FIELDS = (
     "label_smoothing_factor",
     "sync_ref_model",
     "accelerator_config",
+    "chat_template_kwargs",
+    "gradient_checkpointing_kwargs",
+    "optim_target_modules",
+    "label_names",
+    "deepspeed",
 )
 """The fields ``check_library_fields`` checks (beside ``library_domains``' ones, which ``check_fields`` checks)."""
 
@@ -66,16 +71,24 @@ def _json_mapping(name: str, value: Any) -> dict | None:
     return loaded if isinstance(loaded, dict) else None
 
 
-def _scheduler_parameters(scheduler_type: Any) -> tuple[str, ...] | None:
-    """The keyword parameters transformers' ``get_scheduler`` leaves to ``lr_scheduler_kwargs`` for
-    ``scheduler_type`` (the scheduler function's, less the optimizer and the step counts it fills in itself);
-    None when the function takes ``**kwargs`` or the type is unknown (its own check names it)."""
+def _scheduler_function(scheduler_type: Any):
+    """transformers' scheduler function for ``scheduler_type`` (``get_scheduler``'s table), or None for an unknown
+    type (its own check names it)."""
     from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION
     from transformers.trainer_utils import SchedulerType
 
     try:
-        function = TYPE_TO_SCHEDULER_FUNCTION[SchedulerType(getattr(scheduler_type, "value", scheduler_type))]
+        return TYPE_TO_SCHEDULER_FUNCTION[SchedulerType(getattr(scheduler_type, "value", scheduler_type))]
     except (ValueError, KeyError):
+        return None
+
+
+def _scheduler_parameters(scheduler_type: Any) -> tuple[str, ...] | None:
+    """The keyword parameters transformers' ``get_scheduler`` leaves to ``lr_scheduler_kwargs`` for
+    ``scheduler_type`` (the scheduler function's, less the optimizer and the step counts it fills in itself);
+    None when the function takes ``**kwargs`` or the type is unknown (its own check names it)."""
+    function = _scheduler_function(scheduler_type)
+    if function is None:
         return None
     parameters = inspect.signature(function).parameters.values()
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
@@ -90,6 +103,7 @@ def _check_scheduler_kwargs(config: Any) -> None:
     takes ``**kwargs``)."""
     given = getattr(config, "lr_scheduler_kwargs", None)
     if given is None or given == {}:
+        _check_scheduler_needs(config.lr_scheduler_type, {})
         return
     kwargs = _json_mapping("lr_scheduler_kwargs", given)  # the command line gives JSON text, which transformers parses
     if kwargs is None:
@@ -97,6 +111,7 @@ def _check_scheduler_kwargs(config: Any) -> None:
     taken = _scheduler_parameters(config.lr_scheduler_type)
     if taken is None:
         return
+    _check_scheduler_needs(config.lr_scheduler_type, kwargs)
     stray = [key for key in kwargs if key not in taken]
     if stray:
         shown = ", ".join(taken) or "none"
@@ -111,6 +126,31 @@ def _check_scheduler_kwargs(config: Any) -> None:
             "lr_scheduler_kwargs",
             kwargs,
             f"lr_end {lr_end} must be below the learning rate {config.learning_rate} (the polynomial decay ends there)",
+        )
+
+
+def _check_scheduler_needs(scheduler_type: Any, kwargs: dict) -> None:
+    """The parameters the ``scheduler_type`` function of transformers' ``get_scheduler`` needs from
+    ``lr_scheduler_kwargs``: each one without a default (``warmup_stable_decay``'s ``num_decay_steps``: a TypeError
+    at the first step), and for the cosine schedules with a floor ``min_lr`` or ``min_lr_rate`` (their own
+    ValueError, at the first step)."""
+    name, function = str(getattr(scheduler_type, "value", scheduler_type)), _scheduler_function(scheduler_type)
+    if function is None:
+        return
+    filled = {"optimizer", "num_warmup_steps", "num_training_steps", "last_epoch"}
+    needed = [
+        p.name
+        for p in inspect.signature(function).parameters.values()
+        if p.default is inspect.Parameter.empty and p.name not in filled and p.kind is p.POSITIONAL_OR_KEYWORD
+    ]
+    missing = [n for n in needed if n not in kwargs]
+    if "min_lr" in name and not ({"min_lr", "min_lr_rate"} & set(kwargs)):
+        missing.append("min_lr or min_lr_rate")
+    if missing:
+        raise ConfigError(
+            "lr_scheduler_type",
+            name,
+            f"needs {missing[0]} in lr_scheduler_kwargs (e.g. --lr_scheduler_kwargs '{{\"{missing[0].split()[0]}\": ...}}')",
         )
 
 
@@ -280,6 +320,71 @@ def _check_accelerator_config(config: Any) -> None:
         )
 
 
+def _check_chat_template_kwargs(config: Any) -> None:
+    """``chat_template_kwargs``: None or a mapping (or its JSON text), which TRL passes to ``apply_chat_template`` as
+    keywords at the first generation (a list was a TypeError there)."""
+    value = getattr(config, "chat_template_kwargs", None)
+    if value is not None and _json_mapping("chat_template_kwargs", value) is None:
+        raise ConfigError("chat_template_kwargs", value, "expected a mapping of the chat template's variables")
+
+
+def _check_gradient_checkpointing_kwargs(config: Any) -> None:
+    """``gradient_checkpointing_kwargs``: a mapping of ``torch.utils.checkpoint.checkpoint``'s keyword parameters
+    (transformers binds them with ``functools.partial``), its flags booleans (``use_reentrant='maybe'`` trained as a
+    truthy string)."""
+    value = getattr(config, "gradient_checkpointing_kwargs", None)
+    if value is None:
+        return
+    kwargs = _json_mapping("gradient_checkpointing_kwargs", value)
+    if kwargs is None:
+        raise ConfigError("gradient_checkpointing_kwargs", value, "expected a mapping of torch checkpoint's arguments")
+    from torch.utils.checkpoint import checkpoint
+
+    taken = [p.name for p in inspect.signature(checkpoint).parameters.values() if p.kind is p.KEYWORD_ONLY]
+    for key, item in kwargs.items():
+        if key not in taken:
+            shown = ", ".join(taken)
+            raise ConfigError("gradient_checkpointing_kwargs", kwargs, f"{key!r} is not one of torch's ({shown})")
+        if key in ("use_reentrant", "preserve_rng_state", "debug") and not isinstance(item, bool):
+            raise ConfigError("gradient_checkpointing_kwargs", kwargs, f"{key} {item!r}: expected true or false")
+
+
+def _check_optim_target_modules(config: Any) -> None:
+    """``optim_target_modules``: read only by the low-rank optimizers (transformers' GaLore and APOLLO handlers);
+    for any other it was dropped silently."""
+    value = getattr(config, "optim_target_modules", None)
+    optimizer = str(getattr(config.optim, "value", config.optim))
+    if value is not None and not any(k in optimizer for k in ("galore", "apollo")):
+        raise ConfigError(
+            "optim_target_modules",
+            value,
+            f"the {optimizer} optimizer never reads it (only GaLore and APOLLO do); leave it unset or choose one with --optim",
+        )
+
+
+def _check_label_names(config: Any) -> None:
+    """``label_names``: unset. GRPO's batches hold no labels and transformers reads it only for evaluation losses,
+    which a GRPO run does not compute: any value would be dropped silently."""
+    value = getattr(config, "label_names", None)
+    if value:
+        raise ConfigError("label_names", value, "expected it unset: GRPO's batches hold no labels (nothing reads it)")
+
+
+def _check_deepspeed(config: Any) -> None:
+    """``deepspeed``: DeepSpeed installed (transformers imports it while the config is built: a traceback naming a
+    package), and a path to its JSON config that exists."""
+    value = getattr(config, "deepspeed", None)
+    if value is None:
+        return
+    import importlib.util
+    from pathlib import Path
+
+    if importlib.util.find_spec("deepspeed") is None:
+        raise ConfigError("deepspeed", value, "needs DeepSpeed, which is not installed (pip install deepspeed)")
+    if isinstance(value, str) and not value.lstrip().startswith("{") and not Path(value).is_file():
+        raise ConfigError("deepspeed", value, "no such DeepSpeed config file")
+
+
 def check_library_fields(config: Any, only: str | None = None) -> None:
     """The checks of ``LIBRARY_FIELDS`` on ``config`` (``only``: that field alone, written after the build); a
     refusal is a ``ConfigError`` naming the field."""
@@ -293,10 +398,19 @@ def check_library_fields(config: Any, only: str | None = None) -> None:
         "label_smoothing_factor": _check_label_smoothing_factor,
         "sync_ref_model": _check_sync_ref_model,
         "accelerator_config": _check_accelerator_config,
+        "chat_template_kwargs": _check_chat_template_kwargs,
+        "gradient_checkpointing_kwargs": _check_gradient_checkpointing_kwargs,
+        "optim_target_modules": _check_optim_target_modules,
+        "label_names": _check_label_names,
+        "deepspeed": _check_deepspeed,
     }
-    also = {"lr_scheduler_type": "lr_scheduler_kwargs", "optim": "optim_args", "beta": "sync_ref_model"}
+    also = {
+        "lr_scheduler_type": ("lr_scheduler_kwargs",),
+        "optim": ("optim_args", "optim_target_modules"),
+        "beta": ("sync_ref_model",),
+    }
     for name, check in checks.items():
-        if only is None or only == name or also.get(only) == name:
+        if only is None or only == name or name in also.get(only, ()):
             check(config)
 
 
@@ -323,6 +437,7 @@ def check_train_library_fields(training: Any, model: Any) -> None:
     given by name); ``push_to_hub`` without a Hugging Face token (the push fails at the first save);
     ``sync_ref_model`` with a LoRA adapter (TRL refuses it when the trainer is built)."""
     check_train_reward_weights(training)
+    _check_train_machine_fields(training, model)
     strategy = str(getattr(training.eval_strategy, "value", training.eval_strategy))
     if strategy != "no":
         raise ConfigError(
@@ -347,3 +462,30 @@ def check_train_library_fields(training: Any, model: Any) -> None:
         raise ConfigError(
             "sync_ref_model", True, "cannot sync a reference model with a LoRA adapter (use_peft): TRL refuses it"
         )
+
+
+def _check_train_machine_fields(training: Any, model: Any) -> None:
+    """What a run of ``atr_llm.train`` on this machine cannot honour: ``save_strategy best`` (it evaluates nothing,
+    so there is no best; transformers refuses it after the trainer is built), ``fp16`` without a GPU (accelerate
+    drops it on a CPU without a word), ``fsdp`` in a single process (transformers refuses it after the trainer is
+    built), and a flash-attention ``attn_implementation`` without its package (an ImportError once the model is
+    built)."""
+    import os
+
+    import torch
+
+    strategy = str(getattr(training.save_strategy, "value", training.save_strategy))
+    if strategy == "best":
+        raise ConfigError("save_strategy", strategy, "atr_llm.train evaluates nothing, so no checkpoint is best; use steps")
+    if training.fp16 and not torch.cuda.is_available():
+        raise ConfigError("fp16", True, "needs a GPU: on a CPU accelerate ignores it (use bf16, or leave both unset)")
+    if training.fsdp and int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+        raise ConfigError("fsdp", training.fsdp, "needs a distributed launch (accelerate launch or torchrun, several processes)")
+    attention = str(getattr(model, "attn_implementation", None) or "")
+    if attention.startswith("flash_attention"):
+        from transformers.utils import import_utils
+
+        available = {"flash_attention_2": import_utils.is_flash_attn_2_available,
+                     "flash_attention_3": getattr(import_utils, "is_flash_attn_3_available", lambda: False)}
+        if attention in available and not available[attention]():
+            raise ConfigError("attn_implementation", attention, "needs the flash-attn package on a GPU, not available here")

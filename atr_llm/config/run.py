@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..run_lock import LOCK_NAME
 from .fields import MODEL_DOMAINS, RUN_RELATIONS, ConfigError, check_fields, check_relations_of, script_domains
 from .library_fields import check_train_library_fields
 from .trainer_config import ATRGRPOConfig
@@ -200,6 +201,80 @@ def model_to_train(script, model_args) -> dict[str, Any]:
     return {"name_or_path": str(name)}
 
 
+def _module_names(script, model_args) -> list[str] | None:
+    """The module names of the model a run will train, from its config alone (built on the meta device: nothing
+    allocated, no weights read): the tiny model's architecture, a local folder's ``config.json`` or a cached hub
+    id's; None when the config is not at hand."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    name = getattr(model_args, "model_name_or_path", None)
+    try:
+        if script.tiny:
+            from ..tiny import TINY_ARCHITECTURE
+
+            config = AutoConfig.for_model(TINY_ARCHITECTURE["model_type"], num_hidden_layers=1)
+        elif name:
+            config = AutoConfig.from_pretrained(str(name), local_files_only=True, trust_remote_code=False)
+        else:
+            return None
+        with torch.device("meta"):
+            return [n for n, _ in AutoModelForCausalLM.from_config(config).named_modules() if n]
+    except Exception:  # noqa: BLE001 - no config at hand: PEFT checks the names when the model loads
+        return None
+
+
+def check_lora_targets(script, model_args) -> None:
+    """``lora_target_modules`` name modules the model has, by PEFT's own rule (``check_target_module_exists``): a
+    list item matches a module's full name or its name after a dot, a single text is a regular expression matched
+    against whole names (``all-linear`` is PEFT's choice of every linear layer). PEFT refused one that matches
+    nothing after the model was built."""
+    import re
+
+    targets = getattr(model_args, "lora_target_modules", None)
+    if not getattr(model_args, "use_peft", False) or targets in (None, "all-linear", "all_linear"):
+        return
+    if isinstance(targets, str):
+        try:
+            pattern = re.compile(targets)
+        except re.error as e:
+            raise ConfigError("lora_target_modules", targets, f"not a regular expression ({e})") from None
+        matches = lambda name: pattern.fullmatch(name) is not None  # noqa: E731
+        unmatched = [targets]
+    else:
+        unmatched = [t for t in targets if t != "all-linear"]
+        matches = None
+    names = _module_names(script, model_args) if unmatched else None
+    if names is None:
+        return
+    for target in unmatched:
+        found = matches or (lambda name, t=target: name == t or name.endswith("." + t))
+        if not any(found(n) for n in names):
+            leaves = sorted({n.rsplit(".", 1)[-1] for n in names if not n.rsplit(".", 1)[-1].isdigit()})
+            how = "a pattern matched against whole module names" if matches else "a module name"
+            raise ConfigError(
+                "lora_target_modules", target, f"the model has no such module ({how}; its modules: {', '.join(leaves)})"
+            )
+
+
+def check_topk_within_vocabulary(training, model: dict[str, Any]) -> None:
+    """``dppo_topk`` of a top-K rule at most the vocabulary size - 1, where the model's vocabulary is known before it
+    loads (``model_to_train``: the tiny model, a local folder's ``config.json``); the trainer checks it again on the
+    loaded model (a hub model), which was after the SFT stage."""
+    import atr_theory as at
+
+    vocabulary = model.get("vocab_size")
+    method = getattr(training, "resolved_method", None)
+    if not isinstance(vocabulary, int) or method is None or not at.get_method(method.name).needs_topk:
+        return
+    if training.dppo_topk > vocabulary - 1:
+        raise ConfigError(
+            "dppo_topk",
+            training.dppo_topk,
+            f"expected at most the vocabulary size - 1 = {vocabulary - 1} (the other tokens of this model's vocabulary)",
+        )
+
+
 def _named(name: str, call, *args, **kwargs):
     """``call(*args, **kwargs)``, a ``UsageError`` it raises turned into a ``ConfigError`` naming field ``name``."""
     from ..command_line import UsageError
@@ -242,6 +317,8 @@ class RunConfig:
         check_fields(script, script_domains())  # again: a field may have been written after the build
         check_model_options(model, training, backend=script.backend)
         check_model_source(getattr(model, "model_name_or_path", None))
+        check_lora_targets(script, model)
+        check_topk_within_vocabulary(training, model_to_train(script, model))
         check_train_library_fields(training, model)  # one reward function, no evaluation set, the model built here
         check_relations_of(RUN_RELATIONS, (script, training, model))
         for name, source, path in (
@@ -250,6 +327,7 @@ class RunConfig:
         ):
             if path is not None:  # read now: a malformed row stops the run before a model loads, naming its line
                 self.datasets[name] = _named(name, load_source, source, path, script.dataset_limit, argument=name)
+        self._check_enough_prompts()
         self.checkpoint = self._checkpoint_to_resume()
         if self.checkpoint is None and finished_run(Path(training.output_dir)) and not script.overwrite:
             raise ConfigError(
@@ -257,10 +335,31 @@ class RunConfig:
                 training.output_dir,
                 "holds a finished run (final/); set overwrite true (--overwrite true) to replace it",
             )
+        lock = Path(training.output_dir) / LOCK_NAME
+        if lock.exists() and not lock.is_file():  # the run would fail taking its lock, after the checks
+            raise ConfigError("output_dir", training.output_dir, f"its run lock {lock} is not a file; remove it")
         if script.backend == "unsloth":
             from ..unsloth_backend import require_unsloth
 
             require_unsloth()
+
+    def _check_enough_prompts(self) -> None:
+        """At least one generation's prompts in the training set: TRL's ``RepeatSampler`` keeps only whole groups of
+        ``generation_batch_size / num_generations`` prompts, so a smaller set trains 0 steps and the run ends
+        "finished" with its start model."""
+        training, script = self.training, self.script
+        need = training.generation_batch_size // training.num_generations
+        loaded = self.datasets.get("dataset_path")
+        rows = len(loaded) if loaded is not None else script.dataset_limit
+        if rows is not None and rows < need:
+            name = "dataset_path" if loaded is not None and script.dataset_limit is None else "dataset_limit"
+            value = script.dataset_path if name == "dataset_path" else script.dataset_limit
+            raise ConfigError(
+                name,
+                value,
+                f"{rows} prompts, fewer than one generation's {need} (generation_batch_size "
+                f"{training.generation_batch_size} / num_generations {training.num_generations}): no step would train",
+            )
 
     def _checkpoint_to_resume(self) -> Path | None:
         """The folder ``resume_from_checkpoint`` names (``latest``: the newest complete one of ``output_dir``),
@@ -287,7 +386,8 @@ class RunConfig:
             )
         else:
             checkpoint = Path(resume)
-        from ..checkpoints import checkpoint_file_problem, method_record_problem, recorded_method
+        from ..checkpoint_files import checkpoint_file_problem, method_record_problem
+        from ..checkpoints import recorded_method, trained_steps
 
         problem = method_record_problem(checkpoint)  # before what it trained is read from it
         if problem:
@@ -308,4 +408,9 @@ class RunConfig:
         problem = checkpoint_file_problem(checkpoint, allow_fresh_optimizer=allow)  # after what it trained
         if problem:
             raise ConfigError("resume_from_checkpoint", resume, f"{checkpoint} cannot be resumed: {problem}")
+        step, steps = trained_steps(checkpoint), self.training.max_steps
+        if steps is not None and 0 < steps < step:
+            raise ConfigError(
+                "max_steps", steps, f"{checkpoint} has trained {step} steps already; set max_steps to {step} or more"
+            )
         return checkpoint
