@@ -64,11 +64,15 @@ RNG_KEYS = ("python", "numpy", "cpu")
 """The entries of ``rng_state*.pth`` transformers' ``Trainer._load_rng_state`` reads on every device."""
 
 
-def optimizer_state_problem(state, parameters: int | None = None) -> str | None:
-    """Why ``state`` (a loaded ``optimizer.pt``) is not a ``torch.optim.Optimizer.state_dict()`` for a model with
-    ``parameters`` trainable tensors (None: not known), or None: a dict with ``state`` a dict and ``param_groups`` a
-    non-empty list of dicts, each with its ``params`` a list of integer ids; the groups together hold ``parameters``
-    ids (``Optimizer.load_state_dict`` refuses another count, after the model is built)."""
+def optimizer_state_problem(state, parameters: list[tuple[int, ...]] | None = None) -> str | None:
+    """Why ``state`` (a loaded ``optimizer.pt``) is not a ``torch.optim.Optimizer.state_dict()`` for a model whose
+    trainable tensors have the shapes ``parameters`` (None: not known), or None: a dict with ``state`` a dict and
+    ``param_groups`` a non-empty list of dicts, each with its ``params`` a list of integer ids; the groups together
+    hold one id per parameter (``Optimizer.load_state_dict`` refuses another count, after the model is built); each
+    parameter's moments (its state's tensors) of one shape, and those shapes the parameters' (as a multiset: a moment
+    of another shape crashed the fused Adam step, a segmentation fault)."""
+    from collections import Counter
+
     if not isinstance(state, dict) or not isinstance(state.get("state"), dict):
         return "optimizer.pt is not an optimizer's state (expected its 'state' and 'param_groups')"
     groups = state.get("param_groups")
@@ -78,8 +82,19 @@ def optimizer_state_problem(state, parameters: int | None = None) -> str | None:
     ):
         return "optimizer.pt's param_groups are not a list of groups of parameter ids"
     held = sum(len(g["params"]) for g in groups)
-    if parameters is not None and held != parameters:
-        return f"optimizer.pt holds the state of {held} tensors; the checkpoint's model trains {parameters}"
+    if parameters is None:
+        return None
+    if held != len(parameters):
+        return f"optimizer.pt holds the state of {held} tensors; the checkpoint's model trains {len(parameters)}"
+    moments = Counter()
+    for entry in state["state"].values():
+        shapes = {tuple(t.shape) for t in entry.values() if isinstance(t, torch.Tensor) and t.dim() > 0}
+        if len(shapes) > 1:
+            return f"optimizer.pt holds moments of different shapes for one parameter ({sorted(shapes)})"
+        moments.update(shapes)
+    stray = moments - Counter(parameters)
+    if stray:
+        return f"optimizer.pt holds moments of a shape the model's parameters do not have ({next(iter(stray))})"
     return None
 
 
@@ -200,8 +215,8 @@ def _model_on_meta(folder: Path) -> tuple[torch.nn.Module | None, str | None]:
         hf_logging.set_verbosity(verbosity)
 
 
-def weights_problem(folder: Path | str) -> tuple[str | None, int | None]:
-    """``(why the full model saved in folder would not load as its config.json builds it, or None, the number of
+def weights_problem(folder: Path | str) -> tuple[str | None, list[tuple[int, ...]] | None]:
+    """``(why the full model saved in folder would not load as its config.json builds it, or None, the shapes of the
     tensors that model trains)``: every ``model*.safetensors`` header whole, and the tensors they hold those of the
     model ``config.json`` builds (``_model_on_meta``), by name and shape, none missing but a tied one (transformers
     leaves a missing tensor at its fresh initialisation and only logs it). ``(None, None)`` where the folder holds no
@@ -230,7 +245,7 @@ def weights_problem(folder: Path | str) -> tuple[str | None, int | None]:
         if names:
             more = f" and {len(names) - 3} more" if len(names) > 3 else ""
             return f"the saved weights {what} {', '.join(names[:3])}{more}", None
-    return None, sum(1 for p in model.parameters() if p.requires_grad)
+    return None, [tuple(p.shape) for p in model.parameters() if p.requires_grad]
 
 
 def _config_files_problem(folder: Path) -> str | None:
@@ -303,4 +318,32 @@ def checkpoint_file_problem(checkpoint: str | Path, *, allow_fresh_optimizer: bo
             problem = why if problem or not why else f"{path.name} is not a generation-cycle record ({why})"
         if problem:
             return problem
+    return None
+
+
+def restored_optimizer_settings(checkpoint: str | Path, training) -> tuple[str, float, float] | None:
+    """``(option, value in the checkpoint, value configured)`` for the first optimizer setting a resume of
+    ``checkpoint`` would take from its files instead of from ``training`` (an ``ATRGRPOConfig``), or None. torch's
+    ``Optimizer.load_state_dict`` restores every group's ``lr`` / ``initial_lr``, ``betas``, ``eps`` and
+    ``weight_decay`` and the scheduler's ``base_lrs`` (transformers loads both on resume), so a learning rate, Adam
+    beta, epsilon or weight decay changed for the resume was dropped without a word."""
+    folder = Path(checkpoint)
+    if not (folder / "optimizer.pt").is_file():
+        return None
+    state, problem = _torch_archive(folder / "optimizer.pt")
+    if problem or optimizer_state_problem(state):
+        return None
+    same = lambda a, b: math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=0.0)  # noqa: E731
+    groups = state["param_groups"]
+    for group in groups:
+        saved = {"learning_rate": group.get("initial_lr"), "adam_epsilon": group.get("eps")}
+        betas = group.get("betas")
+        if isinstance(betas, (list, tuple)) and len(betas) == 2:
+            saved |= {"adam_beta1": betas[0], "adam_beta2": betas[1]}
+        for name, value in saved.items():
+            if isinstance(value, (int, float)) and not same(value, getattr(training, name)):
+                return name, float(value), float(getattr(training, name))
+    decays = [g.get("weight_decay") for g in groups if isinstance(g.get("weight_decay"), (int, float))]
+    if decays and not any(same(d, training.weight_decay) for d in decays) and any(d for d in decays):
+        return "weight_decay", float(max(decays)), float(training.weight_decay)
     return None

@@ -149,7 +149,8 @@ def write_checkpoint_files(folder) -> None:
             model.save_pretrained(tmp)
             decay = [p for n, p in model.named_parameters() if "norm" not in n]
             rest = [p for n, p in model.named_parameters() if "norm" in n]
-            optimizer = torch.optim.AdamW([{"params": decay}, {"params": rest, "weight_decay": 0.0}], lr=1e-4)
+            groups = [{"params": decay, "weight_decay": 0.001}, {"params": rest, "weight_decay": 0.0}]
+            optimizer = torch.optim.AdamW(groups, lr=1e-4)  # cpu-tiny.yaml's learning rate and weight decay
             model(torch.tensor([[1, 2, 3]])).logits.sum().backward()
             optimizer.step()
             scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)

@@ -116,6 +116,15 @@ def _edit_weights(folder, drop=None, reshape=None, add=None):
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
+def _halve_a_moment(path):
+    """One parameter's Adam moments cut to half their rows (the count of tensors unchanged): the fused step crashed."""
+    state = torch.load(path, weights_only=True)
+    entry = next(e for e in state["state"].values() if e["exp_avg"].dim() == 2)
+    entry["exp_avg"] = entry["exp_avg"][: entry["exp_avg"].shape[0] // 2].clone()
+    entry["exp_avg_sq"] = entry["exp_avg_sq"][: entry["exp_avg_sq"].shape[0] // 2].clone()
+    torch.save(state, path)
+
+
 def _truncate(path):
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
@@ -175,6 +184,7 @@ def _truncate(path):
             "optimizer.pt holds the state of 1 tensors; the checkpoint's model trains 24",
         ),
         (lambda f: torch.save({}, f / "scheduler.pt"), "scheduler.pt is not a scheduler's state"),
+        (lambda f: _halve_a_moment(f / "optimizer.pt"), "optimizer.pt holds moments of"),
         (lambda f: _edit_weights(f, drop="model.layers.1.mlp.up_proj.weight"), "lack model.layers.1.mlp.up_proj"),
         (lambda f: _edit_weights(f, reshape="model.norm.weight"), "another shape: model.norm.weight (32,)"),
         (lambda f: _edit_weights(f, add="extra.weight"), "no place for: extra.weight"),
@@ -265,3 +275,26 @@ def test_evaluate_refuses_a_checkpoint_with_a_damaged_method_record_before_gener
     args = SimpleNamespace(adapter=None, checkpoints=str(run), every=1)
     with pytest.raises(UsageError, match=r"^--checkpoints .*: checkpoint-2 cannot be loaded: atr_method.json is damaged"):
         check_model_folders(args, "--tiny-model", str(base))
+
+
+@pytest.mark.parametrize(
+    "option, value", [("learning_rate", "2e-4"), ("adam_beta1", "0.8"), ("adam_epsilon", "1e-6"), ("weight_decay", "0.1")]
+)
+def test_an_optimizer_setting_a_resume_would_restore_over_the_option_is_refused(tmp_path, option, value):
+    """The peer: torch's ``Optimizer.load_state_dict`` puts the saved group settings back over the ones the optimizer
+    was built with (transformers builds it from the options, then loads optimizer.pt), so a changed option was
+    dropped; refused, naming it, and the checkpoint's own value resumes."""
+    from atr_llm import train
+    from atr_llm.command_line import UsageError
+
+    folder = _checkpoint(tmp_path / "run" / "checkpoint-2")
+    saved = torch.load(folder / "optimizer.pt", weights_only=True)
+    groups = [{"params": [torch.nn.Parameter(torch.zeros(1))]} for _ in saved["param_groups"]]
+    built = torch.optim.AdamW(groups, lr=2e-4, betas=(0.8, 0.9))  # as the options would build it
+    saved_groups = [{**g, "params": [i]} for i, g in enumerate(saved["param_groups"])]
+    built.load_state_dict({"state": {}, "param_groups": saved_groups})
+    assert built.param_groups[0]["lr"] == 1e-4 and built.param_groups[0]["betas"] == (0.9, 0.999)
+    base = ["--config", str(CPU_TINY), "--output_dir", str(tmp_path / "run"), "--resume_from_checkpoint", str(folder)]
+    with pytest.raises(UsageError, match=rf"^--{option} {value}: .*trained with {option} .*pass --{option}"):
+        train.parse([*base, f"--{option}", value])
+    assert train.parse(base).checkpoint == folder

@@ -681,3 +681,29 @@ def test_a_top_k_above_the_tiny_vocabulary_is_refused_before_the_sft_stage(tmp_p
         train.parse(base)
     assert train.parse([*base, "--dppo_topk", "333"]).training.dppo_topk == 333
     assert not (tmp_path / "run").exists()
+
+
+def test_accelerate_variables_it_would_fail_on_or_never_read_are_refused(monkeypatch, tmp_path):
+    """``ACCELERATE_LOG_LEVEL=loud`` is a ValueError from ``logging`` when accelerate's logger is made (the peer,
+    shown); ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` is read by accelerate only without a plugin, and transformers
+    passes one; ``ACCELERATE_MIXED_PRECISION=fp16`` on a CPU is dropped by accelerate, as ``--fp16`` is."""
+    import logging
+
+    import torch
+
+    from atr_llm import train
+    from atr_llm.config.fields import ConfigError, check_environment
+
+    with pytest.raises(ValueError, match="Unknown level"):
+        logging.getLogger("atr-test-level").setLevel("LOUD")
+    with pytest.raises(ConfigError, match=r"^\$ACCELERATE_LOG_LEVEL='loud': expected a logging level"):
+        check_environment({"ACCELERATE_LOG_LEVEL": "loud"})
+    check_environment({"ACCELERATE_LOG_LEVEL": "info"})
+    with pytest.raises(ConfigError, match=r"^\$ACCELERATE_GRADIENT_ACCUMULATION_STEPS='4': never read"):
+        check_environment({"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "4"})
+    if torch.cuda.is_available():
+        return
+    preset = Path(__file__).resolve().parents[1] / "atr_llm" / "configs" / "cpu-tiny.yaml"
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
+    with pytest.raises(ValueError, match=r"\$ACCELERATE_MIXED_PRECISION fp16: needs a GPU"):
+        train.parse(["--config", str(preset), "--output_dir", str(tmp_path / "run")])

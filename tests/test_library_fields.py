@@ -373,3 +373,47 @@ def test_the_lora_targets_refused_are_those_peft_refuses(tmp_path):
         else:
             get_peft_model(model, LoraConfig(target_modules=peft_targets))
             assert train.parse([*base, *targets]).model.lora_target_modules == peft_targets
+
+
+def test_scheduler_values_transformers_fails_on_are_refused_and_nonsense_counts_too(tmp_path):
+    """A text cycle count and an unknown decay shape fail in transformers at the first step (the peer's own error,
+    shown); a negative cycle count runs there as its absolute value and is refused as meaningless here."""
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+
+    def first_step(kind, kwargs):
+        get_scheduler(kind, optimizer, 1, 10, scheduler_specific_kwargs=kwargs).step()
+
+    _peer_refuses(lambda: first_step("cosine", {"num_cycles": "abc"}), (TypeError, ValueError))
+    _peer_refuses(lambda: first_step("warmup_stable_decay", {"num_decay_steps": 2, "decay_type": "bogus"}), ValueError)
+    for kind, kwargs, match in (
+        ("cosine", {"num_cycles": "abc"}, r"num_cycles 'abc': expected a finite number"),
+        ("warmup_stable_decay", {"num_decay_steps": 2, "decay_type": "bogus"}, r"decay_type 'bogus': expected one of"),
+        ("cosine_with_restarts", {"num_cycles": -3}, r"num_cycles -3: expected a number > 0"),
+        ("cosine_with_min_lr", {"min_lr_rate": 2.0}, r"min_lr_rate 2.0: expected a rate in \[0, 1\]"),
+    ):
+        with pytest.raises(ConfigError, match=rf"^lr_scheduler_kwargs=.*{match}"):
+            _config(tmp_path, lr_scheduler_type=kind, lr_scheduler_kwargs=kwargs)
+    first_step("warmup_stable_decay", {"num_decay_steps": 2, "decay_type": "1-sqrt"})
+    assert _config(tmp_path, lr_scheduler_type="warmup_stable_decay",
+                   lr_scheduler_kwargs={"num_decay_steps": 2, "decay_type": "1-sqrt"}).lr_scheduler_kwargs
+
+
+def test_a_lora_task_type_other_than_a_causal_lm_is_refused(tmp_path):
+    """PEFT wraps the model as the task type says (``SEQ_CLS``: a sequence classifier) without a word; GRPO trains a
+    causal LM."""
+    from peft import LoraConfig, get_peft_model
+    from peft.peft_model import PeftModelForCausalLM, PeftModelForSequenceClassification
+
+    from atr_llm import train
+    from atr_llm.tiny import build_tokenizer_and_model
+
+    _, model = build_tokenizer_and_model("toy")
+    wrapped = get_peft_model(model, LoraConfig(task_type="SEQ_CLS", target_modules=["q_proj"]))
+    assert isinstance(wrapped, PeftModelForSequenceClassification)
+    _, model = build_tokenizer_and_model("toy")
+    assert isinstance(get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", target_modules=["q_proj"])),
+                      PeftModelForCausalLM)
+    base = ["--config", str(TINY), "--output_dir", str(tmp_path / "run"), "--use_peft", "true"]
+    with pytest.raises(ValueError, match=r"^--lora_task_type SEQ_CLS: expected one of CAUSAL_LM"):
+        train.parse([*base, "--lora_task_type", "SEQ_CLS"])
+    assert train.parse([*base, "--lora_task_type", "CAUSAL_LM"]).model.lora_task_type == "CAUSAL_LM"

@@ -93,9 +93,16 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
             )
 
 
+LOG_LEVELS = ("CRITICAL", "FATAL", "ERROR", "WARN", "WARNING", "INFO", "DEBUG", "NOTSET")
+"""The level names Python's ``logging`` takes (accelerate's ``get_logger`` upper-cases ``ACCELERATE_LOG_LEVEL`` into
+``Logger.setLevel``, which raises on any other, a traceback at import)."""
+
+
 def _check_library_variables(environ: Mapping[str, str]) -> None:
     """``ACCELERATE_DYNAMO_BACKEND``: a name of accelerate's ``DynamoBackend``, any case (accelerate upper-cases it when
-    the accelerator is built, after the output folder is made); ``OMP_NUM_THREADS``: OpenMP's list of positive thread
+    the accelerator is built, after the output folder is made); ``ACCELERATE_LOG_LEVEL`` one of ``LOG_LEVELS``;
+    ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` unset (accelerate reads it only without a ``GradientAccumulationPlugin``,
+    and transformers always passes one: the value was dropped); ``OMP_NUM_THREADS``: OpenMP's list of positive thread
     counts (``4`` or ``4,2``: OpenMP ignores anything else, without a word)."""
     backend = environ.get("ACCELERATE_DYNAMO_BACKEND", "")
     if backend.strip():
@@ -104,6 +111,15 @@ def _check_library_variables(environ: Mapping[str, str]) -> None:
         names = [b.value for b in DynamoBackend]
         if backend.upper() not in names:
             raise ConfigError("$ACCELERATE_DYNAMO_BACKEND", backend, f"expected one of {', '.join(n.lower() for n in names)}")
+    level = environ.get("ACCELERATE_LOG_LEVEL", "")
+    if level.strip() and level.upper() not in LOG_LEVELS:
+        raise ConfigError("$ACCELERATE_LOG_LEVEL", level, f"expected a logging level: {', '.join(LOG_LEVELS).lower()}")
+    if environ.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "").strip():
+        raise ConfigError(
+            "$ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
+            environ["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"],
+            "never read: transformers gives accelerate its own accumulation (set --gradient_accumulation_steps)",
+        )
     threads = environ.get("OMP_NUM_THREADS", "")
     if threads.strip() and not all(p.strip().isdigit() and int(p) >= 1 for p in threads.split(",")):
         raise ConfigError("$OMP_NUM_THREADS", threads, "expected a thread count >= 1 (or OpenMP's list of them: 4,2)")

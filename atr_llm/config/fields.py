@@ -144,8 +144,11 @@ MODEL_DOMAINS = {
     "lora_r": Integer(1),
     "lora_alpha": Integer(1),
     "lora_dropout": Real(0, 1, open_high=True),
+    "lora_task_type": OneOf(("CAUSAL_LM",)),
 }
-"""trl.ModelConfig's numbers (TRL hands them to PEFT, which checks them when the adapter is built, after SFT)."""
+"""trl.ModelConfig's numbers (TRL hands them to PEFT, which checks them when the adapter is built, after SFT), and
+the LoRA task type: GRPO trains a causal LM (PEFT wraps the model as another task's, ``SEQ_CLS`` a classifier,
+without a word)."""
 
 
 def field_default(config: Any, name: str) -> Any:

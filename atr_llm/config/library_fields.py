@@ -120,6 +120,10 @@ def _check_scheduler_kwargs(config: Any) -> None:
             kwargs,
             f"{stray[0]!r} is not a parameter of the {config.lr_scheduler_type} scheduler (its parameters: {shown})",
         )
+    for key, value in kwargs.items():
+        problem = _scheduler_value_problem(key, value)
+        if problem:
+            raise ConfigError("lr_scheduler_kwargs", kwargs, f"{key} {value!r}: {problem}")
     lr_end = kwargs.get("lr_end")  # the polynomial scheduler's end: transformers refuses it at the first step
     if isinstance(lr_end, (int, float)) and not lr_end < getattr(config, "learning_rate", math.inf):
         raise ConfigError(
@@ -127,6 +131,29 @@ def _check_scheduler_kwargs(config: Any) -> None:
             kwargs,
             f"lr_end {lr_end} must be below the learning rate {config.learning_rate} (the polynomial decay ends there)",
         )
+
+
+SCHEDULE_SHAPES = ("linear", "cosine", "1-sqrt")
+"""``warmup_stable_decay``'s ``warmup_type`` and ``decay_type`` (transformers raises on another at the first step)."""
+
+
+def _scheduler_value_problem(key: str, value: Any) -> str | None:
+    """What is wrong with ``value`` for the scheduler parameter ``key``, or None: the shapes are ``SCHEDULE_SHAPES``;
+    every other parameter of transformers' schedules is a finite number (a text failed in the schedule's arithmetic
+    at the first step), a count of cycles or steps or a timescale above 0 or at least 0, a rate or ratio in [0, 1]."""
+    if key in ("warmup_type", "decay_type"):
+        return None if value in SCHEDULE_SHAPES else f"expected one of {', '.join(SCHEDULE_SHAPES)}"
+    if value is None and key in ("min_lr", "min_lr_rate", "warmup_lr_rate", "timescale", "num_stable_steps"):
+        return None  # their default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return "expected a finite number"
+    if key in ("num_cycles", "timescale", "power") and value <= 0:
+        return "expected a number > 0"
+    if key in ("min_lr_rate", "min_lr_ratio", "warmup_lr_rate") and not 0 <= value <= 1:
+        return "expected a rate in [0, 1]"
+    if value < 0:
+        return "expected a number >= 0"
+    return None
 
 
 def _check_scheduler_needs(scheduler_type: Any, kwargs: dict) -> None:
@@ -479,6 +506,8 @@ def _check_train_machine_fields(training: Any, model: Any) -> None:
         raise ConfigError("save_strategy", strategy, "atr_llm.train evaluates nothing, so no checkpoint is best; use steps")
     if training.fp16 and not torch.cuda.is_available():
         raise ConfigError("fp16", True, "needs a GPU: on a CPU accelerate ignores it (use bf16, or leave both unset)")
+    if os.environ.get("ACCELERATE_MIXED_PRECISION") == "fp16" and not torch.cuda.is_available():
+        raise ConfigError("$ACCELERATE_MIXED_PRECISION", "fp16", "needs a GPU: on a CPU accelerate ignores it")
     if training.fsdp and int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
         raise ConfigError("fsdp", training.fsdp, "needs a distributed launch (accelerate launch or torchrun, several processes)")
     attention = str(getattr(model, "attn_implementation", None) or "")

@@ -251,7 +251,12 @@ def check_lora_targets(script, model_args) -> None:
         found = matches or (lambda name, t=target: name == t or name.endswith("." + t))
         if not any(found(n) for n in names):
             leaves = sorted({n.rsplit(".", 1)[-1] for n in names if not n.rsplit(".", 1)[-1].isdigit()})
-            how = "a pattern matched against whole module names" if matches else "a module name"
+            how = "a module name"
+            if matches:  # TRL's ModelConfig passes one value as a text, which PEFT reads as a pattern
+                named = any(n.endswith("." + target) for n in names)
+                how = "one value is a pattern PEFT matches against whole names" + (
+                    f": write '.*{target}', or name two modules" if named else ""
+                )
             raise ConfigError(
                 "lora_target_modules", target, f"the model has no such module ({how}; its modules: {', '.join(leaves)})"
             )
@@ -386,7 +391,7 @@ class RunConfig:
             )
         else:
             checkpoint = Path(resume)
-        from ..checkpoint_files import checkpoint_file_problem, method_record_problem
+        from ..checkpoint_files import checkpoint_file_problem, method_record_problem, restored_optimizer_settings
         from ..checkpoints import recorded_method, trained_steps
 
         problem = method_record_problem(checkpoint)  # before what it trained is read from it
@@ -408,6 +413,15 @@ class RunConfig:
         problem = checkpoint_file_problem(checkpoint, allow_fresh_optimizer=allow)  # after what it trained
         if problem:
             raise ConfigError("resume_from_checkpoint", resume, f"{checkpoint} cannot be resumed: {problem}")
+        restored = restored_optimizer_settings(checkpoint, self.training)
+        if restored:
+            name, saved, value = restored
+            raise ConfigError(
+                name,
+                value,
+                f"{checkpoint} trained with {name} {saved:g}, which a resume restores from its optimizer.pt (this "
+                f"value would be dropped); pass --{name} {saved:g} to continue it, or start a new run",
+            )
         step, steps = trained_steps(checkpoint), self.training.max_steps
         if steps is not None and 0 < steps < step:
             raise ConfigError(
