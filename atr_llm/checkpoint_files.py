@@ -64,6 +64,24 @@ RNG_KEYS = ("python", "numpy", "cpu")
 """The entries of ``rng_state*.pth`` transformers' ``Trainer._load_rng_state`` reads on every device."""
 
 
+def rng_state_problem(name: str, state) -> str | None:
+    """Why ``state`` (a loaded ``rng_state*.pth`` named ``name``) is not what ``Trainer._save_rng_state`` writes, or
+    None: ``RNG_KEYS`` present, Python's state a ``random.getstate()`` triple, numpy's a ``get_state()`` tuple
+    naming its generator, the CPU's a byte tensor (``random.setstate``, ``np.random.set_state`` and
+    ``torch.set_rng_state`` raise on anything else, after the model is built)."""
+    lacks = [k for k in RNG_KEYS if not isinstance(state, dict) or k not in state]
+    if lacks:
+        return f"{name} lacks the random state of {', '.join(lacks)}"
+    python, numpy, cpu = (state[k] for k in RNG_KEYS)
+    if not (isinstance(python, tuple) and len(python) == 3 and isinstance(python[1], tuple)):
+        return f"{name}'s python state is not random.getstate()'s"
+    if not (isinstance(numpy, tuple) and len(numpy) == 5 and isinstance(numpy[0], str)):
+        return f"{name}'s numpy state is not numpy.random.get_state()'s"
+    if not (isinstance(cpu, torch.Tensor) and cpu.dtype == torch.uint8):
+        return f"{name}'s cpu state is not torch.get_rng_state()'s (a byte tensor)"
+    return None
+
+
 def optimizer_state_problem(state, parameters: list[tuple[int, ...]] | None = None) -> str | None:
     """Why ``state`` (a loaded ``optimizer.pt``) is not a ``torch.optim.Optimizer.state_dict()`` for a model whose
     trainable tensors have the shapes ``parameters`` (None: not known), or None: a dict with ``state`` a dict and
@@ -111,6 +129,8 @@ def scheduler_state_problem(state, groups: int | None = None) -> str | None:
     lambdas = state.get("lr_lambdas")
     if not isinstance(base, list) or not isinstance(lambdas, list) or len(lambdas) != len(base):
         return "scheduler.pt's base_lrs and lr_lambdas do not pair up (one per parameter group)"
+    if not all(isinstance(b, (int, float)) and math.isfinite(b) and b >= 0 for b in base):
+        return f"scheduler.pt's base learning rates {base} are not finite numbers >= 0"
     if groups is not None and len(base) != groups:
         return f"scheduler.pt schedules {len(base)} parameter groups; optimizer.pt has {groups}"
     return None
@@ -174,6 +194,8 @@ def method_record_problem(folder: Path | str) -> str | None:
     if not (record.get("form") is None or record["form"] in at.FORMS):
         return f"{METHOD_FILE}'s form {record['form']!r} is not a form ({', '.join(at.FORMS)})"
     params = record.get("params", {})
+    if isinstance(params, dict) and (stray := sorted(set(params) - set(at.get_method(record["method"]).params))):
+        return f"{METHOD_FILE}'s params name {stray[0]!r}, which {record['method']} does not have"
     if not isinstance(params, dict) or not all(
         isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in params.values()
     ):
@@ -190,6 +212,10 @@ def _safetensors_shapes(path: Path) -> tuple[dict | None, str | None]:
 
     try:
         with safe_open(str(path), framework="pt") as f:
+            dtypes = {k: f.get_slice(k).get_dtype() for k in f.keys()}
+            integer = [k for k, d in dtypes.items() if not d.startswith(("F", "BF"))]
+            if integer:
+                return None, f"{path.name} holds {integer[0]} as {dtypes[integer[0]]}, not a floating-point tensor"
             return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}, None
     except Exception as e:  # noqa: BLE001 - safetensors raises its own error type
         return None, f"{path.name} is damaged ({_first_line(e)})"
@@ -268,6 +294,24 @@ def model_folder_problem(folder: Path | str, *, tokenizer: bool = False) -> str 
     return None
 
 
+def _buffered_batch_problem(buffered) -> str | None:
+    """Why a cycle record's ``buffered_inputs`` is not the batch TRL buffers (``GRPOTrainer._buffered_inputs``): None
+    before the first generation, else a non-empty list of dicts in which the completion tensors (``completion_ids``,
+    ``completion_mask``, the per-token log-probs) share one shape and the prompt tensors another; or None."""
+    if buffered is None:
+        return None
+    if not isinstance(buffered, list) or not buffered or not all(isinstance(b, dict) for b in buffered):
+        return "buffered_inputs is not a non-empty list of batches"
+    for batch in buffered:
+        for prefix, keys in (("completion", ("completion_ids", "completion_mask", "old_per_token_logps",
+                                             "ref_per_token_logps", "sampling_per_token_logps")),
+                             ("prompt", ("prompt_ids", "prompt_mask"))):
+            shapes = {k: tuple(batch[k].shape) for k in keys if isinstance(batch.get(k), torch.Tensor)}
+            if len(set(shapes.values())) > 1:
+                return f"its buffered {prefix} tensors differ in shape ({shapes})"
+    return None
+
+
 def _missing_states(folder: Path) -> list[str]:
     missing = [name for name in ("optimizer.pt", "scheduler.pt") if not (folder / name).is_file()]
     return missing + ([] if any(folder.glob("rng_state*.pth")) else ["rng_state*.pth"])
@@ -292,6 +336,9 @@ def checkpoint_file_problem(checkpoint: str | Path, *, allow_fresh_optimizer: bo
     problem = problem or trainer_state_problem(folder) or method_record_problem(folder)
     if problem:
         return problem
+    broken = sorted(p.name for p in folder.iterdir() if p.is_symlink() and not p.exists())
+    if broken:
+        return f"{broken[0]} is a link to a file that does not exist"
     missing = _missing_states(folder)
     if missing and not allow_fresh_optimizer:
         return (
@@ -311,10 +358,9 @@ def checkpoint_file_problem(checkpoint: str | Path, *, allow_fresh_optimizer: bo
         elif path.name == "scheduler.pt":
             problem = problem or scheduler_state_problem(state, groups)
         elif path.name.startswith("rng_state"):
-            lacks = [k for k in RNG_KEYS if not isinstance(state, dict) or k not in state]
-            problem = problem or (f"{path.name} lacks the random state of {', '.join(lacks)}" if lacks else None)
+            problem = problem or rng_state_problem(path.name, state)
         else:
-            why = problem or cycle_record_problem(state)
+            why = problem or cycle_record_problem(state) or _buffered_batch_problem(state["buffered_inputs"])
             problem = why if problem or not why else f"{path.name} is not a generation-cycle record ({why})"
         if problem:
             return problem

@@ -53,6 +53,11 @@ def read_config_file(path: str) -> dict:
             content = yaml.load(handle, Loader=StrictLoader)  # noqa: S506 - a SafeLoader
     except YamlKeyError as e:
         raise refuse("--config", path, str(e)) from None
+    except yaml.MarkedYAMLError as e:  # PyYAML's own words and place (a tag it will not build: nothing ran)
+        mark = e.problem_mark or e.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        said = " ".join(str(x) for x in (e.context, e.problem) if x)
+        raise refuse("--config", path, f"not a readable YAML file: {said}{where}") from None
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise refuse("--config", path, f"not a readable YAML file ({type(e).__name__})") from None
     if content is None:

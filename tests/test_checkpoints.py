@@ -102,7 +102,17 @@ def _edit_json(path, **entries):
     path.write_text(json.dumps({**json.loads(path.read_text()), **entries}))
 
 
-def _edit_weights(folder, drop=None, reshape=None, add=None):
+def _edit_torch(path, **entries):
+    state = torch.load(path, weights_only=True)
+    torch.save({**state, **entries}, path)
+
+
+def _dangle(path):
+    path.unlink()
+    path.symlink_to(path.parent / "gone.pt")
+
+
+def _edit_weights(folder, drop=None, reshape=None, add=None, cast=None):
     """Rewrite ``model.safetensors`` whole (a valid file) without ``drop``, with ``reshape`` cut by half, or with an
     ``add``ed tensor."""
     from safetensors.torch import load_file, save_file
@@ -113,6 +123,8 @@ def _edit_weights(folder, drop=None, reshape=None, add=None):
         weights[reshape] = weights[reshape][: weights[reshape].shape[0] // 2].clone()
     if add:
         weights[add] = torch.zeros(2)
+    if cast:
+        weights[cast] = (weights[cast] * 1000).long()
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
@@ -185,6 +197,20 @@ def _truncate(path):
         ),
         (lambda f: torch.save({}, f / "scheduler.pt"), "scheduler.pt is not a scheduler's state"),
         (lambda f: _halve_a_moment(f / "optimizer.pt"), "optimizer.pt holds moments of"),
+        (lambda f: torch.save({"python": 1, "numpy": 2, "cpu": 3}, f / "rng_state.pth"), "python state is not random"),
+        (lambda f: _edit_torch(f / "scheduler.pt", base_lrs=[float("nan")] * 2), "base learning rates [nan, nan] are"),
+        (lambda f: _edit_torch(f / checkpoints.CYCLE_FILE.format(rank=0), buffered_inputs=[]), "not a non-empty list"),
+        (lambda f: _edit_torch(f / checkpoints.CYCLE_FILE.format(rank=0), buffered_inputs="x"), "not a non-empty list"),
+        (
+            lambda f: _edit_torch(
+                f / checkpoints.CYCLE_FILE.format(rank=0),
+                buffered_inputs=[{"completion_ids": torch.zeros(2, 5), "completion_mask": torch.zeros(2, 6)}],
+            ),
+            "its buffered completion tensors differ in shape",
+        ),
+        (lambda f: _edit_weights(f, cast="model.norm.weight"), "holds model.norm.weight as I64, not a floating"),
+        (lambda f: _edit_json(f / checkpoints.METHOD_FILE, params={"epsilon": 0.2}), "'epsilon', which atr does not"),
+        (lambda f: _dangle(f / "optimizer.pt"), "optimizer.pt is a link to a file that does not exist"),
         (lambda f: _edit_weights(f, drop="model.layers.1.mlp.up_proj.weight"), "lack model.layers.1.mlp.up_proj"),
         (lambda f: _edit_weights(f, reshape="model.norm.weight"), "another shape: model.norm.weight (32,)"),
         (lambda f: _edit_weights(f, add="extra.weight"), "no place for: extra.weight"),

@@ -417,3 +417,32 @@ def test_a_lora_task_type_other_than_a_causal_lm_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"^--lora_task_type SEQ_CLS: expected one of CAUSAL_LM"):
         train.parse([*base, "--lora_task_type", "SEQ_CLS"])
     assert train.parse([*base, "--lora_task_type", "CAUSAL_LM"]).model.lora_task_type == "CAUSAL_LM"
+
+
+def test_optim_args_values_the_optimizer_cannot_read_are_refused_as_transformers_refuses_them(tmp_path):
+    """transformers' SGD handler reads ``momentum`` with ``float()``: ``momentum=abc`` failed there when the
+    optimizer was built, after the SFT stage (the peer's own call is the check)."""
+    from transformers import Trainer
+
+    with pytest.raises(ConfigError, match=r"^optim_args='momentum=abc': the sgd optimizer cannot read it"):
+        _config(tmp_path, optim="sgd", optim_args="momentum=abc")
+    config = _config(tmp_path, optim="sgd", optim_args="momentum=0.9")
+    assert Trainer.get_optimizer_cls_and_kwargs(config)[1]["momentum"] == 0.9
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ('!!python/object/apply:os.system ["touch ran"]\n', "could not determine a constructor for the tag .* line 1"),
+        ("a: 1\n---\nb: 2\n", "found another document at line 2"),
+        ("g:\n\tk: 5\n", "found character '\\\\t' that cannot start any token at line 2"),
+        ("a: *x\nb: &x 1\n", "found undefined alias 'x' at line 1"),
+    ],
+)
+def test_an_unreadable_yaml_file_is_refused_with_pyyamls_reason_and_place(tmp_path, text, said):
+    from atr_llm import train
+
+    (tmp_path / "c.yaml").write_text(text)
+    with pytest.raises(ValueError, match=rf"^--config .*c.yaml: not a readable YAML file: .*{said}"):
+        train.parse(["--config", str(tmp_path / "c.yaml"), "--output_dir", str(tmp_path / "run")])
+    assert not (tmp_path / "ran").exists() and not (Path.cwd() / "ran").exists()

@@ -291,6 +291,13 @@ def _check_optim_args(config: Any) -> None:
             f"the {optimizer} optimizer never reads it (transformers passes optim_args only to "
             f"{', '.join(sorted(readers))}); leave it unset or choose one of those with --optim",
         )
+    if not any(k in optimizer for k in ("galore", "apollo", "lomo")):  # those read the model too: built later
+        from transformers import Trainer
+
+        try:  # the peer reads the values (float('abc') failed there, after the SFT stage)
+            Trainer.get_optimizer_cls_and_kwargs(config)
+        except (ValueError, TypeError) as e:
+            raise ConfigError("optim_args", value, f"the {optimizer} optimizer cannot read it ({e})") from None
 
 
 def _check_torch_compile_backend(config: Any) -> None:
