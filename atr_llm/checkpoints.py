@@ -294,15 +294,19 @@ def cycle_record_problem(state) -> str | None:
     return None
 
 
+def _saved_state(checkpoint) -> dict:
+    """The ``trainer_state.json`` of a saved checkpoint (checked by ``atr_llm.checkpoint_files`` before a resume)."""
+    return json.loads((Path(checkpoint) / STATE_FILE).read_text())
+
+
 def trained_steps(checkpoint) -> int:
     """The optimizer steps a saved checkpoint had taken: the ``global_step`` in its ``trainer_state.json``."""
-    return int(json.loads((Path(checkpoint) / STATE_FILE).read_text())["global_step"])
+    return int(_saved_state(checkpoint)["global_step"])
 
 
 def completed_epochs(checkpoint) -> int:
     """Whole epochs a saved checkpoint had finished: ``floor`` of the ``epoch`` in its ``trainer_state.json``."""
-    state = json.loads((Path(checkpoint) / STATE_FILE).read_text())
-    return math.floor(state["epoch"] + 1e-6)  # 250 steps of 250 per epoch may be stored as 0.9999999
+    return math.floor(_saved_state(checkpoint)["epoch"] + 1e-6)  # 250 steps of 250 per epoch may be stored as 0.9999999
 
 
 class LogAtEveryCheckpoint(TrainerCallback):
