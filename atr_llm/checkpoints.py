@@ -49,12 +49,27 @@ trains and the model it trains (``model_identity``)."""
 ARCHITECTURE_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
 """``config.json`` entries two models must share for one's weights to load into the other."""
 
+COMPUTATION_KEYS = (
+    "hidden_act",
+    "intermediate_size",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "tie_word_embeddings",
+)
+"""``config.json`` entries that change what the weights compute without changing their shapes: a resume loads the
+checkpoint's weights into the model the run builds, so one of these edited in the checkpoint's ``config.json`` (or
+set otherwise for the run) would be ignored; compared where both sides name them."""
+
 
 def model_identity(model) -> dict:
-    """What a checkpoint records of the model it trained: its config's ``ARCHITECTURE_KEYS`` and the name or path it
+    """What a checkpoint records of the model it trained: its config's ``ARCHITECTURE_KEYS`` and ``COMPUTATION_KEYS``
+    and the name or path it
     was loaded from (``_name_or_path``; empty for a model built from a config, as the tiny one)."""
     config = getattr(model, "config", None)
-    identity = {k: getattr(config, k) for k in ARCHITECTURE_KEYS if getattr(config, k, None) is not None}
+    keys = (*ARCHITECTURE_KEYS, *COMPUTATION_KEYS)
+    identity = {k: getattr(config, k) for k in keys if getattr(config, k, None) is not None}
     return {**identity, "name_or_path": str(getattr(config, "_name_or_path", "") or "")}
 
 
@@ -158,13 +173,13 @@ def describe_recorded_method(record: dict | None) -> str | None:
 
 def checkpoint_model(checkpoint: Path | str) -> dict:
     """What ``checkpoint`` says of the model it trained: its ``METHOD_FILE``'s ``model``, else the ``config.json`` of a
-    full-model checkpoint (``ARCHITECTURE_KEYS``), else a LoRA adapter's base model name; {} when nothing does."""
+    full-model checkpoint (``ARCHITECTURE_KEYS``, ``COMPUTATION_KEYS``), else a LoRA adapter's base model name; {} when nothing does."""
     folder = Path(checkpoint)
     record = recorded_method(folder) or {}
     if record.get("model"):
         return dict(record["model"])
     for file, read in (
-        ("config.json", lambda d: {k: d[k] for k in ARCHITECTURE_KEYS if k in d}),
+        ("config.json", _config_model),
         (
             "adapter_config.json",
             lambda d: {"name_or_path": d["base_model_name_or_path"]} if d.get("base_model_name_or_path") else {},
@@ -175,6 +190,20 @@ def checkpoint_model(checkpoint: Path | str) -> dict:
         except (OSError, ValueError, AttributeError):
             continue
     return {}
+
+
+def _config_model(values: dict) -> dict:
+    """A ``config.json``'s ``ARCHITECTURE_KEYS`` and ``COMPUTATION_KEYS`` entries."""
+    return {k: values[k] for k in (*ARCHITECTURE_KEYS, *COMPUTATION_KEYS) if k in values}
+
+
+def _config_file_model(checkpoint: Path | str) -> dict:
+    """``checkpoint/config.json``'s entries ``_config_model`` keeps; {} without a readable one (an adapter)."""
+    try:
+        values = json.loads((Path(checkpoint) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return _config_model(values) if isinstance(values, dict) else {}
 
 
 def _a_path(name: str | None) -> bool:
@@ -206,14 +235,17 @@ def check_resume_compatible(checkpoint: Path | str, resolved, model: dict | None
                 f"{checkpoint} trained {resolved.name} with {name(param)} {value:g}; this configuration sets "
                 f"{resolved.params[param]:g}. Pass --{name(param)} {value:g} {again}"
             )
-    trained, model = checkpoint_model(checkpoint), dict(model or {})
-    if any(_a_path(side.get("name_or_path")) for side in (trained, model)):  # a folder may move with its run
-        trained.pop("name_or_path", None), model.pop("name_or_path", None)
-    differ = [k for k in trained if k in model and trained[k] != model[k]]
-    if differ:
-        said = lambda k, v: "a model built from a config (the tiny one)" if k == "name_or_path" and not v else repr(v)  # noqa: E731
-        shown = ", ".join(f"{k} {said(k, trained[k])} there, {said(k, model[k])} here" for k in differ)
-        raise ValueError(f"{checkpoint} trained another model ({shown}); resume it with the model it trained")
+    # what the checkpoint recorded, then its config.json: a resume loads the weights into the model this run builds
+    # and never reads that file, so an entry edited there would be ignored
+    for trained in (checkpoint_model(checkpoint), _config_file_model(checkpoint)):
+        mine = dict(model or {})
+        if any(_a_path(side.get("name_or_path")) for side in (trained, mine)):  # a folder may move with its run
+            trained.pop("name_or_path", None), mine.pop("name_or_path", None)
+        differ = [k for k in trained if k in mine and trained[k] != mine[k]]
+        if differ:
+            said = lambda k, v: "a model built from a config (the tiny one)" if k == "name_or_path" and not v else repr(v)  # noqa: E731
+            shown = ", ".join(f"{k} {said(k, trained[k])} there, {said(k, mine[k])} here" for k in differ)
+            raise ValueError(f"{checkpoint} trained another model ({shown}); resume it with the model it trained")
 
 
 def is_complete_checkpoint(path: str | Path) -> bool:
@@ -376,6 +408,36 @@ class ExactResumeMixin:
                 "with the same weights",
                 stacklevel=2,
             )
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None) -> None:
+        """transformers' load of the checkpoint's weights, then a look at each loaded tensor: a NaN or an infinity
+        in one (a run that diverged, a damaged file) is refused naming the tensor, before any step trains on it
+        (the loss met it first, at the first step). A pass over the weights in memory; reading them from the file
+        before the model is built would cost a full read of the model."""
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        for name, tensor in (model if model is not None else self.model).named_parameters():
+            if tensor.is_floating_point() and tensor.numel() and not bool(torch.isfinite(tensor).all()):
+                raise ValueError(
+                    f"{resume_from_checkpoint} cannot be resumed: its weight {name} holds a NaN or an infinity "
+                    "(a diverged run or a damaged file); resume an earlier checkpoint"
+                )
+
+    def _issue_warnings_after_load(self, load_result) -> None:
+        """transformers' report of the keys a resumed checkpoint lacked, less the tied output head's (``lm_head.weight``
+        under ``tie_word_embeddings``: ``save_pretrained`` leaves it out and the loaded model keeps it tied to the
+        embeddings, so it is not missing); transformers 5.24 compares with ``_keys_to_ignore_on_save`` only and
+        reported it on every resume, which read like damage."""
+        tied = set(getattr(self.model, "_tied_weights_keys", None) or ()) if self._head_is_tied() else set()
+        if tied and set(load_result.missing_keys) & tied:
+            missing = [k for k in load_result.missing_keys if k not in tied]
+            load_result = type(load_result)(missing_keys=missing, unexpected_keys=list(load_result.unexpected_keys))
+        super()._issue_warnings_after_load(load_result)
+
+    def _head_is_tied(self) -> bool:
+        """Whether the model's output head is its input embeddings' tensor (checked, not read from the config)."""
+        model = self.accelerator.unwrap_model(self.model)
+        head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
+        return head is not None and embeddings is not None and head.weight is embeddings.weight
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         checkpoint = resume_from_checkpoint

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 
 from .command_line import refuse
 
@@ -19,19 +20,39 @@ class YamlKeyError(ValueError):
 
 
 def _strict_mapping(loader, node, deep=False):
-    """A YAML mapping whose keys are names (strings), each given once; else ``YamlKeyError`` naming the line(s)."""
+    """A YAML mapping whose keys are names (strings), each written once; else ``YamlKeyError`` naming the line(s).
+    A merge key's (``<<: *base``) entries are not written here: a key written beside it overrides them, as YAML's
+    merge says."""
     import yaml
 
+    written = [(k, v) for k, v in node.value if k.tag != "tag:yaml.org,2002:merge"]
     loader.flatten_mapping(node)
+    keys = {id(k) for k, _ in written}
     seen: dict[str, int] = {}
-    for key_node, _ in node.value:
+    for key_node, _ in [*written, *((k, v) for k, v in node.value if id(k) not in keys)]:
         key, line = loader.construct_object(key_node, deep=True), key_node.start_mark.line + 1
         if not isinstance(key, str):
             raise YamlKeyError(f"key {key!r} (line {line}) is not an option name")
-        if key in seen:
+        if key in seen and id(key_node) in keys:
             raise YamlKeyError(f"key {key} is given twice (lines {seen[key]} and {line}); give it once")
         seen[key] = line
     return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_PLAIN_INTEGER = re.compile(r"[-+]?(0|[1-9][0-9]*)")
+
+
+def _number_as_written(loader, node):
+    """A YAML 1.1 number in a form the command line does not read (``0x10``, ``0o17``, ``0b101``, ``010`` (octal in
+    YAML 1.1), ``1_000``, ``1:30``) kept as its text, which the option's own parser then reads as it reads the
+    command line's text (``--seed 0x10`` is refused, so ``seed: 0x10`` is too; YAML read it as 16). Plain decimal
+    integers and floats are built as PyYAML builds them."""
+    import yaml
+
+    text = loader.construct_scalar(node)
+    if node.tag.endswith(":int"):
+        return int(text) if _PLAIN_INTEGER.fullmatch(text) else text
+    return text if ("_" in text or ":" in text) else yaml.SafeLoader.construct_yaml_float(loader, node)
 
 
 def read_config_file(path: str) -> dict:
@@ -43,6 +64,8 @@ def read_config_file(path: str) -> dict:
         pass
 
     StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _strict_mapping)
+    StrictLoader.add_constructor("tag:yaml.org,2002:int", _number_as_written)
+    StrictLoader.add_constructor("tag:yaml.org,2002:float", _number_as_written)
     if not os.path.exists(path):
         raise refuse("--config", path, "no such file")
     if not os.path.isfile(path):  # a folder, or a device, pipe or socket (/dev/null)

@@ -25,10 +25,6 @@ def checkpoints_every(run_dir: Path, every: int) -> list[tuple[int, Path]]:
     return chosen
 
 
-ARCHITECTURE_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
-"""``config.json`` entries a full-model checkpoint must share with the base model it is evaluated with."""
-
-
 def check_chat_template(argument: str, folder: Path) -> None:
     """Refuse a local model folder whose tokenizer has no chat template (evaluation formats every prompt with it):
     neither ``chat_template.jinja`` nor a ``chat_template`` entry in ``tokenizer_config.json``."""
@@ -53,6 +49,7 @@ def check_chat_template(argument: str, folder: Path) -> None:
 def check_same_architecture(argument: str, checkpoint: Path, base_argument: str, base: Path) -> None:
     """Refuse a full-model checkpoint whose ``config.json`` differs from the base model's in ``ARCHITECTURE_KEYS``
     (a run of another model): its weights would not load into the base's tokenizer and shapes."""
+    from .checkpoints import ARCHITECTURE_KEYS
     from .command_line import refuse
 
     if not (checkpoint / "config.json").is_file() or not (base / "config.json").is_file():

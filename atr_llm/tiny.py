@@ -61,7 +61,21 @@ def build_tiny_tokenizer(vocab_size: int = 512, seed: int = 0):
     return fast
 
 
-TINY_ARCHITECTURE = {"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
+TINY_POSITIONS = 512
+"""The tiny model's ``max_position_embeddings``: prompt and completion together fit in it."""
+TINY_ARCHITECTURE = {
+    "model_type": "qwen3",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "hidden_act": "silu",
+    "intermediate_size": 128,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": TINY_POSITIONS,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+}
 """What ``build_tiny_model``'s defaults build, known before building it (a resume compares it with its checkpoint)."""
 TOY_VOCAB_ROWS = 334
 """Rows of the toy tokenizer's vocabulary (``len(build_tiny_tokenizer())``, its BPE trained with seed 0), the tiny
@@ -94,7 +108,7 @@ def build_tiny_model(
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=hidden_size // 4,
-        max_position_embeddings=512,
+        max_position_embeddings=TINY_POSITIONS,
         tie_word_embeddings=True,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

@@ -240,6 +240,8 @@ def check_structure(
             raise ValueError(f"{name} is on {t.device}, logp on {logp.device}: put every tensor on one device")
         if name != "mask" and not t.is_floating_point():
             raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    if logp.device.type == "meta":  # shapes without values: nothing to check or compute with
+        raise ValueError("logp is on the meta device (a shape without values): expected tensors holding their values")
     return shape
 
 

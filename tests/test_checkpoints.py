@@ -247,6 +247,27 @@ def test_train_refuses_a_damaged_checkpoint_before_any_model_loads(tmp_path):
     ]
 
 
+@pytest.mark.parametrize("key, value", [("hidden_act", "relu"), ("max_position_embeddings", 8), ("rms_norm_eps", 0.1)])
+def test_a_checkpoint_config_edit_a_resume_would_ignore_is_refused_naming_the_entry(tmp_path, key, value):
+    """transformers' resume (``Trainer._load_from_checkpoint``) loads the checkpoint's weights into the model the run
+    built and never reads its ``config.json``: an entry edited there (shapes unchanged) changed nothing, silently.
+    Refused, naming the entry and both values."""
+    from safetensors.torch import load_file
+
+    from atr_llm import train
+    from atr_llm.command_line import UsageError
+    from atr_llm.tiny import build_tokenizer_and_model
+
+    folder = _checkpoint(tmp_path / "run" / "checkpoint-2")
+    _edit_json(folder / "config.json", **{key: value})
+    _, model = build_tokenizer_and_model("toy")
+    model.load_state_dict(load_file(folder / "model.safetensors"), strict=False)  # what the resume does with it
+    assert getattr(model.config, key) != value  # the file's value is not the model's
+    argv = ["--config", str(CPU_TINY), "--output_dir", str(tmp_path / "run"), "--resume_from_checkpoint", str(folder)]
+    with pytest.raises(UsageError, match=rf"trained another model \({key} {value!r} there, "):
+        train.parse(argv)
+
+
 def test_a_checkpoint_without_its_optimizer_resumes_only_when_asked(tmp_path):
     """A checkpoint saved with ``save_only_model`` has no optimizer.pt: refused (Adam's moments would restart from
     zero silently) unless ``--allow_fresh_optimizer true``, which is itself refused where nothing is resumed."""
@@ -324,3 +345,56 @@ def test_an_optimizer_setting_a_resume_would_restore_over_the_option_is_refused(
     with pytest.raises(UsageError, match=rf"^--{option} {value}: .*trained with {option} .*pass --{option}"):
         train.parse([*base, f"--{option}", value])
     assert train.parse(base).checkpoint == folder
+
+
+def test_a_resume_reports_missing_keys_but_not_the_tied_head(tmp_path, monkeypatch):
+    """``save_pretrained`` leaves the tied ``lm_head.weight`` out; loading the file back (as a resume does) lists it
+    as missing, and TRL's own trainer (transformers 5.24's ``_issue_warnings_after_load``) reports it on every
+    resume. Ours reports what is truly missing only, and the head stays the embeddings' tensor."""
+    import transformers.trainer as transformers_trainer
+    from grpo_helpers import grpo_config_kwargs, tiny_trainer
+    from safetensors.torch import load_file
+    from trl import GRPOConfig, GRPOTrainer
+
+    from atr_llm.config import ATRGRPOConfig
+    from atr_llm.tiny import build_tokenizer_and_model
+
+    tok, model = build_tokenizer_and_model("toy")
+    model.save_pretrained(tmp_path / "saved")
+    weights = load_file(tmp_path / "saved" / "model.safetensors")
+    loaded = model.load_state_dict(weights, strict=False)
+    assert loaded.missing_keys == ["lm_head.weight"]
+    peer = tiny_trainer(tok, GRPOConfig(**grpo_config_kwargs(tmp_path)), GRPOTrainer, model=model)
+    ours = tiny_trainer(tok, ATRGRPOConfig(**grpo_config_kwargs(tmp_path)), model=model)
+    said: list[str] = []
+    monkeypatch.setattr(transformers_trainer.logger, "warning", said.append)  # where transformers reports it
+    for trainer, reported in ((peer, True), (ours, False)):
+        said.clear()
+        trainer._issue_warnings_after_load(loaded)
+        assert any("missing keys" in line for line in said) is reported
+    said.clear()
+    dropped = {k: v for k, v in weights.items() if k != "model.norm.weight"}
+    ours._issue_warnings_after_load(model.load_state_dict(dropped, strict=False))
+    assert said == ["There were missing keys in the checkpoint model loaded: ['model.norm.weight']."]
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_a_checkpoint_whose_weights_hold_a_nan_is_refused_before_any_step(tmp_path):
+    """transformers' resume loads a NaN weight without a word and the first loss is NaN; the trainer refuses it
+    once loaded, naming the tensor, with nothing trained or written."""
+    from grpo_helpers import grpo_config_kwargs, tiny_trainer
+    from safetensors.torch import load_file, save_file
+
+    from atr_llm.config import ATRGRPOConfig
+    from atr_llm.tiny import build_tokenizer_and_model
+
+    folder = _checkpoint(tmp_path / "out" / "checkpoint-2")
+    weights = load_file(str(folder / "model.safetensors"))
+    weights["model.norm.weight"][3] = float("nan")
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    tok, model = build_tokenizer_and_model("toy")
+    trainer = tiny_trainer(tok, ATRGRPOConfig(**grpo_config_kwargs(tmp_path, max_steps=4)), model=model)
+    before = sorted(p.name for p in (tmp_path / "out").iterdir())
+    with pytest.raises(ValueError, match=r"checkpoint-2 cannot be resumed: its weight model\.norm\.weight holds a NaN"):
+        trainer.train(resume_from_checkpoint=str(folder))
+    assert trainer.state.global_step == 0 and sorted(p.name for p in (tmp_path / "out").iterdir()) == before

@@ -112,6 +112,40 @@ def test_the_generation_kwargs_refused_are_those_trls_generation_config_refuses(
         _config(tmp_path, generation_kwargs={"max_new_tokens": -5})
 
 
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"max_new_tokens": 3}, r"max_new_tokens=3 would override max_completion_length \(8\): .*set max_completion_length"),
+        ({"temperature": 0.5}, r"temperature=0\.5 would override temperature \(1\.0\): .*divides the logits"),
+        ({"do_sample": False}, r"do_sample: GRPO samples its groups"),
+    ],
+)
+def test_a_generation_kwarg_that_overrides_trls_own_field_is_refused_as_trl_would_drop_the_field(tmp_path, kwargs, match):
+    """TRL 1.16's own trainer lays ``generation_kwargs`` over the settings it takes from its fields: built with
+    ``max_completion_length=8`` and ``{"max_new_tokens": 3}`` its generation config says 3, and the field is
+    dropped. The config refuses a different value where the field was set too (here ``max_completion_length``; a
+    temperature always, which the loss divides the logits by) and takes the field's own value, or a key whose field
+    is at its default (``top_k``: the one way it was given)."""
+    from grpo_helpers import grpo_config_kwargs, tiny_trainer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from atr_llm.tiny import build_tokenizer_and_model
+
+    tok, model = build_tokenizer_and_model(seed=0)
+    peer_config = GRPOConfig(**grpo_config_kwargs(tmp_path, generation_kwargs=kwargs))
+    peer = tiny_trainer(tok, peer_config, GRPOTrainer, model=model)
+    for key, value in kwargs.items():
+        assert getattr(peer.generation_config, key) == value  # TRL's field lost to the mapping
+    with pytest.raises(ConfigError, match=match):
+        ATRGRPOConfig(**grpo_config_kwargs(tmp_path, generation_kwargs=kwargs))
+    same = ATRGRPOConfig(**grpo_config_kwargs(tmp_path, generation_kwargs={"max_new_tokens": 8, "temperature": 1.0}))
+    assert same.generation_kwargs == {"max_new_tokens": 8, "temperature": 1.0}
+    alone = ATRGRPOConfig(**grpo_config_kwargs(tmp_path, generation_kwargs={"top_k": 5}))
+    assert alone.generation_kwargs == {"top_k": 5}
+    with pytest.raises(ConfigError, match=r"top_k=5 would override top_k \(3\)"):
+        ATRGRPOConfig(**grpo_config_kwargs(tmp_path, top_k=3, generation_kwargs={"top_k": 5}))
+
+
 @pytest.mark.parametrize("settings", [{"temperature": -1.0}, {"top_p": -0.5}, {"top_k": -2}, {"repetition_penalty": 0.0}])
 def test_sampling_values_refused_are_those_transformers_generate_refuses(tmp_path, settings):
     """The peer is the spec: a tiny model's ``generate`` with TRL's settings and ``settings`` laid over them raises
@@ -446,3 +480,70 @@ def test_an_unreadable_yaml_file_is_refused_with_pyyamls_reason_and_place(tmp_pa
     with pytest.raises(ValueError, match=rf"^--config .*c.yaml: not a readable YAML file: .*{said}"):
         train.parse(["--config", str(tmp_path / "c.yaml"), "--output_dir", str(tmp_path / "run")])
     assert not (tmp_path / "ran").exists() and not (Path.cwd() / "ran").exists()
+
+
+def test_a_completion_longer_than_the_models_positions_is_refused_where_transformers_only_warns(tmp_path):
+    """transformers runs the tiny model (512 positions, RoPE) past its last position without an error, on positions
+    it never trained; a run whose completion alone runs past them is refused, naming the positions. A local folder's
+    ``config.json`` is read the same way, unless a RoPE scaling stretches its positions."""
+    from atr_llm.tiny import TINY_POSITIONS, build_tokenizer_and_model
+
+    _, model = build_tokenizer_and_model(seed=0)
+    assert model.config.max_position_embeddings == TINY_POSITIONS == 512
+    with torch.no_grad():
+        logits = model(torch.ones(1, TINY_POSITIONS + 8, dtype=torch.long)).logits
+    assert logits.shape[1] == TINY_POSITIONS + 8  # no refusal from the peer
+    with pytest.raises(ConfigError, match=r"^max_completion_length=513: expected at most 512: the model has 512"):
+        RunConfig(ScriptArguments(tiny=True), _config(tmp_path, max_completion_length=513), ModelConfig())
+    RunConfig(ScriptArguments(tiny=True), _config(tmp_path, max_completion_length=512), ModelConfig())
+    folder = tmp_path / "model"
+    folder.mkdir()
+    model.config.save_pretrained(folder)
+    local = ModelConfig(model_name_or_path=str(folder))
+    with pytest.raises(ConfigError, match="the model has 512 positions"):
+        RunConfig(ScriptArguments(), _config(tmp_path, max_completion_length=600), local)
+    config = json.loads((folder / "config.json").read_text())
+    config["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}
+    (folder / "config.json").write_text(json.dumps(config))
+    RunConfig(ScriptArguments(), _config(tmp_path, max_completion_length=600), local)
+
+
+CPU_ARGV = ["--tiny", "true", "--bf16", "false", "--use_cpu", "true"]
+
+
+@pytest.mark.parametrize("written, read_by_yaml", [("0x10", 16), ("010", 8), ("1_000", 1000), ("1:30", 90), ("0b11", 3)])
+def test_a_yaml_number_the_command_line_would_refuse_is_refused_in_the_file_too(tmp_path, written, read_by_yaml):
+    """PyYAML (YAML 1.1) reads ``seed: 0x10`` as 16 and ``010`` as 8, where ``--seed 0x10`` is refused and ``--seed
+    010`` is 10: the file's number is read as its text by the option's own parser, as the command line's is."""
+    import yaml
+
+    from atr_llm import train
+
+    assert yaml.safe_load(f"seed: {written}") == {"seed": read_by_yaml}  # the peer's reading
+    (tmp_path / "c.yaml").write_text(f"tiny: true\nbf16: false\nuse_cpu: true\nseed: {written}\n")
+    argv = ["--config", str(tmp_path / "c.yaml"), "--output_dir", str(tmp_path / "run")]
+    if written == "010":  # a decimal the command line reads: the same value both ways
+        assert train.parse(argv).training.seed == train.parse([*CPU_ARGV, "--seed", "010", *argv[2:]]).training.seed == 10
+        return
+    with pytest.raises(ValueError) as typed:
+        train.parse([*CPU_ARGV, "--seed", written, *argv[2:]])
+    with pytest.raises(ValueError, match=rf"^--config .*c\.yaml: key seed: {written}: ") as filed:
+        train.parse(argv)
+    assert str(filed.value).split(": ")[-1] == str(typed.value).split(": ")[-1]  # one check, one wording
+
+
+def test_a_key_beside_a_yaml_merge_key_overrides_it_and_a_key_written_twice_is_still_refused(tmp_path):
+    """YAML's merge (``<<``) gives the mapping's own keys the last word: PyYAML's reading; a key written twice is
+    still refused, naming both lines."""
+    import yaml
+
+    from atr_llm import train
+
+    text = "tiny: true\nbf16: false\nuse_cpu: true\n<<: {max_steps: 3, seed: 2}\nmax_steps: 1\n"
+    assert yaml.safe_load(text)["max_steps"] == 1  # the peer's reading
+    (tmp_path / "c.yaml").write_text(text)
+    config = train.parse(["--config", str(tmp_path / "c.yaml"), "--output_dir", str(tmp_path / "run")])
+    assert (config.training.max_steps, config.training.seed) == (1, 2)
+    (tmp_path / "c.yaml").write_text("tiny: true\nbf16: false\nuse_cpu: true\nmax_steps: 3\nmax_steps: 1\n")
+    with pytest.raises(ValueError, match=r"key max_steps is given twice \(lines 4 and 5\)"):
+        train.parse(["--config", str(tmp_path / "c.yaml"), "--output_dir", str(tmp_path / "run")])

@@ -579,6 +579,15 @@ def test_tensors_on_two_devices_are_refused_naming_them():
         at.policy_loss(logp, old, adv.to("meta"), mask)
 
 
+def test_tensors_on_the_meta_device_are_refused_naming_the_first():
+    """A meta tensor has a shape and no values: ``Tensor.item()`` raised torch's own error naming no argument."""
+    logp, old, adv, mask = _batch(0)
+    with pytest.raises(RuntimeError, match="meta tensors"):
+        logp.to("meta").sum().item()
+    with pytest.raises(ValueError, match=r"^logp is on the meta device"):
+        at.policy_loss(logp.to("meta"), old.to("meta"), adv.to("meta"), mask.to("meta"))
+
+
 def test_a_chunk_size_nothing_reads_and_a_validate_that_is_not_a_bool_are_refused():
     logp, old, adv, mask = _batch(0, B=_B, T=_T)
     with pytest.raises(ValueError, match=r"^kl_chunk_size is given, but nothing in this call reads it"):

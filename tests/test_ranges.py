@@ -233,6 +233,24 @@ def test_ranges_reject_bad_delta():
         at.kl3_delta_from_bound(1.0)
 
 
+@pytest.mark.parametrize("bad", ["0.07", b"0.07", True, None, [0.05, "0.07"], np.array(["0.07"])])
+def test_a_delta_that_is_no_number_is_refused_as_numpy_would_read_it(bad):
+    """numpy reads the text '0.07' (and True) as a number: ``np.asarray('0.07', dtype=float)`` is 0.07. The ranges
+    take numbers only, and say what they got."""
+    assert float(np.asarray(["0.07"], dtype=float)[0]) == 0.07  # what the check stands between
+    for fn in (at.kl3_clip_range, at.kl1_clip_range, at.kl2_clip_range, at.is_kl3_clip_range):
+        with pytest.raises(TypeError, match=r"^delta must be a number or an array of numbers, got a "):
+            fn(bad)
+
+
+def test_numbers_of_every_numeric_kind_give_the_float_ranges_value():
+    import torch
+
+    expected = at.kl3_clip_range(0.5)
+    for same in (np.float64(0.5), torch.tensor(0.5, dtype=torch.float64), np.array(0.5), 0.5):
+        assert at.kl3_clip_range(same) == pytest.approx(expected, rel=1e-15)
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [

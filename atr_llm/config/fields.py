@@ -443,6 +443,15 @@ def training_relations() -> tuple[Relation, ...]:
             Requires(name, "use_vllm", equals=True, why="it configures TRL's vLLM generation")
             for name in vllm_options()
         ),
+        Requires(
+            "save_steps", "save_strategy", equals="steps", why="transformers saves every save_steps under steps only"
+        ),
+        Requires(
+            "logging_steps",
+            "logging_strategy",
+            equals="steps",
+            why="transformers logs every logging_steps under steps only",
+        ),
         AtMost("entropy_coef_min", "entropy_coef_max", why="the adaptive entropy coefficient moves between them"),
         *(
             Requires(name, "use_adaptive_entropy", equals=True, why="it steers the adaptive entropy coefficient")

@@ -15,7 +15,7 @@ import math
 import numbers
 from typing import Any
 
-from .fields import ConfigError
+from .fields import ConfigError, is_set
 
 __all__ = [
     "LIBRARY_FIELDS",
@@ -195,6 +195,7 @@ def _check_generation_kwargs(config: Any) -> None:
     if kwargs is None:
         raise ConfigError("generation_kwargs", given, "expected a mapping of GenerationConfig attributes")
     if getattr(config, "use_vllm", False):
+        _check_no_setting_overridden(config, kwargs)
         return
     from transformers import GenerationConfig
 
@@ -220,6 +221,50 @@ def _check_generation_kwargs(config: Any) -> None:
         value = getattr(settings, key, None)
         if isinstance(value, int) and value < 1:
             raise ConfigError("generation_kwargs", kwargs, f"{key}={value}: expected an integer >= 1")
+    _check_no_setting_overridden(config, kwargs)
+
+
+_TRL_SETTINGS = {  # generation key -> the TRL field it comes from (None: TRL's fixed value, in the second map)
+    "transformers": {"max_new_tokens": "max_completion_length", "temperature": "temperature", "top_p": "top_p",
+                     "top_k": "top_k", "min_p": "min_p", "repetition_penalty": "repetition_penalty",
+                     "cache_implementation": "cache_implementation", "do_sample": None},
+    "vllm": {"max_tokens": "max_completion_length", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+             "min_p": "min_p", "repetition_penalty": "repetition_penalty", "n": None, "logprobs": None},
+}
+_FIXED_BY_TRL = {"do_sample": "GRPO samples its groups (TRL sets True)",
+                 "n": "TRL sets it from num_generations and vllm_mode", "logprobs": "TRL sets it to read the sampler's log-probs"}
+
+
+def _check_no_setting_overridden(config: Any, kwargs: dict) -> None:
+    """A ``generation_kwargs`` key that TRL 1.16 also sets from one of its own fields (``GRPOTrainer.__init__`` for
+    transformers' ``generate``, ``VLLMGeneration`` for vLLM's ``SamplingParams``) lays over that field, TRL's
+    documented order: where the field was set too (given, or not at its default) and the values differ, the field
+    would be dropped silently (``{"max_new_tokens": 3}`` overrode the file's ``max_completion_length: 12``), so it is
+    refused, naming the field to set instead. A temperature that differs from ``temperature`` is refused even at the
+    field's default: TRL divides the logits by ``temperature`` for the loss's log-probs, so the completions would be
+    sampled from another policy than the one the ratio is taken of. ``do_sample`` (other than true), vLLM's ``n``
+    and ``logprobs`` are TRL's own and refused."""
+
+    path = "vllm" if getattr(config, "use_vllm", False) else "transformers"
+    for key, field in _TRL_SETTINGS[path].items():
+        if key not in kwargs:
+            continue
+        if field is None:
+            if not (key == "do_sample" and kwargs[key] is True):
+                raise ConfigError("generation_kwargs", kwargs, f"{key}: {_FIXED_BY_TRL[key]}; leave it out")
+            continue
+        own = getattr(config, field, None)
+        if kwargs[key] != own and (field == "temperature" or is_set(config, field)):
+            raise ConfigError(
+                "generation_kwargs",
+                kwargs,
+                f"{key}={kwargs[key]!r} would override {{{field}}} ({own!r}): TRL lays generation_kwargs over its "
+                f"own setting{_WHY_OVERRIDE.get(field, '')}; set {{{field}}} instead",
+                others=(field,),
+            )
+
+
+_WHY_OVERRIDE = {"temperature": ", and divides the logits by temperature for the loss's log-probs"}
 
 
 def _build_samplers(settings: Any, given: dict) -> None:

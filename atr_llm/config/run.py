@@ -181,7 +181,7 @@ def finished_run(output_dir: Path) -> bool:
 def model_to_train(script, model_args) -> dict[str, Any]:
     """What can be known of the model a run will train before it loads (``atr_llm.checkpoints.model_identity``'s
     keys): the tiny model's architecture, a local folder's ``config.json``, or a hub id's name."""
-    from ..checkpoints import ARCHITECTURE_KEYS
+    from ..checkpoints import ARCHITECTURE_KEYS, COMPUTATION_KEYS
     from ..tiny import tiny_model_identity
 
     if script.tiny:
@@ -197,7 +197,7 @@ def model_to_train(script, model_args) -> dict[str, Any]:
             values = json.loads(config.read_text())
         except (OSError, ValueError):
             return {}
-        return {k: values[k] for k in ARCHITECTURE_KEYS if k in values}
+        return {k: values[k] for k in (*ARCHITECTURE_KEYS, *COMPUTATION_KEYS) if k in values}
     return {"name_or_path": str(name)}
 
 
@@ -280,6 +280,38 @@ def check_topk_within_vocabulary(training, model: dict[str, Any]) -> None:
         )
 
 
+def model_positions(script, model_args) -> int | None:
+    """The positions the model a run trains was built for (``max_position_embeddings``), where known before it loads
+    and not stretched by a RoPE scaling: the tiny model's, or a local folder's ``config.json``; else None."""
+    import json
+
+    if script.tiny:
+        from ..tiny import TINY_POSITIONS
+
+        return TINY_POSITIONS
+    config = Path(str(getattr(model_args, "model_name_or_path", None) or "")) / "config.json"
+    try:
+        values = json.loads(config.read_text()) if config.is_file() else {}
+    except (OSError, ValueError):
+        return None
+    scaled = values.get("rope_scaling") or (values.get("rope_parameters") or {}).get("rope_type", "default") != "default"
+    positions = values.get("max_position_embeddings")
+    return positions if isinstance(positions, int) and not isinstance(positions, bool) and not scaled else None
+
+
+def check_completion_within_positions(training, script, model_args) -> None:
+    """``max_completion_length`` within the model's positions (``model_positions``): a completion longer than them
+    alone runs past the last position the model was built for, which transformers only warns about."""
+    positions = model_positions(script, model_args)
+    if positions is not None and training.max_completion_length > positions:
+        raise ConfigError(
+            "max_completion_length",
+            training.max_completion_length,
+            f"expected at most {positions}: the model has {positions} positions (max_position_embeddings), "
+            "and the completion alone would run past them",
+        )
+
+
 def _named(name: str, call, *args, **kwargs):
     """``call(*args, **kwargs)``, a ``UsageError`` it raises turned into a ``ConfigError`` naming field ``name``."""
     from ..command_line import UsageError
@@ -324,6 +356,7 @@ class RunConfig:
         check_model_source(getattr(model, "model_name_or_path", None))
         check_lora_targets(script, model)
         check_topk_within_vocabulary(training, model_to_train(script, model))
+        check_completion_within_positions(training, script, model)
         check_train_library_fields(training, model)  # one reward function, no evaluation set, the model built here
         check_relations_of(RUN_RELATIONS, (script, training, model))
         for name, source, path in (
