@@ -44,6 +44,7 @@ import atr_theory as at
 from atr_llm.huge_pages import HUGE_PAGES_VARIABLE, enable_huge_pages_for_large_cpu_tensors
 from benchmarks._machine import default_output
 from benchmarks._memory import MMAP_ENV, reset_rss_peak_mib, rss_mib
+from sims._common import png_text_metadata
 
 
 def inline_ppo_clip(logp, old_logp, adv, mask, eps_low=0.2, eps_high=0.2):
@@ -315,7 +316,7 @@ def plot(result, out_png):
     ax.set(xscale="log", yscale="log", xlabel="B x T", ylabel="extra peak MiB", title="truly_ppo fwd+bwd memory")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out_png, dpi=120)
+    fig.savefig(out_png, dpi=120, metadata=png_text_metadata(fig, 120))
 
 
 def topk_floor(repeats: int, device: str = "cpu", size=(64, 4096)) -> dict:

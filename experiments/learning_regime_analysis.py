@@ -33,6 +33,7 @@ from experiments.cpu_table import (
     read_table,
     seeds_needed,
 )
+from sims._common import png_text_metadata
 
 TABLE = Path("figures/experiments/learning_regime/calibration/table")
 PRIMARY = "steps-test-T0.3"
@@ -303,7 +304,7 @@ def plot_rewards(curve_sets: list[dict], path: Path) -> None:
     ax.set_ylabel("training reward (T = 1)")
     ax.legend(loc="best", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    fig.savefig(path, dpi=130, metadata=png_text_metadata(fig, 130))
     plt.close(fig)
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from experiments.cpu_table.statistics import mean_of_present, paired_difference
 from experiments.trust_region_analysis import TEMPERATURES, interval_text, read_table, rows_of
+from sims._common import png_text_metadata
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "figures" / "experiments" / "mask_mechanism"
@@ -462,7 +463,7 @@ def plot_by_step(rows: list[dict], path: Path) -> None:
     axes[1][0].set_ylabel("fraction outside, against A", fontsize=8)
     fig.legend(loc="lower center", ncol=2, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
-    fig.savefig(path, dpi=150)
+    fig.savefig(path, dpi=150, metadata=png_text_metadata(fig, 150))
     plt.close(fig)
 
 

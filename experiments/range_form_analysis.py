@@ -40,6 +40,7 @@ from experiments.trust_region_analysis import (
     read_table,
     rows_of,
 )
+from sims._common import png_text_metadata
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = ROOT / "figures" / "experiments" / "range_form" / "table" / "cpu_llm_table.csv"
@@ -305,7 +306,7 @@ def plot_by_step(rows: list[dict], path: Path) -> None:
     fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=4, fontsize=7, frameon=False)
     axes[1].legend(fontsize=7, loc="center right")  # between the two groups of curves: it covers none
     fig.tight_layout(rect=(0, 0.07, 1, 1))  # the cells' legend below the panels, off every curve
-    fig.savefig(path, dpi=150)
+    fig.savefig(path, dpi=150, metadata=png_text_metadata(fig, 150))
     plt.close(fig)
 
 

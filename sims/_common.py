@@ -52,11 +52,39 @@ def parse_args(
     return args
 
 
+SMALLEST_TEXT_KEY = "Smallest text (pt)"
+"""The PNG text entry that records a figure's smallest font size in points (``png_text_metadata``), beside
+``DPI_KEY``: with the width a page shows the image at, the height of its smallest text on screen
+(``tools.site_layout``)."""
+DPI_KEY = "Dots per inch"
+
+
+def smallest_text_pt(fig) -> float | None:
+    """The smallest font size, in points, of the figure's drawn text that is not empty (titles, axis and tick labels,
+    legends, annotations); None for a figure without text. Drawn first: tick labels exist once drawn."""
+    from matplotlib.text import Text
+
+    fig.canvas.draw()
+    sizes = [t.get_fontsize() for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    return min(sizes) if sizes else None
+
+
+def png_text_metadata(fig, dpi: float | None = None) -> dict[str, str]:
+    """PNG text entries recording the smallest text (``SMALLEST_TEXT_KEY``) and the resolution the PNG is saved at
+    (``DPI_KEY``; default what ``savefig`` uses: ``savefig.dpi``, or the figure's where that says ``figure``): its
+    smallest text is ``pt * dpi / 72`` pixels high in the file."""
+    pt = smallest_text_pt(fig)
+    if dpi is None:
+        saved = plt.rcParams["savefig.dpi"]
+        dpi = fig.dpi if saved == "figure" else float(saved)
+    return {} if pt is None else {SMALLEST_TEXT_KEY: f"{pt:g}", DPI_KEY: f"{dpi:g}"}
+
+
 def save_figure(fig, out: Path, name: str) -> list[Path]:
-    """Write ``name.png`` and ``name.pdf`` into ``out``; close the figure."""
+    """Write ``name.png`` (with ``png_text_metadata``) and ``name.pdf`` into ``out``; close the figure."""
     paths = [out / f"{name}.png", out / f"{name}.pdf"]
     fig.tight_layout()
-    fig.savefig(paths[0], bbox_inches="tight")
+    fig.savefig(paths[0], bbox_inches="tight", metadata=png_text_metadata(fig))
     fig.savefig(paths[1], bbox_inches="tight", metadata={"CreationDate": None})  # same numbers, same bytes
     plt.close(fig)
     return paths

@@ -3,12 +3,14 @@
 measurement itself).
 
     python -m tools.site_layout SITE_DIR [--width 1280] [--height 800] [--page index.html ...] [--if-browser]
+        [--figures] [--figure-text-px 9]
 
 Each page is copied with a small script added that, once the page (and MathJax) has rendered, measures every
 ``pre`` and ``table`` of the article and writes what overflows into the page; headless Chromium (``--dump-dom``)
 prints the page after it ran, and this reads the finding back. A block overflows when its content is wider than its
 box (``scrollWidth > clientWidth``: a horizontal scroll bar, the code element for a code block, Material's scroll
-wrapper for a table). Needs
+wrapper for a table). Each figure's smallest text on screen is measured from the width the page shows it at and the
+text size its PNG records (``figure_text_px``); ``--figures`` lists them. Needs
 Chromium (Debian: ``apt-get install chromium``).
 """
 
@@ -55,9 +57,13 @@ window.addEventListener("load", () => setTimeout(() => {
                   box: scroller.clientWidth, column: column, first_line: text});
     }
   });
+  const images = [];
+  article.querySelectorAll("img").forEach((img) => {
+    images.push({src: img.getAttribute("src") || "", natural: img.naturalWidth, shown: img.clientWidth});
+  });
   const out = document.createElement("script");
   out.type = "application/json"; out.id = "layout-findings";
-  out.textContent = JSON.stringify({column: column, overflowing: found});
+  out.textContent = JSON.stringify({column: column, overflowing: found, images: images});
   document.body.appendChild(out);
 }, 1500));
 </script>
@@ -98,8 +104,28 @@ def page_layout(site: Path, page: str, width: int = 1280, height: int = 800, exe
     return json.loads(found.group(1))
 
 
+def figure_text_px(site: Path, page: str, image: dict) -> float | None:
+    """The height on screen, in pixels, of the smallest text of a figure ``image`` (``{src, natural, shown}`` as the
+    page drew it): ``pt * dpi / 72`` pixels in the PNG (the entries ``sims._common.png_text_metadata`` writes),
+    scaled by the width shown over the PNG's own; None for an image that records no text size (not a PNG, or
+    saved before the entries were written)."""
+    from PIL import Image
+
+    from sims._common import DPI_KEY, SMALLEST_TEXT_KEY
+
+    path = ((site / page).parent / image["src"]).resolve()
+    if path.suffix.lower() != ".png" or not path.is_file() or not image.get("natural"):
+        return None
+    with Image.open(path) as png:
+        entries = getattr(png, "text", {}) or {}
+    if SMALLEST_TEXT_KEY not in entries or DPI_KEY not in entries:
+        return None
+    in_file = float(entries[SMALLEST_TEXT_KEY]) * float(entries[DPI_KEY]) / 72
+    return in_file * image["shown"] / image["natural"]
+
+
 def main(argv: list[str] | None = None) -> int:
-    from atr_llm.cli_types import Integer, ReadDir, Text
+    from atr_llm.cli_types import Integer, ReadDir, Real, Text
     from atr_llm.command_line import Parser
 
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -112,6 +138,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--height", type=Integer(200, 100_000), default=800)
     ap.add_argument(
         "--page", type=Text(), nargs="+", default=list(FIRST_PAGES), help="pages, relative to the site"
+    )
+    ap.add_argument("--figures", action="store_true", help="list every figure with its smallest text on screen")
+    ap.add_argument(
+        "--figure-text-px",
+        type=Real(0, 100),
+        default=0.0,
+        help="name each figure whose smallest text is below this many pixels on screen (0: none); not a failure",
     )
     ap.add_argument(
         "--if-browser",
@@ -131,6 +164,12 @@ def main(argv: list[str] | None = None) -> int:
             bad += 1
             print(f"{page}: {f['kind']} {f['content']} px in {f['box']} px (column {f['column']}): {f['first_line']}")
         print(f"{page}: column {result['column']} px, {len(result['overflowing'])} overflowing")
+        for image in result.get("images", []):
+            px = figure_text_px(args.site, page, image)
+            shown = "no text size recorded" if px is None else f"smallest text {px:.1f} px"
+            small = px is not None and px < args.figure_text_px
+            if args.figures or small:
+                print(f"{page}: figure {image['src']} shown {image['shown']} px: {shown}{' (small)' if small else ''}")
     return 1 if bad else 0
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from atr_llm.evaluate import summarise_samples
 from experiments import cpu_table
+from sims._common import png_text_metadata
 
 
 def evaluation_directory(runs_dir: Path | str, run: str, seed: int, step: int) -> Path:
@@ -138,7 +139,7 @@ def plot(rows: list[dict], runs: list[str], path: Path) -> None:
         ax.set_title(cpu_table.sampling_label(benchmark))
     axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, metadata=png_text_metadata(fig, 120))
     plt.close(fig)
 
 

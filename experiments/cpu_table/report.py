@@ -8,6 +8,8 @@ import json
 import statistics
 from pathlib import Path
 
+from sims._common import png_text_metadata
+
 from .protocol import BENCHMARKS, CPU_RUNS, CURVE_KEYS, TABLE2, protocol_differences, run_form
 from .statistics import (
     REFERENCES,
@@ -391,7 +393,7 @@ def plot_delta_ablation(points: list[dict], k: int, path: Path) -> None:
         ax.set_title(benchmark)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, metadata=png_text_metadata(fig, 120))
     plt.close(fig)
 
 
@@ -416,7 +418,7 @@ def plot_curves(results: list[dict], runs: list[str], path: Path) -> None:
             ax.set_title(label)
     axes[0].legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, metadata=png_text_metadata(fig, 120))
     plt.close(fig)
 
 
