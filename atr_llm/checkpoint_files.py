@@ -221,10 +221,28 @@ def _safetensors_shapes(path: Path) -> tuple[dict | None, str | None]:
         return None, f"{path.name} is damaged ({_first_line(e)})"
 
 
+def model_on_meta(config) -> torch.nn.Module:
+    """The causal LM a transformers ``config`` describes, built on the meta device: its modules and shapes, no memory
+    and no weights read (what a check needs to know of a model before it loads). transformers' own notices while it
+    builds (an unknown ``model_type``) are kept quiet: the caller words the refusal."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with torch.device("meta"):
+                return AutoModelForCausalLM.from_config(config)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
 def _model_on_meta(folder: Path) -> tuple[torch.nn.Module | None, str | None]:
-    """The causal LM ``folder/config.json`` describes, built on the meta device (no memory, no weights read), or
-    ``(None, why config.json does not describe one)``."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """The causal LM ``folder/config.json`` describes, on the meta device (``model_on_meta``), or ``(None, why
+    config.json does not describe one)``."""
+    from transformers import AutoConfig
     from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()
@@ -233,8 +251,7 @@ def _model_on_meta(folder: Path) -> tuple[torch.nn.Module | None, str | None]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
-            with torch.device("meta"):
-                return AutoModelForCausalLM.from_config(config), None
+        return model_on_meta(config), None
     except Exception as e:  # noqa: BLE001 - transformers raises ValueError, KeyError, TypeError, ... per field
         return None, f"config.json does not describe a model this transformers builds ({_first_line(e)})"
     finally:

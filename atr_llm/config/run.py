@@ -205,8 +205,9 @@ def _module_names(script, model_args) -> list[str] | None:
     """The module names of the model a run will train, from its config alone (built on the meta device: nothing
     allocated, no weights read): the tiny model's architecture, a local folder's ``config.json`` or a cached hub
     id's; None when the config is not at hand."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
+
+    from ..checkpoint_files import model_on_meta
 
     name = getattr(model_args, "model_name_or_path", None)
     try:
@@ -218,8 +219,7 @@ def _module_names(script, model_args) -> list[str] | None:
             config = AutoConfig.from_pretrained(str(name), local_files_only=True, trust_remote_code=False)
         else:
             return None
-        with torch.device("meta"):
-            return [n for n, _ in AutoModelForCausalLM.from_config(config).named_modules() if n]
+        return [n for n, _ in model_on_meta(config).named_modules() if n]
     except Exception:  # noqa: BLE001 - no config at hand: PEFT checks the names when the model loads
         return None
 
