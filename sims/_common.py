@@ -18,10 +18,14 @@ plt.rcParams.update(
     {
         "figure.dpi": 110,
         "savefig.dpi": 200,
-        "font.size": 9,
-        "axes.titlesize": 10,
-        "axes.labelsize": 9,
-        "legend.fontsize": 7,
+        # text of at least 9 px on the site's ~1,000 px column: a figure W inches wide is shown at 998 / W px per
+        # inch, so its smallest text needs 9 * 72 / 998 * W pt (11 pt up to 16.9 in; tools.site_layout --figures)
+        "font.size": 12,
+        "axes.titlesize": 12,
+        "axes.labelsize": 12,
+        "xtick.labelsize": 11,
+        "ytick.labelsize": 11,
+        "legend.fontsize": 11,
         "axes.grid": True,
         "grid.alpha": 0.3,
     }
@@ -78,6 +82,12 @@ def png_text_metadata(fig, dpi: float | None = None) -> dict[str, str]:
         saved = plt.rcParams["savefig.dpi"]
         dpi = fig.dpi if saved == "figure" else float(saved)
     return {} if pt is None else {SMALLEST_TEXT_KEY: f"{pt:g}", DPI_KEY: f"{dpi:g}"}
+
+
+def legend_below(ax, *args, ncol: int = 2, **kwargs):
+    """The panel's legend under it, below its x-axis label, without a frame: it covers no curve (``tight_layout`` and
+    ``bbox_inches='tight'`` make room for it)."""
+    return ax.legend(*args, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=ncol, frameon=False, **kwargs)
 
 
 def save_figure(fig, out: Path, name: str) -> list[Path]:

@@ -25,6 +25,7 @@ import atr_theory as at
 from atr_theory import bandit
 from sims._common import (
     figure_form,
+    legend_below,
     mean_ci,
     method_color,
     parse_args,
@@ -102,11 +103,11 @@ def matched_control(args, ax, theta0, r, setting, delta=0.07):
         ax.plot(x, m, color=f"C{i}", label=label, lw=1.5)
         ax.fill_between(x, lo_, hi_, color=f"C{i}", alpha=0.12)
     ax.set(xlabel="outer iteration", ylabel="expected return", title="(b) matched-range control (Table 3)")
-    ax.legend()
+    legend_below(ax, ncol=3)
     return rows
 
 
-def episodic(args, ax_s, ax_h):
+def episodic(args, ax_s, ax_h, ax_legend):
     q = args.quick
     N, T, V = (3, 4, 5) if q else (12, 8, 8)
     iters, inner, G, lr = (15, 4, 16, 30.0) if q else (120, 4, 16, 30.0)
@@ -163,7 +164,8 @@ def episodic(args, ax_s, ax_h):
         title=f"(c) episodic task: T={T} tokens from V={V}, sum = {target} mod V",
     )
     ax_h.set(xlabel="outer iteration", ylabel="mean per-position entropy (nats)", title="(d) episodic task: entropy")
-    ax_s.legend(ncol=2)
+    ax_legend.axis("off")  # the methods' legend in its own row, under both panels: it covers no curve
+    ax_legend.legend(*ax_s.get_legend_handles_labels(), loc="center", ncol=4, frameon=False)
     setting = {
         "N": N,
         "T": T,
@@ -183,11 +185,14 @@ def main(argv=None):
     args = parse_args(__doc__, argv)
     torch.set_default_dtype(torch.float64)
     theta0, r, setting = zipf_bandit_task(args.quick, args.seed)
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
-    sweep = delta_sweep(args, axes[0, 0], axes[0, 1], theta0, r, setting)
-    control = matched_control(args, axes[0, 2], theta0, r, setting)
-    ep_rows, ep_curves, ep_setting = episodic(args, axes[1, 0], axes[1, 1])
-    ax = axes[1, 2]
+    fig = plt.figure(figsize=(12, 22))  # one idea per row: the sweep, the control, the episodic task, its ranking
+    grid = fig.add_gridspec(5, 2, height_ratios=[1, 1.1, 1.1, 0.5, 1.9])
+    sweep = delta_sweep(args, fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), theta0, r, setting)
+    control = matched_control(args, fig.add_subplot(grid[1, :]), theta0, r, setting)
+    ep_rows, ep_curves, ep_setting = episodic(
+        args, fig.add_subplot(grid[2, 0]), fig.add_subplot(grid[2, 1]), fig.add_subplot(grid[3, :])
+    )
+    ax = fig.add_subplot(grid[4, :])
     names = [e["method"] for e in ep_rows]
     m = np.array([e["mean_success_over_training"] for e in ep_rows])
     err = np.array(

@@ -15,7 +15,7 @@ if not __package__:  # run by its path (`python sims/<name>.py`): run as `python
 import numpy as np
 
 import atr_theory as at
-from sims._common import parse_args, plt, save_figure, write_csv
+from sims._common import legend_below, parse_args, plt, save_figure, write_csv
 
 
 def main(argv=None):
@@ -32,7 +32,8 @@ def main(argv=None):
     lo, hi = at.kl3_clip_range(d)
     eps = 1 - lo
 
-    fig, axes = plt.subplots(1, 4, figsize=(15, 3.4))
+    fig, axes = plt.subplots(2, 2, figsize=(11, 9.5))  # one idea per panel, each ~5 in wide
+    axes = axes.ravel()
     ax = axes[0]
     w = np.linspace(0.4, 1.8, n)
     ax.plot(w, at.kl3(w), color="k", label=r"$k_3(w) = w - 1 - \log w$")
@@ -45,7 +46,7 @@ def main(argv=None):
         title="(a) KL3 constraint = asymmetric ratio range",
         ylim=(0, 0.25),
     )
-    ax.legend(loc="upper center")
+    legend_below(ax)
 
     deltas = np.logspace(-3, np.log10(0.5), n)
     ranges = {
@@ -66,7 +67,7 @@ def main(argv=None):
         title="(b) ranges of the per-sample estimators",
         ylim=(0, 3),
     )
-    ax.legend()
+    legend_below(ax)
 
     ax = axes[2]
     p_list = [1e-4, 1e-2, 0.3, 0.9]
@@ -88,7 +89,7 @@ def main(argv=None):
         title="(c) TRGPPO: binary KL(p || p w) <= delta",
         ylim=(1e-3, 1e3),
     )
-    ax.legend()
+    legend_below(ax)
 
     ax = axes[3]
     p = np.logspace(-5, 0, n)
@@ -108,7 +109,7 @@ def main(argv=None):
         title="(d) probability-dependent ranges",
         ylim=(1e-2, 20),
     )
-    ax.legend()
+    legend_below(ax)
     paths = save_figure(fig, args.out, "clip_ranges")
 
     rows = []

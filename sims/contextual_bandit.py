@@ -196,7 +196,7 @@ def plot(cells: list[dict], path_out, name: str):
             ax.set_xscale("log", base=2)
             title = "one-hot features (tabular)" if sharing == "one-hot" else f"shared: d = {sharing}"
             ax.set(title=f"{rule}, {title}", xlabel="inner steps I", ylabel="final - start expected return")
-    axes[0][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))  # beside the panels: covers no curve
+    axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0))  # beside the panels: covers no curve
     fig.suptitle("Exact-gradient bandit with shared parameters: min form (solid) against mask form (dashed)")
     return save_figure(fig, path_out, name)
 

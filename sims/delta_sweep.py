@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from sims._common import (
     figure_form,
+    legend_below,
     mean_ci,
     parse_args,
     plt,
@@ -134,7 +135,7 @@ def main(argv=None):
         title=f"ATR ({figure_form('atr')} form) delta sweep",
     )
     axes[0].axvline(0.07, color="grey", lw=0.8, ls="--")
-    axes[0].legend(fontsize=8)
+    legend_below(axes[0])
     axes[1].set(xscale="log", xlabel="delta", ylabel="fraction of tokens masked", title="masking")
     axes[2].set(xscale="log", xlabel="delta", ylabel="ratio w (p05-p95 band, p50)", title="ratio distribution")
     fig.tight_layout()

@@ -24,6 +24,7 @@ import atr_theory as at
 from atr_theory import theorems as T
 from sims._common import (
     figure_form,
+    legend_below,
     mean_ci,
     method_color,
     parse_args,
@@ -83,11 +84,12 @@ def scatter_part(args, axes):
             ylabel=r"predicted $\Delta H / \eta$",
             title=f"(a) Thm 4.2 under {event}: paper's sign right in {100 * agree:.0f}%",
         )
-        ax.legend(loc="upper left")
+        if event == "X-":  # the two scatter panels share their legend
+            legend_below(ax, ncol=1)
     return rows
 
 
-def training_part(args, ax_h, ax_r):
+def training_part(args, ax_h, ax_r, ax_legend):
     theta0, r, setting = zipf_bandit_task(args.quick, args.seed)
     N, K, iters = setting["N"], setting["K"], setting["iterations"]
     methods = token_level_methods()
@@ -137,7 +139,8 @@ def training_part(args, ax_h, ax_r):
         title=f"(b) entropy: Zipf bandit, K={K}, {N} seeds",
     )
     ax_r.set(xlabel="outer iteration", ylabel="expected return", title="(c) return (reward 1 on 5 arms per state)")
-    ax_r.legend(ncol=2)
+    ax_legend.axis("off")  # the methods' legend in its own row, under both training panels: it covers no curve
+    ax_legend.legend(*ax_r.get_legend_handles_labels(), loc="center", ncol=4, frameon=False)
     setting = {**setting, "methods": "default parameters of each method"}
     return rows, summary, setting
 
@@ -152,9 +155,11 @@ def paired_difference(summary, a, b, key):
 def main(argv=None):
     args = parse_args(__doc__, argv)
     torch.set_default_dtype(torch.float64)
-    fig, axes = plt.subplots(1, 4, figsize=(17, 4))
+    fig = plt.figure(figsize=(12, 12.5))
+    grid = fig.add_gridspec(3, 2, height_ratios=[1, 1, 0.45])
+    axes = [fig.add_subplot(grid[row, col]) for row in (0, 1) for col in (0, 1)]
     scatter_rows = scatter_part(args, axes[:2])
-    rows, summary, setting = training_part(args, axes[2], axes[3])
+    rows, summary, setting = training_part(args, axes[2], axes[3], fig.add_subplot(grid[2, :]))
     paths = save_figure(fig, args.out, "entropy_diff")
     c1 = write_csv(args.out / "entropy_diff_scatter.csv", scatter_rows)
     c2 = write_csv(args.out / "entropy_diff_training.csv", rows)

@@ -22,7 +22,17 @@ if not __package__:  # run by its path (`python sims/<name>.py`): run as `python
 import numpy as np
 from tqdm.auto import tqdm
 
-from sims._common import mean_ci, parse_args, plt, save_figure, train_adam_zipf, write_csv, write_json, zipf_bandit_task
+from sims._common import (
+    legend_below,
+    mean_ci,
+    parse_args,
+    plt,
+    save_figure,
+    train_adam_zipf,
+    write_csv,
+    write_json,
+    zipf_bandit_task,
+)
 
 DELTA = 0.07
 CELLS = {  # name -> (method, parameters, form)
@@ -102,10 +112,10 @@ def main(argv=None):
             m = np.array([row[f"{key}_mean"] for row in mine])
             err = [m - [row[f"{key}_lo"] for row in mine], [row[f"{key}_hi"] for row in mine] - m]
             ax.errorbar(x, m, yerr=err, fmt="o" if CELLS[cell][2] == "min" else "s", capsize=3, label=cell)
-        ax.set_xticks(np.arange(len(labels)), labels, fontsize=8)
-        ax.set_title(title, fontsize=10)
+        ax.set_xticks(np.arange(len(labels)), labels)
+        ax.set_title(title)
     axes[2].axhline(DELTA, color="grey", lw=0.8, ls="--")
-    axes[0].legend(fontsize=8)
+    legend_below(axes[0])
     fig.suptitle("Range x form on the Zipf bandit (mean and 95% CI over seeds; min = the clip inside PPO's min, mask = pure clip)")
     fig.tight_layout()
     paths = save_figure(fig, out, "range_form")

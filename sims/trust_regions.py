@@ -75,7 +75,7 @@ def main(argv=None):
     rows = region_rows(RULES, p_old, w)
     write_csv(args.out / "trust_regions.csv", rows)
 
-    fig, axes = plt.subplots(3, 4, figsize=(13, 8.5), sharex=True, sharey=True)
+    fig, axes = plt.subplots(3, 4, figsize=(13, 9.5), sharex=True, sharey=True)
     for ax, rule in zip(axes.flat, RULES):
         for side, color in (("positive", "C0"), ("negative", "C3")):
             sel = [r for r in rows if r["rule"] == rule and r["advantage"] == side]
@@ -88,9 +88,13 @@ def main(argv=None):
         ax.fill_between(p_old, np.minimum(1 / p_old, W_RANGE[1]), W_RANGE[1], color="0.8", label="p_old w > 1")
         ax.axhline(1.0, color="k", lw=0.5)
         spec = at.get_method(rule)
-        params = ", ".join(f"{k}={v:g}" for k, v in spec.defaults.items() if k != "is_cap")
-        ax.set_title(f"{rule} ({figure_form(rule)} form)\n{params}", fontsize=8)
+        params = [f"{k}={v:g}" for k, v in spec.defaults.items() if k != "is_cap"]
+        lines = [", ".join(params[i : i + 2]) for i in range(0, len(params), 2)]  # two per line: fits the panel
+        ax.set_title("\n".join([f"{rule} ({figure_form(rule)} form)", *lines]))
         ax.set(xscale="log", yscale="log", ylim=W_RANGE)
+        ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda y, _: f"{y:g}"))  # 0.5, 1, 2 rather than 5 x 10^-1
+        ax.yaxis.set_minor_formatter(plt.NullFormatter())
+        ax.set_yticks([0.2, 0.5, 1, 2, 4])
     axes.flat[-1].axis("off")
     handles, labels = axes.flat[0].get_legend_handles_labels()
     axes.flat[-1].legend(handles, labels, loc="center")
