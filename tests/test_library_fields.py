@@ -506,6 +506,11 @@ def test_a_completion_longer_than_the_models_positions_is_refused_where_transfor
     config["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}
     (folder / "config.json").write_text(json.dumps(config))
     RunConfig(ScriptArguments(), _config(tmp_path, max_completion_length=600), local)
+    from atr_llm.config.run import model_positions
+
+    for damaged in ("[1, 2]", '{"rope_parameters": [1]}', '{"max_position_embeddings": true}'):
+        (folder / "config.json").write_text(damaged)  # not read as positions (the model check names the file)
+        assert model_positions(ScriptArguments(), local) is None
 
 
 CPU_ARGV = ["--tiny", "true", "--bf16", "false", "--use_cpu", "true"]

@@ -294,7 +294,10 @@ def model_positions(script, model_args) -> int | None:
         values = json.loads(config.read_text()) if config.is_file() else {}
     except (OSError, ValueError):
         return None
-    scaled = values.get("rope_scaling") or (values.get("rope_parameters") or {}).get("rope_type", "default") != "default"
+    rope = values.get("rope_parameters") if isinstance(values, dict) else None
+    if not isinstance(values, dict) or not isinstance(rope or {}, dict):  # a config.json transformers will refuse
+        return None
+    scaled = values.get("rope_scaling") or (rope or {}).get("rope_type", "default") != "default"
     positions = values.get("max_position_embeddings")
     return positions if isinstance(positions, int) and not isinstance(positions, bool) and not scaled else None
 
