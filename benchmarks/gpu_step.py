@@ -484,7 +484,7 @@ def one_case(kind: str, backend: str, args, grad_path: Path) -> dict:
     if backend == "unsloth":
         model, peft_config = unsloth_model(model, tok, args)
     common = {
-        **table4_grpo_fields(),
+        **{k: v for k, v in table4_grpo_fields().items() if k != "save_steps"},  # nothing is saved (save_strategy no)
         # the recorded H100 numbers used transformers' default optimizer (fused AdamW), not the presets' adamw_torch
         "optim": "adamw_torch_fused",
         "output_dir": tempfile.mkdtemp(),
