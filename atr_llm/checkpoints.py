@@ -179,7 +179,7 @@ def checkpoint_model(checkpoint: Path | str) -> dict:
     if record.get("model"):
         return dict(record["model"])
     for file, read in (
-        ("config.json", _config_model),
+        ("config.json", config_model),
         (
             "adapter_config.json",
             lambda d: {"name_or_path": d["base_model_name_or_path"]} if d.get("base_model_name_or_path") else {},
@@ -192,18 +192,18 @@ def checkpoint_model(checkpoint: Path | str) -> dict:
     return {}
 
 
-def _config_model(values: dict) -> dict:
+def config_model(values: dict) -> dict:
     """A ``config.json``'s ``ARCHITECTURE_KEYS`` and ``COMPUTATION_KEYS`` entries."""
     return {k: values[k] for k in (*ARCHITECTURE_KEYS, *COMPUTATION_KEYS) if k in values}
 
 
 def _config_file_model(checkpoint: Path | str) -> dict:
-    """``checkpoint/config.json``'s entries ``_config_model`` keeps; {} without a readable one (an adapter)."""
+    """``checkpoint/config.json``'s entries ``config_model`` keeps; {} without a readable one (an adapter)."""
     try:
         values = json.loads((Path(checkpoint) / "config.json").read_text())
     except (OSError, ValueError):
         return {}
-    return _config_model(values) if isinstance(values, dict) else {}
+    return config_model(values) if isinstance(values, dict) else {}
 
 
 def _a_path(name: str | None) -> bool:

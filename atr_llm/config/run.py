@@ -181,7 +181,7 @@ def finished_run(output_dir: Path) -> bool:
 def model_to_train(script, model_args) -> dict[str, Any]:
     """What can be known of the model a run will train before it loads (``atr_llm.checkpoints.model_identity``'s
     keys): the tiny model's architecture, a local folder's ``config.json``, or a hub id's name."""
-    from ..checkpoints import ARCHITECTURE_KEYS, COMPUTATION_KEYS
+    from ..checkpoints import config_model
     from ..tiny import tiny_model_identity
 
     if script.tiny:
@@ -197,7 +197,7 @@ def model_to_train(script, model_args) -> dict[str, Any]:
             values = json.loads(config.read_text())
         except (OSError, ValueError):
             return {}
-        return {k: values[k] for k in (*ARCHITECTURE_KEYS, *COMPUTATION_KEYS) if k in values}
+        return config_model(values)
     return {"name_or_path": str(name)}
 
 
