@@ -552,3 +552,21 @@ def test_a_key_beside_a_yaml_merge_key_overrides_it_and_a_key_written_twice_is_s
     (tmp_path / "c.yaml").write_text("tiny: true\nbf16: false\nuse_cpu: true\nmax_steps: 3\nmax_steps: 1\n")
     with pytest.raises(ValueError, match=r"key max_steps is given twice \(lines 4 and 5\)"):
         train.parse(["--config", str(tmp_path / "c.yaml"), "--output_dir", str(tmp_path / "run")])
+
+
+@pytest.mark.parametrize("strategy", ["epoch", "no"])
+def test_save_steps_under_another_strategy_is_refused_where_transformers_never_saves_by_it(tmp_path, strategy):
+    """transformers' own ``DefaultFlowCallback`` saves at step 7 with ``save_steps=7`` under ``steps`` and not under
+    ``epoch`` / ``no``: there the option is dropped silently, so the config refuses it, naming the strategy."""
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+    from transformers.trainer_callback import DefaultFlowCallback
+
+    def saves_at_step_7(save_strategy: str) -> bool:
+        args = TrainingArguments(output_dir=str(tmp_path), save_strategy=save_strategy, save_steps=7, **CPU)
+        state = TrainerState(global_step=7, max_steps=100, save_steps=args.save_steps)  # as Trainer.train sets it
+        return DefaultFlowCallback().on_step_end(args, state, TrainerControl()).should_save
+
+    assert saves_at_step_7("steps") and not saves_at_step_7(strategy)
+    with pytest.raises(ConfigError, match=r"^save_steps=7: needs save_strategy steps"):
+        _config(tmp_path, save_strategy=strategy, save_steps=7)
+    assert _config(tmp_path, save_strategy="steps", save_steps=7).save_steps == 7
