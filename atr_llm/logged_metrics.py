@@ -44,6 +44,7 @@ class LoggedMetric:
 _RULE = "a rule's metrics (`atr_theory.LossOutput.metrics`), one loss call's valid tokens averaged over processes"
 _MASK_FORM = "for a rule with a mask form (a ratio range, DPPO, the k-masks)"
 _TRUE_KL = "`--measure_true_kl true`"
+_ROLLOUT = "another engine generated (`--use_vllm`): its log-probs of the sampled tokens"
 
 LOGGED_METRICS: tuple[LoggedMetric, ...] = (
     # -- this package: the rule, every step -------------------------------------------------------------------------
@@ -163,6 +164,29 @@ LOGGED_METRICS: tuple[LoggedMetric, ...] = (
                  "`--use_vllm` with its importance-sampling correction", "needs vLLM and a GPU"),
     LoggedMetric("sampling/importance_sampling_ratio/max", TRL, "largest vLLM importance-sampling ratio", "[0, inf)",
                  "`--use_vllm` with its importance-sampling correction", "needs vLLM and a GPU"),
+    # -- this package, under verl's names: the train-rollout mismatch (atr_llm.rollout_mismatch) -----------------
+    *(
+        LoggedMetric("rollout_corr/" + name, OURS, meaning + " (`atr_llm.rollout_mismatch`; verl logs it under this "
+                     "name)" * (not name.startswith("seq_")), value_range, _ROLLOUT)
+        for name, meaning, value_range in (
+            ("kl", "k1 estimate of KL(mu || pi_old): mean of log mu - log pi_old over valid tokens, mu the rollout "
+             "engine's policy", "(-inf, inf)"),
+            ("k3_kl", "k3 estimate of the same KL: mean of rho - 1 - log rho, rho = pi_old / mu", "[0, inf)"),
+            ("chi2_token", "chi-squared(pi_old || mu) per token: mean rho^2 - 1", "[-1, inf)"),
+            ("chi2_seq", "chi-squared per sequence: mean over sequences of (prod_t rho_t)^2 - 1", "[-1, inf)"),
+            ("training_ppl", "mean over sequences of pi_old's perplexity of the completion", "[1, inf)"),
+            ("training_log_ppl", "mean over sequences of pi_old's log-perplexity", "[0, inf)"),
+            ("rollout_ppl", "mean over sequences of the rollout engine's perplexity", "[1, inf)"),
+            ("rollout_log_ppl", "mean over sequences of the rollout engine's log-perplexity", "[0, inf)"),
+            ("log_ppl_diff", "mean over sequences of d = mean_t (log mu - log pi_old)", "(-inf, inf)"),
+            ("log_ppl_abs_diff", "mean over sequences of |d|", "[0, inf)"),
+            ("log_ppl_diff_max", "largest d (over processes too)", "(-inf, inf)"),
+            ("log_ppl_diff_min", "smallest d (over processes too)", "(-inf, inf)"),
+            ("ppl_ratio", "mean over sequences of exp(d), pi_old's perplexity over the engine's", "(0, inf)"),
+            ("seq_log_ratio_mean", "mean over sequences of the sequence log-ratio sum_t log rho_t", "(-inf, inf)"),
+            ("seq_log_ratio_max", "largest |sum_t log rho_t| (over processes too)", "[0, inf)"),
+        )
+    ),
     LoggedMetric("tools/call_frequency", TRL, "tool calls per completion", "[0, inf)", "with `tools`",
                  "the package's runs give the model no tools"),
     LoggedMetric("tools/failure_frequency", TRL, "fraction of tool calls that failed", FRACTION, "with `tools`",

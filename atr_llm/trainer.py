@@ -53,6 +53,7 @@ from .fast_generation import (
     tensors_kept,
 )
 from .model_parts import base_model, head_snapshot, last_hidden_states, output_head
+from .rollout_mismatch import MISMATCH_PREFIX, rollout_mismatch_metrics
 from .trl_options import EntropyBonus, EntropyBonusField, trl_metrics, trl_option_layers
 from .true_kl import true_kl_summary
 
@@ -426,11 +427,21 @@ class ATRLossMixin:
                     old_per_token_logps,
                 )
             )
+        sampling_logps = inputs.get("sampling_per_token_logps")
+        if sampling_logps is not None:  # another engine generated (vLLM): how far its policy is from pi_old
+            mismatch = rollout_mismatch_metrics(old_per_token_logps, sampling_logps, mask)
+            local_metrics.update({MISMATCH_PREFIX + k: v for k, v in mismatch.items()})
         keys = list(local_metrics)
         local = torch.tensor([local_metrics[k] for k in keys], dtype=torch.float32, device=self.accelerator.device)
         local = torch.where(torch.isfinite(local), local, torch.full_like(local, math.nan))
-        across = self.accelerator.gather(local.unsqueeze(0)).nanmean(0)  # the mean over processes
-        for key, value in zip(keys, across.tolist()):
+        gathered = self.accelerator.gather(local.unsqueeze(0))
+        across = gathered.nanmean(0)  # the mean over processes; a largest / smallest value over processes
+        largest, smallest = gathered.nan_to_num(-math.inf).amax(0), gathered.nan_to_num(math.inf).amin(0)
+        for i, (key, value) in enumerate(zip(keys, across.tolist())):
+            if key.startswith(MISMATCH_PREFIX) and key.endswith("_max"):
+                value = float(largest[i])
+            elif key.startswith(MISMATCH_PREFIX) and key.endswith("_min"):
+                value = float(smallest[i])
             if math.isfinite(value):
                 metrics[key].append(value)
 

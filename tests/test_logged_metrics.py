@@ -15,6 +15,7 @@ import atr_theory as at
 from atr_llm import tiny
 from atr_llm.logged_metrics import LOGGED_METRICS, metric_for_key
 from atr_llm.rewards import STATUSES, CorrectnessReward
+from atr_llm.rollout_mismatch import MISMATCH_PREFIX, rollout_mismatch_metrics
 from atr_llm.trl_options import trl_metrics
 from atr_llm.true_kl import true_kl_summary
 from tests.rule_inputs import rule_inputs
@@ -32,7 +33,8 @@ def _batch(B: int = 4, T: int = 6):
 
 def _rule_keys() -> set[str]:
     """``clip/*`` of every rule in every form, and with each layer; TRL's loss metrics for every TRL loss type and
-    for a registry rule; the true-KL summary (with the tokens against their advantage) and the reward's grading."""
+    for a registry rule; the true-KL summary (with the tokens against their advantage), the train-rollout mismatch
+    and the reward's grading."""
     from atr_llm.trainer import ATRGRPOConfig
 
     logp, old, adv, mask = _batch()
@@ -59,6 +61,7 @@ def _rule_keys() -> set[str]:
     out = at.policy_loss(logp, old, adv, mask, method="atr")
     kl = torch.rand(logp.shape, dtype=logp.dtype)
     keys |= set(true_kl_summary(kl, kl, out.log_ratio, out.result.kept, mask, 0.01, against=out.outside[0]))
+    keys |= {MISMATCH_PREFIX + k for k in rollout_mismatch_metrics(old, logp, mask)}  # an engine's log-probs
     reward = CorrectnessReward(truncated_reward=0.0, eos_token_ids=[1])
     reward.stats.update(STATUSES)
     keys |= set(reward.pop_stats())

@@ -271,3 +271,28 @@ def test_every_reference_kl_estimator_is_verls_kl_penalty(name, scale):
     assert torch.equal(ours_lp.grad, theirs_lp.grad)
     with pytest.raises(NotImplementedError):
         core_algos.kl_penalty(theirs_lp, ref, "full")
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_rollout_mismatch_metrics_are_verls_offpolicy_metrics(seed):
+    """``atr_llm.rollout_mismatch.rollout_mismatch_metrics`` against verl 0.9.1's own
+    ``rollout_corr_helper.compute_offpolicy_metrics`` on the same batch: every key verl has, to float64 rounding and
+    verl's 1e-8 in its masked means (batches with at least one valid token per sequence, engine errors up to a
+    log-ratio of +-25 so verl's +-20 clamp of chi-squared acts on some)."""
+    from verl.trainer.ppo.rollout_corr_helper import compute_offpolicy_metrics
+
+    from atr_llm.rollout_mismatch import rollout_mismatch_metrics
+
+    g = torch.Generator().manual_seed(seed)
+    B, T = 6, 9
+    train = torch.log_softmax(torch.randn(B, T, 13, generator=g, dtype=torch.float64), -1)[..., 0]
+    scale = (0.05, 0.5, 3.0, 25.0)[seed % 4]
+    rollout = (train + scale * torch.randn(B, T, generator=g, dtype=torch.float64)).clamp(max=0.0)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    theirs = compute_offpolicy_metrics(train, rollout, mask.double())
+    ours = rollout_mismatch_metrics(train, rollout, mask)
+    shared = set(theirs) & set(ours)
+    assert shared == set(theirs), sorted(set(theirs) - set(ours))  # verl's every key is ours too
+    for name in shared:
+        assert ours[name] == pytest.approx(theirs[name], rel=1e-6, abs=1e-9), name
