@@ -77,7 +77,7 @@ test-verl-e2e:
 	$(VERL_E2E_VENV)/bin/python -m pytest tests/test_verl_e2e.py -q -p no:cacheprovider
 
 figures: install
-	for s in verify_theorems clip_ranges trust_regions entropy_diff bandit_training delta_sweep range_form contextual_bandit; do $(PY) -m sims.$$s || exit 1; done
+	for s in verify_theorems clip_ranges trust_regions gradient_weights entropy_diff bandit_training delta_sweep range_form contextual_bandit; do $(PY) -m sims.$$s || exit 1; done
 
 bench: install
 	$(PY) -m benchmarks.loss_overhead

@@ -216,4 +216,39 @@ EQUIVALENCES: tuple[Equivalence, ...] = (
         per_token_advantages=True,
         scale=0.1,
     ),
+    Equivalence(
+        "ce_gppo_beta0=dual_clip_higher",
+        "CE-GPPO with beta_1 = beta_2 = 0 has the gradient of dual-clip PPO with the same range and c: the tokens "
+        "PPO freezes get the gradient beta (1 +- eps) A, here 0",
+        _loss("ce_gppo", gppo_beta1=0.0, gppo_beta2=0.0),
+        _loss("dual_clip_higher", epsilon_low=0.2, epsilon_high=0.2, dual_clip_c=3.0),
+        True,
+        per_token_advantages=True,
+        scale=1.0,
+    ),
+    Equivalence(
+        "ce_gppo!=dual_clip_higher",
+        "... but not at its defaults (beta_1 = 0.25, beta_2 = 1): a token outside the range on PPO's frozen side "
+        "keeps a gradient",
+        _loss("ce_gppo"),
+        _loss("dual_clip_higher", epsilon_low=0.2, epsilon_high=0.2, dual_clip_c=3.0),
+        False,
+        per_token_advantages=True,
+        scale=1.0,
+    ),
+    Equivalence(
+        "up_grpo=reinforce_positive+dual_clip_rest",
+        "UP-GRPO is REINFORCE on the tokens with A > 0 and dual-clip PPO (its range and c) on the others",
+        _loss("up_grpo"),
+        lambda lp, old, adv, m: (
+            _loss("reinforce", "token_sum")(lp, old, torch.where(adv > 0, adv, 0.0), m)
+            + _loss("dual_clip_higher", "token_sum", epsilon_low=0.2, epsilon_high=0.2, dual_clip_c=3.0)(
+                lp, old, torch.where(adv > 0, 0.0, adv), m
+            )
+        )
+        / m.sum(),
+        True,
+        per_token_advantages=True,
+        scale=1.0,
+    ),
 )

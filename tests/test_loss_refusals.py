@@ -82,7 +82,7 @@ def _bad(**kw):
             dict(method="clip_cov", cov_lb=5.0, cov_ub=1.0),
             "^method 'clip_cov' needs cov_lb < cov_ub, got epsilon=0.2, cov_ratio=0.0002, cov_lb=5.0, cov_ub=1.0$",
         ),
-        (dict(method="nope"), "unknown method 'nope'; known methods: atr, atr_seq"),
+        (dict(method="nope"), "unknown method 'nope'; known methods: aspo, atr, atr_seq"),
         (dict(aggregation="mean"), "unknown aggregation 'mean'; known: dr_grpo"),
         (dict(method="clip", delta=0.1), r"unknown parameter\(s\) \['delta'\] for method 'clip'"),
         (dict(method="sapo", form="mask"), "form 'mask' is not available for method 'sapo'"),

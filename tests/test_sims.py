@@ -34,6 +34,7 @@ def test_a_sim_script_runs_with_python_m_from_the_repository_root(tmp_path):
         ("trust_regions", "trust_regions"),
         ("range_form", "range_form"),
         ("contextual_bandit", "contextual_bandit"),
+        ("gradient_weights", "gradient_weights"),
     ],
 )
 def test_sim_script_writes_png_pdf_and_numbers(tmp_path, script, figure):
@@ -185,3 +186,27 @@ def test_the_simulations_page_states_what_contextual_bandit_json_holds():
     assert f"up to {max(by[k]['against_max'] for k in control):.1%} of the pairs" in page
     gap = max(abs(by[k]["change_mean"] - by[k[:4] + ("min",)]["change_mean"]) for k in control if k[4] == "mask")
     assert f"agree to {gap:.0e}" in page
+
+
+def test_gradient_weights_are_the_rules_own_gradients_by_hand(tmp_path):
+    """The figure's weights, read back from its CSV: Clip-Higher's is w inside [0.8, 1.28] on the side the advantage
+    pushes and 0 beyond; REINFORCE's 1; CE-GPPO's 0.25 * 0.8 below the range for A < 0 and 1.2 above it for A > 0;
+    UP-GRPO's 1 at every ratio for A > 0; PSPO's 0.9 w."""
+    _load("gradient_weights").main(["--quick", "--out", str(tmp_path)])
+    rows = list(csv.DictReader((tmp_path / "gradient_weights.csv").open()))
+
+    def weights(rule, side):
+        return [(float(r["ratio"]), float(r["gradient_weight"])) for r in rows if r["rule"] == rule
+                and r["advantage"] == side]
+
+    for w, g in weights("clip_higher", "positive"):
+        assert g == pytest.approx(w if w <= 1.28 else 0.0, abs=1e-12)
+    for w, g in weights("clip_higher", "negative"):
+        assert g == pytest.approx(w if w >= 0.8 else 0.0, abs=1e-12)
+    assert all(g == pytest.approx(1.0) for _, g in weights("reinforce", "negative") + weights("up_grpo", "positive"))
+    for w, g in weights("ce_gppo", "negative"):
+        assert g == pytest.approx(0.2 if w < 0.8 else w if w <= 3.0 else 0.0, abs=1e-12)
+    for w, g in weights("ce_gppo", "positive"):
+        assert g == pytest.approx(w if w <= 1.2 else 1.2, abs=1e-12)
+    for w, g in weights("pspo", "positive"):
+        assert g == pytest.approx(0.9 * w, rel=1e-12)
