@@ -141,7 +141,7 @@ def ratio_objective(
         def mask_form_kept() -> torch.Tensor:
             return mask_form_keep(w, adv, lower, upper, constraint, negative_cap)
 
-    bounds = _bounds_by_sign(adv, lower, upper, negative_cap, y.dtype)
+    bounds = bounds_by_sign(adv, lower, upper, negative_cap, y.dtype)
     return clamp_objective(batch, w, *bounds, negative_cap, mask_form_kept)
 
 
@@ -182,7 +182,7 @@ def clamp_objective(
     return MethodResult(objective, flags, mask_form_kept)
 
 
-def _bounds_by_sign(adv: torch.Tensor, lower, upper, negative_cap: float, dtype: torch.dtype):
+def bounds_by_sign(adv: torch.Tensor, lower, upper, negative_cap: float, dtype: torch.dtype):
     """``(lo, hi)`` of ``ratio_objective``'s min form: ``(lower, negative_cap)`` where the sign bit of ``adv`` is
     set, ``(-inf, upper)`` elsewhere, as ``dtype`` tensors (bit selects for float32/float64, else ``torch.where``)."""
     if adv.dtype == dtype and dtype in (torch.float32, torch.float64):

@@ -33,7 +33,7 @@ from .. import token_bounds
 from ..registry import MethodResult, Param, PeerCode, TokenBatch, register, unclipped_result
 from . import _reference as plain
 from ._params import DUAL_CLIP_C, EPSILON_HIGH, EPSILON_LOW
-from ._ratio import _bounds_by_sign, mask_and, range_flags
+from ._ratio import bounds_by_sign, mask_and, range_flags
 
 __all__ = ["aspo", "ce_gppo", "cfpo", "pspo", "up_grpo"]
 
@@ -173,7 +173,7 @@ def up_grpo(batch: TokenBatch, epsilon_low: float, epsilon_high: float, dual_cli
     w = torch.exp(y)
     # one clamp of w sg(s): s = 1 where A <= 0 (dual-clip PPO's bounds), s = 1 / w where A > 0 (value 1, gradient 1:
     # pi / sg(pi)); at A = 0 the objective is 0 either way
-    lo, hi = _bounds_by_sign(adv, 1.0 - epsilon_low, math.inf, dual_clip_c, y.dtype)
+    lo, hi = bounds_by_sign(adv, 1.0 - epsilon_low, math.inf, dual_clip_c, y.dtype)
     with torch.no_grad():
         scale = torch.where(adv > 0, torch.exp(-y), 1.0)
     objective = torch.clamp(w * scale, lo, hi) * adv
@@ -253,7 +253,7 @@ def ce_gppo(
     w = torch.exp(y)
     # one clamp of w sg(s): s = 1 inside, k / w outside on PPO's frozen side (value k, gradient k: beta (1 +- eps)
     # pi / sg(pi)); for A < 0 at most c (the dual clip: value c, no gradient)
-    lo, hi = _bounds_by_sign(adv, -math.inf, math.inf, dual_clip_c, y.dtype)
+    lo, hi = bounds_by_sign(adv, -math.inf, math.inf, dual_clip_c, y.dtype)
     with torch.no_grad():
         low = mask_and(w < 1.0 - epsilon_low, adv < 0)
         high = mask_and(w > 1.0 + epsilon_high, adv > 0)
