@@ -237,6 +237,15 @@ EQUIVALENCES: tuple[Equivalence, ...] = (
         scale=1.0,
     ),
     Equivalence(
+        "bapo_no_search=dual_clip_higher",
+        "BAPO with both steps 0 (no search) is dual-clip PPO on its start bounds [0.6, 1.2]",
+        _loss("bapo", bapo_lower_step=0.0, bapo_upper_step=0.0),
+        _loss("dual_clip_higher", epsilon_low=0.4, epsilon_high=0.2, dual_clip_c=3.0),
+        True,
+        per_token_advantages=True,
+        scale=1.0,
+    ),
+    Equivalence(
         "up_grpo=reinforce_positive+dual_clip_rest",
         "UP-GRPO is REINFORCE on the tokens with A > 0 and dual-clip PPO (its range and c) on the others",
         _loss("up_grpo"),

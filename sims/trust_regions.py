@@ -4,7 +4,7 @@ For each rule that keeps or drops tokens (at its default parameters and form), a
 p_old and ratio w = pi / pi_old is scored by ``atr_theory.policy_loss`` itself, once with A > 0 and once with A < 0;
 the figure draws the lowest and highest kept ratio at each p_old (ratios with p_old w > 1 are no probabilities and
 are shaded). Rules that reweight instead (cispo, sapo, vespo, reinforce, dro, kl_cov, topr, kimi15), sequence-level
-rules, batch-level ones (m2po: its cut on ``|log w|`` depends on the whole batch) and those needing the full
+rules, batch-level ones (m2po: its cut on ``|log w|`` depends on the whole batch; bapo: its range is searched per batch) and those needing the full
 distribution or a random draw have no per-token region and are left out; so are the top-K DPPO rules (dppo_topk_tv,
 dppo_topk_kl), whose region depends on how the other tokens move: where their probabilities all scale by one factor
 (the sampled token's complement), it is the binary rule's (dppo_tv, dppo_kl) for every K.

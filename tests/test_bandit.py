@@ -160,7 +160,7 @@ def test_train_with_adam_records_ratio_quantiles_and_refuses_unknown_optimizers(
 RATIO_MASK = [n for n in at.method_names(aliases=False) if at.METHODS[n].ratio_mask_gradient]
 
 
-def test_the_declared_ratio_mask_methods_are_the_fourteen_rules_of_a_ratio_range_or_mask():
+def test_the_declared_ratio_mask_methods_are_the_fifteen_rules_of_a_ratio_range_or_mask():
     assert sorted(RATIO_MASK) == sorted(
         [
             "clip",
@@ -177,6 +177,7 @@ def test_the_declared_ratio_mask_methods_are_the_fourteen_rules_of_a_ratio_range
             "atr_seq",
             "tr_ppo",
             "m2po",
+            "bapo",
         ]
     )
 

@@ -143,7 +143,7 @@ def test_the_family_modules_register_the_rules_in_their_committed_order():
         "dppo_tv", "dppo_kl", "clip", "clip_higher", "dual_clip", "dual_clip_higher", "dcpo", "trgppo", "atr", "kl1",
         "kl2", "is_kl3", "clip_cov", "kl_cov", "tr_ppo", "truly_ppo", "gspo", "gmpo", "atr_seq", "sapo", "cispo",
         "vespo", "reinforce", "dro", "dppo_topk_tv", "dppo_topk_kl", "m2po", "topr", "kimi15", "pspo", "cfpo",
-        "up_grpo", "ce_gppo", "aspo",
+        "up_grpo", "ce_gppo", "aspo", "bapo",
     ]  # fmt: skip
 
 

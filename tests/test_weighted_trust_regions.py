@@ -9,6 +9,8 @@ Where a copied function aggregates, its stand-in ``agg_loss`` is the token sum (
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 import torch
@@ -22,12 +24,20 @@ from soft_region_peers import (
     compute_gppo_loss,
     compute_gppo_loss_general_beta,
     compute_policy_loss_archer,
+    compute_policy_loss_bapo,
     compute_policy_loss_up,
 )
 
 import atr_theory as at
 
 SOFT_RULES = ("pspo", "cfpo", "up_grpo", "ce_gppo", "aspo")
+BAPO_SETTINGS = [
+    (0.6, 0.8, 0.05, 1.2, 2.0, 0.05, 1.0, 3.0),  # its recipe's bapo_trainer.yaml
+    (0.8, 0.95, 0.05, 1.2, 2.0, 0.1, 0.5, 3.0),  # its run_bapo_example.sh
+    (0.6, 0.9, 0.1, 1.2, 3.0, 0.3, 2.0, 10.0),
+]
+BAPO_NAMES = ("bapo_lower_start", "bapo_lower_max", "bapo_lower_step", "bapo_upper_start", "bapo_upper_max",
+              "bapo_upper_step", "bapo_target", "dual_clip_c")
 
 
 @st.composite
@@ -170,6 +180,78 @@ def test_aspo_is_archer2s_compute_policy_loss_archer(batch, setting):
 
     params = dict(epsilon_low=low, epsilon_high=high, dual_clip_c=c, aspo_positive_c=c_pos)
     _assert_same(_ours("aspo", old, adv, mask, **params), theirs, logp)
+
+
+def _bapo_config(setting):
+    lo, lo_max, lo_step, hi, hi_max, hi_step, target, c = setting
+    policy_loss = SimpleNamespace(ratio_lower_start=lo, ratio_lower_max=lo_max, ratio_lower_step=lo_step,
+                                  ratio_upper_start=hi, ratio_upper_max=hi_max, ratio_upper_step=hi_step,
+                                  adv_ratio_target=target, eps=1e-8)
+    return ActorConfig(clip_ratio=0.2, clip_ratio_low=None, clip_ratio_high=None, clip_ratio_c=c,
+                       policy_loss=policy_loss)
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches(), st.sampled_from(BAPO_SETTINGS))
+def test_bapo_is_its_authors_compute_policy_loss_bapo(batch, setting):
+    """The authors' verl recipe chooses its bounds by the same search and trains dual-clip PPO on them: the same
+    loss and gradient on the same batch (the bounds it chose are in the metrics it leaves on its config)."""
+    logp, old, adv, mask = batch
+    config = _bapo_config(setting)
+
+    def theirs(lp):
+        return compute_policy_loss_bapo(old, lp, _grid(adv, lp), mask.double(), config=config)[0]
+
+    _assert_same(_ours("bapo", old, adv, mask, **dict(zip(BAPO_NAMES, setting))), theirs, logp)
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches(), st.sampled_from(BAPO_SETTINGS))
+def test_bapo_picks_the_same_bounds_with_and_without_host_reads(batch, setting):
+    """Eagerly on a CPU the pairs are tried one at a time; while compiling (or on a device) all are evaluated and the
+    first meeting the target is indexed: the same pair."""
+    from atr_theory.methods.weighted_trust_regions import _bapo_schedule, bapo_bounds
+
+    logp, old, adv, mask = batch
+    lo, lo_max, lo_step, hi, hi_max, hi_step, target, _ = setting
+    args = (logp - old, _grid(adv, logp), mask, _bapo_schedule(lo, lo_max, lo_step),
+            _bapo_schedule(hi, hi_max, hi_step), target)
+    eager = bapo_bounds(*args)
+    with mock.patch.object(torch.compiler, "is_compiling", lambda: True):
+        indexed = bapo_bounds(*args)
+    assert (float(indexed[0]), float(indexed[1])) == pytest.approx(eager, abs=0)
+
+
+def test_bapo_bounds_by_hand():
+    """Two tokens, A = +1 at w = 3 and A = -1 at w = 0.5. Start [0.6, 1.2]: P = min(3, 1.2) = 1.2, N = max(0.5,
+    0.6) = 0.6, P / N = 2 >= 1: the start stays. Target 2.2: the lower bound rises to 0.8 (P / N = 1.5, further from
+    it), then the upper one to 1.8 (P / N = 2.25; 1.75 gives 2.19). Target 3 would need u = 2.4 > 2: the last pair
+    (0.8, 2.0)."""
+    from atr_theory.methods.weighted_trust_regions import _bapo_schedule, bapo_bounds
+
+    y = torch.log(torch.tensor([[3.0, 0.5]], dtype=torch.float64))
+    adv, mask = torch.tensor([[1.0, -1.0]], dtype=torch.float64), torch.ones(1, 2, dtype=torch.bool)
+    lower, upper = _bapo_schedule(0.6, 0.8, 0.05), _bapo_schedule(1.2, 2.0, 0.05)
+    assert lower == pytest.approx([0.6, 0.65, 0.7, 0.75, 0.8]) and len(upper) == 17
+    assert bapo_bounds(y, adv, mask, lower, upper, 1.0) == (0.6, 1.2)
+    lo, hi = bapo_bounds(y, adv, mask, lower, upper, 3.0)
+    assert lo == pytest.approx(0.8) and hi == pytest.approx(2.0)
+    assert bapo_bounds(y, adv, mask, lower, upper, 2.2) == (lower[-1], upper[12]) and upper[12] == pytest.approx(1.8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches(), st.sampled_from([0.6, 0.7, 0.8]), st.sampled_from([0.05, 0.1]))
+def test_bapo_raising_the_lower_bound_never_raises_its_share(batch, lower, step):
+    """A finding about the authors' code: it measures a negative token's contribution by its clipped loss value
+    ``max(w, l) |A|``, which grows with ``l``, so its first phase (raise ``l`` while ``P / N`` is below the target) can
+    only lower ``P / N``: where the start misses the target, the search always ends with ``l`` at its maximum and only
+    ``u`` decides. (Counting a clipped token's gradient instead, 0, raising ``l`` would lower ``N``.)"""
+    logp, old, adv, mask = batch
+    w = torch.exp(logp - old)[mask]
+    a = _grid(adv, logp)[mask]
+    n = [float((torch.maximum(w, torch.tensor(lo, dtype=w.dtype)) * (-a).clamp(min=0)).sum())
+         for lo in (lower, lower + step)]
+    assert n[1] >= n[0]
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -19,8 +19,13 @@ per token, and its gradient in ``log pi``:
   c_+`` (a ``c_+ A log pi`` term); for ``A < 0`` PPO's lower clip and a soft dual clip ``c A log pi`` where ``w > c``
   (the gradient ``c A`` stays).
 
+* ``bapo`` (WooooDyy/BAPO): dual-clip PPO on a range ``[l, u]`` searched per batch: the lower bound is raised, then
+  the upper one, step by step, until the positive tokens' clipped contribution is at least a target times the
+  negative ones' (``bapo_bounds``).
+
 Flags: a token is *kept* where its gradient is the ratio's ``w A`` (inside the range), clipped low / high where the
-rule weights it otherwise (``pspo``, ``cfpo``: every token kept). Every rule here has one form, ``soft``.
+rule weights it otherwise (``pspo``, ``cfpo``: every token kept). Every rule here but ``bapo`` (a hard range, both
+forms) has one form, ``soft``.
 """
 
 from __future__ import annotations
@@ -33,9 +38,9 @@ from .. import token_bounds
 from ..registry import MethodResult, Param, PeerCode, TokenBatch, register, unclipped_result
 from . import _reference as plain
 from ._params import DUAL_CLIP_C, EPSILON_HIGH, EPSILON_LOW
-from ._ratio import bounds_by_sign, mask_and, range_flags
+from ._ratio import apply_dual_clip, bounds_by_sign, mask_and, range_flags, ratio_objective
 
-__all__ = ["aspo", "ce_gppo", "cfpo", "pspo", "up_grpo"]
+__all__ = ["aspo", "bapo", "bapo_bounds", "ce_gppo", "cfpo", "pspo", "up_grpo"]
 
 _ORACLE = "tests/test_weighted_trust_regions.py"
 _EPS_LOW, _EPS_HIGH = EPSILON_LOW.with_default(0.2), EPSILON_HIGH.with_default(0.2)
@@ -338,3 +343,150 @@ def aspo(
         return ~(low | high), low, high
 
     return MethodResult(objective, flags)
+
+
+def _bapo_schedule(start: float, stop: float, step: float) -> list[float]:
+    """The bounds BAPO's search visits on one side: ``start``, then ``min(b + step, stop)`` while ``b < stop`` (none
+    when ``step <= 0``), as its authors' loop computes them in Python floats."""
+    values = [start]
+    while values[-1] < stop and step > 0:
+        values.append(min(values[-1] + step, stop))
+    return values
+
+
+def bapo_bounds(
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    lower: list[float],
+    upper: list[float],
+    target: float,
+    eps: float = 1e-8,
+) -> tuple[float | torch.Tensor, float | torch.Tensor]:
+    r"""BAPO's ratio bounds for this batch: with ``P(u) = sum_{A >= 0} min(w, u) A`` and ``N(l) = sum_{A < 0} max(w, l)
+    |A|`` over the valid tokens, the first pair of the sequence ``(l_0, u_0), (l_1, u_0), ..., (l_n, u_0), (l_n, u_1),
+    ...`` (``lower`` and ``upper`` from ``_bapo_schedule``: the lower bound is raised first, then the upper one, as the
+    authors' code does) with ``P / (N + eps) >= target`` (``inf`` where ``N <= 0``), else the last pair.
+
+    Eagerly on a CPU the pairs are tried one at a time (a host read each, stopping at the first that meets the
+    target); on a device or while compiling every pair is evaluated and the first is picked without a host read
+    (0-d tensors are returned). Both compute each sum the same way, so they choose the same pair."""
+    with torch.no_grad():
+        w = torch.exp(log_ratio.detach())
+        adv = torch.where(mask, advantages.detach(), 0.0)
+        gain, loss = adv.clamp(min=0), (-adv).clamp(min=0)
+
+        def share(lo: float, hi: float) -> torch.Tensor:
+            p = (torch.minimum(w, w.new_tensor(hi)) * gain).sum()
+            n = (torch.maximum(w, w.new_tensor(lo)) * loss).sum()
+            return torch.where(n <= 0, torch.inf, p / (n + eps))
+
+        pairs = [(lo, upper[0]) for lo in lower] + [(lower[-1], hi) for hi in upper[1:]]
+        if w.device.type == "cpu" and not torch.compiler.is_compiling():
+            for lo, hi in pairs:
+                if share(lo, hi).item() >= target:
+                    return lo, hi
+            return pairs[-1]
+        met = torch.stack([share(lo, hi) >= target for lo, hi in pairs])
+        met[-1] = True  # the last pair where none meets the target
+        first = met.to(torch.uint8).argmax()
+        index = first.view(1)
+        return (
+            w.new_tensor([lo for lo, _ in pairs]).gather(0, index)[0],
+            w.new_tensor([hi for _, hi in pairs]).gather(0, index)[0],
+        )
+
+
+def bapo_reference(logp, old_logp, advantages, mask, *, bapo_lower_start, bapo_lower_max, bapo_lower_step,
+                   bapo_upper_start, bapo_upper_max, bapo_upper_step, bapo_target, dual_clip_c, form):
+    """BAPO (Xi et al. 2025): raise the lower bound, then the upper one, step by step until the positive tokens'
+    clipped contribution is at least ``target`` times the negative ones'; then dual-clip PPO on those bounds."""
+    w, adv = plain.ratio_and_advantages(logp, old_logp, advantages, mask)
+    wd, ad = w.detach(), adv.detach()
+    lo, hi = bapo_lower_start, bapo_upper_start
+
+    def share(lo, hi):
+        p = sum(float(min(x, hi) * a) for x, a in zip(wd[mask].tolist(), ad[mask].tolist()) if a >= 0)
+        n = sum(float(max(x, lo) * -a) for x, a in zip(wd[mask].tolist(), ad[mask].tolist()) if a < 0)
+        return math.inf if n <= 0 else p / (n + 1e-8)
+
+    while share(lo, hi) < bapo_target and lo < bapo_lower_max and bapo_lower_step > 0:
+        lo = min(lo + bapo_lower_step, bapo_lower_max)
+    while share(lo, hi) < bapo_target and hi < bapo_upper_max and bapo_upper_step > 0:
+        hi = min(hi + bapo_upper_step, bapo_upper_max)
+    if form == "mask":
+        keep = (w >= lo) & (w <= hi)
+        objective = plain.eq5_mask(w, adv, keep)
+        return torch.where((adv < 0) & (objective < dual_clip_c * adv), (dual_clip_c * adv).detach(), objective)
+    ppo = plain.ppo_min(w, adv, lo, hi)
+    return torch.where(adv < 0, torch.maximum(ppo, dual_clip_c * adv), ppo)
+
+
+@register(
+    "bapo",
+    reference_form=bapo_reference,
+    params={
+        "bapo_lower_start": Param(0.6, gt=0, le=1, help="BAPO: the lower ratio bound the search starts from (its recipe's "
+                                  "ratio_lower_start)"),
+        "bapo_lower_max": Param(0.8, gt=0, le=1, help="BAPO: the highest lower bound (ratio_lower_max)"),
+        "bapo_lower_step": Param(0.05, ge=0, help="BAPO: the lower bound's step (ratio_lower_step)"),
+        "bapo_upper_start": Param(1.2, ge=1, help="BAPO: the upper ratio bound the search starts from "
+                                  "(ratio_upper_start)"),
+        "bapo_upper_max": Param(2.0, ge=1, help="BAPO: the highest upper bound (ratio_upper_max)"),
+        "bapo_upper_step": Param(0.05, ge=0, help="BAPO: the upper bound's step (ratio_upper_step)"),
+        "bapo_target": Param(1.0, ge=0, help="BAPO: the least P / N, positive over negative clipped contribution "
+                             "(adv_ratio_target)"),
+        "dual_clip_c": DUAL_CLIP_C,
+    },
+    default_form="min",
+    forms=("min", "mask"),
+    ratio_mask_gradient=True,
+    peers=(
+        PeerCode(
+            "WooooDyy/BAPO (3b8389c)",
+            "policy_loss.loss_mode=bapo",
+            (
+                ("ratio_lower_start", "bapo_lower_start"),
+                ("ratio_lower_max", "bapo_lower_max"),
+                ("ratio_lower_step", "bapo_lower_step"),
+                ("ratio_upper_start", "bapo_upper_start"),
+                ("ratio_upper_max", "bapo_upper_max"),
+                ("ratio_upper_step", "bapo_upper_step"),
+                ("adv_ratio_target", "bapo_target"),
+                ("clip_ratio_c", "dual_clip_c"),
+            ),
+            "`recipe/bapo/policy_loss.py` `compute_policy_loss_bapo` with `_compute_effective_advantage`; its recipe "
+            "`bapo_trainer.yaml` gives the defaults (the config class's own make the search inert)",
+            _ORACLE,
+        ),
+    ),
+    reference="Xi et al. 2025 (BAPO, 'Balanced Policy Optimization with Adaptive Clipping', arXiv 2510.18927); "
+    "WooooDyy/BAPO",
+)
+def bapo(
+    batch: TokenBatch,
+    bapo_lower_start: float,
+    bapo_lower_max: float,
+    bapo_lower_step: float,
+    bapo_upper_start: float,
+    bapo_upper_max: float,
+    bapo_upper_step: float,
+    bapo_target: float,
+    dual_clip_c: float,
+) -> MethodResult:
+    r"""Adaptive asymmetric bounds: PPO's range ``[l, u]`` chosen per batch (``bapo_bounds``), raising ``l`` from
+    ``bapo_lower_start`` to ``bapo_lower_max``, then ``u`` from ``bapo_upper_start`` to ``bapo_upper_max``, until the
+    positive tokens' clipped contribution ``sum min(w, u) A`` is at least ``bapo_target`` times the negative ones'
+    ``sum max(w, l) |A|``; then dual-clip PPO (``c``) on ``[l, u]``. Batch-level: the bounds are chosen on the batch
+    ``policy_loss`` sees (the authors' code sums ``P`` and ``N`` over data-parallel ranks first)."""
+    lower, upper = bapo_bounds(
+        batch.log_ratio,
+        batch.advantages,
+        batch.mask,
+        _bapo_schedule(bapo_lower_start, bapo_lower_max, bapo_lower_step),
+        _bapo_schedule(bapo_upper_start, bapo_upper_max, bapo_upper_step),
+        bapo_target,
+    )
+    if batch.form == "min":
+        return ratio_objective(batch, lower, upper, negative_cap=dual_clip_c)
+    return apply_dual_clip(ratio_objective(batch, lower, upper), batch.advantages, dual_clip_c)
