@@ -342,9 +342,116 @@ def main(argv: list[str] | None = None) -> dict:
     return analysis
 
 
+ARMS = ("sft", "clip", "atr-min", "clip-higher", "atr", "clip-mask", "shuffled")
+"""The comparison's runs, in its pre-registration's order, its SFT models first."""
+SECONDARY_MEANS = {
+    "acted_true_kl_mean": "true KL per position, mean",
+    "acted_true_kl_p95": "true KL per position, 95th percentile",
+    "frac_masked_mean": "masked / clipped tokens",
+    "late_reward": f"training reward, steps {LATE[0]}-{LATE[1]}",
+}
+"""The per-arm secondary readings (pre-registration, "Secondary"): column of the endpoint's rows -> its name."""
+
+
+def secondary(rows: list[dict], curve_sets: list[dict], endpoint: str, k: int = 8) -> dict:
+    """The pre-registration's secondary readings, outside the family: the five contrasts at the other sampling (no
+    answers, with its validity), ``atr-min - clip`` in entropy over the last fifth of training, and per arm the mean
+    over seeds of ``SECONDARY_MEANS`` (the late training reward from the curves, mean of the logged rows in
+    ``LATE``)."""
+    from experiments.cpu_table import comparison_validity
+
+    other = PRIMARY if endpoint == FALLBACK else FALLBACK
+    mine = [r for r in rows if r["benchmark"] == endpoint]
+    late = {}
+    for c in curve_sets:
+        values = [x["reward"] for x in c["curves"] if LATE[0] <= x["step"] <= LATE[1] and x.get("reward") is not None]
+        if values:
+            late[(c["run"], c["seed"])] = statistics.fmean(values)
+    per_arm = {}
+    for arm in ARMS:
+        arm_rows = [r for r in mine if r["method"] == arm]
+        means = {}
+        for column in SECONDARY_MEANS:
+            values = [late.get((arm, r["seed"])) if column == "late_reward" else r.get(column) for r in arm_rows]
+            values = [float(v) for v in values if v not in (None, "")]
+            means[column] = statistics.fmean(values) if values else None
+        per_arm[arm] = {"seeds": len(arm_rows), **means}
+    other_rows = [r for r in rows if r["benchmark"] == other]
+    return {
+        "other_sampling": other,
+        "other_validity": comparison_validity(rows, k).get(other),
+        "other_tests": {name: paired_contrast(other_rows, w, f"mean_at_{k}") for name, w in FAMILY.items()},
+        "entropy_last_fifth": paired_contrast(mine, FAMILY[EQUIVALENCE], "acted_entropy_last_fifth"),
+        "per_arm": per_arm,
+    }
+
+
+def _p(value: float | None) -> str:
+    return "-" if value is None else ("< 0.001" if value < 0.001 else f"{value:.3f}")
+
+
+def comparison_markdown(result: dict) -> str:
+    """``analysis.md`` of the comparison: the validity rule, the family's answers at the endpoint (Holm), the TOST,
+    then the secondary readings."""
+    validity, tests, eq = result["validity"], result["tests"], result["equivalence"]
+    lines = [
+        f"# The rule comparison at {result['endpoint']}: final held-out Mean@8, points",
+        "",
+        f"Seeds per arm: {result['seeds_per_arm']} of {result['seeds_needed']}.",
+        "",
+        f"**A comparison counts here: {'yes' if validity and validity['counts'] else 'no'}** (clip - SFT "
+        f"{_interval(validity and validity['reference_minus_sft'])}; clip - shuffled "
+        f"{_interval(validity and validity['reference_minus_control'])}).",
+        "",
+        "| contrast | difference, 95% t | p | Holm p | answer |",
+        "|---|---|---|---|---|",
+    ]
+    for name, d in tests.items():
+        lines.append(
+            f"| {name} | {_interval(d)} | {_p(d and d['p'])} | {_p(d and d.get('p_holm'))} | "
+            f"{result['answers'][name]} |"
+        )
+    if eq is not None:
+        lines += [
+            "",
+            f"Equivalence of {EQUIVALENCE} within +-{eq['margin']:g} points (two one-sided tests): 90% interval "
+            f"[{eq['low90']:+.1f}, {eq['high90']:+.1f}], p {_p(eq['p'])}: "
+            f"{'equivalent' if eq['equivalent'] else 'not shown equivalent'}.",
+        ]
+    more = result.get("secondary")
+    if more:
+        v = more["other_validity"]
+        lines += [
+            "",
+            f"## Secondary, outside the family: the same contrasts at {more['other_sampling']}",
+            "",
+            f"A comparison counts there: {'yes' if v and v['counts'] else 'no'} (clip - SFT "
+            f"{_interval(v and v['reference_minus_sft'])}; clip - shuffled {_interval(v and v['reference_minus_control'])}).",
+            "",
+            "| contrast | difference, 95% t | p (one test alone) |",
+            "|---|---|---|",
+        ]
+        lines += [f"| {name} | {_interval(d)} | {_p(d and d['p'])} |" for name, d in more["other_tests"].items()]
+        e = more["entropy_last_fifth"]
+        lines += [
+            "",
+            "Entropy over the last fifth of training, atr-min - clip: "
+            + ("n < 2" if e is None else f"{e['mean']:+.4f} [{e['low']:+.4f}, {e['high']:+.4f}] (n = {e['n']})")
+            + ".",
+            "",
+            "| arm | seeds | " + " | ".join(SECONDARY_MEANS.values()) + " |",
+            "|---|---|" + "---|" * len(SECONDARY_MEANS),
+        ]
+        for arm, m in more["per_arm"].items():
+            cells = ["-" if m[c] is None else f"{m[c]:.4g}" for c in SECONDARY_MEANS]
+            lines.append(f"| {arm} | {m['seeds']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def comparison_main(table: Path, calibration_table: Path) -> dict:
-    """Write the comparison's ``analysis.json`` beside ``table``: ``compare`` at the endpoint the calibration chose
-    (its primary one if accepted, else its fallback's), with the seeds and power the calibration planned."""
+    """Write the comparison's ``analysis.json`` and ``analysis.md`` beside ``table``: ``compare`` at the endpoint the
+    calibration chose (its primary one if accepted, else its fallback's), with the seeds and power the calibration
+    planned, and the secondary readings (``secondary``)."""
     from atr_llm.command_line import refuse
     from atr_llm.files import atomic_write_text
 
@@ -355,9 +462,14 @@ def comparison_main(table: Path, calibration_table: Path) -> dict:
         endpoint = calibration["fallback"]["endpoint"]
     else:
         raise refuse("--comparison", str(table), "the calibration chose no endpoint: no rule comparison is run")
-    _, rows, _ = read_table(table)
-    result = {**compare(rows, endpoint), "planned": calibration["comparison_planning"][endpoint]}
+    _, rows, curve_sets = read_table(table)
+    result = {
+        **compare(rows, endpoint),
+        "planned": calibration["comparison_planning"][endpoint],
+        "secondary": secondary(rows, curve_sets, endpoint),
+    }
     atomic_write_text(table.parent / "analysis.json", json.dumps(result, indent=1))
+    atomic_write_text(table.parent / "analysis.md", comparison_markdown(result))
     print(json.dumps(result["answers"], indent=1))
     return result
 

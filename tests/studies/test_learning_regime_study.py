@@ -233,3 +233,33 @@ def test_the_comparisons_commands_run_its_arms_on_its_seeds():
     assert runs == {run for weights in lra.FAMILY.values() for run in weights} | {lra.CONTROL}
     seeds = [int(s) for line in re.findall(r"--seeds ([\d ]+)$", text, re.M) for s in line.split()]
     assert len(seeds) == len(set(seeds)) == lra.COMPARISON_SEEDS and min(seeds) > 304  # fresh, not the calibration's
+
+
+def test_the_comparisons_secondary_readings_are_means_over_seeds_and_its_page_lists_every_answer():
+    """``secondary``: per arm the mean over seeds of each reading (the late reward from the curves' rows in LATE
+    only), the family again at the other sampling, and the entropy contrast; ``comparison_markdown`` shows each."""
+    effects = {"clip": 3.0, "atr-min": 3.2, "clip-higher": 9.0, "atr": -15.0, "clip-mask": -16.0, "shuffled": -10.0}
+    rows = _comparison_rows(effects)
+    for r in rows:
+        r.update(acted_true_kl_mean=0.001 * (r["seed"] + 1), acted_true_kl_p95=0.01, frac_masked_mean=0.5,
+                 acted_entropy_last_fifth=0.4 + (0.01 * r["seed"] if r["method"] == "atr-min" else 0.0))
+    curve_sets = [
+        {"run": run, "seed": seed, "curves": [{"step": 10, "reward": 9.0}, {"step": 950, "reward": 0.1 * seed},
+                                              {"step": 1000, "reward": 0.1 * seed + 0.2}]}
+        for run in effects for seed in range(12)
+    ]
+    more = lra.secondary(rows, curve_sets, lra.FALLBACK)
+    assert more["other_sampling"] == lra.PRIMARY
+    assert more["per_arm"]["clip"]["acted_true_kl_mean"] == pytest.approx(0.001 * 6.5)
+    assert more["per_arm"]["clip"]["late_reward"] == pytest.approx(0.1 * 5.5 + 0.1)  # step 10 is not in LATE
+    assert more["per_arm"]["sft"]["late_reward"] is None and more["per_arm"]["sft"]["seeds"] == 12
+    assert more["entropy_last_fifth"]["mean"] == pytest.approx(0.055)
+    assert more["other_tests"]["clip-higher - clip"]["mean"] == pytest.approx(
+        lra.compare(rows, lra.PRIMARY)["tests"]["clip-higher - clip"]["mean"]
+    )
+    result = {**lra.compare(rows, lra.FALLBACK), "secondary": more}
+    text = lra.comparison_markdown(result)
+    assert "**A comparison counts here: yes**" in text
+    for name, answer in result["answers"].items():
+        assert f"| {name} | " in text and f" | {answer} |" in text
+    assert "within +-3 points (two one-sided tests)" in text and "| shuffled | 12 |" in text
