@@ -18,6 +18,35 @@ collect_ignore = ["verl_support", "verl_oracle_support.py"]  # the latter import
 settings.register_profile("mutation", phases=[Phase.explicit, Phase.reuse, Phase.generate], database=None)
 
 
+SLOW_TESTS = os.path.join(os.path.dirname(__file__), "slow_tests.txt")
+
+
+def slow_test_ids() -> set[str]:
+    """The node ids ``tests/slow_tests.txt`` lists (``tools.slow_tests`` writes it from a measured run)."""
+    with open(SLOW_TESTS) as f:
+        return {line.split("  # ")[0].strip() for line in f if line.strip() and not line.startswith("#")}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m / -k deselect: the mark must be on the item when they look
+def pytest_collection_modifyitems(config, items):
+    """Mark ``slow`` every test ``tests/slow_tests.txt`` lists, so ``make test`` (``-m "not slow"``) leaves it to
+    ``make test-slow``. When the whole ``tests`` folder is collected, a listed id that matches no test (renamed,
+    removed, its parameters changed) is an error naming it: the list must not silently stop marking anything."""
+    listed = slow_test_ids()
+    found = set()
+    for item in items:
+        if item.nodeid in listed:
+            item.add_marker(pytest.mark.slow)
+            found.add(item.nodeid)
+    tests = os.path.dirname(os.path.abspath(__file__))
+    whole = any(os.path.abspath(str(config.rootpath / a)) == tests for a in config.args)
+    if whole and listed - found:
+        raise pytest.UsageError(
+            f"tests/slow_tests.txt names tests that do not exist: {sorted(listed - found)}; "
+            "rewrite it with python -m tools.slow_tests"
+        )
+
+
 @pytest.fixture(scope="module")
 def tok():
     """The tiny offline tokenizer every trainer test uses (``atr_llm.tiny``), built once per test module."""
