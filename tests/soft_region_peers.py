@@ -24,6 +24,10 @@ between its markers from the file and commit named there; this file is not part 
 * ASPO: github.com/wizard-III/Archer2.0 at b08d963d5d65909ef1f24dba2f382006d0be33e1 (the file last changed in
   0a9492a3550a22e8ff0945f03634f6f9a73461d6), ``verl/trainer/ppo/core_algos.py`` lines 537-583
   (``compute_policy_loss_archer``). Licence: Apache License 2.0 (a fork of verl).
+* FIPO: github.com/huggingface/trl pull request #5434 at 20463989e8d9fef8dbba7230c7fb11bdd7f6387f,
+  ``trl/trainer/grpo_trainer.py`` lines 2534-2616 (``GRPOTrainer.get_fipo_loss_components``), line 2678 (the
+  log-ratio), lines 2717-2740 (the ``fipo`` branch of ``_compute_loss``) and 2785-2788 (its aggregation), the
+  oracle of ``atr_theory.methods.weighting_by_future_kl``. Licence: Apache License 2.0, copyright The HuggingFace Team.
 
 Around them, stand-ins for what the copied code reads and does not compute itself: verl's ``verl_F.masked_mean``
 and OpenRLHF's ``masked_mean`` (their formulas), verl's ``agg_loss`` as the token sum of the per-token loss (the
@@ -34,6 +38,7 @@ aggregation is compared on its own elsewhere), verl's ``register_policy_loss`` a
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 from typing import Any, Optional
 
@@ -725,3 +730,139 @@ def compute_policy_loss_bapo(
 
 
 # --- end of the copy ---
+
+
+class _TRLFIPO:  # TRL's GRPOTrainer: the attributes its FIPO code reads
+    def __init__(self, args, epsilon_low, epsilon_high):
+        self.args, self.epsilon_low, self.epsilon_high = args, epsilon_low, epsilon_high
+        self.loss_type, self.current_gradient_accumulation_steps = "fipo", 1
+
+    # --- TRL PR #5434 trl/trainer/grpo_trainer.py, lines 2534-2616 ---
+    @staticmethod
+    @torch.no_grad()
+    def get_fipo_loss_components(
+        advantages: torch.Tensor,
+        log_ratio_per_token: torch.Tensor,
+        mask: torch.Tensor,
+        epsilon_low: float,
+        epsilon_high: float,
+        clip_ratio_c: float = 10.0,
+        decay_rate: float = 32.0,
+        chunk_size: int = 128,
+        influence_clip_ratio: float = 0.2,
+        influence_clip_high_only: bool = True,
+        safety_threshold: float = 10.0,
+    ) -> dict[str, torch.Tensor]:
+        """
+        Computes the Future-KL influence weights and token losses used by the FIPO loss.
+        """
+        log_ratio_per_token = torch.clamp(log_ratio_per_token, min=-20.0, max=20.0)
+        ratio = torch.exp(log_ratio_per_token)
+        batch_size, response_len = log_ratio_per_token.shape
+        device = log_ratio_per_token.device
+        mask_bool = mask.to(dtype=torch.bool)
+        mask_float = mask.to(dtype=log_ratio_per_token.dtype)
+        completion_token_count = mask_float.sum().clamp(min=1.0)
+
+        def masked_mean(values: torch.Tensor) -> torch.Tensor:
+            return (values * mask_float).sum() / completion_token_count
+
+        future_kl = torch.zeros((batch_size, response_len), device=device, dtype=log_ratio_per_token.dtype)
+        pos_i = torch.arange(response_len, device=device).unsqueeze(1)
+        filter_threshold = math.log(clip_ratio_c)
+        ignore_mask = log_ratio_per_token > filter_threshold
+        participation_mask = ~ignore_mask
+        kl_response = log_ratio_per_token * mask_float
+        kl_response = kl_response * participation_mask.to(dtype=log_ratio_per_token.dtype)
+
+        gamma_t = torch.tensor(2 ** (-1.0 / decay_rate), dtype=log_ratio_per_token.dtype, device=device)
+        for j_start in range(0, response_len, chunk_size):
+            j_end = min(response_len, j_start + chunk_size)
+            j_idx = torch.arange(j_start, j_end, device=device).unsqueeze(0)
+            distance = j_idx - pos_i
+            distance_mask = distance >= 0
+            distance_clamped = distance.clamp(min=0)
+            decay_block = torch.pow(gamma_t, distance_clamped) * distance_mask.to(dtype=log_ratio_per_token.dtype)
+            future_kl += torch.matmul(kl_response[:, j_start:j_end], decay_block.t())
+
+        raw_influence_weights = torch.exp(future_kl)
+        if influence_clip_ratio != 0.0:
+            if influence_clip_high_only:
+                lower_bound = 1.0
+                upper_bound = 1.0 + influence_clip_ratio
+            else:
+                lower_bound = 1.0 - influence_clip_ratio
+                upper_bound = 1.0 + influence_clip_ratio
+            influence_weights = torch.clamp(raw_influence_weights, min=lower_bound, max=upper_bound)
+        else:
+            lower_bound = 0.0
+            upper_bound = 10.0
+            influence_weights = torch.clamp(raw_influence_weights, max=10.0)
+
+        mask_neg_high_is = (advantages < 0) & (ratio > safety_threshold)
+        influence_weights = torch.where(mask_neg_high_is, torch.clamp(influence_weights, min=0.8, max=1.0), influence_weights)
+
+        weighted_advantages = advantages * influence_weights
+        pg_losses1 = -weighted_advantages * ratio
+        pg_losses2 = -weighted_advantages * torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+        clip_pg_losses1 = torch.maximum(pg_losses1, pg_losses2)
+        pg_losses3 = -weighted_advantages * clip_ratio_c
+
+        lower_clip_mask = (advantages < 0) & (clip_pg_losses1 > pg_losses3) & mask_bool
+        low_clip_token_counts = lower_clip_mask.sum(dim=1)
+        seq_valid_mask = (low_clip_token_counts <= 1).unsqueeze(1)
+        loss_mask = (mask_bool & seq_valid_mask).to(dtype=log_ratio_per_token.dtype)
+
+        return {
+            "loss_mask": loss_mask,
+            "influence_weights": influence_weights,
+            "influence_weights_mean_raw": masked_mean(raw_influence_weights),
+            "influence_weight_clip_ratio_upper": masked_mean((influence_weights >= upper_bound - 1e-7).float()),
+            "influence_weight_clip_ratio_lower": masked_mean((influence_weights <= lower_bound + 1e-7).float()),
+            "sequence_drop_ratio": (~seq_valid_mask.squeeze(1)).float().mean(),
+        }
+    # --- end of the copy ---
+
+    def loss(self, per_token_logps, old_per_token_logps, advantages, mask, mode="train"):
+        """The loss of ``_compute_loss`` for ``loss_type="fipo"``: its log-ratio (line 2678), its ``fipo`` branch
+        (lines 2717-2740) and its aggregation (lines 2785-2788), each copied unchanged."""
+        # --- TRL PR #5434 trl/trainer/grpo_trainer.py, line 2678 ---
+        log_ratio = per_token_logps - old_per_token_logps
+        # --- end of the copy ---
+        if self.loss_type != "fipo":
+            raise ValueError(self.loss_type)
+        # --- TRL PR #5434 trl/trainer/grpo_trainer.py, lines 2717-2740 ---
+        elif self.loss_type == "fipo":
+            fipo_outputs = self.get_fipo_loss_components(
+                advantages=advantages,
+                log_ratio_per_token=log_ratio,
+                mask=mask,
+                epsilon_low=self.epsilon_low,
+                epsilon_high=self.epsilon_high,
+                clip_ratio_c=self.args.fipo_clip_ratio_c,
+                decay_rate=self.args.fipo_decay_rate,
+                chunk_size=self.args.fipo_chunk_size,
+                influence_clip_ratio=self.args.fipo_influence_clip_ratio,
+                influence_clip_high_only=self.args.fipo_influence_clip_high_only,
+                safety_threshold=self.args.fipo_safety_threshold,
+            )
+            coef_1 = torch.exp(torch.clamp(log_ratio, min=-20.0, max=20.0))
+            coef_2 = torch.clamp(coef_1, 1 - self.epsilon_low, 1 + self.epsilon_high)
+            weighted_advantages = advantages * fipo_outputs["influence_weights"]
+            pg_losses1 = -weighted_advantages * coef_1
+            pg_losses2 = -weighted_advantages * coef_2
+            clip_pg_losses1 = torch.maximum(pg_losses1, pg_losses2)
+            pg_losses3 = -weighted_advantages * self.args.fipo_clip_ratio_c
+            clip_pg_losses2 = torch.minimum(pg_losses3, clip_pg_losses1)
+            per_token_loss = torch.where(weighted_advantages < 0, clip_pg_losses2, clip_pg_losses1)
+            loss_mask = fipo_outputs["loss_mask"]
+        # --- end of the copy ---
+        if self.loss_type != "fipo":
+            raise ValueError(self.loss_type)
+        # --- TRL PR #5434 trl/trainer/grpo_trainer.py, lines 2785-2788 ---
+        elif self.loss_type == "fipo":
+            loss = (per_token_loss * loss_mask).sum() / loss_mask.sum().clamp(min=1.0)
+            normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0  # no accum in eval
+            loss = loss / normalizer
+        # --- end of the copy ---
+        return loss, per_token_loss, loss_mask

@@ -138,12 +138,13 @@ def test_the_family_modules_register_the_rules_in_their_committed_order():
         "vocab_topk_masks",
         "weighted_off_policy",
         "weighted_trust_regions",
+        "weighting_by_future_kl",
     ]
     assert [name for name, spec in at.METHODS.items() if name == spec.name] == [
         "dppo_tv", "dppo_kl", "clip", "clip_higher", "dual_clip", "dual_clip_higher", "dcpo", "trgppo", "atr", "kl1",
         "kl2", "is_kl3", "clip_cov", "kl_cov", "tr_ppo", "truly_ppo", "gspo", "gmpo", "atr_seq", "sapo", "cispo",
         "vespo", "reinforce", "dro", "dppo_topk_tv", "dppo_topk_kl", "m2po", "topr", "kimi15", "pspo", "cfpo",
-        "up_grpo", "ce_gppo", "aspo", "bapo",
+        "up_grpo", "ce_gppo", "aspo", "bapo", "fipo",
     ]  # fmt: skip
 
 
