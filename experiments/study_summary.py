@@ -39,6 +39,7 @@ STUDIES: tuple[tuple[str, str, str], ...] = (
         "learning_regime/calibration/table",
         "experiments/learning-regime-calibration-prereg.md",
     ),
+    ("Learning regime, comparison", "learning_regime/comparison/table", "experiments/learning-regime-comparison.md"),
 )
 """(name, table folder under figures/experiments/, its page under docs/): the studies, in the order they ran."""
 

@@ -263,3 +263,37 @@ def test_the_comparisons_secondary_readings_are_means_over_seeds_and_its_page_li
     for name, answer in result["answers"].items():
         assert f"| {name} | " in text and f" | {answer} |" in text
     assert "within +-3 points (two one-sided tests)" in text and "| shuffled | 12 |" in text
+
+
+COMPARISON_PAGE = "docs/experiments/learning-regime-comparison.md"
+
+
+def test_the_comparison_page_and_the_home_page_state_the_committed_answers():
+    """The comparison's first screen, the home page and the README give the numbers its ``analysis.json`` holds."""
+    result_path = ROOT / "figures/experiments/learning_regime/comparison/analysis.json"
+    a = json.loads(result_path.read_text())
+    if "pending" in a["answers"].values():
+        pytest.skip("the comparison is not complete")
+
+    def cell(d):
+        return f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}]"
+
+    page = " ".join((ROOT / COMPARISON_PAGE).read_text().split())
+    first = page[: page.index("## The five questions")]
+    tests, validity, eq = a["tests"], a["validity"], a["equivalence"]
+    assert a["endpoint"] == lra.FALLBACK and "Endpoint: held-out Mean@8 at T = 1" in first
+    assert f"atr-min - clip is {cell(tests[lra.EQUIVALENCE])} points" in first
+    assert f"90% interval [{eq['low90']:+.1f}, {eq['high90']:+.1f}], p {eq['p']:.3f}" in first
+    assert a["answers"][lra.EQUIVALENCE] == "within +-3 points" and "within +-3 points of clip" in first
+    for name in lra.FAMILY:
+        if name != lra.EQUIVALENCE:
+            assert a["answers"][name] == "inconclusive" and cell(tests[name]) in first, name
+    assert f"own SFT model ({cell(validity['reference_minus_sft'])})" in first
+    assert f"control ({cell(validity['reference_minus_control'])})" in first
+    budget = a["budget_reading"]["tests"][lra.EQUIVALENCE]
+    assert f"atr-min - clip is {cell(budget)}, also within +-3 points" in first
+    assert a["budget_reading"]["answers"][lra.EQUIVALENCE] == "within +-3 points"
+    for other in ("docs/index.md", "README.md"):
+        text = " ".join((ROOT / other).read_text().split())
+        assert f"{cell(tests[lra.EQUIVALENCE])} points of held-out" in text, other
+        assert f"+{cell(validity['reference_minus_control'])[1:]}" in text, other
