@@ -40,19 +40,24 @@ def measured(junit: Path) -> list[tuple[float, str]]:
 
 
 def main(argv: list[str] | None = None) -> list[str]:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("junit", type=Path, help="a JUnit XML file of a `pytest -m 'not slow'` run")
-    ap.add_argument("--seconds", type=float, default=7.0, help="tests at least this slow go to make test-slow")
+    from atr_llm.cli_types import ReadFile, Real
+    from atr_llm.command_line import Parser, refuse
+
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("junit", type=ReadFile(as_path=True), help="a JUnit XML file of a `pytest -m 'not slow'` run")
+    ap.add_argument(
+        "--seconds", type=Real(0, open_low=True), default=7.0, help="tests at least this slow go to make test-slow (> 0)"
+    )
     args = ap.parse_args(argv)
-    if not args.junit.is_file():
-        ap.error(f"{args.junit}: no such file (write it with pytest --junitxml)")
-    if not args.seconds > 0:
-        ap.error(f"--seconds {args.seconds}: expected a number of seconds > 0")
-    slow = sorted((node, seconds) for seconds, node in measured(args.junit) if seconds >= args.seconds)
+    try:
+        cases = measured(args.junit)
+    except (ET.ParseError, ValueError) as e:
+        raise refuse("junit", str(args.junit), f"not a JUnit XML file of this repository's tests ({e})") from None
+    slow = sorted((node, seconds) for seconds, node in cases if seconds >= args.seconds)
     kept = [line for line in LIST.read_text().splitlines() if line and not line.startswith("#")] if LIST.exists() else []
     old = {line.split("  # ")[0].strip(): line for line in kept}
     new = {node: f"{node}  # {seconds:.1f} s" for node, seconds in slow}
-    lines = [old[n] if n in old and n not in new else new.get(n, old.get(n)) for n in sorted(old | new)]
+    lines = [new.get(n, old.get(n)) for n in sorted(old | new)]
     header = (
         f"# Tests make test leaves to make test-slow (tests/conftest.py marks them slow): each took >= {args.seconds:g} s\n"
         "# in a measured `pytest -m 'not slow'` run; `python -m tools.slow_tests JUNIT.xml --seconds S` adds to it.\n"
@@ -63,4 +68,6 @@ def main(argv: list[str] | None = None) -> list[str]:
 
 
 if __name__ == "__main__":
-    main()
+    from atr_llm.command_line import run_command
+
+    run_command(main)
