@@ -3,6 +3,10 @@ does clip learn here, where the shuffled-reward control does not?
 
     python -m experiments.learning_regime_analysis            # the committed table -> analysis.{json,md}
     python -m experiments.learning_regime_analysis --runs-dir runs/learning_regime/calibration/A   # + evals_by_step.csv
+    python -m experiments.learning_regime_analysis --comparison figures/experiments/learning_regime/comparison/table
+        # the rule comparison (its pre-registration: docs/experiments/learning-regime-comparison-prereg.md): its
+        # answers at the calibration's endpoint, the reading at the seeds within the budget and the secondary
+        # readings -> analysis.{json,md} beside the table
 
 Reads the calibration's table (``experiments.cpu_table`` output: rows and curves) and writes, beside it,
 ``analysis.json`` (key ``acceptance``: ``accepted``, ``not accepted`` or ``pending`` before ``SEEDS_NEEDED`` seeds
