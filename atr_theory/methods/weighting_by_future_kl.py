@@ -33,7 +33,8 @@ import torch
 from ..registry import MethodResult, Param, PeerCode, TokenBatch, register
 from . import _reference as plain
 from ._params import DUAL_CLIP_C, EPSILON_HIGH, EPSILON_LOW
-from ._ratio import apply_dual_clip, mask_and_not, ratio_objective
+from ._ratio import mask_and_not
+from .divergence_ranges import dual_clip_higher
 
 __all__ = ["fipo", "fipo_influence_weights"]
 
@@ -176,11 +177,7 @@ def fipo(
     r"""Future-KL weighting: ``f_t`` (``fipo_influence_weights``, no gradient) times dual-clip PPO on ``[1 - eps_low,
     1 + eps_high]`` with ``c``; a sequence holding more than one negative token above ``c`` is dropped (objective 0,
     flagged clipped high). Needs the sequence layout: ``F_t`` runs along each row of the batch."""
-    lower, upper = 1.0 - epsilon_low, 1.0 + epsilon_high
-    if batch.form == "min":
-        base = ratio_objective(batch, lower, upper, negative_cap=dual_clip_c)
-    else:
-        base = apply_dual_clip(ratio_objective(batch, lower, upper), batch.advantages, dual_clip_c)
+    base = dual_clip_higher(batch, epsilon_low, epsilon_high, dual_clip_c)  # either form
     weights = fipo_influence_weights(
         batch, fipo_decay_rate, dual_clip_c, fipo_influence_low, fipo_influence_high, fipo_safety_threshold
     )
